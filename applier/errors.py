@@ -1,0 +1,78 @@
+"""One error root for the whole engine.
+
+Every error carries the context a user needs to act (LSN, xid, message kind, relation, column,
+byte offset) as structured attributes, and never row values or connection strings. ``transient``
+tells callers whether retrying the same operation can succeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApplierError(Exception):
+    """Root of all applier errors."""
+
+    transient: bool = False
+
+    def __init__(self, message: str, **context: Any) -> None:
+        self.message = message
+        self.context = {k: v for k, v in context.items() if v is not None}
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if not self.context:
+            return self.message
+        details = ", ".join(f"{k}={_fmt(k, v)}" for k, v in self.context.items())
+        return f"{self.message} ({details})"
+
+    def __getattr__(self, name: str) -> Any:
+        # Structured access to context fields: err.lsn, err.offset, ... (None when unknown).
+        if name.startswith("_") or name in ("message", "context"):
+            raise AttributeError(name)
+        return self.__dict__.get("context", {}).get(name)
+
+
+def _fmt(key: str, value: Any) -> str:
+    """LSN-valued fields (named ``lsn`` or ``*_lsn``) print the way PostgreSQL prints them."""
+    if (key == "lsn" or key.endswith("_lsn")) and isinstance(value, int) and value >= 0:
+        return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+    return str(value)
+
+
+class ConfigError(ApplierError):
+    """A configuration file or flag is invalid."""
+
+
+class EnvironmentSetupError(ApplierError):
+    """Something the engine needs on this machine (Java, Delta jars, PostgreSQL binaries) is missing."""
+
+
+class DecodeError(ApplierError):
+    """Bytes that are not a valid pgoutput (or replication-protocol) message."""
+
+
+class CatalogError(ApplierError):
+    """A change refers to a relation or type the catalog does not know, or a schema change is unsupported."""
+
+
+class ValueConversionError(ApplierError):
+    """A column value cannot be converted from its PostgreSQL representation."""
+
+
+class AssemblyError(ApplierError):
+    """The message sequence breaks transaction framing (e.g. Commit without Begin)."""
+
+
+class SinkError(ApplierError):
+    """Applying a transaction to Delta failed."""
+
+
+class SourceError(ApplierError):
+    """Reading from a slot or a stored raw log failed."""
+
+
+class TransientSourceError(SourceError):
+    """A source failure that a retry may fix (connection dropped, server restarting)."""
+
+    transient = True

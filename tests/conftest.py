@@ -1,0 +1,143 @@
+"""Shared fixtures: real PostgreSQL servers and one real local Spark with Delta per test run.
+
+Locally, a test whose server or Spark is missing is skipped with the reason; in CI (``CI=true``) the
+same absence fails the test, so a broken setup can never pass as green.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from applier.errors import EnvironmentSetupError
+from applier.pgcluster import PgCluster, find_installation, find_installations
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("APPLIER_CACHE_DIR", str(REPO / ".cache"))
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+#: Every test cluster gets these on top of applier.pgcluster.BASE_SETTINGS: small transactions
+#: stream (protocol 2+) so streaming paths get exercised by ordinary-sized workloads.
+TEST_SETTINGS = {"logical_decoding_work_mem": "64kB"}
+
+
+def unavailable(reason: str) -> None:
+    """Skip locally, fail in CI: a missing real part is never a pass there."""
+    if IN_CI:
+        pytest.fail(f"required test dependency missing in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--pg-major", action="append", type=int, default=None,
+                     help="PostgreSQL major(s) for multi-version tests (default: every installed one)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Tests that take `pg_major` run once per installed major (15 from Debian, 16 and 18 from wheels).
+    if "pg_major" in metafunc.fixturenames:
+        majors = metafunc.config.getoption("--pg-major") or [i.major for i in find_installations()]
+        if IN_CI and not majors:
+            majors = [15]  # the fixture will then fail loudly
+        metafunc.parametrize("pg_major", majors or [15], ids=lambda m: f"pg{m}")
+
+
+class ClusterPool:
+    """One running cluster per major for the whole run; started on first use."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[int, PgCluster] = {}
+
+    def get(self, major: int) -> PgCluster:
+        if major not in self._clusters:
+            try:
+                installation = find_installation(major)
+            except EnvironmentSetupError as e:
+                unavailable(str(e))
+            settings = dict(TEST_SETTINGS)
+            if major >= 16:
+                settings["debug_logical_replication_streaming"] = "buffered"
+            self._clusters[major] = PgCluster(installation, settings).start()
+        return self._clusters[major]
+
+    def close(self) -> None:
+        for cluster in self._clusters.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_pool() -> Iterator[ClusterPool]:
+    pool = ClusterPool()
+    yield pool
+    pool.close()
+
+
+@dataclass
+class PgDatabase:
+    """A fresh database on a real cluster, for one test."""
+
+    cluster: PgCluster
+    name: str
+
+    @property
+    def dsn(self) -> str:
+        return self.cluster.dsn(self.name)
+
+    @property
+    def major(self) -> int:
+        return self.cluster.major
+
+    def connect(self, **kwargs: object) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=True, **kwargs)  # type: ignore[arg-type]
+
+
+_db_counter = itertools.count()
+
+
+def _fresh_database(cluster: PgCluster) -> Iterator[PgDatabase]:
+    name = f"t{os.getpid()}_{next(_db_counter)}"
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    db = PgDatabase(cluster, name)
+    yield db
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        # Slots pin the database; drop them (and prepared xacts) before the database.
+        for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (name,)):
+            with psycopg.connect(cluster.dsn(name), autocommit=True) as c2:
+                c2.execute(f"ROLLBACK PREPARED '{gid}'")
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE database = %s AND NOT active", (name,))
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg(pg_pool: ClusterPool) -> Iterator[PgDatabase]:
+    """A fresh database on the default server (PostgreSQL 15 from Debian's package)."""
+    yield from _fresh_database(pg_pool.get(int(os.environ.get("APPLIER_TEST_PG_MAJOR", "15"))))
+
+
+@pytest.fixture
+def pg_any(pg_pool: ClusterPool, pg_major: int) -> Iterator[PgDatabase]:
+    """A fresh database on each installed PostgreSQL major in turn (parametrized by ``pg_major``)."""
+    yield from _fresh_database(pg_pool.get(pg_major))
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The one SparkSession of the run: local[2], Delta, 2 shuffle partitions, no UI."""
+    from applier.spark.session import SparkSettings, build_spark_session
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    try:
+        session = build_spark_session(SparkSettings(master="local[2]", app_name="applier-tests",
+                                                    shuffle_partitions=2, warehouse_dir=str(warehouse)))
+    except EnvironmentSetupError as e:
+        unavailable(str(e))
+    yield session
+    session.stop()
