@@ -66,9 +66,19 @@ def _version_of(bindir: Path) -> int | None:
 
 
 def default_cache_dir() -> Path:
-    """Where setup keeps downloads (Delta jars, PostgreSQL wheels): ``$APPLIER_CACHE_DIR`` or ``~/.cache/applier``."""
+    """Where setup keeps downloads (Delta jars, PostgreSQL wheels).
+
+    ``$APPLIER_CACHE_DIR`` when set; else ``.cache`` of the source checkout the package runs from
+    (what ``scripts/setup`` fills, and readable by the ``postgres`` user, unlike ``/root``); else
+    ``~/.cache/applier`` for an installed package.
+    """
     env = os.environ.get("APPLIER_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "applier"
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / ".cache"
+    return Path.home() / ".cache" / "applier"
 
 
 def find_installations(cache_dir: Path | None = None) -> list[PgInstallation]:

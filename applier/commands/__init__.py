@@ -3,5 +3,6 @@ and sets ``func`` to a callable taking the parsed args and returning the exit co
 
 #: Modules (under applier.commands) whose subcommands `applier` offers, in --help order.
 COMMAND_MODULES: tuple[str, ...] = (
+    "setup",
     "demo",
 )

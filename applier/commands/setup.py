@@ -1,0 +1,34 @@
+"""``applier setup``: check Java, fetch the Delta jars once, and list the PostgreSQL servers found."""
+
+from __future__ import annotations
+
+import argparse
+
+from applier.pgcluster import default_cache_dir, find_installations
+from applier.spark.jars import check_java, delta_jars
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "setup",
+        help="check Java, fetch the Delta jars into the local cache, list PostgreSQL servers",
+        description="Prepare this machine: checks Java (Spark 4 needs 17+), fetches the Delta Lake jars "
+        "from Maven Central once into the cache ($APPLIER_CACHE_DIR, default the checkout's .cache or "
+        "~/.cache/applier) so that later runs work offline, and lists the PostgreSQL server binaries "
+        "the demo and tests can start. Set APPLIER_DELTA_JARS=provided when your cluster already has "
+        "Delta, or to a directory of jars for offline machines.",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"java: {check_java()}")
+    cache = default_cache_dir()
+    jars = delta_jars(cache)
+    print(f"delta jars: {len(jars)} in {jars[0].parent if jars else '(provided by the environment)'}")
+    installs = find_installations(cache)
+    for inst in installs:
+        print(f"postgresql {inst.major}: {inst.bindir} ({inst.origin})")
+    if not installs:
+        print("postgresql: none found (the demo needs one unless you pass --dsn)")
+    return 0
