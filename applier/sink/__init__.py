@@ -1,0 +1,1 @@
+"""The Delta sink: one Delta table per source table, changed only through idempotent commits."""

@@ -1,0 +1,53 @@
+"""Delta table creation and schema evolution on a real local Delta."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
+
+from applier.errors import SinkError
+from applier.sink.schema import PROP_DROPPED, PROP_KEYS, TableSpec, ensure_table
+
+pytestmark = pytest.mark.spark
+
+
+def spec(*fields: StructField, keys: tuple[str, ...] = ("id",)) -> TableSpec:
+    return TableSpec("public.weird", StructType(list(fields)), keys, "d")
+
+
+def props(spark, path: str) -> dict[str, str]:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, path).detail().collect()[0]["properties"]
+
+
+def test_create_add_widen_drop_and_refuse_narrowing(spark, tmp_path):
+    path = str(tmp_path / "public" / "weird")
+    v1 = spec(StructField("id", IntegerType()), StructField("a b`c", StringType()),
+              StructField("amount", DecimalType(10, 2)))
+    evo = ensure_table(spark, path, v1)
+    assert evo.added == ("id", "a b`c", "amount")
+    p = props(spark, path)
+    assert json.loads(p[PROP_KEYS]) == ["id"]
+    assert p["delta.columnMapping.mode"] == "name"  # the column name has a space
+
+    spark.createDataFrame([(1, "x", None)], v1.schema).write.format("delta").mode("append").save(path)
+
+    v2 = spec(StructField("id", LongType()), StructField("amount", DecimalType(12, 2)),
+              StructField("new 'col\\", StringType()))
+    evo = ensure_table(spark, path, v2)
+    assert evo.added == ("new 'col\\",)
+    assert set(evo.widened) == {"id", "amount"}
+    assert evo.dropped == ("a b`c",)
+    schema = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
+    assert schema == {"id": LongType(), "a b`c": StringType(), "amount": DecimalType(12, 2),
+                      "new 'col\\": StringType()}
+    assert json.loads(props(spark, path)[PROP_DROPPED]) == ["a b`c"]
+    assert spark.read.format("delta").load(path).collect()[0]["a b`c"] == "x"  # kept, not lost
+
+    v3 = spec(StructField("id", StringType()), StructField("amount", DecimalType(12, 2)),
+              StructField("new 'col\\", StringType()))
+    with pytest.raises(SinkError, match="cannot widen"):
+        ensure_table(spark, path, v3)
