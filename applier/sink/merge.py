@@ -1,0 +1,227 @@
+"""Execute a :class:`TablePlan` as exactly one idempotent Delta commit.
+
+- keyed table: one MERGE on the key (delete / update all columns / insert), after filling the
+  columns that must keep the target's value from the target row of their lookup key (read in the
+  same job, before the MERGE, from the snapshot the MERGE replaces);
+- key-less (multiset) table: one MERGE that deletes every copy of each touched row image and inserts
+  the new number of copies, which it computes from the target's current count plus the signed count
+  of the plan (PostgreSQL removes one matching row per message; the result is the same multiset);
+- truncated: one overwrite with the rows that follow the last truncate.
+
+Every commit carries the Delta idempotent-write ids (see idempotence.py), so a replay of an applied
+transaction writes nothing. Identifiers are always backtick-quoted; values only travel as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from applier.errors import SinkError
+from applier.sink.idempotence import idempotent_write
+from applier.sink.naming import quote_identifier as q
+from applier.sink.plan import TablePlan
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+OP_COL = "__applier_op"
+IMG_COL = "__applier_img"
+
+
+def _u_col(i: int) -> str:
+    return f"__applier_u{i}"
+
+
+def _lk_col(j: int) -> str:
+    return f"__applier_lk{j}"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    rows_upserted: int
+    rows_deleted: int
+    overwritten: bool
+
+
+def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+               version: int, description: str) -> CommitResult:
+    """Make the one commit ``plan`` describes; ``version`` is the end LSN of the last transaction in it."""
+    if plan.truncated:
+        return _overwrite(spark, path, schema, plan, app_id, version, description)
+    if plan.multiset:
+        return _merge_multiset(spark, path, schema, plan, app_id, version, description)
+    return _merge_keyed(spark, path, schema, plan, app_id, version, description)
+
+
+def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: StructType) -> DataFrame:
+    return spark.createDataFrame(rows, schema)
+
+
+def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+               version: int, description: str) -> CommitResult:
+    rows: list[tuple[object, ...]] = []
+    if plan.multiset:
+        for image, count in plan.counts.items():
+            if count < 0:
+                raise SinkError("rows deleted after a TRUNCATE that were never inserted after it",
+                                table=description)
+            rows.extend([plan.images[image]] * count)
+    else:
+        for entry in plan.keyed.values():
+            if entry.row is not None:
+                if entry.unresolved:  # fold guarantees this cannot happen; keep the invariant loud
+                    raise SinkError("unresolved unchanged-TOAST value after a TRUNCATE", table=description)
+                rows.append(entry.row)
+    df = _source_frame(spark, rows, schema)
+    with idempotent_write(spark, app_id, version, description):
+        df.write.format("delta").mode("overwrite").option("overwriteSchema", "false").save(path)
+    return CommitResult(len(rows), 0, True)
+
+
+def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    conds = [F.col(f"{left}.{q(n)}").eqNullSafe(F.col(f"{right}.{q(n)}")) for n in names]
+    return reduce(lambda a, b: a & b, conds)
+
+
+def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+                 version: int, description: str) -> CommitResult:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+    names = [f.name for f in schema.fields]
+    key_names = [names[i] for i in plan.key_positions]
+    lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
+    src_fields = list(schema.fields) + [StructField(OP_COL, StringType(), False)]
+    src_fields += [StructField(_u_col(i), BooleanType(), False) for i in lookup_cols]
+    if lookup_cols:
+        src_fields += [StructField(_lk_col(j), schema.fields[p].dataType, True)
+                       for j, p in enumerate(plan.key_positions)]
+    src_schema = StructType(src_fields)
+
+    rows: list[tuple[object, ...]] = []
+    upserts = deletes = 0
+    ncols = len(names)
+    for entry in plan.keyed.values():
+        if entry.row is None:
+            deletes += 1
+            key = entry.lookup_key or ()
+            row: list[object] = [None] * ncols
+            for p, v in zip(plan.key_positions, key, strict=True):
+                row[p] = v
+            row.append("D")
+            row.extend(False for _ in lookup_cols)
+            if lookup_cols:
+                row.extend(None for _ in plan.key_positions)
+        else:
+            upserts += 1
+            row = [None if i in entry.unresolved else v for i, v in enumerate(entry.row)]
+            row.append("U")
+            row.extend(i in entry.unresolved for i in lookup_cols)
+            if lookup_cols:
+                row.extend(entry.lookup_key if entry.unresolved and entry.lookup_key else
+                           (None for _ in plan.key_positions))
+        rows.append(tuple(row))
+    src = _source_frame(spark, rows, src_schema)
+
+    if lookup_cols:
+        src = _fill_from_target(spark, path, src, names, plan, lookup_cols, description)
+
+    target = DeltaTable.forPath(spark, path).alias("t")
+    cond = _null_safe_all("t", "s", key_names)
+    assignments = {q(n): F.col(f"s.{q(n)}") for n in names}
+    with idempotent_write(spark, app_id, version, description):
+        (target.merge(src.alias("s"), cond)
+         .whenMatchedDelete(condition=F.col(f"s.{OP_COL}") == "D")
+         .whenMatchedUpdate(condition=F.col(f"s.{OP_COL}") == "U", set=assignments)
+         .whenNotMatchedInsert(condition=F.col(f"s.{OP_COL}") == "U", values=assignments)
+         .execute())
+    return CommitResult(upserts, deletes, False)
+
+
+def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: list[str], plan: TablePlan,
+                      lookup_cols: list[int], description: str) -> DataFrame:
+    """Replace unchanged-TOAST placeholders with the target row's values (row of the lookup key)."""
+    from pyspark.sql import functions as F
+
+    key_names = [names[p] for p in plan.key_positions]
+    tgt = spark.read.format("delta").load(path)
+    tgt = tgt.select(*[F.col(q(n)).alias(f"__applier_t{i}") for i, n in enumerate(names)])
+    join_cond = None
+    for j, p in enumerate(plan.key_positions):
+        c = F.col(_lk_col(j)).eqNullSafe(F.col(f"__applier_t{p}"))
+        join_cond = c if join_cond is None else join_cond & c
+    joined = src.join(tgt, on=join_cond, how="left")
+    any_u = None
+    for i in lookup_cols:
+        c = F.col(_u_col(i))
+        any_u = c if any_u is None else any_u | c
+    key_missing = None
+    for p in plan.key_positions:
+        c = F.col(f"__applier_t{p}").isNull()
+        key_missing = c if key_missing is None else key_missing & c
+    joined = joined.cache()
+    missing = joined.filter(any_u & key_missing).count()
+    if missing:
+        joined.unpersist()
+        raise SinkError(
+            f"{missing} row(s) carry unchanged TOAST values but the target has no row to take them from "
+            "(the Delta table is missing rows Postgres has: rebuild it from a snapshot)",
+            table=description, key_columns=", ".join(key_names))
+    out_cols = []
+    for i, n in enumerate(names):
+        if i in lookup_cols:
+            out_cols.append(F.when(F.col(_u_col(i)), F.col(f"__applier_t{i}"))
+                            .otherwise(F.col(q(n))).alias(n))
+        else:
+            out_cols.append(F.col(q(n)))
+    return joined.select(*out_cols, F.col(OP_COL))
+
+
+def _merge_multiset(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+                    version: int, description: str) -> CommitResult:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    names = [f.name for f in schema.fields]
+    touched = [(img, delta) for img, delta in plan.counts.items() if delta != 0]
+    if not touched:
+        return CommitResult(0, 0, False)
+    img_schema = StructType(list(schema.fields) + [StructField(IMG_COL, LongType(), False)])
+    images = _source_frame(spark, [(*plan.images[img], n) for n, (img, _d) in enumerate(touched)], img_schema)
+    tgt = spark.read.format("delta").load(path)
+    current = {r[IMG_COL]: r["n"] for r in
+               images.alias("s").join(tgt.alias("t"), on=_null_safe_all("t", "s", names), how="inner")
+               .groupBy(F.col(f"s.{IMG_COL}")).agg(F.count(F.lit(1)).alias("n")).collect()}
+    src_schema = StructType(list(schema.fields) + [StructField(OP_COL, StringType(), False)])
+    rows: list[tuple[object, ...]] = []
+    inserted = deleted = 0
+    for n, (img, delta) in enumerate(touched):
+        have = current.get(n, 0)
+        want = have + delta
+        if want < 0:
+            raise SinkError(
+                "Postgres deleted more copies of a row than the Delta table holds: the table has "
+                "diverged from the source; rebuild it from a snapshot",
+                table=description, missing_copies=-want)
+        row = plan.images[img]
+        rows.append((*row, "D"))
+        rows.extend([(*row, "I")] * want)
+        inserted += max(want - have, 0)
+        deleted += max(have - want, 0)
+    src = _source_frame(spark, rows, src_schema)
+    cond = _null_safe_all("t", "s", names) & (F.col(f"s.{OP_COL}") == "D")
+    values = {q(n): F.col(f"s.{q(n)}") for n in names}
+    with idempotent_write(spark, app_id, version, description):
+        (DeltaTable.forPath(spark, path).alias("t").merge(src.alias("s"), cond)
+         .whenMatchedDelete()
+         .whenNotMatchedInsert(condition=F.col(f"s.{OP_COL}") == "I", values=values)
+         .execute())
+    return CommitResult(inserted, deleted, False)

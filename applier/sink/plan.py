@@ -1,0 +1,214 @@
+"""Fold an ordered run of row changes for ONE table into what a single Delta commit must do.
+
+Why fold: Delta's MERGE fails when several source rows match one target row, and a MERGE per change
+would cost a Spark job each. The fold keeps the last image per key in commit order, which is exact
+because changes to different keys commute and changes to one key are applied in order here:
+
+- keyed tables (a replica identity key): per key the final state is "deleted" or a full row; a row
+  may still hold columns whose value is "whatever the target has" (unchanged TOAST, 'u') — those
+  carry the key of the target row to read them from (the OLD key when the key changed, as
+  PostgreSQL's apply worker keeps the local column);
+- key-less tables (REPLICA IDENTITY FULL without a primary key, or no identity: inserts only) are
+  multisets: each message affects exactly one row equal to the image, duplicates included, so the
+  fold is a signed count per distinct row image;
+- a TRUNCATE is a barrier: everything before it is gone, and the commit becomes an overwrite of the
+  table with the rows that follow it.
+
+The same fold serves one transaction or many grouped transactions: the result is the same as applying
+them one by one, which the tests check against PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from applier.errors import SinkError
+
+#: Row-change operations the planner understands (single characters, as pgoutput names them).
+OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE = "I", "U", "D", "T"
+
+
+class ChangeLike(Protocol):
+    """What the planner reads of a row change (the assembler's row changes satisfy it)."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def old_key(self) -> tuple[object, ...] | None: ...  # key of the target row before the change
+    @property
+    def old_row(self) -> tuple[object, ...] | None: ...  # full old row (REPLICA IDENTITY FULL)
+    @property
+    def new_row(self) -> tuple[object, ...] | None: ...  # full new row; may hold unchanged markers
+
+
+@dataclass(slots=True)
+class KeyedRow:
+    """Final state of one key: ``row`` None means deleted (then ``lookup_key`` is the key itself).
+
+    ``unresolved`` are column positions whose value must come from the target row with key
+    ``lookup_key`` (read before the commit).
+    """
+
+    row: tuple[object, ...] | None
+    unresolved: frozenset[int] = frozenset()
+    lookup_key: tuple[object, ...] | None = None
+
+
+@dataclass(slots=True)
+class TablePlan:
+    """What one Delta commit must do to one table."""
+
+    columns: tuple[str, ...]
+    key_positions: tuple[int, ...]  # empty: multiset table
+    truncated: bool = False  # overwrite: the table holds exactly the keyed rows / positive counts below
+    restart_identity: bool = False
+    keyed: dict[object, KeyedRow] = field(default_factory=dict)  # by frozen key (see freeze)
+    counts: Counter[object] = field(default_factory=Counter)  # by frozen row image
+    images: dict[object, tuple[object, ...]] = field(default_factory=dict)  # frozen image -> row
+    changes: int = 0
+
+    @property
+    def multiset(self) -> bool:
+        return not self.key_positions
+
+    @property
+    def empty(self) -> bool:
+        return not (self.truncated or self.keyed or any(self.counts.values()))
+
+    def needs_lookup(self) -> bool:
+        return any(k.unresolved for k in self.keyed.values() if k.row is not None)
+
+
+def _is_unchanged(value: object, marker: object) -> bool:
+    return value is marker
+
+
+class _NaN:
+    """Stands for float NaN in frozen keys: NaN != NaN, but two NaN images are the same row to Postgres."""
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+_NAN = _NaN()
+
+
+def freeze(value: object) -> object:
+    """A hashable, equality-faithful form of a row or key (lists -> tuples, NaN -> one marker)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, float) and value != value:
+        return _NAN
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    return value
+
+
+def fold_changes(
+    changes: Iterable[ChangeLike],
+    columns: Sequence[str],
+    key_positions: Sequence[int],
+    *,
+    unchanged_marker: object,
+) -> TablePlan:
+    """Fold ``changes`` (in commit order, one table) into a :class:`TablePlan`."""
+    plan = TablePlan(tuple(columns), tuple(key_positions))
+    for change in changes:
+        plan.changes += 1
+        if change.op == OP_TRUNCATE:
+            plan.truncated = True
+            plan.keyed.clear()
+            plan.counts.clear()
+            plan.images.clear()
+            plan.restart_identity = plan.restart_identity or bool(getattr(change, "restart_identity", False))
+            continue
+        if plan.multiset:
+            _fold_multiset(plan, change, unchanged_marker)
+        else:
+            _fold_keyed(plan, change, unchanged_marker)
+    return plan
+
+
+def _key_of(row: tuple[object, ...], positions: tuple[int, ...]) -> tuple[object, ...]:
+    return tuple(row[i] for i in positions)
+
+
+def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
+    op = change.op
+    if op == OP_DELETE:
+        key = change.old_key
+        if key is None and change.old_row is not None:
+            key = _key_of(change.old_row, plan.key_positions)
+        if key is None:
+            raise SinkError("delete without an old key", op=op)
+        plan.keyed[freeze(key)] = KeyedRow(None, lookup_key=key)
+        return
+    new = change.new_row
+    if new is None:
+        raise SinkError("insert/update without a new row", op=op)
+    new_key = _key_of(new, plan.key_positions)
+    if any(_is_unchanged(v, marker) for v in new_key):
+        raise SinkError("a key column arrived as unchanged TOAST; the key must be sent in full", op=op)
+    old_key = change.old_key if change.old_key is not None else (
+        _key_of(change.old_row, plan.key_positions) if change.old_row is not None else new_key)
+    unresolved = {i for i, v in enumerate(new) if _is_unchanged(v, marker)}
+    row = list(new)
+    lookup: tuple[object, ...] | None = None
+    if unresolved and change.old_row is not None:  # 'O' present: the old row has every value
+        for i in list(unresolved):
+            row[i] = change.old_row[i]
+            unresolved.discard(i)
+    if unresolved:
+        previous = plan.keyed.get(freeze(old_key))
+        if previous is not None and previous.row is not None:
+            # The previous image of the same row in this batch: take its values, and inherit
+            # whatever it still had to read from the target.
+            inherited: set[int] = set()
+            for i in list(unresolved):
+                if i in previous.unresolved:
+                    inherited.add(i)
+                else:
+                    row[i] = previous.row[i]
+                unresolved.discard(i)
+            unresolved = inherited
+            lookup = previous.lookup_key if inherited else None
+        elif previous is not None and previous.row is None:
+            raise SinkError("an unchanged TOAST value refers to a row deleted earlier in the same batch",
+                            op=op)
+        elif plan.truncated:
+            raise SinkError("an unchanged TOAST value refers to a row removed by a TRUNCATE in the same batch",
+                            op=op)
+        else:
+            lookup = old_key  # read from the target's row of the OLD key
+    if freeze(old_key) != freeze(new_key):
+        plan.keyed[freeze(old_key)] = KeyedRow(None, lookup_key=old_key)
+    plan.keyed[freeze(new_key)] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
+
+
+def _fold_multiset(plan: TablePlan, change: ChangeLike, marker: object) -> None:
+    op = change.op
+    if op in (OP_UPDATE, OP_DELETE):
+        old = change.old_row
+        if old is None:
+            raise SinkError("update/delete on a table without a key needs the whole old row "
+                            "(REPLICA IDENTITY FULL)", op=op)
+        if any(_is_unchanged(v, marker) for v in old):
+            raise SinkError("old row image holds unchanged TOAST markers", op=op)
+        image = freeze(old)
+        plan.images.setdefault(image, tuple(old))
+        plan.counts[image] -= 1
+    if op in (OP_INSERT, OP_UPDATE):
+        new = change.new_row
+        if new is None:
+            raise SinkError("insert/update without a new row", op=op)
+        if any(_is_unchanged(v, marker) for v in new):
+            if change.old_row is None:
+                raise SinkError("unchanged TOAST value in a table without a key and without an old row",
+                                op=op)
+            new = tuple(o if _is_unchanged(v, marker) else v for v, o in zip(new, change.old_row, strict=True))
+        image = freeze(new)
+        plan.images.setdefault(image, tuple(new))
+        plan.counts[image] += 1
