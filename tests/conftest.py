@@ -18,9 +18,12 @@ import pytest
 from applier.errors import EnvironmentSetupError
 from applier.pgcluster import PgCluster, find_installation, find_installations
 
+pytest_plugins = ("pytester",)
+
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("APPLIER_CACHE_DIR", str(REPO / ".cache"))
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 #: Every test cluster gets these on top of applier.pgcluster.BASE_SETTINGS: small transactions
 #: stream (protocol 2+) so streaming paths get exercised by ordinary-sized workloads.
@@ -29,7 +32,7 @@ TEST_SETTINGS = {"logical_decoding_work_mem": "64kB"}
 
 def unavailable(reason: str) -> None:
     """Skip locally, fail in CI: a missing real part is never a pass there."""
-    if IN_CI:
+    if in_ci():
         pytest.fail(f"required test dependency missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
 
@@ -43,7 +46,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Tests that take `pg_major` run once per installed major (15 from Debian, 16 and 18 from wheels).
     if "pg_major" in metafunc.fixturenames:
         majors = metafunc.config.getoption("--pg-major") or [i.major for i in find_installations()]
-        if IN_CI and not majors:
+        if in_ci() and not majors:
             majors = [15]  # the fixture will then fail loudly
         metafunc.parametrize("pg_major", majors or [15], ids=lambda m: f"pg{m}")
 

@@ -1,0 +1,188 @@
+"""Job configuration: YAML files validated by pydantic models.
+
+Every model forbids unknown keys (a typo must not silently fall back to a default), every field says
+what it is for, and the DSN is a secret that never prints. Errors name the file, the line and the
+dotted key, and say why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from applier.errors import ConfigError
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSettings(_Model):
+    """Where the changes come from: a PostgreSQL logical replication slot."""
+
+    dsn: SecretStr | None = Field(None, description="libpq connection string; prefer dsn_env")
+    dsn_env: str = Field("APPLIER_DSN", description="environment variable holding the DSN when dsn is unset")
+    slot: str = Field("applier", description="logical replication slot (pgoutput); created when absent")
+    publication: str = Field("applier", description="publication whose tables are mirrored")
+    proto_version: Literal[1, 2, 3, 4] = Field(1, description="pgoutput protocol version")
+    streaming: Literal["off", "on", "parallel"] = Field(
+        "off", description="stream in-progress transactions (on: proto >= 2, parallel: proto >= 4, PG 16+)")
+    two_phase: bool = Field(False, description="decode prepared transactions (proto >= 3, PG 15+)")
+    binary: bool = Field(False, description="binary column values (PG 14+)")
+    messages: bool = Field(False, description="receive pg_logical_emit_message messages (PG 14+)")
+    origin: Literal["any", "none"] | None = Field(
+        None, description="server-side origin filter (PG 16+): none = only changes without an origin")
+    read_mode: Literal["replication", "sql"] = Field(
+        "replication", description="streaming replication protocol, or SQL peek/advance")
+
+    @model_validator(mode="after")
+    def _versions(self) -> SourceSettings:
+        if self.streaming == "on" and self.proto_version < 2:
+            raise ValueError("streaming: on needs proto_version >= 2")
+        if self.streaming == "parallel" and self.proto_version < 4:
+            raise ValueError("streaming: parallel needs proto_version 4")
+        if self.two_phase and self.proto_version < 3:
+            raise ValueError("two_phase needs proto_version >= 3")
+        return self
+
+    def resolved_dsn(self) -> str:
+        """The DSN from the config or the environment; the error never shows the value."""
+        if self.dsn is not None:
+            return self.dsn.get_secret_value()
+        value = os.environ.get(self.dsn_env)
+        if not value:
+            raise ConfigError(f"no DSN: set source.dsn or the environment variable {self.dsn_env}")
+        return value
+
+
+class TableRule(_Model):
+    """Per-table settings for the tables a glob matches (``schema.table``, e.g. ``shop.*``)."""
+
+    match: str = Field(description="glob over 'schema.table'")
+    target: str | None = Field(None, description="Delta path, or catalog table name when it has no '/'")
+    key_columns: list[str] | None = Field(
+        None, description="key to merge on for tables without a primary key (else the replica identity)")
+    exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
+
+
+class TablesSettings(_Model):
+    """Which published tables are mirrored, and how."""
+
+    include: list[str] = Field(default_factory=lambda: ["*"], description="globs over 'schema.table'")
+    exclude: list[str] = Field(default_factory=list, description="globs over 'schema.table'")
+    rules: list[TableRule] = Field(default_factory=list, description="first matching rule wins")
+
+    def selected(self, qualified_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include) and not any(
+            fnmatch.fnmatchcase(qualified_name, p) for p in self.exclude)
+
+    def rule_for(self, qualified_name: str) -> TableRule | None:
+        return next((r for r in self.rules if fnmatch.fnmatchcase(qualified_name, r.match)), None)
+
+
+class ApplySettings(_Model):
+    """How committed transactions are applied to Delta."""
+
+    grouping: Literal["transaction", "grouped"] = Field(
+        "transaction", description="one Delta commit per source transaction, or many folded into one")
+    max_group_transactions: int = Field(1000, ge=1, description="grouped: transactions per Delta commit")
+    max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
+    unresolved_toast: Literal["error"] = Field(
+        "error", description="an unchanged TOAST value with no row to take it from stops the apply")
+    schema_changes: Literal["evolve", "stop"] = Field(
+        "evolve", description="evolve: add columns, widen types, keep dropped ones; stop: error")
+    truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
+    special_values: Literal["error", "clamp", "null"] = Field(
+        "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")
+    skip_origins: list[str] = Field(default_factory=list,
+                                    description="drop transactions from these replication origins")
+    skip_any_origin: bool = Field(False, description="drop every transaction that has an origin")
+    memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling")
+
+
+class SparkConfig(_Model):
+    """The SparkSession the job runs on (ignored when the job is given a session, e.g. under spark-submit)."""
+
+    master: str = "local[2]"
+    app_name: str = "applier"
+    shuffle_partitions: int = Field(2, ge=1)
+    driver_memory: str = "2g"
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+
+
+class TargetSettings(_Model):
+    """Where the Delta tables go: ``<path>/<schema>/<table>`` unless a table rule says otherwise."""
+
+    path: str = Field(description="root directory of the mirrored Delta tables")
+    state_dir: str | None = Field(None, description="applier state (catalog, staged prepares); default <path>/_applier")
+
+
+class ReplayConfig(_Model):
+    """``applier replay``: apply a stored raw log (Parquet or Delta: lsn, xid, data) to Delta tables."""
+
+    source_log: str = Field(description="path of the raw log")
+    target: TargetSettings
+    tables: TablesSettings = Field(default_factory=TablesSettings)
+    apply: ApplySettings = Field(default_factory=ApplySettings)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+
+class MirrorConfig(_Model):
+    """``applier mirror``: snapshot the published tables, then follow the slot."""
+
+    source: SourceSettings = Field(default_factory=SourceSettings)
+    target: TargetSettings
+    tables: TablesSettings = Field(default_factory=TablesSettings)
+    apply: ApplySettings = Field(default_factory=ApplySettings)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+
+def load_config(path: str | Path, model: type[_Model]) -> Any:
+    """Load and validate ``path`` as ``model``; ConfigError names file, line, key and reason."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file: {e.strerror}", file=str(path)) from e
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"not valid YAML: {getattr(e, 'problem', e)}", file=str(path),
+                          line=mark.line + 1 if mark else None) from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("a config file must be a mapping of settings", file=str(path))
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [p for p in first["loc"]]
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        raise ConfigError(f"{key}: {first['msg']}", file=str(path), line=_line_of(node, loc),
+                          problems=len(e.errors())) from None
+
+
+def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
+    """1-based line of the deepest YAML node along ``loc`` (for error messages)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
