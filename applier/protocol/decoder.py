@@ -338,7 +338,9 @@ def _stream_abort(data: bytes, in_stream: bool) -> StreamAbort:
         return StreamAbort(*wire.STREAM_ABORT_PARALLEL.unpack_from(data, 1))
     if n < 1 + wire.STREAM_ABORT.size or n > 1 + wire.STREAM_ABORT_PARALLEL.size:
         _fixed(data, wire.STREAM_ABORT if n < 9 else wire.STREAM_ABORT_PARALLEL, 1)
-    raise _Malformed(f"length {n - 1} is neither 8 (xid, subxid) nor 24 (with abort LSN and time)", n)
+    # Between the two forms: trailing bytes after the short one, or a cut-off long one.
+    raise _Malformed(f"length {n - 1} is neither 8 (xid, subxid) nor 24 (with abort LSN and time)",
+                     1 + wire.STREAM_ABORT.size)
 
 
 # --- two-phase (protocol 3+) ---------------------------------------------------------------------
