@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pgoutput_fixtures import files, load, manifest
@@ -137,7 +137,7 @@ def test_origin_follows_begin(file):
     assert isinstance(begin, Begin)
     origin = msgs[i][2]
     assert origin.commit_lsn == 0xABCDEF and origin.name == "capture_capture_basic"
-    assert pg_time_to_datetime(begin.commit_time) == datetime(2024, 1, 1, tzinfo=timezone.utc)
+    assert pg_time_to_datetime(begin.commit_time) == datetime(2024, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("file", files("basic"))
@@ -241,3 +241,25 @@ def test_decoder_reset_forgets_stream_state():
     assert isinstance(decoder.decode(rows[0].data), StreamStart) and decoder.in_stream
     decoder.reset()
     assert not decoder.in_stream
+
+
+def test_fast_constructed_messages_equal_regular_ones():
+    """The decoder builds hot messages through slot setters; they must be the same objects."""
+    from dataclasses import fields
+
+    for name in files():
+        for _, _, msg in decoded(name):
+            rebuilt = type(msg)(*[getattr(msg, f.name) for f in fields(msg)])
+            assert rebuilt == msg and repr(rebuilt) == repr(msg)
+            for tuple_field in ("new", "old"):
+                tup = getattr(msg, tuple_field, None)
+                if tup is not None:
+                    assert type(tup)(tup.kinds, tup.values) == tup and len(tup.kinds) == len(tup.values)
+
+
+def test_message_decoder_reports_errors_like_decode_message():
+    decoder = MessageDecoder()
+    for bad in (b"", b"Z", b"B\x00", bytearray(b"C" + bytes(3))):
+        with pytest.raises(DecodeError) as info:
+            decoder.decode(bad, lsn=0x10)
+        assert info.value.lsn == 0x10 and info.value.offset is not None
