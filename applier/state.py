@@ -1,0 +1,64 @@
+"""The applier's own durable state, under ``<target>/_applier/`` (or a configured directory).
+
+What lives here is what Delta cannot hold for us: the Relation/Type catalog as last seen (so a
+resumed run can decode changes before the server re-sends Relations), the progress of a run (the
+end LSN of the last fully applied transaction), and the staged prepared transactions (two-phase),
+which the assembler keeps in its own sub-directory. The authoritative record of what each table has
+applied is in Delta itself (txnAppId/txnVersion); the progress file only lets a run skip ahead.
+Every file is written atomically: temp file, fsync, rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateDir:
+    """Files of one target's state directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def for_target(cls, target_dir: str | Path, configured: str | None = None) -> StateDir:
+        return cls(configured or Path(target_dir) / "_applier")
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.root / "prepared"
+
+    @property
+    def spill_dir(self) -> Path:
+        return self.root / "spill"
+
+    def load(self, name: str) -> Any | None:
+        path = self.root / f"{name}.json"
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def save(self, name: str, payload: Any) -> None:
+        atomic_write_json(self.root / f"{name}.json", payload)

@@ -1,0 +1,17 @@
+"""spark-submit entry point for `applier replay`.
+
+    spark-submit --packages io.delta:delta-spark_4.2_2.13:4.4.0 jobs/replay.py --config configs/replay.yaml
+
+Under spark-submit the Delta jars come from --packages or the cluster, so APPLIER_DELTA_JARS defaults
+to 'provided' here; the arguments are exactly those of `applier replay`.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
+
+from applier.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["replay", *sys.argv[1:]]))
