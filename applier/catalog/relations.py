@@ -1,0 +1,157 @@
+"""The Relation/Type cache: what the decoder's Relation ('R') and Type ('Y') messages told us.
+
+A Relation is re-sent at every decoding session start, after relcache invalidations and once per
+streamed transaction; most re-sends are identical and must not look like schema changes. A re-send
+with a different column list, key, replica identity or name is a new schema version, and the cache
+says what changed so the sink can evolve the target table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from applier.errors import CatalogError
+from applier.protocol.messages import Relation, RelationColumn, Type
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChange:
+    added: tuple[str, ...]
+    dropped: tuple[str, ...]
+    retyped: tuple[tuple[str, int, int, int, int], ...]  # (column, old_oid, old_typmod, new_oid, new_typmod)
+    renamed_relation: tuple[str, str] | None
+    key_changed: bool
+    replica_identity_changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaVersion:
+    relation: Relation
+    version: int
+    key_indexes: tuple[int, ...]
+    change: SchemaChange | None
+
+    @property
+    def namespace(self) -> str:
+        return self.relation.namespace or "pg_catalog"
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}.{self.relation.name}"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.relation.columns)
+
+
+@dataclass(frozen=True, slots=True)
+class TypeInfo:
+    oid: int
+    namespace: str
+    name: str
+
+
+class TypeCache:
+    """User types ('Y' messages: enums, domains, composites, extension types), by OID."""
+
+    def __init__(self) -> None:
+        self._types: dict[int, TypeInfo] = {}
+
+    def update(self, typ: Type) -> None:
+        self._types[typ.oid] = TypeInfo(typ.oid, typ.namespace or "pg_catalog", typ.name)
+
+    def get(self, oid: int) -> TypeInfo | None:
+        return self._types.get(oid)
+
+    def to_json(self) -> list[list[Any]]:
+        return [[t.oid, t.namespace, t.name] for t in self._types.values()]
+
+    @classmethod
+    def from_json(cls, data: list[list[Any]]) -> TypeCache:
+        cache = cls()
+        for oid, ns, name in data:
+            cache._types[int(oid)] = TypeInfo(int(oid), ns, name)
+        return cache
+
+
+def _same_shape(a: Relation, b: Relation) -> bool:
+    return (a.namespace, a.name, a.replica_identity, a.columns) == (b.namespace, b.name, b.replica_identity,
+                                                                   b.columns)
+
+
+def _diff(old: Relation, new: Relation) -> SchemaChange:
+    old_cols = {c.name: c for c in old.columns}
+    new_cols = {c.name: c for c in new.columns}
+    retyped = tuple((n, old_cols[n].type_oid, old_cols[n].type_modifier, c.type_oid, c.type_modifier)
+                    for n, c in new_cols.items()
+                    if n in old_cols and (old_cols[n].type_oid, old_cols[n].type_modifier) != (c.type_oid, c.type_modifier))
+    renamed = None
+    if (old.namespace, old.name) != (new.namespace, new.name):
+        renamed = (f"{old.namespace or 'pg_catalog'}.{old.name}", f"{new.namespace or 'pg_catalog'}.{new.name}")
+    old_keys = tuple(c.name for c in old.columns if c.is_key)
+    new_keys = tuple(c.name for c in new.columns if c.is_key)
+    return SchemaChange(
+        added=tuple(n for n in new_cols if n not in old_cols),
+        dropped=tuple(n for n in old_cols if n not in new_cols),
+        retyped=retyped,
+        renamed_relation=renamed,
+        key_changed=old_keys != new_keys,
+        replica_identity_changed=old.replica_identity != new.replica_identity,
+    )
+
+
+class RelationCache:
+    """Relations by OID; each distinct shape of a relation is a numbered SchemaVersion."""
+
+    def __init__(self, types: TypeCache | None = None) -> None:
+        self.types = types or TypeCache()
+        self._current: dict[int, SchemaVersion] = {}
+
+    def update(self, rel: Relation) -> SchemaVersion:
+        current = self._current.get(rel.oid)
+        if current is not None and _same_shape(current.relation, rel):
+            return current
+        keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        if current is None:
+            version = SchemaVersion(rel, 1, keys, None)
+        else:
+            version = SchemaVersion(rel, current.version + 1, keys, _diff(current.relation, rel))
+        self._current[rel.oid] = version
+        return version
+
+    def update_type(self, typ: Type) -> None:
+        self.types.update(typ)
+
+    def get(self, oid: int) -> SchemaVersion:
+        try:
+            return self._current[oid]
+        except KeyError:
+            raise CatalogError(
+                "change for a relation the stream has not described (no Relation message seen); the log "
+                "does not start at a decoding-session boundary, or a message was lost",
+                relation_oid=oid) from None
+
+    def __contains__(self, oid: object) -> bool:
+        return oid in self._current
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "types": self.types.to_json(),
+            "relations": [
+                {"oid": v.relation.oid, "namespace": v.relation.namespace, "name": v.relation.name,
+                 "replica_identity": v.relation.replica_identity, "version": v.version,
+                 "columns": [[c.flags, c.name, c.type_oid, c.type_modifier] for c in v.relation.columns]}
+                for v in self._current.values()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RelationCache:
+        cache = cls(TypeCache.from_json(data.get("types", [])))
+        for r in data.get("relations", []):
+            rel = Relation(None, int(r["oid"]), r["namespace"], r["name"], r["replica_identity"],
+                           tuple(RelationColumn(int(f), n, int(t), int(m)) for f, n, t, m in r["columns"]))
+            keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+            cache._current[rel.oid] = SchemaVersion(rel, int(r["version"]), keys, None)
+        return cache

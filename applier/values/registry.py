@@ -1,0 +1,118 @@
+"""The one place that maps a PostgreSQL type (OID + typmod) to its Spark type and its text and binary
+parsers. The README's type-mapping table documents exactly this registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from applier.values import arrays, numeric, scalars
+from applier.values import datetime as dt
+from applier.values import oids
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType
+
+    from applier.catalog import TypeCache
+
+Parser = Callable[[bytes], object]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeHandler:
+    """How one column type is mirrored."""
+
+    spark_type: Callable[[], DataType]  # built lazily: importing pyspark is not needed to decode
+    text: Parser
+    binary: Parser | None  # None: no binary parser (unknown type) -> a clear error if 'b' arrives
+    pg_name: str
+
+
+def _t(name: str) -> Callable[[], DataType]:
+    def make() -> DataType:
+        from pyspark.sql import types as T
+
+        return getattr(T, name)()
+    return make
+
+
+def _decimal(p: int, s: int) -> Callable[[], DataType]:
+    def make() -> DataType:
+        from pyspark.sql.types import DecimalType
+
+        return DecimalType(p, s)
+    return make
+
+
+def _array_of(elem: Callable[[], DataType]) -> Callable[[], DataType]:
+    def make() -> DataType:
+        from pyspark.sql.types import ArrayType
+
+        return ArrayType(elem(), True)
+    return make
+
+
+_S = _t("StringType")
+_SCALARS: dict[int, TypeHandler] = {
+    oids.BOOL: TypeHandler(_t("BooleanType"), scalars.bool_text, scalars.bool_binary, "boolean"),
+    oids.INT2: TypeHandler(_t("ShortType"), scalars.int_text, scalars.int2_binary, "smallint"),
+    oids.INT4: TypeHandler(_t("IntegerType"), scalars.int_text, scalars.int4_binary, "integer"),
+    oids.INT8: TypeHandler(_t("LongType"), scalars.int_text, scalars.int8_binary, "bigint"),
+    oids.OID: TypeHandler(_t("LongType"), scalars.int_text, scalars.oid_binary, "oid"),
+    oids.FLOAT4: TypeHandler(_t("FloatType"), scalars.float_text, scalars.float4_binary, "real"),
+    oids.FLOAT8: TypeHandler(_t("DoubleType"), scalars.float_text, scalars.float8_binary, "double precision"),
+    oids.TEXT: TypeHandler(_S, scalars.text_str, scalars.text_str, "text"),
+    oids.VARCHAR: TypeHandler(_S, scalars.text_str, scalars.text_str, "varchar"),
+    oids.BPCHAR: TypeHandler(_S, scalars.text_str, scalars.text_str, "char(n)"),
+    oids.NAME: TypeHandler(_S, scalars.text_str, scalars.text_str, "name"),
+    oids.CHAR: TypeHandler(_S, scalars.text_str, scalars.char_binary, '"char"'),
+    oids.BYTEA: TypeHandler(_t("BinaryType"), scalars.bytea_text, scalars.bytea_binary, "bytea"),
+    oids.UUID: TypeHandler(_S, scalars.text_str, scalars.uuid_binary, "uuid"),
+    oids.JSON: TypeHandler(_S, scalars.text_str, scalars.text_str, "json"),
+    oids.JSONB: TypeHandler(_S, scalars.text_str, scalars.jsonb_binary, "jsonb"),
+    oids.DATE: TypeHandler(_t("DateType"), dt.date_text, dt.date_binary, "date"),
+    oids.TIMESTAMP: TypeHandler(_t("TimestampNTZType"), dt.timestamp_text, dt.timestamp_binary, "timestamp"),
+    oids.TIMESTAMPTZ: TypeHandler(_t("TimestampType"), dt.timestamptz_text, dt.timestamptz_binary, "timestamptz"),
+    oids.TIME: TypeHandler(_S, scalars.text_str, dt.time_binary, "time"),
+    oids.TIMETZ: TypeHandler(_S, scalars.text_str, dt.timetz_binary, "timetz"),
+    oids.INTERVAL: TypeHandler(_S, scalars.text_str, dt.interval_binary, "interval"),
+}
+_UNKNOWN = TypeHandler(_S, scalars.text_str, None, "unknown")
+_ENUM = TypeHandler(_S, scalars.text_str, scalars.text_str, "enum")
+
+
+def _numeric(typmod: int) -> TypeHandler:
+    ps = numeric.fits_decimal(typmod)
+    if ps is not None:
+        return TypeHandler(_decimal(*ps), numeric.numeric_text_to_decimal, numeric.numeric_binary_to_decimal,
+                           f"numeric({ps[0]},{ps[1]})")
+    return TypeHandler(_S, numeric.numeric_text_to_str, numeric.numeric_binary_to_str, "numeric")
+
+
+def _scalar(oid: int, typmod: int, types: TypeCache | None) -> TypeHandler:
+    if oid == oids.NUMERIC:
+        return _numeric(typmod)
+    handler = _SCALARS.get(oid)
+    if handler is not None:
+        return handler
+    info = types.get(oid) if types is not None else None
+    if info is not None:
+        base = oids.BUILTIN_BY_NAME.get(info.name) if info.namespace == "pg_catalog" else None
+        if base is not None:  # a domain: 'Y' carries its base type's name
+            return _scalar(base, typmod, None)
+        return _ENUM  # enums and other user types: their text (binary of an enum is its label)
+    return _UNKNOWN
+
+
+def handler_for(oid: int, typmod: int, types: TypeCache | None) -> TypeHandler:
+    """The handler for a column of type ``oid`` with ``typmod``."""
+    elem = oids.ARRAY_ELEMENT.get(oid)
+    if elem is not None:
+        inner = _scalar(elem, typmod, types)
+        binary = partial(arrays.parse_binary_array, element=inner.binary) if inner.binary else None
+        return TypeHandler(_array_of(inner.spark_type), partial(arrays.parse_text_array, element=inner.text),
+                           binary, inner.pg_name + "[]")
+    return _scalar(oid, typmod, types)
