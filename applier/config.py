@@ -89,7 +89,8 @@ class ApplySettings(_Model):
     """How committed transactions are applied to Delta."""
 
     grouping: Literal["transaction", "grouped"] = Field(
-        "transaction", description="one Delta commit per source transaction, or many folded into one")
+        "grouped", description="fold many source transactions into one Delta commit per table (exact, "
+        "fast), or 'transaction': one Delta commit per source transaction (strict, slow)")
     max_group_transactions: int = Field(1000, ge=1, description="grouped: transactions per Delta commit")
     max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
     unresolved_toast: Literal["error"] = Field(

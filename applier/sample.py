@@ -56,7 +56,7 @@ def run_workload(conn: psycopg.Connection, *, seed: int = 7, transactions: int =
     with conn.transaction():
         conn.execute(
             "INSERT INTO shop.customers (id, name, email, notes, tags) "
-            "SELECT g, 'customer ' || g, 'c' || g || '@example.com', %s || g, ARRAY['t' || (g % 3), 'x,y']"
+            "SELECT g, 'customer ' || g, 'c' || g || '@example.com', %s || g, ARRAY['t' || (g %% 3), 'x,y']"
             " FROM generate_series(1, 50) g", (big,))
         conn.execute(
             "INSERT INTO shop.products SELECT 'sku-' || g, 'product ' || g, (g * 1.25)::numeric(12,2), "

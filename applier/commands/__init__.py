@@ -5,5 +5,6 @@ and sets ``func`` to a callable taking the parsed args and returning the exit co
 COMMAND_MODULES: tuple[str, ...] = (
     "setup",
     "demo",
+    "replay",
     "inspect",
 )

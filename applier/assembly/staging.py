@@ -1,0 +1,71 @@
+"""Durable staging of prepared transactions (two-phase), one file per gid.
+
+A slot advanced past a Prepare never sends those changes again: COMMIT PREPARED arrives alone, maybe
+days later, maybe after a restart. So the changes (with the schema versions they were decoded with)
+are written to disk atomically (temp file, fsync, rename, fsync of the directory) before anything
+lets the slot move past the Prepare, and read back at Commit Prepared.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StagedTransaction:
+    gid: str
+    xid: int
+    origin: str | None
+    prepare_lsn: int
+    end_lsn: int
+    changes: tuple[Any, ...]
+
+
+class PreparedStore:
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def _path(self, gid: str) -> Path:
+        return self.directory / f"{gid.encode('utf-8').hex()}.prepared"
+
+    def has(self, gid: str) -> bool:
+        return self._path(gid).is_file()
+
+    def gids(self) -> list[str]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(bytes.fromhex(p.stem).decode("utf-8") for p in self.directory.glob("*.prepared"))
+
+    def stage(self, gid: str, xid: int, origin: str | None, prepare_lsn: int, end_lsn: int,
+              changes: tuple[Any, ...]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staged = StagedTransaction(gid, xid, origin, prepare_lsn, end_lsn, changes)
+        fd, tmp = tempfile.mkstemp(prefix=".staging-", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(staged, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(gid))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def load(self, gid: str) -> StagedTransaction:
+        with open(self._path(gid), "rb") as f:
+            staged = pickle.load(f)  # our own file, written by stage()
+        assert isinstance(staged, StagedTransaction)
+        return staged
+
+    def discard(self, gid: str) -> None:
+        self._path(gid).unlink(missing_ok=True)

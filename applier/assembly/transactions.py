@@ -1,0 +1,350 @@
+"""Turn the decoded message sequence into committed transactions, in commit order.
+
+Follows PostgreSQL's apply worker (worker.c):
+- regular transactions arrive whole: Begin ... Commit;
+- streamed transactions (protocol 2+) arrive in chunks Stream Start ... Stream Stop, interleaved with
+  each other and with regular transactions, and are applied at Stream Commit; Stream Abort with
+  xid == subxid drops the whole transaction, with a subxid it drops that subtransaction's changes
+  and everything received after its first change (stream_abort_internal truncates the spool there);
+- two-phase (protocol 3+): Begin Prepare ... Prepare (or a streamed transaction ... Stream Prepare)
+  stages the transaction durably under its gid, because a slot advanced past the Prepare never sends
+  those changes again; Commit Prepared applies it at that point in commit order; Rollback Prepared
+  discards it (also when the prepare was never seen here);
+- a new decoding session re-sends every unfinished transaction from its start: a Begin for an xid
+  we still hold, or Stream Start with first_segment for it, discards the stale buffer.
+
+Relation and Type messages update the catalog when they arrive (as the worker does), and every
+change is stored with the schema version it was decoded with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from applier.assembly.buffer import ChangeBuffer
+from applier.assembly.staging import PreparedStore
+from applier.catalog import RelationCache, SchemaVersion
+from applier.errors import AssemblyError
+from applier.protocol.messages import (
+    KIND_OF,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+
+log = logging.getLogger(__name__)
+
+ChangeMessage = Insert | Update | Delete | Truncate | LogicalMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change as received: its LSN, ordinal in the transaction and the schema(s) it was decoded with."""
+
+    lsn: int
+    ordinal: int
+    message: ChangeMessage
+    schemas: tuple[SchemaVersion, ...]  # one for I/U/D, one per listed relation for T, none for M
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedTransaction:
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+    origin: str | None
+    kind: Literal["regular", "streamed", "prepared"]
+    gid: str | None
+    changes: tuple[Change, ...] | Iterable[Change]
+
+
+@dataclass
+class _Open:
+    """A transaction being received."""
+
+    xid: int
+    buffer: ChangeBuffer
+    origin: str | None = None
+    first_change_of: dict[int, int] = field(default_factory=dict)  # subxid -> index of its first change
+
+
+class TransactionAssembler:
+    """Feed ``(lsn, message)`` in stream order; get committed transactions back as they complete."""
+
+    def __init__(self, catalog: RelationCache | None = None, *, prepared: PreparedStore | None = None,
+                 memory_budget_bytes: int = 256 << 20, spill_dir: Path | None = None,
+                 on_message: Callable[[LogicalMessage, int], None] | None = None) -> None:
+        self.catalog = catalog or RelationCache()
+        self.prepared = prepared
+        self._budget = memory_budget_bytes
+        self._spill_dir = spill_dir
+        self._on_message = on_message
+        self._regular: _Open | None = None
+        self._regular_prepare: tuple[_Open, BeginPrepare] | None = None
+        self._streams: dict[int, _Open] = {}
+        self._stream_xid: int | None = None  # top-level xid of the open stream block
+        self._last_seen_origin: str | None = None
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def session_start(self) -> None:
+        """A new decoding session: everything unfinished will be re-sent from its start."""
+        for tx in self._streams.values():
+            tx.buffer.discard()
+        self._streams.clear()
+        if self._regular is not None:
+            self._regular.buffer.discard()
+        self._regular = None
+        self._regular_prepare = None
+        self._stream_xid = None
+
+    def feed(self, lsn: int, msg: Message) -> list[CommittedTransaction]:
+        handler = _DISPATCH.get(type(msg))
+        if handler is None:
+            raise AssemblyError("message kind not handled by the assembler", kind=KIND_OF.get(type(msg)), lsn=lsn)
+        return handler(self, lsn, msg)
+
+    def open_transactions(self) -> int:
+        return len(self._streams) + (self._regular is not None) + (self._regular_prepare is not None)
+
+    # --- framing --------------------------------------------------------------------------------
+
+    def _new(self, xid: int) -> _Open:
+        return _Open(xid, ChangeBuffer(self._budget, self._spill_dir))
+
+    def _begin(self, lsn: int, msg: Begin) -> list[CommittedTransaction]:
+        if self._regular is not None:
+            log.warning("Begin at %X/%X while xid %s was open: a new decoding session; discarding it",
+                        lsn >> 32, lsn & 0xFFFFFFFF, self._regular.xid)
+            self._regular.buffer.discard()
+        self._drop_stream_if_resent(msg.xid)
+        self._regular = self._new(msg.xid)
+        return []
+
+    def _commit(self, lsn: int, msg: Commit) -> list[CommittedTransaction]:
+        tx = self._regular
+        if tx is None:
+            raise AssemblyError("Commit without Begin", kind="Commit", lsn=lsn, end_lsn=msg.end_lsn)
+        self._regular = None
+        return [CommittedTransaction(tx.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, tx.origin,
+                                     "regular", None, _drain(tx.buffer))]
+
+    def _origin(self, lsn: int, msg: Origin) -> list[CommittedTransaction]:
+        target = self._current(lsn, "Origin", allow_none=True)
+        if target is not None:
+            target.origin = msg.name
+        return []
+
+    def _drop_stream_if_resent(self, xid: int) -> None:
+        stale = self._streams.pop(xid, None)
+        if stale is not None:
+            log.warning("xid %s re-sent from its start (new decoding session); discarding its old buffer", xid)
+            stale.buffer.discard()
+
+    # --- catalog ----------------------------------------------------------------------------------
+
+    def _relation(self, lsn: int, msg: Relation) -> list[CommittedTransaction]:
+        self.catalog.update(msg)
+        return []
+
+    def _type(self, lsn: int, msg: Type) -> list[CommittedTransaction]:
+        self.catalog.update_type(msg)
+        return []
+
+    # --- changes ----------------------------------------------------------------------------------
+
+    def _current(self, lsn: int, kind: str, *, allow_none: bool = False) -> _Open | None:
+        if self._stream_xid is not None:
+            return self._streams[self._stream_xid]
+        if self._regular is not None:
+            return self._regular
+        if self._regular_prepare is not None:
+            return self._regular_prepare[0]
+        if allow_none:
+            return None
+        raise AssemblyError("change outside a transaction (no Begin or Stream Start before it)", kind=kind, lsn=lsn)
+
+    def _change(self, lsn: int, msg: Insert | Update | Delete | Truncate) -> list[CommittedTransaction]:
+        tx = self._current(lsn, type(msg).__name__)
+        assert tx is not None
+        if isinstance(msg, Truncate):
+            schemas = tuple(self.catalog.get(oid) for oid in msg.relation_oids)
+        else:
+            schemas = (self.catalog.get(msg.relation_oid),)
+        self._append(tx, lsn, msg, schemas)
+        return []
+
+    def _append(self, tx: _Open, lsn: int, msg: ChangeMessage, schemas: tuple[SchemaVersion, ...]) -> None:
+        sub = msg.xid
+        if self._stream_xid is not None and sub is not None and sub != tx.xid and sub not in tx.first_change_of:
+            tx.first_change_of[sub] = len(tx.buffer)
+        tx.buffer.append(Change(lsn, len(tx.buffer), msg, schemas), _size(msg))
+
+    def _message(self, lsn: int, msg: LogicalMessage) -> list[CommittedTransaction]:
+        if not msg.transactional:
+            # Arrives at once, outside any transaction, even if its transaction later rolls back.
+            if self._on_message is not None:
+                self._on_message(msg, lsn)
+            return []
+        tx = self._current(lsn, "Message")
+        assert tx is not None
+        self._append(tx, lsn, msg, ())
+        return []
+
+    # --- streaming ------------------------------------------------------------------------------
+
+    def _stream_start(self, lsn: int, msg: StreamStart) -> list[CommittedTransaction]:
+        if self._stream_xid is not None:
+            raise AssemblyError("Stream Start inside a stream block", kind="Stream Start", lsn=lsn, xid=msg.xid)
+        if msg.first_segment:
+            self._drop_stream_if_resent(msg.xid)
+        if msg.xid not in self._streams:
+            if not msg.first_segment:
+                raise AssemblyError("Stream Start continues a transaction whose first segment was not seen",
+                                    kind="Stream Start", lsn=lsn, xid=msg.xid)
+            self._streams[msg.xid] = self._new(msg.xid)
+        self._stream_xid = msg.xid
+        return []
+
+    def _stream_stop(self, lsn: int, msg: StreamStop) -> list[CommittedTransaction]:
+        if self._stream_xid is None:
+            raise AssemblyError("Stream Stop outside a stream block", kind="Stream Stop", lsn=lsn)
+        self._stream_xid = None
+        return []
+
+    def _stream_commit(self, lsn: int, msg: StreamCommit) -> list[CommittedTransaction]:
+        tx = self._streams.pop(msg.xid, None)
+        if tx is None:
+            raise AssemblyError("Stream Commit for a transaction never streamed here", kind="Stream Commit",
+                                lsn=lsn, xid=msg.xid)
+        return [CommittedTransaction(tx.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, tx.origin,
+                                     "streamed", None, _drain(tx.buffer))]
+
+    def _stream_abort(self, lsn: int, msg: StreamAbort) -> list[CommittedTransaction]:
+        tx = self._streams.get(msg.xid)
+        if tx is None:
+            return []  # nothing of it was kept (e.g. aborted before a re-sent first segment)
+        if msg.subxid == msg.xid:
+            tx.buffer.discard()
+            del self._streams[msg.xid]
+            return []
+        first = tx.first_change_of.get(msg.subxid)
+        if first is None:
+            return []  # the subtransaction sent no changes
+        tx.buffer.truncate(first)
+        tx.first_change_of = {s: i for s, i in tx.first_change_of.items() if i < first}
+        return []
+
+    # --- two-phase --------------------------------------------------------------------------------
+
+    def _begin_prepare(self, lsn: int, msg: BeginPrepare) -> list[CommittedTransaction]:
+        if self._regular_prepare is not None:
+            self._regular_prepare[0].buffer.discard()
+        self._drop_stream_if_resent(msg.xid)
+        self._regular_prepare = (self._new(msg.xid), msg)
+        return []
+
+    def _prepare(self, lsn: int, msg: Prepare) -> list[CommittedTransaction]:
+        if self._regular_prepare is None:
+            raise AssemblyError("Prepare without Begin Prepare", kind="Prepare", lsn=lsn, gid=msg.gid)
+        tx, _begin = self._regular_prepare
+        self._regular_prepare = None
+        self._stage(lsn, msg.gid, tx, msg.prepare_lsn, msg.end_lsn)
+        return []
+
+    def _stream_prepare(self, lsn: int, msg: StreamPrepare) -> list[CommittedTransaction]:
+        tx = self._streams.pop(msg.xid, None)
+        if tx is None:
+            raise AssemblyError("Stream Prepare for a transaction never streamed here", kind="Stream Prepare",
+                                lsn=lsn, xid=msg.xid, gid=msg.gid)
+        self._stage(lsn, msg.gid, tx, msg.prepare_lsn, msg.end_lsn)
+        return []
+
+    def _stage(self, lsn: int, gid: str, tx: _Open, prepare_lsn: int, end_lsn: int) -> None:
+        if self.prepared is None:
+            raise AssemblyError("two-phase transaction received but no staging directory is configured",
+                                kind="Prepare", lsn=lsn, gid=gid)
+        self.prepared.stage(gid, tx.xid, tx.origin, prepare_lsn, end_lsn, _drain(tx.buffer))
+
+    def _commit_prepared(self, lsn: int, msg: CommitPrepared) -> list[CommittedTransaction]:
+        if self.prepared is None or not self.prepared.has(msg.gid):
+            raise AssemblyError(
+                "Commit Prepared for a transaction whose prepared changes are not staged here; they were "
+                "confirmed to the server before being staged durably (the slot moved past the Prepare) — "
+                "rebuild the affected tables from a snapshot", kind="Commit Prepared", lsn=lsn, gid=msg.gid)
+        staged = self.prepared.load(msg.gid)
+        return [CommittedTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, staged.origin,
+                                     "prepared", msg.gid, staged.changes)]
+
+    def _rollback_prepared(self, lsn: int, msg: RollbackPrepared) -> list[CommittedTransaction]:
+        if self.prepared is not None:
+            self.prepared.discard(msg.gid)
+        return []
+
+    def finished(self, txn: CommittedTransaction) -> None:
+        """Tell the assembler a committed transaction is durably applied (drops its staged copy)."""
+        if txn.kind == "prepared" and txn.gid is not None and self.prepared is not None:
+            self.prepared.discard(txn.gid)
+
+
+def _drain(buffer: ChangeBuffer) -> tuple[Change, ...]:
+    changes = tuple(buffer)
+    buffer.discard()
+    return changes
+
+
+def _size(msg: ChangeMessage) -> int:
+    if isinstance(msg, Insert):
+        return 64 + sum(len(v) for v in msg.new.values if v is not None)
+    if isinstance(msg, Update):
+        n = sum(len(v) for v in msg.new.values if v is not None)
+        if msg.old is not None:
+            n += sum(len(v) for v in msg.old.values if v is not None)
+        return 96 + n
+    if isinstance(msg, Delete):
+        return 64 + sum(len(v) for v in msg.old.values if v is not None)
+    if isinstance(msg, LogicalMessage):
+        return 64 + len(msg.content)
+    return 64
+
+
+_DISPATCH: dict[type, Callable[[TransactionAssembler, int, Message], list[CommittedTransaction]]] = {
+    Begin: TransactionAssembler._begin, Commit: TransactionAssembler._commit,  # type: ignore[dict-item]
+    Origin: TransactionAssembler._origin, Relation: TransactionAssembler._relation,  # type: ignore[dict-item]
+    Type: TransactionAssembler._type, Insert: TransactionAssembler._change,  # type: ignore[dict-item]
+    Update: TransactionAssembler._change, Delete: TransactionAssembler._change,  # type: ignore[dict-item]
+    Truncate: TransactionAssembler._change, LogicalMessage: TransactionAssembler._message,  # type: ignore[dict-item]
+    StreamStart: TransactionAssembler._stream_start, StreamStop: TransactionAssembler._stream_stop,  # type: ignore[dict-item]
+    StreamCommit: TransactionAssembler._stream_commit, StreamAbort: TransactionAssembler._stream_abort,  # type: ignore[dict-item]
+    BeginPrepare: TransactionAssembler._begin_prepare, Prepare: TransactionAssembler._prepare,  # type: ignore[dict-item]
+    StreamPrepare: TransactionAssembler._stream_prepare,  # type: ignore[dict-item]
+    CommitPrepared: TransactionAssembler._commit_prepared,  # type: ignore[dict-item]
+    RollbackPrepared: TransactionAssembler._rollback_prepared,  # type: ignore[dict-item]
+}
+
+
+def iter_committed(assembler: TransactionAssembler, messages: Iterable[tuple[int, Message]]) -> Iterator[CommittedTransaction]:
+    for lsn, msg in messages:
+        yield from assembler.feed(lsn, msg)

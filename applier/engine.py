@@ -1,0 +1,200 @@
+"""The apply stage: committed transactions in, idempotent Delta commits out.
+
+This is the one module that joins the catalog, the values layer and the Delta sink (worker.c's
+role in PostgreSQL). Per transaction and per table it folds the row changes into a TablePlan and
+makes one Delta commit tagged with the transaction's end LSN, so re-applying an applied transaction
+is a no-op (Delta's txnAppId/txnVersion) and a crash between two tables of one transaction is
+recovered by simply applying the transaction again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from applier.config import ApplySettings, TablesSettings
+from applier.errors import SinkError
+from applier.lsn import format_lsn
+from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.merge import apply_plan
+from applier.sink.naming import table_location
+from applier.sink.plan import OP_TRUNCATE, fold_changes
+from applier.sink.schema import TableSpec, ensure_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TableChange:
+    """One row change as the sink reads it (see applier.sink.plan.ChangeLike)."""
+
+    op: str
+    old_key: tuple[Any, ...] | None
+    old_row: tuple[Any, ...] | None
+    new_row: tuple[Any, ...] | None
+    restart_identity: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TableBatch:
+    """The changes of one transaction (or group) to one table, in commit order."""
+
+    relation_oid: int
+    namespace: str
+    name: str
+    schema: Any  # applier.catalog.SchemaVersion of the last change
+    changes: Sequence[TableChange]
+
+
+@dataclass
+class ApplyStats:
+    transactions: int = 0
+    applied: int = 0
+    already_applied: int = 0
+    rows: Counter[str] = field(default_factory=Counter)
+    last_end_lsn: int | None = None
+    tables: set[tuple[str, str]] = field(default_factory=set)
+    commits: int = 0
+
+
+class DeltaApplier:
+    """Applies transactions to the Delta tables under ``target_dir``."""
+
+    def __init__(self, spark: SparkSession, target_dir: str, *, tables: TablesSettings | None = None,
+                 apply: ApplySettings | None = None, types: Any = None,
+                 on_schema_change: Callable[[str, Any], None] | None = None) -> None:
+        self.spark = spark
+        self.target_dir = target_dir
+        self.tables = tables or TablesSettings()
+        self.settings = apply or ApplySettings()
+        self.types = types
+        self.stats = ApplyStats()
+        self._applied: dict[str, int] = {}  # table path -> last applied end LSN
+        self._schema_seen: dict[str, Any] = {}  # table path -> SchemaVersion the Delta table matches
+        self._on_schema_change = on_schema_change
+
+    def path_for(self, namespace: str, name: str) -> str:
+        qualified = f"{namespace}.{name}"
+        rule = self.tables.rule_for(qualified)
+        if rule is not None and rule.target:
+            return rule.target
+        return str(table_location(self.target_dir, namespace, name))
+
+    def _spec(self, batch: TableBatch) -> TableSpec:
+        from applier.values import spark_schema_for
+
+        sv = batch.schema
+        rel = sv.relation
+        qualified = f"{batch.namespace}.{batch.name}"
+        names = [c.name for c in rel.columns]
+        rule = self.tables.rule_for(qualified)
+        if rule is not None and rule.key_columns:
+            keys = tuple(rule.key_columns)
+        elif rel.replica_identity == "f":
+            keys = ()  # whole-row identity: a multiset
+        else:
+            keys = tuple(names[i] for i in sv.key_indexes)
+        return TableSpec(qualified, spark_schema_for(sv, self.types), keys, rel.replica_identity)
+
+    def apply(self, end_lsn: int, batches: Iterable[TableBatch]) -> None:
+        """Apply one transaction's per-table batches; ``end_lsn`` is its end LSN."""
+        self.apply_group([(end_lsn, list(batches))])
+
+    def apply_group(self, transactions: Sequence[tuple[int, Sequence[TableBatch]]]) -> None:
+        """Apply consecutive committed transactions, one Delta commit per table they touch.
+
+        The fold of several transactions equals applying them one by one (last image per key in
+        commit order, TOAST resolved along the chain, truncates as barriers), and the commit is tagged
+        with the group's last end LSN. Transactions a table has already applied (its recorded version
+        is >= their end LSN) are left out of that table's fold, so re-running with other group
+        boundaries after a crash stays exact.
+        """
+        from applier.values import UNCHANGED_TOAST
+
+        if not transactions:
+            return
+        group_end = transactions[-1][0]
+        per_table: dict[str, tuple[TableBatch, list[tuple[int, TableBatch]]]] = {}
+        for end_lsn, batches in transactions:
+            for batch in batches:
+                qualified = f"{batch.namespace}.{batch.name}"
+                if not self.tables.selected(qualified):
+                    continue
+                if any(c.op == OP_TRUNCATE for c in batch.changes) and self.settings.truncate == "error":
+                    raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
+                                    end_lsn=end_lsn)
+                path = self.path_for(batch.namespace, batch.name)
+                entry = per_table.setdefault(path, (batch, []))
+                entry[1].append((end_lsn, batch))
+                per_table[path] = (batch, entry[1])  # remember the newest schema
+        applied_any = False
+        for path, (last_batch, parts) in per_table.items():
+            spec = self._spec(last_batch)
+            self.stats.tables.add((last_batch.namespace, last_batch.name))
+            done = self._applied_version(path, spec.source_name)
+            todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
+            if not todo:
+                continue  # already applied: its schema may have moved on since, so touch nothing
+            self._ensure(path, spec, last_batch.schema)
+            names = spec.column_names
+            changes = [c for _lsn, b in todo for c in _aligned(b, last_batch.schema, names)]
+            key_positions = tuple(names.index(k) for k in spec.key_columns)
+            plan = fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST)
+            if plan.empty:
+                self._applied[path] = group_end
+                continue
+            description = (f"{spec.source_name} end_lsn={format_lsn(group_end)} "
+                           f"transactions={len(todo)}")
+            result = apply_plan(self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
+                                version=group_end, description=description)
+            self._applied[path] = group_end
+            self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
+            self.stats.commits += 1
+            applied_any = True
+        self.stats.transactions += len(transactions)
+        if applied_any:
+            self.stats.applied += len(transactions)
+        self.stats.last_end_lsn = group_end
+
+    def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
+        if self._schema_seen.get(path) is schema_version:
+            return
+        if path in self._schema_seen and self.settings.schema_changes == "stop":
+            raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
+                            table=spec.source_name)
+        evolution = ensure_table(self.spark, path, spec)
+        if path in self._schema_seen and self._on_schema_change is not None:
+            self._on_schema_change(spec.source_name, evolution)
+        self._schema_seen[path] = schema_version
+
+    def _applied_version(self, path: str, source_name: str) -> int | None:
+        """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""
+        if path not in self._applied:
+            from delta.tables import DeltaTable
+
+            if not DeltaTable.isDeltaTable(self.spark, path):
+                return None
+            version = applied_version(self.spark, path, app_id_for(source_name))
+            if version is None:
+                return None
+            self._applied[path] = version
+        return self._applied[path]
+
+
+def _aligned(batch: TableBatch, target_schema: Any, names: tuple[str, ...]) -> Sequence[TableChange]:
+    """A batch's changes laid out in the columns of the group's newest schema version."""
+    if batch.schema is target_schema or tuple(c.name for c in batch.schema.relation.columns) == names:
+        return batch.changes
+    index = {c.name: i for i, c in enumerate(batch.schema.relation.columns)}
+
+    def remap(row: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        return None if row is None else tuple(row[index[n]] if n in index else None for n in names)
+
+    return [TableChange(c.op, c.old_key, remap(c.old_row), remap(c.new_row), c.restart_identity)
+            for c in batch.changes]

@@ -1,0 +1,109 @@
+"""Decoded messages -> per-table batches of row images, one group per committed transaction.
+
+Joins the assembler (transactions), the values layer (TupleData -> values) and the origin filter,
+and hands the engine what it applies: ``(end_lsn, [TableBatch, ...])`` in commit order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
+from applier.assembly.rowimage import RowImage, row_images
+from applier.catalog import RelationCache, SchemaVersion  # noqa: F401
+from applier.config import ApplySettings
+from applier.engine import TableBatch, TableChange
+from applier.protocol.messages import LogicalMessage, Message, TupleData
+from applier.state import StateDir
+from applier.values import RowConverter
+
+log = logging.getLogger(__name__)
+
+
+class TransactionFeeder:
+    def __init__(self, catalog: RelationCache, assembler: TransactionAssembler, settings: ApplySettings) -> None:
+        self.catalog = catalog
+        self.assembler = assembler
+        self.settings = settings
+        self._converters: dict[int, RowConverter] = {}  # id(SchemaVersion) -> converter
+        self._keep: list[SchemaVersion] = []  # keeps ids stable
+        self.messages: list[tuple[int, LogicalMessage]] = []
+        self.skipped_by_origin = 0
+
+    @classmethod
+    def from_state(cls, state: StateDir, settings: ApplySettings) -> TransactionFeeder:
+        saved = state.load("catalog")
+        catalog = RelationCache.from_json(saved) if saved else RelationCache()
+        feeder: TransactionFeeder
+        assembler = TransactionAssembler(
+            catalog, prepared=PreparedStore(state.staging_dir),
+            memory_budget_bytes=settings.memory_budget_mb << 20, spill_dir=state.spill_dir,
+            on_message=lambda m, lsn: feeder.messages.append((lsn, m)))
+        feeder = cls(catalog, assembler, settings)
+        return feeder
+
+    @property
+    def types(self) -> Any:
+        return self.catalog.types
+
+    def save(self, state: StateDir) -> None:
+        state.save("catalog", self.catalog.to_json())
+
+    def _convert(self, schema: SchemaVersion, tup: TupleData) -> tuple[Any, ...]:
+        conv = self._converters.get(id(schema))
+        if conv is None:
+            conv = RowConverter(schema, self.catalog.types, self.settings.special_values)
+            self._converters[id(schema)] = conv
+            self._keep.append(schema)
+        return conv.convert(tup)
+
+    def feed(self, lsn: int, msg: Message) -> Iterator[tuple[CommittedTransaction, list[TableBatch]]]:
+        """Committed transactions completed by this message, with their batches. Call
+        ``applied(txn)`` once the transaction's Delta commits exist (drops staged prepares)."""
+        for txn in self.assembler.feed(lsn, msg):
+            yield txn, self.batches(txn)
+
+    def applied(self, txn: CommittedTransaction) -> None:
+        self.assembler.finished(txn)
+
+    def _skip(self, txn: CommittedTransaction) -> bool:
+        if txn.origin is None:
+            return False
+        return self.settings.skip_any_origin or txn.origin in self.settings.skip_origins
+
+    def batches(self, txn: CommittedTransaction) -> list[TableBatch]:
+        if self._skip(txn):
+            self.skipped_by_origin += 1
+            return []
+        by_table: dict[int, list[RowImage]] = {}
+        for change in txn.changes:
+            if isinstance(change.message, LogicalMessage):
+                self.messages.append((change.lsn, change.message))
+                continue
+            for image in row_images(change, self._convert):
+                by_table.setdefault(image.schema.relation.oid, []).append(image)
+        return [b for oid, images in by_table.items() for b in _batches_of(oid, images)]
+
+
+def _batches_of(oid: int, images: list[RowImage]) -> list[TableBatch]:
+    """One batch per run of images decoded with the same schema version (the engine aligns runs)."""
+    out: list[TableBatch] = []
+    run: list[TableChange] = []
+    schema = images[0].schema
+    for im in images:
+        if im.schema is not schema:
+            out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, run))
+            run, schema = [], im.schema
+        run.append(_table_change(im))
+    out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, run))
+    return out
+
+
+def _table_change(im: RowImage) -> TableChange:
+    if im.op == "T":
+        return TableChange("T", None, None, None, im.restart_identity)
+    if im.old_kind == "full":
+        return TableChange(im.op, None, im.old, im.new)
+    return TableChange(im.op, im.identity_key, None, im.new)

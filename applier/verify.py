@@ -1,0 +1,198 @@
+"""Compare mirrored Delta tables with their PostgreSQL tables.
+
+Both sides are brought to the same Python values: Postgres rows are read in text format and go
+through the values layer exactly like pgoutput 't' columns do; Delta rows come back from Spark.
+Each row becomes a canonical string; a table matches when the row counts and an order-independent
+checksum (sum of 64-bit row digests) are equal. On a mismatch, the rows present on one side only
+are listed (by key when there is one), limited to a few.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timezone
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+
+from applier.sink.naming import quote_identifier
+from applier.sources.sql_slot import pin_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def canonical(value: Any) -> str:
+    """One deterministic text per value; equal values (as the mirror defines equality) give equal text."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        return repr(value)
+    if isinstance(value, Decimal):
+        if value.is_nan():
+            return "NaN"
+        return format(value.normalize(), "f") if value.is_finite() else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:  # instants compare in UTC
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.isoformat()
+    if isinstance(value, (date, time)):
+        return value.isoformat()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{canonical(k)}:{canonical(v)}" for k, v in sorted(value.items())) + "}"
+    return str(value).replace("\\", "\\\\")
+
+
+def row_digest(row: Iterable[Any]) -> tuple[str, int]:
+    text = "\x1f".join(canonical(v) for v in row)
+    return text, int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+@dataclass
+class TableComparison:
+    source_name: str
+    source_rows: int = 0
+    target_rows: int = 0
+    source_checksum: int = 0
+    target_checksum: int = 0
+    only_in_source: list[str] = field(default_factory=list)
+    only_in_target: list[str] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return self.source_rows == self.target_rows and self.source_checksum == self.target_checksum
+
+
+def _checksum(rows: Iterator[tuple[Any, ...]], keep: Counter[str] | None) -> tuple[int, int]:
+    total, count = 0, 0
+    for row in rows:
+        text, digest = row_digest(row)
+        total = (total + digest) % (1 << 64)
+        count += 1
+        if keep is not None:
+            keep[text] += 1
+    return count, total
+
+
+class _RawText(Loader):
+    """Hands back the type's output-function text as bytes (what pgoutput 't' columns carry).
+
+    A ``::text`` cast is not the same: bool casts to 'true', char(n) loses its padding.
+    """
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns: list[tuple[str, int, int]],
+                  converters: list[Any]) -> Iterator[tuple[Any, ...]]:
+    """Rows of ``namespace.table`` as Python values, via text output and the given per-column converters."""
+    pin_session(conn)
+    cols = ", ".join(_pg_ident(c[0]) for c in columns)
+    rel = f"{_pg_ident(namespace)}.{_pg_ident(table)}"
+    with conn.transaction(), conn.cursor(name="applier_verify") as cur:  # server-side: constant memory
+        for _name, oid, _typmod in columns:
+            cur.adapters.register_loader(oid, _RawText)
+        cur.execute(f"SELECT {cols} FROM {rel}")  # identifiers quoted; no values in the SQL
+        for raw in cur:
+            yield tuple(None if v is None else conv(v) for v, conv in zip(raw, converters, strict=True))
+
+
+def _pg_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def delta_rows(spark: SparkSession, path: str, columns: list[str]) -> Iterator[tuple[Any, ...]]:
+    from pyspark.sql.types import TimestampType
+
+    df = spark.read.format("delta").load(path).select(*[quote_identifier(c) for c in columns])
+    # PySpark hands TimestampType values back as naive datetimes in this process's local time zone;
+    # make them aware so they compare as instants.
+    instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
+    for row in df.toLocalIterator():
+        if any(instants):
+            yield tuple(v.astimezone(timezone.utc) if flag and v is not None else v
+                        for v, flag in zip(row, instants, strict=True))
+        else:
+            yield tuple(row)
+
+
+def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterator[tuple[Any, ...]],
+            *, show: int = 10, detail: bool = True) -> TableComparison:
+    """Compare two row streams as multisets; with ``detail`` keep row texts to list differences."""
+    result = TableComparison(source_name)
+    src_texts: Counter[str] | None = Counter() if detail else None
+    tgt_texts: Counter[str] | None = Counter() if detail else None
+    result.source_rows, result.source_checksum = _checksum(pg_rows, src_texts)
+    result.target_rows, result.target_checksum = _checksum(delta, tgt_texts)
+    if not result.equal and src_texts is not None and tgt_texts is not None:
+        result.only_in_source = list((src_texts - tgt_texts).elements())[:show]
+        result.only_in_target = list((tgt_texts - src_texts).elements())[:show]
+    return result
+
+
+def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> list[tuple[str, int, int]]:
+    """(name, type oid, typmod) of the table's live columns, in column order."""
+    rows = conn.execute(
+        "SELECT a.attname, a.atttypid::int, a.atttypmod FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+        "ORDER BY a.attnum", (namespace, table)).fetchall()
+    return [(r[0], int(r[1]), int(r[2])) for r in rows]
+
+
+def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
+    """A TypeCache filled from pg_type for user types (what 'Y' messages would have told the decoder)."""
+    from applier.catalog import TypeCache
+    from applier.protocol.messages import Type
+
+    types = TypeCache()
+    for oid, nsp, name in conn.execute(
+            "SELECT t.oid::int, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+            "WHERE t.oid >= 10000 AND t.typtype IN ('e', 'd', 'c')"):
+        types.update(Type(None, oid, nsp, name))
+    return types
+
+
+def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
+                 *, detail: bool = True) -> TableComparison:
+    """Compare one Delta table with its Postgres table, on the columns Postgres has now."""
+    from functools import partial
+
+    from applier.protocol.messages import COL_TEXT
+    from applier.values import convert_value
+
+    cols = postgres_columns(conn, namespace, table)
+    types = _type_cache_from_postgres(conn)
+    converters = [partial(_convert_text, oid=oid, typmod=typmod, types=types, convert=convert_value,
+                          kind=COL_TEXT) for _n, oid, typmod in cols]
+    names = [c[0] for c in cols]
+    return compare(f"{namespace}.{table}", postgres_rows(conn, namespace, table, cols, converters),
+                   delta_rows(spark, path, names), detail=detail)
+
+
+def _convert_text(raw: bytes, *, oid: int, typmod: int, types: Any, convert: Any, kind: int) -> Any:
+    return convert(kind, raw, oid, typmod, types)
+
+
+def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
+                            tables: Iterable[tuple[str, str]]) -> list[TableComparison]:
+    from applier.sink.naming import table_location
+
+    return [verify_table(spark, conn, str(table_location(target_dir, ns, name)), ns, name)
+            for ns, name in sorted(tables)]
