@@ -12,6 +12,7 @@ user (``runuser``), and the data directory is owned by that user.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
@@ -140,6 +141,12 @@ def _server_user() -> str | None:
     return "postgres"
 
 
+def _runs_as(user: str, installation: PgInstallation) -> bool:
+    probe = subprocess.run(["runuser", "-u", user, "--", installation.binary("postgres"), "--version"],
+                           capture_output=True, text=True, cwd="/")
+    return probe.returncode == 0
+
+
 @dataclass
 class PgCluster:
     """A running throw-away PostgreSQL cluster.
@@ -225,15 +232,33 @@ class PgCluster:
         )
 
     def _check_readable_by(self, user: str) -> None:
-        probe = subprocess.run(["runuser", "-u", user, "--", self.installation.binary("postgres"), "--version"],
-                               capture_output=True, text=True, cwd="/")
-        if probe.returncode != 0:
+        if _runs_as(user, self.installation):
+            return
+        # The binaries sit where the server user cannot reach them (e.g. a checkout under /root):
+        # use a world-readable copy in the temp directory, made once per installation.
+        bindir = self.installation.bindir
+        # A wheel's binaries load libraries from <wheel dir>/pgserver.libs: copy the whole wheel dir.
+        root = bindir.parents[2] if bindir.parts[-3:] == ("pgserver", "pginstall", "bin") else bindir.parent
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        copy = Path(tempfile.gettempdir()) / f"applier-pginstall-{self.major}-{os.getuid()}-{digest}"
+        moved_bindir = copy / bindir.relative_to(root)
+        if not (moved_bindir / "postgres").is_file():
+            staging = copy.with_name(copy.name + f".{os.getpid()}")
+            shutil.copytree(root, staging, symlinks=True, dirs_exist_ok=True)
+            for dirpath, _dirs, files in os.walk(staging):
+                os.chmod(dirpath, 0o755)
+                for name in files:
+                    path = os.path.join(dirpath, name)
+                    if not os.path.islink(path):
+                        os.chmod(path, os.stat(path).st_mode | 0o444 | (0o111 if os.access(path, os.X_OK) else 0))
+            os.replace(staging, copy) if not copy.exists() else shutil.rmtree(staging, ignore_errors=True)
+        moved = PgInstallation(moved_bindir, self.major, self.installation.origin)
+        if not _runs_as(user, moved):
             raise EnvironmentSetupError(
-                f"the '{user}' user cannot run the PostgreSQL binaries; make them and every parent "
-                "directory readable (chmod a+rX), or set APPLIER_CACHE_DIR to a readable place",
-                bindir=str(self.installation.bindir),
-                error=probe.stderr.strip()[-300:],
-            )
+                f"the '{user}' user cannot run the PostgreSQL binaries, not even from a copy in the temp "
+                "directory; make them and every parent directory readable (chmod a+rX)",
+                bindir=str(self.installation.bindir))
+        self.installation = moved
 
     def restart(self) -> None:
         self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-m", "fast",
