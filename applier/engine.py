@@ -68,7 +68,8 @@ class DeltaApplier:
 
     def __init__(self, spark: SparkSession, target_dir: str, *, tables: TablesSettings | None = None,
                  apply: ApplySettings | None = None, types: Any = None,
-                 on_schema_change: Callable[[str, Any], None] | None = None) -> None:
+                 on_schema_change: Callable[[str, Any], None] | None = None,
+                 dry_run: Callable[[str], None] | None = None) -> None:
         self.spark = spark
         self.target_dir = target_dir
         self.tables = tables or TablesSettings()
@@ -78,6 +79,7 @@ class DeltaApplier:
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
         self._schema_seen: dict[str, Any] = {}  # table path -> SchemaVersion the Delta table matches
         self._on_schema_change = on_schema_change
+        self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
 
     def path_for(self, namespace: str, name: str) -> str:
         qualified = f"{namespace}.{name}"
@@ -141,7 +143,8 @@ class DeltaApplier:
             todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
             if not todo:
                 continue  # already applied: its schema may have moved on since, so touch nothing
-            self._ensure(path, spec, last_batch.schema)
+            if self._dry_run is None:
+                self._ensure(path, spec, last_batch.schema)
             names = spec.column_names
             changes = [c for _lsn, b in todo for c in _aligned(b, last_batch.schema, names)]
             key_positions = tuple(names.index(k) for k in spec.key_columns)
@@ -151,6 +154,9 @@ class DeltaApplier:
                 continue
             description = (f"{spec.source_name} end_lsn={format_lsn(group_end)} "
                            f"transactions={len(todo)}")
+            if self._dry_run is not None:
+                self._dry_run(describe_plan(description, plan))
+                continue
             result = apply_plan(self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
                                 version=group_end, description=description)
             self._applied[path] = group_end
@@ -198,3 +204,19 @@ def _aligned(batch: TableBatch, target_schema: Any, names: tuple[str, ...]) -> S
 
     return [TableChange(c.op, c.old_key, remap(c.old_row), remap(c.new_row), c.restart_identity)
             for c in batch.changes]
+
+
+def describe_plan(description: str, plan: Any) -> str:
+    """One line saying what a commit would do (for --dry-run)."""
+    if plan.multiset:
+        inserts = sum(n for n in plan.counts.values() if n > 0)
+        deletes = -sum(n for n in plan.counts.values() if n < 0)
+        what = f"multiset: +{inserts} -{deletes} row copies"
+    else:
+        upserts = sum(1 for e in plan.keyed.values() if e.row is not None)
+        deletes = sum(1 for e in plan.keyed.values() if e.row is None)
+        toast = sum(1 for e in plan.keyed.values() if e.row is not None and e.unresolved)
+        what = f"upsert {upserts} keys ({toast} keep TOAST values from the target), delete {deletes} keys"
+    if plan.truncated:
+        what = f"TRUNCATE then {what} (overwrite)"
+    return f"{description}: {plan.changes} changes -> {what}"

@@ -37,10 +37,12 @@ class ReplaySummary:
     tables: set[tuple[str, str]] = field(default_factory=set)
     last_end_lsn: int | None = None
     seconds: float = 0.0
+    dry_run: bool = False
 
     def lines(self) -> list[str]:
-        out = [f"messages: {self.messages}", f"transactions: {self.transactions} "
-               f"(applied {self.applied}, already applied {self.already_applied})",
+        applied = ("dry run: nothing written" if self.dry_run
+                   else f"applied {self.applied}, already applied {self.already_applied}")
+        out = [f"messages: {self.messages}", f"transactions: {self.transactions} ({applied})",
                f"LSN reached: {format_lsn(self.last_end_lsn) if self.last_end_lsn is not None else '-'}",
                f"time: {self.seconds:.1f}s"]
         out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
@@ -72,7 +74,8 @@ class PendingGroup:
 
 
 def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
-               progress_every: float = 10.0) -> ReplaySummary:
+               progress_every: float = 10.0, dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
+    """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either)."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)
     feeder = TransactionFeeder.from_state(state, config.apply)
@@ -80,7 +83,8 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
                            types=feeder.types,
                            on_schema_change=lambda name, evo: progress and progress(
                                f"{name}: schema changed (added {list(evo.added)}, widened {list(evo.widened)}, "
-                               f"dropped {list(evo.dropped)} kept as NULL)"))
+                               f"dropped {list(evo.dropped)} kept as NULL)"),
+                           dry_run=dry_run)
     decoder = MessageDecoder()
     summary = ReplaySummary()
     last_report = started
@@ -88,8 +92,9 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
 
     def flush() -> None:
         applier.apply_group(group.transactions)
-        for txn in group.committed:
-            feeder.applied(txn)
+        if dry_run is None:
+            for txn in group.committed:
+                feeder.applied(txn)
         group.clear()
 
     for raw in read_raw_log(config.source_log):
@@ -108,7 +113,8 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
             progress(f"{summary.messages} messages, {applier.stats.transactions} transactions, "
                      f"at LSN {format_lsn(raw.lsn)}")
     flush()
-    feeder.save(state)
+    if dry_run is None:
+        feeder.save(state)
     stats = applier.stats
     summary.transactions = stats.transactions
     summary.applied = stats.applied
@@ -117,4 +123,5 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
     summary.tables = set(stats.tables)
     summary.last_end_lsn = stats.last_end_lsn
     summary.seconds = time.monotonic() - started
+    summary.dry_run = dry_run is not None
     return summary

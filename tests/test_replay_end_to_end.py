@@ -61,6 +61,12 @@ def test_sample_workload_grouped_replay_equals_postgres(pg, spark, tmp_path):
         create_slot(conn, "s")
         run_workload(conn, transactions=60, seed=11)
         raw = capture(conn, "s", pgoutput_options("pub"), tmp_path / "raw.parquet")
+        lines: list[str] = []
+        dry = replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(tmp_path / "delta"))),
+                         dry_run=lines.append)
+        assert dry.dry_run and not (tmp_path / "delta").exists()  # nothing written, not even state
+        assert {line.split(" ")[0] for line in lines} == {"shop.customers", "shop.products", "shop.orders", "shop.events"}
+        assert any("TRUNCATE" in line for line in lines if line.startswith("shop.events"))
         replay_and_verify(spark, conn, raw, tmp_path / "delta", SHOP, grouping="grouped", max_group_transactions=25)
 
 

@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--source", help="raw log path (overrides source_log of --config)")
     p.add_argument("--target", help="directory of the Delta tables (overrides target.path of --config)")
     p.add_argument("--config", help="YAML config (see configs/replay.yaml)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print, per group of transactions and table, what would be merged; write nothing")
     p.set_defaults(func=run)
 
 
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     spark = build_spark_session(SparkSettings(
         master=cfg.spark.master, app_name=cfg.spark.app_name, shuffle_partitions=cfg.spark.shuffle_partitions,
         driver_memory=cfg.spark.driver_memory, extra=dict(cfg.spark.conf)))
-    summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True))
+    summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
+                         dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():
         print(line)
     return 0
