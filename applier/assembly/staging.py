@@ -13,7 +13,11 @@ import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+
+_CHUNK = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +27,24 @@ class StagedTransaction:
     origin: str | None
     prepare_lsn: int
     end_lsn: int
-    changes: tuple[Any, ...]
+    changes: Iterable[Any]  # read lazily from the staged file, in chunks
+
+
+class _StagedChanges:
+    """Iterates the changes of a staged file chunk by chunk (a prepared transaction may exceed memory)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def __iter__(self) -> Iterator[Any]:
+        with open(self._path, "rb") as f:
+            pickle.load(f)  # header
+            while True:
+                try:
+                    chunk = pickle.load(f)
+                except EOFError:
+                    return
+                yield from chunk
 
 
 class PreparedStore:
@@ -42,13 +63,20 @@ class PreparedStore:
         return sorted(bytes.fromhex(p.stem).decode("utf-8") for p in self.directory.glob("*.prepared"))
 
     def stage(self, gid: str, xid: int, origin: str | None, prepare_lsn: int, end_lsn: int,
-              changes: tuple[Any, ...]) -> None:
+              changes: Iterable[Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        staged = StagedTransaction(gid, xid, origin, prepare_lsn, end_lsn, changes)
         fd, tmp = tempfile.mkstemp(prefix=".staging-", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                pickle.dump(staged, f, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((gid, xid, origin, prepare_lsn, end_lsn), f, protocol=pickle.HIGHEST_PROTOCOL)
+                chunk: list[Any] = []
+                for change in changes:
+                    chunk.append(change)
+                    if len(chunk) >= _CHUNK:
+                        pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+                        chunk = []
+                if chunk:
+                    pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._path(gid))
@@ -62,10 +90,10 @@ class PreparedStore:
             os.close(dir_fd)
 
     def load(self, gid: str) -> StagedTransaction:
-        with open(self._path(gid), "rb") as f:
-            staged = pickle.load(f)  # our own file, written by stage()
-        assert isinstance(staged, StagedTransaction)
-        return staged
+        path = self._path(gid)
+        with open(path, "rb") as f:
+            sgid, xid, origin, prepare_lsn, end_lsn = pickle.load(f)  # our own file, written by stage()
+        return StagedTransaction(sgid, xid, origin, prepare_lsn, end_lsn, _StagedChanges(path))
 
     def discard(self, gid: str) -> None:
         self._path(gid).unlink(missing_ok=True)
