@@ -169,9 +169,8 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
     return types
 
 
-def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
-                 *, detail: bool = True) -> TableComparison:
-    """Compare one Delta table with its Postgres table, on the columns Postgres has now."""
+def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+    """Column names and rows of a Postgres table as the mirror's Python values (through the values layer)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
@@ -181,9 +180,14 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
     types = _type_cache_from_postgres(conn)
     converters = [partial(_convert_text, oid=oid, typmod=typmod, types=types, convert=convert_value,
                           kind=COL_TEXT) for _n, oid, typmod in cols]
-    names = [c[0] for c in cols]
-    return compare(f"{namespace}.{table}", postgres_rows(conn, namespace, table, cols, converters),
-                   delta_rows(spark, path, names), detail=detail)
+    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters)
+
+
+def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
+                 *, detail: bool = True) -> TableComparison:
+    """Compare one Delta table with its Postgres table, on the columns Postgres has now."""
+    names, rows = postgres_table_rows(conn, namespace, table)
+    return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names), detail=detail)
 
 
 def _convert_text(raw: bytes, *, oid: int, typmod: int, types: Any, convert: Any, kind: int) -> Any:

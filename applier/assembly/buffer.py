@@ -18,6 +18,9 @@ from typing import Any
 from applier.errors import AssemblyError
 
 
+_PICKLE_CHUNK = 2_000
+
+
 class ChangeBuffer:
     def __init__(self, budget_bytes: int, spill_dir: Path | None) -> None:
         self._budget = budget_bytes
@@ -50,7 +53,10 @@ class ChangeBuffer:
             self._spill_path = Path(name)
         try:
             with open(self._spill_path, "ab") as f:
-                pickle.dump(self._memory, f, protocol=pickle.HIGHEST_PROTOCOL)
+                # Small pickles: one dump of the whole budget would build a memo and an output
+                # buffer as large as the data itself, doubling peak memory.
+                for start in range(0, len(self._memory), _PICKLE_CHUNK):
+                    pickle.dump(self._memory[start:start + _PICKLE_CHUNK], f, protocol=pickle.HIGHEST_PROTOCOL)
         except OSError as e:
             raise AssemblyError(f"cannot spill a large transaction to disk: {e.strerror}",
                                 spill_file=str(self._spill_path)) from e
