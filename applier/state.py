@@ -13,16 +13,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def atomic_write_json(path: Path, payload: Any) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` so that a crash leaves either the old file or the whole new one.
+
+    Temp file in the same directory, fsync, rename over the target, fsync of the directory.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1, sort_keys=True)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -34,6 +39,10 @@ def atomic_write_json(path: Path, payload: Any) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(payload, indent=1, sort_keys=True).encode("utf-8")))
 
 
 class StateDir:

@@ -14,7 +14,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,7 @@ def canonical(value: Any) -> str:
         return "\\x" + bytes(value).hex()
     if isinstance(value, datetime):
         if value.tzinfo is not None:  # instants compare in UTC
-            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(UTC).replace(tzinfo=None)
         return value.isoformat()
     if isinstance(value, (date, time)):
         return value.isoformat()
@@ -126,7 +126,7 @@ def delta_rows(spark: SparkSession, path: str, columns: list[str]) -> Iterator[t
     instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
     for row in df.toLocalIterator():
         if any(instants):
-            yield tuple(v.astimezone(timezone.utc) if flag and v is not None else v
+            yield tuple(v.astimezone(UTC) if flag and v is not None else v
                         for v, flag in zip(row, instants, strict=True))
         else:
             yield tuple(row)

@@ -17,7 +17,6 @@ from typing import Any
 
 from applier.errors import AssemblyError
 
-
 _PICKLE_CHUNK = 2_000
 
 

@@ -8,14 +8,13 @@ lets the slot move past the Prepare, and read back at Commit Prepared.
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import IO, Any
 
+from applier.state import atomic_write
 
 _CHUNK = 10_000
 
@@ -64,30 +63,18 @@ class PreparedStore:
 
     def stage(self, gid: str, xid: int, origin: str | None, prepare_lsn: int, end_lsn: int,
               changes: Iterable[Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".staging-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump((gid, xid, origin, prepare_lsn, end_lsn), f, protocol=pickle.HIGHEST_PROTOCOL)
-                chunk: list[Any] = []
-                for change in changes:
-                    chunk.append(change)
-                    if len(chunk) >= _CHUNK:
-                        pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
-                        chunk = []
-                if chunk:
+        def write(f: IO[bytes]) -> None:
+            pickle.dump((gid, xid, origin, prepare_lsn, end_lsn), f, protocol=pickle.HIGHEST_PROTOCOL)
+            chunk: list[Any] = []
+            for change in changes:
+                chunk.append(change)
+                if len(chunk) >= _CHUNK:
                     pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path(gid))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+                    chunk = []
+            if chunk:
+                pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+        atomic_write(self._path(gid), write)
 
     def load(self, gid: str) -> StagedTransaction:
         path = self._path(gid)

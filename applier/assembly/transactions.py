@@ -31,7 +31,6 @@ from applier.catalog import RelationCache, SchemaVersion
 from applier.errors import AssemblyError
 from applier.protocol.messages import (
     KIND_OF,
-    TupleData,
     Begin,
     BeginPrepare,
     Commit,
@@ -50,6 +49,7 @@ from applier.protocol.messages import (
     StreamStart,
     StreamStop,
     Truncate,
+    TupleData,
     Type,
     Update,
 )

@@ -10,10 +10,10 @@ anything up; that is the catalog's and the values layer's job.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 #: PostgreSQL's epoch for TimestampTz on the wire.
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 # TupleData column kinds, as the byte values that appear on the wire.
 COL_NULL = ord("n")

@@ -78,7 +78,14 @@ def create_table(spark: SparkSession, path: str, spec: TableSpec) -> None:
 def _widenable(old: DataType, new: DataType) -> bool:
     """Type changes Delta's type widening supports (Delta 4): integral up, float->double, decimal up, date->ts_ntz."""
     from pyspark.sql.types import (
-        ByteType, DateType, DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType,
+        ByteType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        ShortType,
         TimestampNTZType,
     )
 

@@ -10,7 +10,7 @@ exactly the text PostgreSQL would print, so text and binary replication give equ
 from __future__ import annotations
 
 import struct
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 from applier.values.special import Unrepresentable
 
@@ -18,7 +18,7 @@ _I4, _I8 = struct.Struct("!i"), struct.Struct("!q")
 _TIMETZ, _INTERVAL = struct.Struct("!qi"), struct.Struct("!qii")
 PG_EPOCH_DATE = date(2000, 1, 1)
 PG_EPOCH = datetime(2000, 1, 1)
-PG_EPOCH_UTC = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH_UTC = datetime(2000, 1, 1, tzinfo=UTC)
 DATE_MIN, DATE_MAX = date(1, 1, 1), date(9999, 12, 31)
 TS_MIN, TS_MAX = datetime(1, 1, 1), datetime(9999, 12, 31, 23, 59, 59, 999999)
 I32_MAX, I32_MIN, I64_MAX, I64_MIN = 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)
@@ -71,11 +71,11 @@ def timestamp_text(raw: bytes) -> datetime:
 
 
 def timestamptz_text(raw: bytes) -> datetime:
-    text = _split_ts(raw, "timestamptz", TS_MIN.replace(tzinfo=timezone.utc), TS_MAX.replace(tzinfo=timezone.utc))
+    text = _split_ts(raw, "timestamptz", TS_MIN.replace(tzinfo=UTC), TS_MAX.replace(tzinfo=UTC))
     value = datetime.fromisoformat(text)
     if value.tzinfo is None:
         raise ValueError("timestamptz text without a UTC offset")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def _from_micros(micros: int, what: str, epoch: datetime, lo: datetime, hi: datetime) -> datetime:
@@ -94,8 +94,8 @@ def timestamp_binary(raw: bytes) -> datetime:
 
 
 def timestamptz_binary(raw: bytes) -> datetime:
-    return _from_micros(_I8.unpack(raw)[0], "timestamptz", PG_EPOCH_UTC, TS_MIN.replace(tzinfo=timezone.utc),
-                        TS_MAX.replace(tzinfo=timezone.utc))
+    return _from_micros(_I8.unpack(raw)[0], "timestamptz", PG_EPOCH_UTC, TS_MIN.replace(tzinfo=UTC),
+                        TS_MAX.replace(tzinfo=UTC))
 
 
 # --- time, timetz, interval: PostgreSQL's own text ---------------------------------------------------

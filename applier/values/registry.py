@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from applier.values import arrays, numeric, scalars
+from applier.values import arrays, numeric, oids, scalars
 from applier.values import datetime as dt
-from applier.values import oids
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

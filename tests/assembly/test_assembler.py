@@ -13,7 +13,16 @@ from applier.errors import AssemblyError
 from applier.lsn import parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import (
-    Begin, Commit, Insert, Relation, RelationColumn, StreamAbort, StreamCommit, StreamStart, StreamStop, TupleData,
+    Begin,
+    Commit,
+    Insert,
+    Relation,
+    RelationColumn,
+    StreamAbort,
+    StreamCommit,
+    StreamStart,
+    StreamStop,
+    TupleData,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput"

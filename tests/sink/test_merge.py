@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from applier.errors import SinkError
-from applier.sink.idempotence import applied_version, app_id_for
+from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan
 from applier.sink.plan import fold_changes
 from applier.sink.schema import TableSpec, ensure_table

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
@@ -13,7 +13,7 @@ from applier.sources.sql_slot import pin_session
 from applier.values import convert_value, spark_type_for
 
 pytestmark = pytest.mark.postgres
-UTC = timezone.utc
+UTC = UTC
 
 CASES = [
     ("boolean", "true", True),
