@@ -32,3 +32,20 @@ def test_tampered_delta_table_is_reported(pg, spark, tmp_path):
         assert not res.equal
         assert res.source_rows == res.target_rows == 2
         assert res.only_in_source == ["2\x1ff\x1f\\N\x1f\\N"] and res.only_in_target == ["2\x1ft\x1f\\N\x1f\\N"]
+
+
+def test_verify_command_exit_codes_and_no_dsn_in_output(pg, spark, tmp_path, capsys):
+    from applier.cli import main
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+    path = tmp_path / "public" / "t"
+    spark.createDataFrame([(1, "a")], "id int, v string").write.format("delta").save(str(path))
+    dsn = pg.dsn + " password=hunter2"
+    assert main(["verify", "--dsn", dsn, "--target", str(tmp_path)]) == 0
+    spark.createDataFrame([(2, "b")], "id int, v string").write.format("delta").mode("append").save(str(path))
+    assert main(["verify", "--dsn", dsn, "--target", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "only in delta:    2 | b" in out.out
+    assert "hunter2" not in out.out + out.err and "port=" not in out.out + out.err

@@ -6,5 +6,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "setup",
     "demo",
     "replay",
+    "verify",
     "inspect",
 )
