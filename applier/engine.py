@@ -22,7 +22,7 @@ from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan
 from applier.sink.naming import table_location
 from applier.sink.plan import OP_TRUNCATE, fold_changes
-from applier.sink.schema import TableSpec, ensure_table
+from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -160,6 +160,10 @@ class DeltaApplier:
             result = apply_plan(self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
                                 version=group_end, description=description)
             self._applied[path] = group_end
+            if plan.restart_identity:
+                # The tables applier creates have no identity columns of their own; record the reset so
+                # that sequences owned by a consumer can follow it.
+                set_table_property(self.spark, path, PROP_RESTART_IDENTITY, format_lsn(group_end))
             self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
             self.stats.commits += 1
             applied_any = True

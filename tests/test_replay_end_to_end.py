@@ -117,7 +117,7 @@ def edge_workload(conn) -> None:
     conn.execute("INSERT INTO child SELECT g, g FROM generate_series(1, 3) g")
     with conn.transaction():
         conn.execute("INSERT INTO child VALUES (10, 1)")
-        conn.execute("TRUNCATE parent CASCADE")                          # lists child too
+        conn.execute("TRUNCATE parent RESTART IDENTITY CASCADE")         # lists child too
         conn.execute("INSERT INTO parent VALUES (7)")
         conn.execute("INSERT INTO child VALUES (8, 7)")
     conn.execute('INSERT INTO "Odd ""name""" VALUES (1, \'comma,here\')')
@@ -138,6 +138,11 @@ def test_toast_key_changes_multisets_truncate_cascade_and_schema_changes(pg, spa
         edge_workload(conn)
         raw = capture(conn, "s", pgoutput_options("pub"), tmp_path / "raw.parquet")
         replay_and_verify(spark, conn, raw, tmp_path / "delta", EDGE_TABLES, grouping=grouping)
+    from delta.tables import DeltaTable
+
+    for table in ("parent", "child"):
+        props = DeltaTable.forPath(spark, str(tmp_path / "delta" / "public" / table)).detail().collect()[0]["properties"]
+        assert props.get("applier.restartIdentityLsn"), table
 
 
 def test_streamed_transactions_with_subtransaction_and_top_level_aborts(pg, spark, tmp_path):

@@ -26,6 +26,7 @@ PROP_SOURCE = "applier.source"
 PROP_KEYS = "applier.keyColumns"
 PROP_IDENTITY = "applier.replicaIdentity"
 PROP_DROPPED = "applier.droppedColumns"
+PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +141,10 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
     if dropped:
         log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
                     spec.source_name, ", ".join(dropped))
-        _set_property(spark, path, PROP_DROPPED, json.dumps(sorted(dropped)))
+        set_table_property(spark, path, PROP_DROPPED, json.dumps(sorted(dropped)))
     keys = _get_property(spark, path, PROP_KEYS)
     if keys is not None and json.loads(keys) != list(spec.key_columns):
-        _set_property(spark, path, PROP_KEYS, json.dumps(list(spec.key_columns)))
+        set_table_property(spark, path, PROP_KEYS, json.dumps(list(spec.key_columns)))
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
@@ -161,7 +162,7 @@ def _get_property(spark: SparkSession, path: str, key: str) -> str | None:
     return (detail["properties"] or {}).get(key)
 
 
-def _set_property(spark: SparkSession, path: str, key: str, value: str) -> None:
+def set_table_property(spark: SparkSession, path: str, key: str, value: str) -> None:
     if _get_property(spark, path, key) == value:
         return
     # TBLPROPERTIES takes no parameter markers; the value is escaped as a literal (it can hold
