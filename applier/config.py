@@ -64,7 +64,7 @@ class TableRule(_Model):
     """Per-table settings for the tables a glob matches (``schema.table``, e.g. ``shop.*``)."""
 
     match: str = Field(description="glob over 'schema.table'")
-    target: str | None = Field(None, description="Delta path, or catalog table name when it has no '/'")
+    target: str | None = Field(None, description="Delta path for this table (default <target>/<schema>/<table>)")
     key_columns: list[str] | None = Field(
         None, description="key to merge on for tables without a primary key (else the replica identity)")
     exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
