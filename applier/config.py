@@ -104,6 +104,8 @@ class ApplySettings(_Model):
                                     description="drop transactions from these replication origins")
     skip_any_origin: bool = Field(False, description="drop every transaction that has an origin")
     memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling")
+    messages_table: str | None = Field(
+        None, description="record pg_logical_emit_message messages (messages: true) in this Delta table path")
 
 
 class SparkConfig(_Model):

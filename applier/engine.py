@@ -224,3 +224,18 @@ def describe_plan(description: str, plan: Any) -> str:
     if plan.truncated:
         what = f"TRUNCATE then {what} (overwrite)"
     return f"{description}: {plan.changes} changes -> {what}"
+
+
+MESSAGES_SCHEMA = "lsn STRING, transactional BOOLEAN, prefix STRING, content BINARY"
+
+
+def record_messages(spark: SparkSession, path: str, messages: Sequence[tuple[int, Any]], version: int) -> None:
+    """Append logical decoding messages to a Delta table, once per ``version`` (idempotent like the tables)."""
+    from applier.sink.idempotence import idempotent_write
+
+    if not messages:
+        return
+    rows = [(format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content)) for lsn, m in messages]
+    df = spark.createDataFrame(rows, MESSAGES_SCHEMA)
+    with idempotent_write(spark, app_id_for("_messages"), version, f"messages end_lsn={format_lsn(version)}"):
+        df.write.format("delta").mode("append").save(path)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction
 from applier.config import ApplySettings, ReplayConfig
-from applier.engine import DeltaApplier, TableBatch
+from applier.engine import DeltaApplier, TableBatch, record_messages
 from applier.errors import ApplierError
 from applier.lsn import format_lsn
 from applier.pipeline import TransactionFeeder
@@ -92,6 +92,10 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
 
     def flush() -> None:
         applier.apply_group(group.transactions)
+        if group.transactions:  # messages after the last transaction wait for the next one's LSN
+            if config.apply.messages_table and dry_run is None:
+                record_messages(spark, config.apply.messages_table, feeder.messages, group.transactions[-1][0])
+            feeder.messages.clear()
         if dry_run is None:
             for txn in group.committed:
                 feeder.applied(txn)
