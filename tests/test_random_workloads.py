@@ -23,6 +23,7 @@ OPTION_SETS = {
     "proto1-text": dict(),
     "proto1-binary": dict(binary=True),
     "proto2-streaming": dict(proto_version=2, streaming="on"),
+    "proto3-twophase-streaming": dict(proto_version=3, streaming="on"),
 }
 
 
@@ -31,14 +32,15 @@ OPTION_SETS = {
 def test_random_history_equals_postgres_in_delta_and_reference_sink(pg, spark, tmp_path, seed, options):
     with pg.connect() as conn:
         conn.execute(SCHEMA)
-        create_slot(conn, "s")
-        random_workload(conn, seed)
+        two_phase = options.startswith("proto3")
+        create_slot(conn, "s", two_phase=two_phase)
+        random_workload(conn, seed, prepared=two_phase)
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")  # a final commit makes everything visible
         raw = tmp_path / "raw.parquet"
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("rw_pub", **OPTION_SETS[options]))))
 
         # The independent oracle: row images applied one at a time.
-        feeder = TransactionFeeder.from_state(StateDir(tmp_path / "ref-state"), ApplySettings())
+        feeder = TransactionFeeder.from_state(StateDir(tmp_path / "ref-state"), ApplySettings(memory_budget_mb=1))
         sink = ReferenceSink(feeder._convert)
         dec = MessageDecoder()
         for msg in read_raw_log(raw):

@@ -24,7 +24,9 @@ class _Rollback(Exception):
     pass
 
 
-def random_workload(conn: psycopg.Connection, seed: int, transactions: int = 40) -> None:
+def random_workload(conn: psycopg.Connection, seed: int, transactions: int = 40, *, prepared: bool = False) -> None:
+    """``prepared``: also run two-phase transactions (PREPARE, then COMMIT/ROLLBACK PREPARED, one left
+    pending), which needs max_prepared_transactions and, to be decoded, a two-phase slot."""
     rng = random.Random(seed)
     keys: set[int] = set()
     next_key = 1
@@ -78,3 +80,15 @@ def random_workload(conn: psycopg.Connection, seed: int, transactions: int = 40)
             pass
         if roll_back:  # keys of the rolled-back transaction are gone again: resync
             keys = {r[0] for r in conn.execute("SELECT id FROM rw_keyed")}
+    if not prepared:
+        return
+    for n, finish in enumerate(["COMMIT", "ROLLBACK", "COMMIT", None]):
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO rw_keyed SELECT g, repeat('p', 200), %s, NULL FROM generate_series(%s, %s) g",
+                     (n, 100000 + n * 1000, 100000 + n * 1000 + rng.choice([5, 400])))  # some big enough to stream
+        if keys:
+            conn.execute("UPDATE rw_keyed SET n = n + 100 WHERE id = %s", (rng.choice(sorted(keys)),))
+        conn.execute("INSERT INTO rw_bag VALUES (7, 'prepared')")
+        conn.execute(f"PREPARE TRANSACTION 'rw-{seed}-{n}'")
+        if finish:
+            conn.execute(f"{finish} PREPARED 'rw-{seed}-{n}'")
