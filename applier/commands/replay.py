@@ -14,9 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="apply a stored raw log (lsn, xid, data) to Delta tables",
         description="Read a stored raw log (Parquet file or directory, or a Delta table, with columns "
         "lsn, xid, data in log order: what pg_logical_slot_peek_binary_changes returns) and maintain "
-        "one Delta table per source table at TARGET/<schema>/<table>. Each source transaction becomes "
-        "one Delta commit per table it touched, tagged with its end LSN, so a second replay of the "
-        "same log writes nothing. State (catalog, staged prepared transactions) lives in "
+        "one Delta table per source table at TARGET/<schema>/<table>. Consecutive source transactions "
+        "are folded into one Delta commit per table (exact; apply.grouping: transaction in a config "
+        "gives one commit per source transaction), tagged with the end LSN of the last transaction "
+        "in it, so a second replay of the same log writes nothing. State (catalog, staged prepared transactions) lives in "
         "TARGET/_applier/.",
     )
     p.add_argument("--source", help="raw log path (overrides source_log of --config)")
