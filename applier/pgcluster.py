@@ -20,7 +20,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,6 +295,3 @@ def start_cluster(major: int | None = None, settings: Mapping[str, str] | None =
     """Find binaries for ``major`` and start a fresh cluster with ``settings`` on top of the defaults."""
     return PgCluster(find_installation(major, cache_dir), dict(settings or {})).start()
 
-
-def iter_majors(cache_dir: Path | None = None) -> Iterator[int]:
-    yield from (inst.major for inst in find_installations(cache_dir))

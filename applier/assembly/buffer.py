@@ -82,7 +82,7 @@ class ChangeBuffer:
         if length >= self._spilled:
             del self._memory[length - self._spilled:]
             return
-        kept = [e for i, e in zip(range(length), self)]
+        kept = [e for _i, e in zip(range(length), self, strict=False)]
         self.discard()
         self._memory = kept
         if kept:

@@ -382,7 +382,3 @@ _DISPATCH: dict[type, Callable[[TransactionAssembler, int, Message], list[Commit
     RollbackPrepared: TransactionAssembler._rollback_prepared,  # type: ignore[dict-item]
 }
 
-
-def iter_committed(assembler: TransactionAssembler, messages: Iterable[tuple[int, Message]]) -> Iterator[CommittedTransaction]:
-    for lsn, msg in messages:
-        yield from assembler.feed(lsn, msg)
