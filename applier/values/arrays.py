@@ -8,6 +8,7 @@ policy turns into an error (default), NULL, or (clamp) the flat element list.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 
@@ -119,3 +120,53 @@ def parse_binary_array(raw: bytes, element: Callable[[bytes], object]) -> list[o
     if ndim != 1 or dims[0][1] != 1:
         raise Unrepresentable("array with several dimensions or a lower bound other than 1", items)
     return items
+
+
+_NEEDS_QUOTE = frozenset(b'"\\{},') | frozenset(b" \t\n\r\v\f")
+
+
+def _quote(element: str) -> str:
+    """array_out's quoting: empty, 'NULL' (any case), or holding a special character or whitespace."""
+    raw = element.encode("utf-8")
+    if raw and raw.upper() != b"NULL" and not any(b in _NEEDS_QUOTE for b in raw):
+        return element
+    return '"' + element.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def binary_array_as_text(raw: bytes, element: Callable[[bytes], str]) -> str:
+    """A binary array re-spelled exactly as array_out prints it (bounds prefix when a lower bound is
+    not 1), so a column kept as text reads the same in binary and text replication."""
+    ndim, flags, _elem_oid = _HEAD.unpack_from(raw, 0)
+    if not 0 <= ndim <= 6 or flags not in (0, 1):
+        raise ValueError("not a binary array")
+    pos = _HEAD.size
+    dims: list[tuple[int, int]] = []
+    for _ in range(ndim):
+        dims.append(_DIM.unpack_from(raw, pos))
+        pos += _DIM.size
+    items: list[str] = []
+    for _ in range(math.prod(size for size, _lb in dims) if ndim else 0):
+        (length,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        if length == -1:
+            items.append("NULL")
+            continue
+        if length < 0 or pos + length > len(raw):
+            raise ValueError("array element length out of range")
+        items.append(_quote(element(raw[pos:pos + length])))
+        pos += length
+    if pos != len(raw):
+        raise ValueError("trailing bytes after array elements")
+    if ndim == 0:
+        return "{}"
+    prefix = ""
+    if any(lb != 1 for _size, lb in dims):
+        prefix = "".join(f"[{lb}:{lb + size - 1}]" for size, lb in dims) + "="
+    return prefix + _nest(items, [size for size, _lb in dims])
+
+
+def _nest(items: list[str], sizes: list[int]) -> str:
+    if len(sizes) == 1:
+        return "{" + ",".join(items) + "}"
+    step = len(items) // sizes[0]
+    return "{" + ",".join(_nest(items[i * step:(i + 1) * step], sizes[1:]) for i in range(sizes[0])) + "}"

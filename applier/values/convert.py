@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from applier.errors import ValueConversionError
 from applier.protocol.messages import COL_BINARY, COL_NULL, COL_TEXT, COL_UNCHANGED_TOAST, TupleData
 from applier.values.registry import TypeHandler, handler_for
+from applier.values.scalars import NotText
 from applier.values.special import SpecialValuePolicy, Unrepresentable
 
 if TYPE_CHECKING:
@@ -64,6 +65,11 @@ def _convert(kind: int, raw: bytes | None, handler: TypeHandler, policy: Special
             return handler.binary(raw)
     except Unrepresentable as e:
         return _apply_policy(e, policy, column, handler)
+    except NotText:
+        raise ValueConversionError(
+            "binary value of a user type that is not text (composite, range, extension type); applier "
+            "cannot read its send format: use binary=false (text format) for this publication",
+            column=column, pg_type=handler.pg_name) from None
     except (ValueError, UnicodeDecodeError, IndexError, OverflowError, ArithmeticError) as e:
         raise ValueConversionError(f"cannot read {'text' if kind == COL_TEXT else 'binary'} value: "
                                    f"{type(e).__name__}", column=column, pg_type=handler.pg_name) from e

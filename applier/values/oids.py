@@ -20,3 +20,8 @@ BUILTIN_BY_NAME: dict[str, int] = {
     "varchar": VARCHAR, "date": DATE, "time": TIME, "timestamp": TIMESTAMP, "timestamptz": TIMESTAMPTZ,
     "interval": INTERVAL, "timetz": TIMETZ, "numeric": NUMERIC, "uuid": UUID, "jsonb": JSONB,
 }
+
+#: pg_catalog array type names ('_int4') -> array OID, for domains over built-in arrays.
+BUILTIN_ARRAY_BY_NAME: dict[str, int] = {
+    "_" + name: arr for arr, elem in ARRAY_ELEMENT.items() for name, oid in BUILTIN_BY_NAME.items() if oid == elem
+}

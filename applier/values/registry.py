@@ -61,7 +61,7 @@ _SCALARS: dict[int, TypeHandler] = {
     oids.INT4: TypeHandler(_t("IntegerType"), scalars.int_text, scalars.int4_binary, "integer"),
     oids.INT8: TypeHandler(_t("LongType"), scalars.int_text, scalars.int8_binary, "bigint"),
     oids.OID: TypeHandler(_t("LongType"), scalars.int_text, scalars.oid_binary, "oid"),
-    oids.FLOAT4: TypeHandler(_t("FloatType"), scalars.float_text, scalars.float4_binary, "real"),
+    oids.FLOAT4: TypeHandler(_t("FloatType"), scalars.float4_text, scalars.float4_binary, "real"),
     oids.FLOAT8: TypeHandler(_t("DoubleType"), scalars.float_text, scalars.float8_binary, "double precision"),
     oids.TEXT: TypeHandler(_S, scalars.text_str, scalars.text_str, "text"),
     oids.VARCHAR: TypeHandler(_S, scalars.text_str, scalars.text_str, "varchar"),
@@ -80,7 +80,7 @@ _SCALARS: dict[int, TypeHandler] = {
     oids.INTERVAL: TypeHandler(_S, scalars.text_str, dt.interval_binary, "interval"),
 }
 _UNKNOWN = TypeHandler(_S, scalars.text_str, None, "unknown")
-_ENUM = TypeHandler(_S, scalars.text_str, scalars.text_str, "enum")
+_USER = TypeHandler(_S, scalars.text_str, scalars.user_type_binary, "user type")
 
 
 def _numeric(typmod: int) -> TypeHandler:
@@ -99,15 +99,19 @@ def _scalar(oid: int, typmod: int, types: TypeCache | None) -> TypeHandler:
         return handler
     info = types.get(oid) if types is not None else None
     if info is not None:
-        base = oids.BUILTIN_BY_NAME.get(info.name) if info.namespace == "pg_catalog" else None
-        if base is not None:  # a domain: 'Y' carries its base type's name
-            return _scalar(base, typmod, None)
-        return _ENUM  # enums and other user types: their text (binary of an enum is its label)
+        if info.namespace == "pg_catalog":  # a domain: 'Y' carries its base type's name
+            base = oids.BUILTIN_BY_NAME.get(info.name) or oids.BUILTIN_ARRAY_BY_NAME.get(info.name)
+            if base is not None:
+                return handler_for(base, typmod, None)
+        # Enums and other user types (composites, ranges, arrays of user types, extension types, domains
+        # over those): their text output. Binary is accepted only when it is text (enum labels).
+        return _USER
     return _UNKNOWN
 
 
 def handler_for(oid: int, typmod: int, types: TypeCache | None) -> TypeHandler:
-    """The handler for a column of type ``oid`` with ``typmod``."""
+    """The handler for a column of type ``oid`` with ``typmod`` (a domain's typmod is -1: the base
+    type's modifier is not sent, so a domain over numeric(p,s) maps like unconstrained numeric)."""
     elem = oids.ARRAY_ELEMENT.get(oid)
     if elem is not None:
         inner = _scalar(elem, typmod, types)

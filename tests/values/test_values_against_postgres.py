@@ -22,6 +22,8 @@ CASES = [
     ("bigint", "-9223372036854775808", -9223372036854775808),
     ("oid", "4294967295", 4294967295),
     ("real", "1.5", 1.5),
+    ("real", "0.1", 0.10000000149011612),  # the float32 nearest 0.1, from text as from binary
+    ("real", "-Infinity", float("-inf")),
     ("double precision", "0.1", 0.1),
     ("double precision", "Infinity", float("inf")),
     ("numeric(12,2)", "-1234567890.12", Decimal("-1234567890.12")),
@@ -35,6 +37,8 @@ CASES = [
     ("char(5)", "ab", "ab   "),
     ("name", "pg_class", "pg_class"),
     ('"char"', "x", "x"),
+    ('"char"', "\\351", "\\351"),  # charout spells a high-bit byte in octal
+    ('"char"', "", ""),
     ("bytea", "\\x00ff10", b"\x00\xff\x10"),
     ("uuid", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
     ("json", '{"b": 1,  "a": [1, 2]}', '{"b": 1,  "a": [1, 2]}'),
