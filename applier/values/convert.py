@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from operator import call as _call
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import ValueConversionError
@@ -85,9 +86,16 @@ def convert_value(kind: int, raw: bytes | None, type_oid: int, typmod: int, type
 
 
 class RowConverter:
-    """Converts TupleData of one schema version to tuples of Python values ('u' -> UNCHANGED_TOAST)."""
+    """Converts TupleData of one schema version to tuples of Python values ('u' -> UNCHANGED_TOAST).
 
-    __slots__ = ("_columns", "_handlers", "_text", "_policy", "relation")
+    The parsers are resolved once per schema version. The fast path (every column 't', or every
+    column 'b') is one C-level map of the precomputed per-column parsers over the values, and the
+    text parsers of int and text columns are the builtins int and bytes.decode themselves; other rows
+    take one zip loop. Neither handles errors per column: any exception (a bad value, a special value, a binary value of a type without
+    a binary parser) redoes the row on the careful path, which applies the policy and names the column.
+    """
+
+    __slots__ = ("_columns", "_handlers", "_text", "_binary", "_policy", "_n", "relation")
 
     def __init__(self, schema: SchemaVersion, types: TypeCache | None, policy: SpecialValuePolicy = "error") -> None:
         self.relation = schema.qualified_name
@@ -95,25 +103,51 @@ class RowConverter:
         self._columns = tuple(c.name for c in cols)
         self._handlers = tuple(handler_for(c.type_oid, c.type_modifier, types) for c in cols)
         self._text: tuple[Callable[[bytes], object], ...] = tuple(h.text for h in self._handlers)
+        self._binary: tuple[Callable[[bytes], object] | None, ...] = tuple(h.binary for h in self._handlers)
         self._policy = policy
+        self._n = len(cols)
 
     def convert(self, tup: TupleData) -> tuple[object, ...]:
         kinds, values = tup.kinds, tup.values
-        if len(kinds) != len(self._handlers):
+        n = self._n
+        if len(kinds) == n and len(values) == n:
+            try:
+                if kinds.count(COL_TEXT) == n:  # the common rows: every column present, one format
+                    return tuple(map(_call, self._text, values))
+                if kinds.count(COL_BINARY) == n:
+                    return tuple(map(_call, self._binary, values))  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - the careful path gives the precise error or applies the policy
+                return self._convert_carefully(kinds, values)
+        return self._convert_mixed(kinds, values)
+
+    def _convert_mixed(self, kinds: bytes, values: tuple[bytes | None, ...]) -> tuple[object, ...]:
+        """Rows with NULLs, unchanged TOAST or both formats: one loop, no error handling per column."""
+        if len(kinds) != self._n or len(values) != len(kinds):
             raise ValueConversionError("row has a different number of columns than its Relation",
-                                       relation=self.relation, columns=len(kinds), expected=len(self._handlers))
+                                       relation=self.relation, columns=len(kinds), expected=self._n)
         out: list[object] = []
         append = out.append
-        text = self._text
+        try:
+            for kind, raw, text, binary in zip(kinds, values, self._text, self._binary):
+                if kind == COL_TEXT:
+                    append(text(raw))  # type: ignore[arg-type]
+                elif kind == COL_NULL:
+                    append(None)
+                elif kind == COL_BINARY:
+                    append(binary(raw))  # type: ignore[arg-type,misc]
+                elif kind == COL_UNCHANGED_TOAST:
+                    append(UNCHANGED_TOAST)
+                else:
+                    raise ValueError("unknown column kind")
+            return tuple(out)
+        except Exception:  # noqa: BLE001 - see convert
+            return self._convert_carefully(kinds, values)
+
+    def _convert_carefully(self, kinds: bytes, values: tuple[bytes | None, ...]) -> tuple[object, ...]:
+        out: list[object] = []
         for i, kind in enumerate(kinds):
-            if kind == COL_TEXT:
-                try:
-                    append(text[i](values[i]))  # type: ignore[arg-type]
-                    continue
-                except Exception:  # noqa: BLE001 - redo on the careful path for the precise error/policy
-                    pass
             try:
-                append(_convert(kind, values[i], self._handlers[i], self._policy, self._columns[i]))
+                out.append(_convert(kind, values[i], self._handlers[i], self._policy, self._columns[i]))
             except ValueConversionError as e:
                 e.context.setdefault("relation", self.relation)
                 raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 
 from applier.values.arrays import binary_array_as_text
 
@@ -15,8 +16,11 @@ _I2, _I4, _I8, _U4 = struct.Struct("!h"), struct.Struct("!i"), struct.Struct("!q
 _F4, _F8 = struct.Struct("!f"), struct.Struct("!d")
 
 
-def text_str(raw: bytes) -> str:
-    return raw.decode("utf-8")
+#: The C builtins themselves, not wrappers: the text path of int/text columns is one C call per value.
+#: (bytes.decode defaults to UTF-8, the pinned client_encoding; int() of PostgreSQL's integer output
+#: is exact.)
+text_str: Callable[[bytes], str] = bytes.decode
+int_text: Callable[[bytes], int] = int
 
 
 def bool_text(raw: bytes) -> bool:
@@ -31,10 +35,6 @@ def bool_binary(raw: bytes) -> bool:
     if len(raw) != 1:
         raise ValueError("boolean binary value is not 1 byte")
     return raw != b"\x00"
-
-
-def int_text(raw: bytes) -> int:
-    return int(raw)
 
 
 def int2_binary(raw: bytes) -> int:

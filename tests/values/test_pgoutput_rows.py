@@ -12,7 +12,7 @@ import pytest
 from applier.catalog import RelationCache, SchemaVersion
 from applier.errors import ValueConversionError
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.messages import COL_BINARY, COL_TEXT, Insert, Relation, Type
+from applier.protocol.messages import COL_BINARY, COL_TEXT, Insert, Relation, Type, Update
 from applier.sources.sql_slot import peek, pgoutput_options
 from applier.values import UNCHANGED_TOAST, RowConverter, spark_schema_for
 
@@ -157,3 +157,28 @@ _NAN = object()
 def _nan_as_marker(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
     """NaN != NaN; compare NaN columns as one marker so the equality means 'same values'."""
     return [tuple(_NAN if isinstance(v, float) and v != v else v for v in row) for row in rows]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_row_converter_unchanged_toast_and_special_values_with_context(pg, binary):
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE toasty (id integer PRIMARY KEY, big text, n integer, d date);"
+                     "CREATE PUBLICATION pub FOR TABLE toasty")
+        conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        conn.execute("INSERT INTO toasty SELECT 1, string_agg(md5(i::text), ''), 1, '2026-01-02' "
+                     "FROM generate_series(1, 500) i")
+        conn.execute("UPDATE toasty SET n = 2, d = 'infinity'")
+        messages = capture(conn, binary)
+    cache = RelationCache()
+    schema = next(cache.update(m) for m in messages if isinstance(m, Relation))
+    inserted, updated = [m for m in messages if isinstance(m, Insert | Update)]
+    strict = RowConverter(schema, cache.types)
+    row = strict.convert(inserted.new)
+    assert row[0] == 1 and len(row[1]) == 16000 and row[2:] == (1, date(2026, 1, 2))
+    assert updated.new.kinds[1] == ord("u")  # the big value was not sent again
+    with pytest.raises(ValueConversionError, match="cannot hold") as e:
+        strict.convert(updated.new)
+    assert (e.value.column, e.value.relation, e.value.pg_type) == ("d", "public.toasty", "date")
+    assert RowConverter(schema, cache.types, "null").convert(updated.new) == (1, UNCHANGED_TOAST, 2, None)
+    assert RowConverter(schema, cache.types, "clamp").convert(updated.new) == (1, UNCHANGED_TOAST, 2,
+                                                                             date(9999, 12, 31))
