@@ -1,4 +1,4 @@
-"""PostgreSQL values to Python values, and PostgreSQL types to Spark types (see README: type mapping)."""
+"""PostgreSQL values to Python values, and PostgreSQL types to Spark types (see docs/type-mapping.md)."""
 
 from applier.values.convert import UNCHANGED_TOAST, RowConverter, convert_value, spark_schema_for, spark_type_for
 from applier.values.registry import TypeHandler, handler_for
