@@ -85,7 +85,8 @@ def _diff(old: Relation, new: Relation) -> SchemaChange:
     new_cols = {c.name: c for c in new.columns}
     retyped = tuple((n, old_cols[n].type_oid, old_cols[n].type_modifier, c.type_oid, c.type_modifier)
                     for n, c in new_cols.items()
-                    if n in old_cols and (old_cols[n].type_oid, old_cols[n].type_modifier) != (c.type_oid, c.type_modifier))
+                    if n in old_cols
+                    and (old_cols[n].type_oid, old_cols[n].type_modifier) != (c.type_oid, c.type_modifier))
     renamed = None
     if (old.namespace, old.name) != (new.namespace, new.name):
         renamed = (f"{old.namespace or 'pg_catalog'}.{old.name}", f"{new.namespace or 'pg_catalog'}.{new.name}")

@@ -91,8 +91,9 @@ class RowConverter:
     The parsers are resolved once per schema version. The fast path (every column 't', or every
     column 'b') is one C-level map of the precomputed per-column parsers over the values, and the
     text parsers of int and text columns are the builtins int and bytes.decode themselves; other rows
-    take one zip loop. Neither handles errors per column: any exception (a bad value, a special value, a binary value of a type without
-    a binary parser) redoes the row on the careful path, which applies the policy and names the column.
+    take one zip loop. Neither handles errors per column: any exception (a bad value, a special
+    value, a binary value of a type without a binary parser) redoes the row on the careful path,
+    which applies the policy and names the column.
     """
 
     __slots__ = ("_columns", "_handlers", "_text", "_binary", "_policy", "_n", "relation")
@@ -113,7 +114,7 @@ class RowConverter:
         if len(kinds) == n and len(values) == n:
             try:
                 if kinds.count(COL_TEXT) == n:  # the common rows: every column present, one format
-                    return tuple(map(_call, self._text, values))
+                    return tuple(map(_call, self._text, values))  # type: ignore[arg-type]
                 if kinds.count(COL_BINARY) == n:
                     return tuple(map(_call, self._binary, values))  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - the careful path gives the precise error or applies the policy
@@ -128,7 +129,7 @@ class RowConverter:
         out: list[object] = []
         append = out.append
         try:
-            for kind, raw, text, binary in zip(kinds, values, self._text, self._binary):
+            for kind, raw, text, binary in zip(kinds, values, self._text, self._binary, strict=True):
                 if kind == COL_TEXT:
                     append(text(raw))  # type: ignore[arg-type]
                 elif kind == COL_NULL:

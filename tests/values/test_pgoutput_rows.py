@@ -41,7 +41,8 @@ INSERT INTO many VALUES (1, true, -32768, 9223372036854775807, 4294967295, 0.1, 
   'z', 'pg_class', '\\x00ff', 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '{"b": 1,  "a": 2}',
   '{"b": 1,  "a": 2}', '2026-11-22', '2026-11-22 10:11:12.123456', '2026-11-22 10:11:12.5+02',
   '24:00:00', '10:11:12-05:30', '-1 days +02:03:00', '{1,NULL,3}', '{"a,b","c\\"d",NULL,"NULL",""}',
-  '{1.5,-2.25}', '{"2026-01-01 00:00:00+00"}', 'a "quoted", spaced label', '{happy,NULL,"a \\"quoted\\", spaced label"}',
+  '{1.5,-2.25}', '{"2026-01-01 00:00:00+00"}', 'a "quoted", spaced label',
+  '{happy,NULL,"a \\"quoted\\", spaced label"}',
   7, 12.5, '{4,5}');
 INSERT INTO many (id) VALUES (2);
 INSERT INTO many (id, f4, f8, nu, d, ts, iv, ai, ae) VALUES (3, '-Infinity', 'NaN', 'NaN', '0001-01-01',
