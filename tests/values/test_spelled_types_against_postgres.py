@@ -4,9 +4,10 @@ PostgreSQL's text (numeric, interval, time, timetz): random values, binary re-sp
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from applier.errors import ValueConversionError
 from applier.protocol.messages import COL_BINARY, COL_TEXT
 from applier.sources.sql_slot import pin_session
 from applier.values import convert_value
@@ -67,3 +68,40 @@ def test_time_and_timetz_binary_spell_their_output(conn, micros, zone_seconds):
     zone = f"{sign}{hh:02d}:{rest // 60:02d}:{rest % 60:02d}"
     from_text, from_binary, text = both_forms(conn, "SELECT (%s || %s)::timetz", (text, zone))
     assert from_text == from_binary == text
+
+
+def outcome(conn, sql: str, params: tuple[object, ...], policy: str) -> tuple[object, object]:
+    forms = []
+    for binary in (False, True):
+        with conn.cursor(binary=binary) as cur:
+            cur.execute(sql, params)
+            raw = bytes(cur.pgresult.get_value(0, 0))
+            oid, typmod = cur.pgresult.ftype(0), cur.pgresult.fmod(0)
+        try:
+            forms.append(convert_value(COL_BINARY if binary else COL_TEXT, raw, oid, typmod, None, policy))
+        except ValueConversionError:
+            forms.append(ValueConversionError)
+    return forms[0], forms[1]
+
+
+@SETTINGS
+@given(st.integers(min_value=-211_813_488_000, max_value=9_223_371_331_199), st.sampled_from(["error", "clamp"]),
+       st.sampled_from(["timestamp", "timestamptz", "date"]))
+@example(0, "error", "timestamptz")
+@example(-63_082_281_600, "error", "timestamp")  # 0001-01-01 00:00:00, the first value Spark holds
+@example(-63_082_281_601, "clamp", "timestamp")  # one second before: 0001-12-31 23:59:59 BC
+@example(252_455_615_999, "error", "date")  # 9999-12-31
+@example(252_455_616_000, "error", "date")  # 10000-01-01
+def test_datetimes_from_text_and_binary_agree_inside_and_outside_years_1_to_9999(conn, seconds, policy, pg_type):
+    # seconds from 2000-01-01 covering PostgreSQL's whole range, 4714-11-24 BC .. 294276-12-31 AD
+    value = f"(TIMESTAMPTZ '2000-01-01+00' + %s * INTERVAL '1 second')::{pg_type}"
+    from_text, from_binary = outcome(conn, f"SELECT {value}", (seconds,), policy)
+    assert from_text == from_binary
+    with conn.cursor() as cur:
+        inside = cur.execute(f"SELECT extract(year FROM {value}) BETWEEN 1 AND 9999", (seconds,)).fetchone()[0]
+    if inside:
+        assert from_text is not ValueConversionError and from_text.year == from_binary.year
+    elif policy == "error":
+        assert from_text is ValueConversionError
+    else:
+        assert from_text.year in (1, 9999)
