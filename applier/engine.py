@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +56,6 @@ class TableBatch:
 class ApplyStats:
     transactions: int = 0
     applied: int = 0
-    already_applied: int = 0
     rows: Counter[str] = field(default_factory=Counter)
     last_end_lsn: int | None = None
     tables: set[tuple[str, str]] = field(default_factory=set)
@@ -103,10 +102,6 @@ class DeltaApplier:
         else:
             keys = tuple(names[i] for i in sv.key_indexes)
         return TableSpec(qualified, spark_schema_for(sv, self.types), keys, rel.replica_identity)
-
-    def apply(self, end_lsn: int, batches: Iterable[TableBatch]) -> None:
-        """Apply one transaction's per-table batches; ``end_lsn`` is its end LSN."""
-        self.apply_group([(end_lsn, list(batches))])
 
     def apply_group(self, transactions: Sequence[tuple[int, Sequence[TableBatch]]]) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.

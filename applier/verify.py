@@ -169,7 +169,8 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
     return types
 
 
-def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+def postgres_table_rows(conn: psycopg.Connection, namespace: str,
+                        table: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     """Column names and rows of a Postgres table as the mirror's Python values (through the values layer)."""
     from functools import partial
 
@@ -178,8 +179,8 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str) ->
 
     cols = postgres_columns(conn, namespace, table)
     types = _type_cache_from_postgres(conn)
-    converters = [partial(_convert_text, oid=oid, typmod=typmod, types=types, convert=convert_value,
-                          kind=COL_TEXT) for _n, oid, typmod in cols]
+    converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name)
+                  for name, oid, typmod in cols]
     return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters)
 
 
@@ -188,10 +189,6 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
     """Compare one Delta table with its Postgres table, on the columns Postgres has now."""
     names, rows = postgres_table_rows(conn, namespace, table)
     return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names), detail=detail)
-
-
-def _convert_text(raw: bytes, *, oid: int, typmod: int, types: Any, convert: Any, kind: int) -> Any:
-    return convert(kind, raw, oid, typmod, types)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
