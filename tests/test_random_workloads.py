@@ -37,7 +37,8 @@ def test_random_history_equals_postgres_in_delta_and_reference_sink(pg, spark, t
         random_workload(conn, seed, prepared=two_phase)
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")  # a final commit makes everything visible
         raw = tmp_path / "raw.parquet"
-        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("rw_pub", **OPTION_SETS[options]))))
+        options_used = pgoutput_options("rw_pub", **OPTION_SETS[options])
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", options_used)))
 
         # The independent oracle: row images applied one at a time.
         feeder = TransactionFeeder.from_state(StateDir(tmp_path / "ref-state"), ApplySettings(memory_budget_mb=1))

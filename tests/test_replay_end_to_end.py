@@ -66,7 +66,8 @@ def test_sample_workload_grouped_replay_equals_postgres(pg, spark, tmp_path):
         dry = replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(tmp_path / "delta"))),
                          dry_run=lines.append)
         assert dry.dry_run and not (tmp_path / "delta").exists()  # nothing written, not even state
-        assert {line.split(" ")[0] for line in lines} == {"shop.customers", "shop.products", "shop.orders", "shop.events"}
+        assert {line.split(" ")[0] for line in lines} == {
+            "shop.customers", "shop.products", "shop.orders", "shop.events"}
         assert any("TRUNCATE" in line for line in lines if line.startswith("shop.events"))
         replay_and_verify(spark, conn, raw, tmp_path / "delta", SHOP, grouping="grouped", max_group_transactions=25)
 
@@ -141,7 +142,8 @@ def test_toast_key_changes_multisets_truncate_cascade_and_schema_changes(pg, spa
     from delta.tables import DeltaTable
 
     for table in ("parent", "child"):
-        props = DeltaTable.forPath(spark, str(tmp_path / "delta" / "public" / table)).detail().collect()[0]["properties"]
+        detail = DeltaTable.forPath(spark, str(tmp_path / "delta" / "public" / table)).detail()
+        props = detail.collect()[0]["properties"]
         assert props.get("applier.restartIdentityLsn"), table
 
 
@@ -170,7 +172,8 @@ def test_two_phase_commit_rollback_and_pending_prepared(pg, spark, tmp_path):
     with pg.connect() as conn:
         conn.execute(EDGE_SCHEMA)
         create_slot(conn, "s", two_phase=True)
-        for gid, ids, finish in (("g-commit", (1, 2), "COMMIT"), ("g-rollback", (3, 4), "ROLLBACK"), ("g-pending", (5,), None)):
+        prepared = (("g-commit", (1, 2), "COMMIT"), ("g-rollback", (3, 4), "ROLLBACK"), ("g-pending", (5,), None))
+        for gid, ids, finish in prepared:
             conn.execute("BEGIN")
             for i in ids:
                 conn.execute("INSERT INTO kv (id, big) VALUES (%s, %s)", (i, gid))

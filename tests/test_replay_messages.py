@@ -25,6 +25,7 @@ def test_messages_are_recorded_once(spark, tmp_path):
                        apply=ApplySettings(messages_table=table, max_group_transactions=8))
     replay_log(spark, cfg)
     replay_log(spark, cfg)  # again: nothing new
-    got = sorted((r.prefix, bytes(r.content), r.transactional) for r in spark.read.format("delta").load(table).collect())
+    rows = spark.read.format("delta").load(table).collect()
+    got = sorted((r.prefix, bytes(r.content), r.transactional) for r in rows)
     assert got == [("applier", b"non-transactional payload", False), ("applier", b"sent although rolled back", False),
                    ("applier", b"transactional payload", True)]

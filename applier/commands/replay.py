@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "one Delta table per source table at TARGET/<schema>/<table>. Consecutive source transactions "
         "are folded into one Delta commit per table (exact; apply.grouping: transaction in a config "
         "gives one commit per source transaction), tagged with the end LSN of the last transaction "
-        "in it, so a second replay of the same log writes nothing. State (catalog, staged prepared transactions) lives in "
-        "TARGET/_applier/.",
+        "in it, so a second replay of the same log writes nothing. State (catalog, staged prepared "
+        "transactions) lives in TARGET/_applier/.",
     )
     p.add_argument("--source", help="raw log path (overrides source_log of --config)")
     p.add_argument("--target", help="directory of the Delta tables (overrides target.path of --config)")

@@ -95,6 +95,31 @@ def test_unknown_column_kind_is_an_error():
     assert info.value.offset == 8
 
 
+@pytest.mark.parametrize("column", [0, -1], ids=["first", "last"])
+@pytest.mark.parametrize("length", [-1, -(2**31), 2**31 - 1], ids=["minus-one", "min-int", "max-int"])
+def test_bad_column_length_is_reported_at_its_bytes(column, length):
+    """The fast tuple loop reads lengths unsigned and checks the bound once, after the loop: a bad
+    length of ANY column, the last one included, must still be a DecodeError at that length's bytes."""
+    import struct
+
+    insert = next(m for m in load(files("basic", "proto1_text")[0]) if m.data[:1] == b"I")
+    data = insert.data
+    pos, offsets = 8, []  # 'I', oid(4), 'N', natts(2)
+    for _ in range(struct.unpack_from("!H", data, 6)[0]):
+        offsets.append(pos)
+        pos += 1 if data[pos] in b"nu" else 5 + struct.unpack_from("!i", data, pos + 1)[0]
+    at = offsets[column]
+    assert data[at] == ord("t")
+    bad = data[:at + 1] + struct.pack("!i", length) + data[at + 5:]
+    with pytest.raises(DecodeError) as info:
+        decode_message(bad, lsn=0x10)
+    assert info.value.kind == "Insert" and info.value.lsn == 0x10
+    if length < 0:
+        assert "negative length" in str(info.value) and info.value.offset == at + 1
+    else:
+        assert "truncated" in str(info.value)
+
+
 _FUZZ = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -28,6 +28,7 @@ from applier.protocol.messages import (
     StreamStart,
     StreamStop,
     Truncate,
+    TupleData,
     Type,
     Update,
     pg_time_to_datetime,
@@ -118,7 +119,8 @@ def test_key_change_with_unchanged_toast_and_full_identity(file):
     assert all(u.old_kind == "O" and u.old.values == (b"1", b"one") and u.new.values == (b"1", b"uno")
                for u in full)
     deletes = of_type(file, Delete)
-    assert [(d.old_kind, d.old.kinds, d.old.values[0]) for d in deletes] == [("K", b"tnnnnnn", b"2"), ("O", b"tn", b"2")]
+    assert [(d.old_kind, d.old.kinds, d.old.values[0]) for d in deletes] == [
+        ("K", b"tnnnnnn", b"2"), ("O", b"tn", b"2")]
 
 
 @pytest.mark.parametrize("file", files("basic", "proto1_text"))
@@ -244,17 +246,25 @@ def test_decoder_reset_forgets_stream_state():
 
 
 def test_fast_constructed_messages_equal_regular_ones():
-    """The decoder builds hot messages through slot setters; they must be the same objects."""
-    from dataclasses import fields
+    """The decoder builds hot messages through layout twins re-labelled as the frozen class; they must
+    be the same objects: equal, same repr and hash, and just as immutable."""
+    from dataclasses import FrozenInstanceError, fields
 
     for name in files():
         for _, _, msg in decoded(name):
             rebuilt = type(msg)(*[getattr(msg, f.name) for f in fields(msg)])
-            assert rebuilt == msg and repr(rebuilt) == repr(msg)
+            assert rebuilt == msg and repr(rebuilt) == repr(msg) and hash(rebuilt) == hash(msg)
+            assert type(msg).__module__ == "applier.protocol.messages"
+            for f in fields(msg)[:1]:
+                with pytest.raises(FrozenInstanceError):
+                    setattr(msg, f.name, None)
             for tuple_field in ("new", "old"):
                 tup = getattr(msg, tuple_field, None)
                 if tup is not None:
                     assert type(tup)(tup.kinds, tup.values) == tup and len(tup.kinds) == len(tup.values)
+                    assert type(tup) is TupleData
+                    with pytest.raises(FrozenInstanceError):
+                        tup.kinds = b""
 
 
 def test_message_decoder_reports_errors_like_decode_message():
