@@ -39,6 +39,7 @@ class TableChange:
     old_row: tuple[Any, ...] | None
     new_row: tuple[Any, ...] | None
     restart_identity: bool = False
+    cascade: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,8 @@ class DeltaApplier:
                 continue
             description = (f"{spec.source_name} end_lsn={format_lsn(group_end)} "
                            f"transactions={len(todo)}")
+            if plan.truncated:  # the Delta commit's history says what Postgres did
+                description += f" {truncate_clause(plan)}"
             if self._dry_run is not None:
                 self._dry_run(describe_plan(description, plan))
                 continue
@@ -194,15 +197,21 @@ class DeltaApplier:
 
 def _aligned(batch: TableBatch, target_schema: Any, names: tuple[str, ...]) -> Sequence[TableChange]:
     """A batch's changes laid out in the columns of the group's newest schema version."""
-    if batch.schema is target_schema or tuple(c.name for c in batch.schema.relation.columns) == names:
+    if tuple(c.name for c in batch.schema.relation.columns) == names:
         return batch.changes
     index = {c.name: i for i, c in enumerate(batch.schema.relation.columns)}
 
     def remap(row: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
         return None if row is None else tuple(row[index[n]] if n in index else None for n in names)
 
-    return [TableChange(c.op, c.old_key, remap(c.old_row), remap(c.new_row), c.restart_identity)
+    return [TableChange(c.op, c.old_key, remap(c.old_row), remap(c.new_row), c.restart_identity, c.cascade)
             for c in batch.changes]
+
+
+def truncate_clause(plan: Any) -> str:
+    """How the plan's truncate reads in Postgres terms, e.g. ``TRUNCATE CASCADE RESTART IDENTITY``."""
+    return " ".join(["TRUNCATE"] + (["CASCADE"] if plan.cascade else [])
+                    + (["RESTART IDENTITY"] if plan.restart_identity else []))
 
 
 def describe_plan(description: str, plan: Any) -> str:
@@ -217,7 +226,7 @@ def describe_plan(description: str, plan: Any) -> str:
         toast = sum(1 for e in plan.keyed.values() if e.row is not None and e.unresolved)
         what = f"upsert {upserts} keys ({toast} keep TOAST values from the target), delete {deletes} keys"
     if plan.truncated:
-        what = f"TRUNCATE then {what} (overwrite)"
+        what = f"{truncate_clause(plan)} then {what} (overwrite)"
     return f"{description}: {plan.changes} changes -> {what}"
 
 

@@ -103,7 +103,7 @@ def _batches_of(oid: int, images: list[RowImage]) -> list[TableBatch]:
 
 def _table_change(im: RowImage) -> TableChange:
     if im.op == "T":
-        return TableChange("T", None, None, None, im.restart_identity)
+        return TableChange("T", None, None, None, im.restart_identity, im.cascade)
     if im.old_kind == "full":
         return TableChange(im.op, None, im.old, im.new)
     return TableChange(im.op, im.identity_key, None, im.new)

@@ -3,6 +3,10 @@ apply worker does (no folding), so it is an independent oracle for the Delta sin
 
 Keyed tables: dict key -> row; 'u' columns keep the current row's value (of the OLD key on a key
 change). Key-less FULL-identity tables: a list, one matching row removed per update/delete.
+Rows are held in the layout of the newest Relation seen for their table; when a Relation changes
+the column list (ALTER TABLE add/drop/retype), the held rows are re-laid out by column name: an
+added column is NULL in the rows written before it (as in Postgres, for a column added without a
+default), a dropped column disappears.
 """
 
 from __future__ import annotations
@@ -19,26 +23,48 @@ class ReferenceSink:
         self.convert = convert  # (schema, TupleData) -> values, the pipeline's converter
         self.keyed: dict[str, dict[tuple[Any, ...], tuple[Any, ...]]] = {}
         self.bags: dict[str, list[tuple[Any, ...]]] = {}
+        self.columns: dict[str, tuple[str, ...]] = {}
+        self.truncates: list[tuple[str, bool, bool]] = []  # (table, cascade, restart identity) as applied
 
-    def rows(self, qualified: str) -> list[tuple[Any, ...]]:
-        if qualified in self.bags:
-            return list(self.bags[qualified])
-        return list(self.keyed.get(qualified, {}).values())
+    def rows(self, qualified: str, names: tuple[str, ...] | list[str]) -> list[tuple[Any, ...]]:
+        """The held rows of a table, projected on ``names`` (the columns Postgres has now)."""
+        have = self.columns.get(qualified, ())
+        held = self.bags[qualified] if qualified in self.bags else list(self.keyed.get(qualified, {}).values())
+        return [tuple(row[have.index(n)] if n in have else None for n in names) for row in held]
 
     def apply(self, txn: CommittedTransaction) -> None:
         for change in txn.changes:
             for im in row_images(change, self.convert):
                 name = im.schema.qualified_name
+                self._follow_schema(name, im.schema)
                 if im.schema.relation.replica_identity == "f":
                     self._bag(name, im)
                 else:
                     self._keyed(name, im)
+
+    def _follow_schema(self, name: str, schema: Any) -> None:
+        names = schema.column_names
+        before = self.columns.setdefault(name, names)
+        if before == names:
+            return
+        self.columns[name] = names
+
+        def relayout(row: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(row[before.index(n)] if n in before else None for n in names)
+
+        if name in self.bags:
+            self.bags[name] = [relayout(r) for r in self.bags[name]]
+        if name in self.keyed:
+            keys = schema.key_indexes
+            self.keyed[name] = {tuple(new[i] for i in keys): new
+                                for new in (relayout(r) for r in self.keyed[name].values())}
 
     def _keyed(self, name: str, im: Any) -> None:
         table = self.keyed.setdefault(name, {})
         keys = im.schema.key_indexes
         if im.op == "T":
             table.clear()
+            self.truncates.append((name, im.cascade, im.restart_identity))
             return
         old_key = im.identity_key
         if im.op == "D":
@@ -55,6 +81,7 @@ class ReferenceSink:
         bag = self.bags.setdefault(name, [])
         if im.op == "T":
             bag.clear()
+            self.truncates.append((name, im.cascade, im.restart_identity))
             return
         if im.op in ("U", "D"):
             bag.remove(im.old)  # exactly one matching row

@@ -49,8 +49,8 @@ def test_random_history_equals_postgres_in_delta_and_reference_sink(pg, spark, t
                 sink.apply(txn)
                 feeder.applied(txn)
         for ns, name in TABLES:
-            _names, pg_rows = postgres_table_rows(conn, ns, name)
-            res = compare(f"{ns}.{name}", pg_rows, iter(sink.rows(f"{ns}.{name}")))
+            names, pg_rows = postgres_table_rows(conn, ns, name)
+            res = compare(f"{ns}.{name}", pg_rows, iter(sink.rows(f"{ns}.{name}", names)))
             assert res.equal, (name, res.only_in_source[:3], res.only_in_target[:3])
 
         # The Delta sink, grouped, must equal Postgres too.

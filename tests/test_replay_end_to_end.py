@@ -145,6 +145,10 @@ def test_toast_key_changes_multisets_truncate_cascade_and_schema_changes(pg, spa
         detail = DeltaTable.forPath(spark, str(tmp_path / "delta" / "public" / table)).detail()
         props = detail.collect()[0]["properties"]
         assert props.get("applier.restartIdentityLsn"), table
+        # Both bits reach the sink: the Delta commit that emptied the table says what Postgres did.
+        history = DeltaTable.forPath(spark, str(tmp_path / "delta" / "public" / table)).history()
+        metadata = [r["userMetadata"] or "" for r in history.select("userMetadata").collect()]
+        assert any(m.endswith("TRUNCATE CASCADE RESTART IDENTITY") for m in metadata), (table, metadata)
 
 
 def test_streamed_transactions_with_subtransaction_and_top_level_aborts(pg, spark, tmp_path):

@@ -28,7 +28,8 @@ class RowImage:
     new: tuple[Any, ...] | None
     lsn: int
     ordinal: int
-    restart_identity: bool = False
+    restart_identity: bool = False  # TRUNCATE ... RESTART IDENTITY (op 'T' only)
+    cascade: bool = False  # TRUNCATE ... CASCADE (op 'T' only; the message already lists every cascaded table)
 
     @property
     def identity_key(self) -> tuple[Any, ...] | None:
@@ -54,6 +55,6 @@ def row_images(change: Change, convert: Any) -> list[RowImage]:
         kind = "full" if msg.old_kind == "O" else "key"
         return [RowImage("D", schema, kind, convert(schema, msg.old), None, change.lsn, change.ordinal)]
     if isinstance(msg, Truncate):
-        return [RowImage("T", schema, None, None, None, change.lsn, change.ordinal, msg.restart_identity)
-                for schema in change.schemas]
+        return [RowImage("T", schema, None, None, None, change.lsn, change.ordinal, msg.restart_identity,
+                         msg.cascade) for schema in change.schemas]
     return []

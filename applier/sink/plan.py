@@ -65,6 +65,7 @@ class TablePlan:
     key_positions: tuple[int, ...]  # empty: multiset table
     truncated: bool = False  # overwrite: the table holds exactly the keyed rows / positive counts below
     restart_identity: bool = False
+    cascade: bool = False  # a TRUNCATE CASCADE reached this table (recorded; the cascade itself is in the log)
     keyed: dict[object, KeyedRow] = field(default_factory=dict)  # by frozen key (see freeze)
     counts: Counter[object] = field(default_factory=Counter)  # by frozen row image
     images: dict[object, tuple[object, ...]] = field(default_factory=dict)  # frozen image -> row
@@ -124,6 +125,7 @@ def fold_changes(
             plan.counts.clear()
             plan.images.clear()
             plan.restart_identity = plan.restart_identity or bool(getattr(change, "restart_identity", False))
+            plan.cascade = plan.cascade or bool(getattr(change, "cascade", False))
             continue
         if plan.multiset:
             _fold_multiset(plan, change, unchanged_marker)

@@ -43,3 +43,12 @@ def test_logical_messages_reach_the_callback_including_non_transactional_ones(tm
     payloads = sorted(m.content for _lsn, m in feeder.messages)
     assert payloads == [b"non-transactional payload", b"sent although rolled back", b"transactional payload"]
     assert {m.transactional for _lsn, m in feeder.messages} == {True, False}
+
+
+def test_truncate_reaches_the_sink_with_both_bits_for_every_listed_table(tmp_path):
+    """TRUNCATE parent RESTART IDENTITY CASCADE (captured): one 'T' change per listed table, parent AND
+    the cascaded child, each carrying CASCADE and RESTART IDENTITY."""
+    _f, everything = run(tmp_path)
+    truncates = [(b.name, c) for _t, batches in everything for b in batches for c in b.changes if c.op == "T"]
+    assert sorted(name for name, _c in truncates) == ["child", "parent"]
+    assert all(c.cascade and c.restart_identity for _name, c in truncates)
