@@ -50,6 +50,11 @@ class SourceSettings(_Model):
             raise ValueError("two_phase needs proto_version >= 3")
         return self
 
+    def with_overrides(self, **values: object) -> SourceSettings:
+        """A copy with the given settings replaced (command-line flags; None means not given), validated."""
+        given = {k: v for k, v in values.items() if v is not None}
+        return SourceSettings.model_validate({**self.model_dump(), **given}) if given else self
+
     def resolved_dsn(self) -> str:
         """The DSN from the config or the environment; the error never shows the value."""
         if self.dsn is not None:
@@ -93,6 +98,8 @@ class ApplySettings(_Model):
         "fast), or 'transaction': one Delta commit per source transaction (strict, slow)")
     max_group_transactions: int = Field(1000, ge=1, description="grouped: transactions per Delta commit")
     max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
+    max_group_seconds: float = Field(
+        5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is applied")
     unresolved_toast: Literal["error"] = Field(
         "error", description="an unchanged TOAST value with no row to take it from stops the apply")
     schema_changes: Literal["evolve", "stop"] = Field(
@@ -142,6 +149,15 @@ class MirrorConfig(_Model):
     target: TargetSettings
     tables: TablesSettings = Field(default_factory=TablesSettings)
     apply: ApplySettings = Field(default_factory=ApplySettings)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+
+class CaptureConfig(_Model):
+    """``applier capture``: drain a slot into a stored raw log (a Delta table) for replay later."""
+
+    source: SourceSettings = Field(default_factory=SourceSettings)
+    log_path: str = Field(description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
+    batch_changes: int = Field(10_000, ge=1, description="changes per peek (whole transactions are kept together)")
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 

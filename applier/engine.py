@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import apply_plan
+from applier.sink.merge import apply_plan, write_rows
 from applier.sink.naming import table_location
 from applier.sink.plan import OP_TRUNCATE, fold_changes
 from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
@@ -102,7 +102,16 @@ class DeltaApplier:
             keys = ()  # whole-row identity: a multiset
         else:
             keys = tuple(names[i] for i in sv.key_indexes)
-        return TableSpec(qualified, spark_schema_for(sv, self.types), keys, rel.replica_identity)
+        schema = spark_schema_for(sv, self.types)
+        excluded = set(rule.exclude_columns) if rule is not None else set()
+        if excluded:
+            from pyspark.sql.types import StructType
+
+            if excluded & set(keys):
+                raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
+                                table=qualified, columns=", ".join(sorted(excluded & set(keys))))
+            schema = StructType([f for f in schema.fields if f.name not in excluded])
+        return TableSpec(qualified, schema, keys, rel.replica_identity)
 
     def apply_group(self, transactions: Sequence[tuple[int, Sequence[TableBatch]]]) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.
@@ -169,6 +178,37 @@ class DeltaApplier:
         if applied_any:
             self.stats.applied += len(transactions)
         self.stats.last_end_lsn = group_end
+
+    def load_snapshot(self, schema_version: Any, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
+        """Replace the table's contents with an initial copy taken at ``lsn`` (the slot's consistent
+        point); returns the rows written. The last chunk's commit carries ``lsn`` as the table's applied
+        version, so the stream's transactions (all ending after it) apply and nothing before it does.
+        A crash part-way leaves no version recorded, and the next attempt overwrites from scratch."""
+        rel = schema_version.relation
+        batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, ())
+        spec = self._spec(batch)
+        path = self.path_for(batch.namespace, batch.name)
+        self._ensure(path, spec, schema_version)
+        description = f"{spec.source_name} snapshot at {format_lsn(lsn)}"
+        tag = (app_id_for(spec.source_name), lsn, description)
+        names = spec.column_names
+        if names != schema_version.column_names:  # excluded columns
+            index = [schema_version.column_names.index(n) for n in names]
+            chunks = ([tuple(row[i] for i in index) for row in chunk] for chunk in chunks)
+        written = 0
+        pending: list[tuple[Any, ...]] | None = None
+        first = True
+        for chunk in chunks:
+            if pending is not None:
+                write_rows(self.spark, path, spec.schema, pending, replace=first, tag=None)
+                first = False
+            pending = chunk
+            written += len(chunk)
+        write_rows(self.spark, path, spec.schema, pending or [], replace=first, tag=tag)
+        self._applied[path] = lsn
+        self.stats.rows[spec.source_name] += written
+        self.stats.tables.add((batch.namespace, batch.name))
+        return written
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
         if self._schema_seen.get(path) is schema_version:

@@ -5,7 +5,10 @@ and sets ``func`` to a callable taking the parsed args and returning the exit co
 COMMAND_MODULES: tuple[str, ...] = (
     "setup",
     "demo",
+    "mirror",
+    "capture",
     "replay",
     "verify",
+    "status",
     "inspect",
 )

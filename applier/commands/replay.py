@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from applier.replay import replay_log
-    from applier.spark.session import SparkSettings, build_spark_session
+    from applier.spark.session import build_spark_session_for
 
     if args.config:
         cfg: ReplayConfig = load_config(args.config, ReplayConfig)
@@ -45,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
             print("applier replay: give --source and --target, or --config", file=sys.stderr)
             return 2
         cfg = ReplayConfig(source_log=args.source, target=TargetSettings(path=args.target))
-    spark = build_spark_session(SparkSettings(
-        master=cfg.spark.master, app_name=cfg.spark.app_name, shuffle_partitions=cfg.spark.shuffle_partitions,
-        driver_memory=cfg.spark.driver_memory, extra=dict(cfg.spark.conf)))
+    spark = build_spark_session_for(cfg.spark)
     summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
                          dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():

@@ -22,27 +22,42 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "rows found on one side only are listed. The DSN comes from --dsn or $APPLIER_DSN and is "
         "never printed.",
     )
+    p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its DSN, target and table selection")
     p.add_argument("--dsn", help="libpq connection string (default: $APPLIER_DSN)")
-    p.add_argument("--target", required=True, help="directory of the mirrored Delta tables")
+    p.add_argument("--target", help="directory of the mirrored Delta tables")
     p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
     p.set_defaults(func=run)
 
 
 def mirrored_tables(target: Path) -> list[tuple[str, str]]:
     """(schema, table) of each Delta table in the TARGET/<schema>/<table> layout."""
-    return sorted((d.parent.parent.name, d.parent.name) for d in target.glob("*/*/_delta_log")
-                  if d.parent.parent.name != "_applier")
+    from applier.sink.naming import mirrored_table_dirs
+
+    return [(d.parent.name, d.name) for d in mirrored_table_dirs(target)]
 
 
 def run(args: argparse.Namespace) -> int:
     from applier.spark.session import build_spark_session
     from applier.verify import verify_against_postgres
 
-    dsn = args.dsn or os.environ.get("APPLIER_DSN")
-    if not dsn:
-        raise ConfigError("no DSN: pass --dsn or set APPLIER_DSN")
-    target = Path(args.target)
+    selection = None
+    if args.config:
+        from applier.config import MirrorConfig, load_config
+
+        cfg: MirrorConfig = load_config(args.config, MirrorConfig)
+        dsn = args.dsn or cfg.source.resolved_dsn()
+        target = Path(args.target or cfg.target.path)
+        selection = cfg.tables
+    else:
+        dsn = args.dsn or os.environ.get("APPLIER_DSN")
+        if not dsn:
+            raise ConfigError("no DSN: pass --dsn, set APPLIER_DSN, or give --config")
+        if not args.target:
+            raise ConfigError("no target: pass --target or --config")
+        target = Path(args.target)
     tables = mirrored_tables(target)
+    if selection is not None:
+        tables = [t for t in tables if selection.selected(f"{t[0]}.{t[1]}")]
     if args.table:
         tables = [t for t in tables if f"{t[0]}.{t[1]}" in set(args.table)]
     if not tables:

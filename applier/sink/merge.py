@@ -80,6 +80,18 @@ def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePl
     return CommitResult(len(rows), 0, True)
 
 
+def write_rows(spark: SparkSession, path: str, schema: StructType, rows: list[tuple[object, ...]], *,
+               replace: bool, tag: tuple[str, int, str] | None) -> None:
+    """Overwrite (``replace``) or append plain rows, e.g. one chunk of an initial snapshot; with ``tag``
+    (app id, version, description) the commit is an idempotent one like every other."""
+    from contextlib import nullcontext
+
+    df = _source_frame(spark, rows, schema)
+    writer = df.write.format("delta").mode("overwrite" if replace else "append")
+    with idempotent_write(spark, *tag) if tag else nullcontext():
+        writer.save(path)
+
+
 def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
     from functools import reduce
 

@@ -45,3 +45,8 @@ def sql_string_literal(value: str) -> str:
     Spark's lexer treats backslash as an escape inside quotes, so both backslash and quote are escaped.
     """
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
+    """The Delta tables in the ``DIR/<schema>/<table>`` layout (the ``_applier`` state directory excluded)."""
+    return sorted(d.parent for d in Path(target_dir).glob("*/*/_delta_log") if d.parent.parent.name != "_applier")

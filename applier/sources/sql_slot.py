@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from applier.config import SourceSettings
 from applier.errors import SourceError
 from applier.lsn import format_lsn, parse_lsn
 
@@ -54,6 +55,16 @@ def pgoutput_options(publication: str, *, proto_version: int = 1, binary: bool =
         opts["streaming"] = streaming
     if origin:
         opts["origin"] = origin
+    return opts
+
+
+def options_for(source: SourceSettings) -> dict[str, str]:
+    """The pgoutput options a source config asks for (two_phase only when configured)."""
+    opts = pgoutput_options(source.publication, proto_version=source.proto_version, binary=source.binary,
+                            messages=source.messages,
+                            streaming=None if source.streaming == "off" else source.streaming, origin=source.origin)
+    if source.two_phase:
+        opts["two_phase"] = "true"
     return opts
 
 

@@ -19,6 +19,8 @@ from applier.spark.jars import check_java, delta_jars
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from applier.config import SparkConfig
+
 
 @dataclass(frozen=True, slots=True)
 class SparkSettings:
@@ -68,3 +70,10 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         raise EnvironmentSetupError(f"Spark did not start: {e}") from e
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def build_spark_session_for(config: SparkConfig) -> SparkSession:
+    """The session a job's ``spark:`` config section describes."""
+    return build_spark_session(SparkSettings(
+        master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
+        driver_memory=config.driver_memory, extra=dict(config.conf)))

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from applier.config import MirrorConfig, ReplayConfig, load_config
+from applier.config import CaptureConfig, MirrorConfig, ReplayConfig, load_config
 from applier.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-MODEL_BY_PREFIX = {"replay": ReplayConfig, "mirror": MirrorConfig}
+MODEL_BY_PREFIX = {"replay": ReplayConfig, "mirror": MirrorConfig, "capture": CaptureConfig}
 
 
 def model_for(path: Path) -> type:
@@ -20,7 +20,7 @@ def model_for(path: Path) -> type:
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_loads(path):
     cfg = load_config(path, model_for(path))
-    assert cfg.target.path
+    assert cfg.log_path if isinstance(cfg, CaptureConfig) else cfg.target.path
 
 
 def test_examples_exist_for_each_job():

@@ -1,0 +1,147 @@
+"""``capture``: drain a slot into a stored raw log (a Delta table), exactly once, for replay later.
+
+Each round peeks the slot (nothing is confirmed by a peek), keeps the messages up to the last
+transaction boundary (Commit, Stream Commit, Prepare, Stream Prepare, Commit/Rollback Prepared),
+appends them to the log as one Delta commit tagged with that boundary's end LSN (txnAppId
+``applier-capture:<slot>``), and only then advances the slot to it. After a crash between the Delta
+commit and the advance, the next peek starts where the previous one did, so its output begins with
+the rows already stored; they are dropped up to the boundary whose end LSN the log has recorded.
+
+Rows carry ``seq`` (the position in the log; Delta readers with Spark should order by it), the
+decoding ``session`` (one per peek: Relation messages are re-sent at each session start, and a
+streamed transaction still open at the end of a session is re-sent from its first segment in the
+next, which replay handles) and ``captured_at``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from applier.config import CaptureConfig
+from applier.errors import ApplierError
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.decoder import MessageDecoder
+from applier.protocol.messages import Commit, CommitPrepared, Prepare, RollbackPrepared, StreamCommit, StreamPrepare
+from applier.sink.idempotence import applied_version, idempotent_write
+from applier.sources import sql_slot
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CAPTURE_SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRING, captured_at TIMESTAMP"
+
+
+def capture_app_id(slot: str) -> str:
+    return f"applier-capture:{slot}"
+
+
+def boundary_end(message: object) -> int | None:
+    """The end LSN a message closes a transaction at (a safe position to confirm), else None."""
+    if isinstance(message, Commit | StreamCommit | Prepare | StreamPrepare | CommitPrepared):
+        return message.end_lsn
+    if isinstance(message, RollbackPrepared):
+        return message.rollback_end_lsn
+    return None
+
+
+@dataclass
+class CaptureSummary:
+    rounds: int = 0
+    messages: int = 0
+    skipped_already_stored: int = 0
+    confirmed_lsn: int | None = None
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        return [f"messages stored: {self.messages} in {self.rounds} commits",
+                f"already stored (skipped after a restart): {self.skipped_already_stored}",
+                f"slot confirmed to: {format_lsn(self.confirmed_lsn) if self.confirmed_lsn else '-'}",
+                f"time: {self.seconds:.1f}s"]
+
+
+def _log_state(spark: SparkSession, path: str, app_id: str) -> tuple[int | None, int]:
+    """(end LSN the log has recorded, next seq)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None, 0
+    recorded = applied_version(spark, path, app_id)
+    top = spark.read.format("delta").load(path).agg(F.max("seq")).first()
+    return recorded, (int(top[0]) + 1 if top is not None and top[0] is not None else 0)
+
+
+def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
+            progress: Callable[[str], None] | None = None, stop: threading.Event | None = None,
+            poll_seconds: float = 1.0) -> CaptureSummary:
+    """Drain the slot into ``config.log_path``; with ``once``, up to the WAL flush position at each
+    round's start, until a round finds no new complete transaction."""
+    started = time.monotonic()
+    say = progress or (lambda _m: None)
+    stop = stop or threading.Event()
+    src = config.source
+    options = sql_slot.options_for(src)
+    app_id = capture_app_id(src.slot)
+    path = config.log_path
+    recorded, seq = _log_state(spark, path, app_id)
+    summary = CaptureSummary()
+    decoder = MessageDecoder()
+    batch = config.batch_changes
+    with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
+        sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase)
+        while not stop.is_set():
+            (target_text,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()  # type: ignore[misc]
+            target = parse_lsn(target_text)
+            rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
+            cut = None  # index just past the last boundary
+            cut_end = None
+            skip_to = 0
+            for i, row in enumerate(rows):
+                try:
+                    end = boundary_end(decoder.decode(row.data, row.lsn))
+                except ApplierError as e:
+                    e.context.setdefault("xid", row.xid)
+                    raise
+                if end is None:
+                    continue
+                if recorded is not None and end <= recorded:
+                    skip_to = i + 1  # stored before a crash that came ahead of the slot advance
+                    continue
+                cut, cut_end = i + 1, end
+            summary.skipped_already_stored += skip_to
+            if cut is None or cut_end is None:
+                if recorded is not None and skip_to:
+                    sql_slot.advance(conn, src.slot, recorded)
+                    summary.confirmed_lsn = recorded
+                if rows and len(rows) >= batch:
+                    batch *= 2  # one streamed transaction larger than a round: read further next time
+                    continue
+                if once:
+                    break
+                stop.wait(poll_seconds)
+                continue
+            stored = rows[skip_to:cut]
+            session = str(uuid.uuid4())
+            now = datetime.now(UTC)
+            data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now) for n, r in enumerate(stored)]
+            frame = spark.createDataFrame(data, CAPTURE_SCHEMA).coalesce(1)  # one file, rows in log order
+            with idempotent_write(spark, app_id, cut_end, f"capture {src.slot} up to {format_lsn(cut_end)}"):
+                frame.write.format("delta").mode("append").save(path)
+            seq += len(stored)
+            recorded = cut_end
+            sql_slot.advance(conn, src.slot, cut_end)  # only now: the messages are stored
+            summary.rounds += 1
+            summary.messages += len(stored)
+            summary.confirmed_lsn = cut_end
+            batch = config.batch_changes
+            say(f"stored {len(stored)} messages up to {format_lsn(cut_end)} ({summary.messages} in all)")
+    summary.seconds = time.monotonic() - started
+    return summary

@@ -1,0 +1,53 @@
+"""``applier capture``: drain a slot into a raw-log Delta table that ``replay`` can rebuild from."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from applier.config import CaptureConfig, load_config
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "capture",
+        help="drain a slot into a stored raw log (a Delta table) for replay",
+        description="Peek the slot (creating it if absent), append the messages of every complete "
+        "transaction to the Delta table LOG (columns lsn, xid, data, seq, session, captured_at; the "
+        "format `applier replay --source LOG` reads), and only then advance the slot. Each Delta "
+        "commit records the end LSN it stored up to, so a crash at any point neither loses nor "
+        "duplicates a message: run the same command again. Without --follow it drains what is "
+        "committed now and exits 0. The DSN comes from --dsn, source.dsn or $APPLIER_DSN and is "
+        "never printed.",
+    )
+    p.add_argument("--config", help="YAML config (see configs/capture.yaml)")
+    p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN)")
+    p.add_argument("--publication", help="publication (overrides source.publication)")
+    p.add_argument("--slot", help="slot (overrides source.slot; created if absent)")
+    p.add_argument("--log", help="Delta table path of the raw log (overrides log_path)")
+    p.add_argument("--follow", action="store_true", help="keep polling for new transactions until Ctrl-C")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from applier.capture import capture
+    from applier.spark.session import build_spark_session_for
+
+    if args.config:
+        cfg: CaptureConfig = load_config(args.config, CaptureConfig)
+    elif args.log:
+        cfg = CaptureConfig(log_path=args.log)
+    else:
+        print("applier capture: give --config, or --log (with --dsn or APPLIER_DSN)", file=sys.stderr)
+        return 2
+    updates: dict[str, object] = {
+        "source": cfg.source.with_overrides(dsn=args.dsn, publication=args.publication, slot=args.slot)}
+    if args.log:
+        updates["log_path"] = args.log
+    cfg = cfg.model_copy(update=updates)
+    spark = build_spark_session_for(cfg.spark)
+    summary = capture(spark, cfg, once=not args.follow,
+                      progress=lambda m: print(f"capture: {m}", file=sys.stderr, flush=True))
+    for line in summary.lines():
+        print(line)
+    return 0

@@ -1,0 +1,65 @@
+"""``applier status``: per mirrored table the applied LSN, last commit and row count; the slot's lag."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from applier.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "status",
+        help="show each mirrored table's applied LSN, last commit and rows, and the slot's lag",
+        description="For every Delta table under TARGET/<schema>/<table>: the end LSN it has applied (the "
+        "idempotent-write version in its Delta log), the time of its newest Delta commit and its row "
+        "count. With a DSN (--dsn, the config's, or $APPLIER_DSN) also the slot: whether a mirror is "
+        "attached, its confirmed LSN, the server's WAL position and the lag between them in bytes.",
+    )
+    p.add_argument("--config", help="a mirror config (configs/mirror.yaml): target, DSN and slot")
+    p.add_argument("--target", help="directory of the mirrored Delta tables")
+    p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
+    p.add_argument("--slot", help="slot to report (default: the config's, or 'applier')")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from applier.lsn import format_lsn
+    from applier.sink.naming import mirrored_table_dirs
+    from applier.spark.session import build_spark_session
+    from applier.status import slot_status, status_json, table_status
+
+    dsn, slot, target = args.dsn, args.slot, args.target
+    if args.config:
+        from applier.config import MirrorConfig, load_config
+
+        cfg: MirrorConfig = load_config(args.config, MirrorConfig)
+        target = target or cfg.target.path
+        slot = slot or cfg.source.slot
+        if dsn is None and (cfg.source.dsn is not None or os.environ.get(cfg.source.dsn_env)):
+            dsn = cfg.source.resolved_dsn()
+    dsn = dsn or os.environ.get("APPLIER_DSN")
+    if not target:
+        raise ConfigError("no target: pass --target or --config")
+    spark = build_spark_session()
+    tables = [table_status(spark, p) for p in mirrored_table_dirs(target)]
+    slot_info = slot_status(dsn, slot or "applier") if dsn else None
+    if args.json:
+        print(status_json(tables, slot_info))
+        return 0
+    for t in tables:
+        applied = format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-"
+        print(f"{t.source_name}: applied {applied}, last commit {t.last_commit or '-'}, {t.rows} rows")
+    if not tables:
+        print(f"no mirrored tables under {target}")
+    if slot_info is not None:
+        if not slot_info.exists:
+            print(f"slot {slot_info.slot}: does not exist")
+        else:
+            print(f"slot {slot_info.slot}: {'active' if slot_info.active else 'idle'}, confirmed "
+                  f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
+                  f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
+                  f"lag {slot_info.lag_bytes} bytes")
+    return 0

@@ -1,0 +1,296 @@
+"""``mirror``: snapshot the published tables into Delta, then follow the slot, exactly once.
+
+Order of events and why:
+
+1. The slot is created on a replication connection with an exported snapshot, the tables are copied
+   under that snapshot (applier.snapshot) and each copy is tagged with the slot's consistent point;
+   only then does the state say "streaming". A crash before that drops the slot (nothing consumed
+   it) and starts over.
+2. Changes stream in (START_REPLICATION, or SQL peek in ``read_mode: sql``), are assembled into
+   committed transactions and applied in groups, exactly like ``replay``.
+3. The server is told a position (standby status update, or ``pg_replication_slot_advance``) only
+   after the Delta commits for every transaction up to it exist. A crash anywhere re-sends what was
+   not confirmed, and Delta's transaction ids make re-applying it a no-op.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from applier.config import MirrorConfig
+from applier.engine import DeltaApplier, record_messages
+from applier.errors import SourceError
+from applier.lsn import format_lsn, parse_lsn
+from applier.pipeline import TransactionFeeder
+from applier.protocol.decoder import MessageDecoder
+from applier.protocol.replication import PrimaryKeepalive, pg_now
+from applier.replay import PendingGroup
+from applier.snapshot import copy_rows, describe_relation, open_snapshot, published_tables
+from applier.sources import sql_slot
+from applier.sources.walsender import WalSenderStream
+from applier.state import StateDir
+from applier.values import RowConverter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class MirrorSummary:
+    snapshot_lsn: int | None = None
+    snapshot_rows: dict[str, int] = field(default_factory=dict)
+    messages: int = 0
+    transactions: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    confirmed_lsn: int | None = None
+    seconds: float = 0.0
+    stopped_by: str = "end"
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.snapshot_lsn is not None:
+            out.append(f"snapshot at {format_lsn(self.snapshot_lsn)}: "
+                       f"{sum(self.snapshot_rows.values())} rows in {len(self.snapshot_rows)} tables")
+        out += [f"messages: {self.messages}", f"transactions applied: {self.transactions}",
+                f"confirmed to the server: {format_lsn(self.confirmed_lsn) if self.confirmed_lsn else '-'}",
+                f"time: {self.seconds:.1f}s", f"stopped: {self.stopped_by}"]
+        out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
+        return out
+
+
+def _current_flush_lsn(conn: psycopg.Connection) -> int:
+    (lsn,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()  # type: ignore[misc]
+    return parse_lsn(lsn)
+
+
+def _slot_row(conn: psycopg.Connection, slot: str) -> tuple[str, str | None] | None:
+    row = conn.execute("SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+class Mirror:
+    """One mirror run: the snapshot when the target has none, then the stream."""
+
+    def __init__(self, spark: SparkSession, config: MirrorConfig, *, progress: Progress | None = None,
+                 stop: threading.Event | None = None, progress_every: float = 10.0) -> None:
+        self.spark = spark
+        self.config = config
+        self.dsn = config.source.resolved_dsn()
+        self.progress: Progress = progress or (lambda _m: None)
+        self.stop = stop or threading.Event()
+        self.progress_every = progress_every
+        self.state = StateDir.for_target(config.target.path, config.target.state_dir)
+        self.feeder = TransactionFeeder.from_state(self.state, config.apply)
+        self.applier = DeltaApplier(
+            spark, config.target.path, tables=config.tables, apply=config.apply, types=self.feeder.types,
+            on_schema_change=lambda name, evo: self.progress(
+                f"{name}: schema changed (added {list(evo.added)}, widened {list(evo.widened)}, "
+                f"dropped {list(evo.dropped)} kept as NULL)"))
+        self.decoder = MessageDecoder()
+        self.group = PendingGroup(config.apply)
+        self.summary = MirrorSummary()
+        self._group_since: float | None = None
+        self._confirm_to: Callable[[int], None] = lambda _lsn: None  # set by the read mode
+        self._last_commit_time: int | None = None  # PG clock, of the last applied transaction
+
+    # --- snapshot -------------------------------------------------------------------------------
+
+    def ensure_snapshot(self) -> None:
+        """Create the slot and copy the tables, unless this target already follows the slot."""
+        src = self.config.source
+        saved = self.state.load("mirror") or {}
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            tables = [t for t in published_tables(conn, src.publication)
+                      if self.config.tables.selected(t.qualified_name)]
+            slot = _slot_row(conn, src.slot)
+            if slot is not None and slot[0] != "pgoutput":
+                raise SourceError(f"slot {src.slot!r} uses the {slot[0]!r} plugin, not pgoutput", slot=src.slot)
+            if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
+                return
+            if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "snapshot":
+                self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the slot "
+                              "and starting over")
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+            elif slot is not None:
+                raise SourceError(
+                    f"slot {src.slot!r} exists, but this target has no snapshot taken with it, so the Delta "
+                    "tables would miss the rows written before the slot's position. Drop the slot "
+                    f"(SELECT pg_drop_replication_slot('{src.slot}')) to let mirror create it and copy the "
+                    "tables, or use another slot name", slot=src.slot, target=self.config.target.path)
+            if src.two_phase and conn.info.server_version < 150000:
+                raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
+        self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
+        walsender = WalSenderStream(self.dsn)
+        try:
+            created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+            assert created.snapshot_name is not None
+            self.progress(f"slot {src.slot} created at {format_lsn(created.consistent_point)}; copying "
+                          f"{len(tables)} tables under its snapshot")
+            with psycopg.connect(self.dsn, autocommit=True) as snap:
+                open_snapshot(snap, created.snapshot_name)
+                for table in tables:
+                    relation, types = describe_relation(snap, table)
+                    for typ in types:
+                        self.feeder.catalog.update_type(typ)
+                    schema = self.feeder.catalog.update(relation)
+                    converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
+                    chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
+                    n = self.applier.load_snapshot(schema, chunks, created.consistent_point)
+                    self.summary.snapshot_rows[table.qualified_name] = n
+                    self.progress(f"snapshot: {table.qualified_name}: {n} rows")
+                snap.execute("COMMIT")
+        finally:
+            walsender.close()
+        self.feeder.save(self.state)
+        self.state.save("mirror", {"slot": src.slot, "phase": "streaming",
+                                   "snapshot_lsn": format_lsn(created.consistent_point)})
+        self.summary.snapshot_lsn = created.consistent_point
+
+    # --- applying -------------------------------------------------------------------------------
+
+    def _feed(self, lsn: int, data: bytes) -> None:
+        self.summary.messages += 1
+        msg = self.decoder.decode(data, lsn)
+        for txn, batches in self.feeder.feed(lsn, msg):
+            self.group.add(txn, batches)
+            self._last_commit_time = txn.commit_time
+            if self._group_since is None:
+                self._group_since = time.monotonic()
+            if self.group.full():
+                self.flush()
+
+    def flush(self) -> int | None:
+        """Apply the pending group; returns the end LSN now safe to confirm (None if nothing pending)."""
+        group = self.group
+        if not group.transactions:
+            return None
+        end = group.transactions[-1][0]
+        self.applier.apply_group(group.transactions)
+        if self.config.apply.messages_table:
+            record_messages(self.spark, self.config.apply.messages_table, self.feeder.messages, end)
+        self.feeder.messages.clear()
+        for txn in group.committed:
+            self.feeder.applied(txn)
+        self.summary.transactions += len(group.transactions)
+        group.clear()
+        self._group_since = None
+        self.feeder.save(self.state)
+        self._confirm_to(end)  # only now: every Delta commit up to ``end`` exists
+        self.summary.confirmed_lsn = end
+        return end
+
+    def _group_due(self) -> bool:
+        return (self._group_since is not None
+                and time.monotonic() - self._group_since >= self.config.apply.max_group_seconds)
+
+    def _lag(self, server_lsn: int) -> str:
+        applied = self.summary.confirmed_lsn or 0
+        behind = max(server_lsn - applied, 0)
+        seconds = 0.0
+        pending = self.group.transactions or self.feeder.assembler.open_transactions()
+        if self._last_commit_time is not None and pending:
+            seconds = max((pg_now() - self._last_commit_time) / 1e6, 0.0)
+        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {behind} bytes, "
+                f"{seconds:.1f}s; {self.summary.transactions} transactions, {self.summary.messages} messages")
+
+    # --- streaming ------------------------------------------------------------------------------
+
+    def run(self, *, once: bool) -> MirrorSummary:
+        started = time.monotonic()
+        try:
+            self.ensure_snapshot()
+            if self.config.source.read_mode == "replication":
+                self._stream(once)
+            else:
+                self._poll_sql(once)
+        except KeyboardInterrupt:
+            self.summary.stopped_by = "Ctrl-C"
+        self.summary.rows = dict(self.applier.stats.rows)
+        self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _stream(self, once: bool) -> None:
+        src = self.config.source
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            target = _current_flush_lsn(conn) if once else None
+        stream = WalSenderStream(self.dsn)
+        self._confirm_to = stream.confirm
+        try:
+            stream.start(src.slot, sql_slot.options_for(self.config.source))
+            if target is not None:
+                self.progress(f"draining up to {format_lsn(target)}")
+            last_report = time.monotonic()
+            while not self.stop.is_set():
+                try:
+                    frame = stream.read(0.5)
+                    if frame is not None and not isinstance(frame, PrimaryKeepalive):
+                        self._feed(frame.wal_start, frame.payload)
+                        if self._group_due():
+                            self.flush()
+                        continue
+                    # idle, or a keepalive: apply what is pending, and say where we are
+                    self.flush()
+                    idle = not self.group.transactions and not self.feeder.assembler.open_transactions()
+                    if idle and frame is not None:
+                        stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
+                    if target is not None and idle and isinstance(frame, PrimaryKeepalive) \
+                            and frame.wal_end >= target:
+                        self.summary.stopped_by = f"--once: reached {format_lsn(target)}"
+                        break
+                    if frame is None:
+                        stream.send_status(reply_requested=True)
+                except KeyboardInterrupt:
+                    self.flush()
+                    raise
+                if time.monotonic() - last_report >= self.progress_every:
+                    last_report = time.monotonic()
+                    self.progress(self._lag(stream.server_wal_end))
+            else:
+                self.summary.stopped_by = "stop requested"
+            self.flush()
+        finally:
+            stream.close()
+
+    def _poll_sql(self, once: bool, *, poll_seconds: float = 1.0, batch_changes: int = 10_000) -> None:
+        src = self.config.source
+        options = sql_slot.options_for(self.config.source)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            def advance(end: int) -> None:
+                sql_slot.advance(conn, src.slot, end)
+
+            self._confirm_to = advance
+            while not self.stop.is_set():
+                target = _current_flush_lsn(conn)
+                committed_before = self.summary.transactions
+                self.feeder.assembler.session_start()  # every peek is a new decoding session
+                try:
+                    # the peek's rows are fetched before anything is applied (one statement at a time)
+                    peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
+                                                upto_nchanges=batch_changes))
+                    for message in peeked:
+                        self._feed(message.lsn, message.data)
+                finally:
+                    self.flush()
+                if self.summary.transactions > committed_before:
+                    self.progress(self._lag(target))
+                else:
+                    if once:
+                        self.summary.stopped_by = f"--once: reached {format_lsn(target)}"
+                        return
+                    self.stop.wait(poll_seconds)
+            self.summary.stopped_by = "stop requested"
+
+
+def mirror(spark: SparkSession, config: MirrorConfig, *, once: bool = False, progress: Progress | None = None,
+           stop: threading.Event | None = None) -> MirrorSummary:
+    """Run the mirror (see the module docstring); returns when ``once`` has drained the slot, or on stop."""
+    return Mirror(spark, config, progress=progress, stop=stop).run(once=once)

@@ -1,0 +1,149 @@
+"""The initial copy of the published tables, at exactly the point where the slot starts.
+
+Why an exported snapshot and not copy-then-replay: ``CREATE_REPLICATION_SLOT ... (SNAPSHOT
+'export')`` hands out a snapshot that sees exactly the transactions committed before the slot's
+consistent point, and the slot streams exactly the ones after it. Copying under that snapshot and
+then applying from the consistent point is exact for every table, including tables without a key
+(FULL identity multisets), where replaying changes over a later copy would count rows twice. It is
+what PostgreSQL's own table sync does (tablesync.c).
+
+The rows are read as the same text the pgoutput plugin sends (each type's output function, with the
+session pinned like the walsender's), and each table's Relation is described the way pgoutput
+describes it (published columns, key flags of the replica identity, generated columns left out), so
+the copy goes through the same catalog and values code as the stream and a later Relation message
+for the same table is not mistaken for a schema change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq
+
+from applier.errors import SourceError
+from applier.protocol.messages import Relation, RelationColumn, TupleData, Type
+from applier.sources.sql_slot import pin_session
+
+#: pgoutput sends a Type message for columns whose type OID is at least this (FirstGenbkiObjectId).
+_FIRST_NON_BUILTIN_OID = 10000
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTable:
+    namespace: str
+    name: str
+    columns: tuple[str, ...] | None  # the publication's column list (None: all columns)
+    row_filter: str | None  # the publication's WHERE clause, as SQL
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
+    """The tables the publication sends changes for (as pgoutput names them), with column lists and
+    row filters on servers that have them (PG 15+)."""
+    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    if exists is None:
+        raise SourceError(f"publication {publication!r} does not exist; create it first, e.g. "
+                          f"CREATE PUBLICATION {_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)",
+                          publication=publication)
+    has_lists = conn.info.server_version >= 150000
+    extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
+    rows = conn.execute(f"SELECT schemaname, tablename{extra} FROM pg_publication_tables WHERE pubname = %s "
+                        "ORDER BY 1, 2", (publication,)).fetchall()
+    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf) for ns, name, cols, rf in rows]
+
+
+def describe_relation(conn: psycopg.Connection, table: PublishedTable) -> tuple[Relation, list[Type]]:
+    """The Relation (and Type) messages pgoutput would send for ``table`` now (logicalrep_write_rel)."""
+    row = conn.execute(
+        "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s", (table.namespace, table.name)).fetchone()
+    if row is None:
+        raise SourceError("published table not found", table=table.qualified_name)
+    oid, identity = int(row[0]), str(row[1])
+    if identity == "d":
+        key_sql = "SELECT indkey FROM pg_index WHERE indrelid = %s AND indisprimary"
+    else:
+        key_sql = "SELECT indkey FROM pg_index WHERE indrelid = %s AND indisreplident"
+    key_row = conn.execute(key_sql, (oid,)).fetchone() if identity in ("d", "i") else None
+    key_attnums = {int(a) for a in str(key_row[0]).split()} if key_row else set()
+    cols = conn.execute(
+        "SELECT attnum, attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
+        "AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (oid,)).fetchall()
+    columns: list[RelationColumn] = []
+    for attnum, attname, typid, typmod in cols:
+        if table.columns is not None and attname not in table.columns:
+            continue
+        key = identity == "f" or attnum in key_attnums
+        columns.append(RelationColumn(1 if key else 0, attname, int(typid), int(typmod)))
+    types: list[Type] = []
+    for typid in sorted({c.type_oid for c in columns if c.type_oid >= _FIRST_NON_BUILTIN_OID}):
+        # like logicalrep_write_typ: the OID as used, the namespace and name of its base type
+        ns, name = conn.execute(
+            "WITH RECURSIVE b(oid, base) AS (SELECT oid, typbasetype FROM pg_type WHERE oid = %s "
+            "UNION ALL SELECT t.oid, t.typbasetype FROM pg_type t JOIN b ON t.oid = b.base WHERE b.base <> 0) "
+            "SELECT n.nspname, t.typname FROM b JOIN pg_type t ON t.oid = b.oid "
+            "JOIN pg_namespace n ON n.oid = t.typnamespace WHERE b.base = 0", (typid,)).fetchone()  # type: ignore[misc]
+        types.append(Type(None, typid, ns, name))
+    return Relation(None, oid, table.namespace, table.name, identity, tuple(columns)), types
+
+
+def copy_rows(conn: psycopg.Connection, table: PublishedTable, relation: Relation, *,
+              batch_rows: int = 10_000) -> Iterator[list[TupleData]]:
+    """The table's rows as text TupleData (what pgoutput would send), ``batch_rows`` at a time.
+
+    Runs inside the caller's transaction (the one that set the exported snapshot), through a
+    server-side cursor so a big table never sits in memory whole.
+    """
+    cols = ", ".join(_ident(c.name) for c in relation.columns) or "NULL"
+    relkind = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
+    only = "" if relkind and relkind[0] == "p" else "ONLY "
+    where = f" WHERE {table.row_filter}" if table.row_filter else ""
+    sql = f"SELECT {cols} FROM {only}{_ident(table.namespace)}.{_ident(table.name)}{where}"
+    pgconn = conn.pgconn
+    _exec(pgconn, f"DECLARE applier_snapshot NO SCROLL CURSOR FOR {sql}", table)
+    try:
+        ncols = len(relation.columns)
+        while True:
+            res = _exec(pgconn, f"FETCH {batch_rows} FROM applier_snapshot", table)
+            n = res.ntuples
+            if n == 0:
+                break
+            batch = []
+            for r in range(n):
+                raw = [res.get_value(r, c) for c in range(ncols)]  # None is SQL NULL
+                values = tuple(None if v is None else bytes(v) for v in raw)
+                kinds = bytes(110 if v is None else 116 for v in values)  # 'n' / 't'
+                batch.append(TupleData(kinds, values))
+            yield batch
+            if n < batch_rows:
+                break
+    finally:
+        _exec(pgconn, "CLOSE applier_snapshot", table)
+
+
+def _exec(pgconn: pq.abc.PGconn, sql: str, table: PublishedTable) -> pq.abc.PGresult:
+    res = pgconn.exec_(sql.encode("utf-8"))
+    if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+        message = res.error_message.decode("utf-8", "replace").strip()
+        raise SourceError(f"copying the table failed: {message}", table=table.qualified_name)
+    return res
+
+
+def open_snapshot(conn: psycopg.Connection, snapshot_name: str) -> None:
+    """Start a transaction that sees exactly the exported snapshot (the slot's starting point)."""
+    pin_session(conn)
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn.execute(f"SET TRANSACTION SNAPSHOT {_literal(snapshot_name)}")
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

@@ -1,0 +1,145 @@
+"""Read a logical slot through the streaming replication protocol (psycopg 3, ``replication=database``).
+
+The connection speaks the walsender's command language: ``CREATE_REPLICATION_SLOT ... (SNAPSHOT
+'export')`` (to copy tables at exactly the slot's starting point) and ``START_REPLICATION SLOT ...
+LOGICAL``, after which the server streams CopyData frames (see applier.protocol.replication). The
+slot's ``confirmed_flush_lsn`` only moves when we say so in a standby status update, and we only say
+so for what is durably applied: :meth:`WalSenderStream.confirm` is the one place that happens.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq
+
+from applier.errors import SourceError
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.replication import PrimaryKeepalive, XLogData, parse_copy_data, standby_status_update
+from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedSlot:
+    """What CREATE_REPLICATION_SLOT returned: where decoding starts and the snapshot that matches it."""
+
+    name: str
+    consistent_point: int
+    snapshot_name: str | None
+
+
+class WalSenderStream:
+    """One ``replication=database`` connection: create a slot, stream it, confirm applied positions."""
+
+    def __init__(self, dsn: str, *, status_interval: float = 10.0) -> None:
+        options = " ".join(f"-c {k}={v}" for k, v in PINNED_SESSION_SETTINGS.items() if k != "client_encoding")
+        try:
+            self.conn = psycopg.connect(dsn, replication="database", autocommit=True, options=options,
+                                        client_encoding="UTF8")
+        except psycopg.Error as e:
+            raise SourceError(f"cannot open a replication connection: {e}") from None
+        self.pgconn = self.conn.pgconn
+        self.status_interval = status_interval
+        self.streaming = False
+        self.confirmed = 0  # what we last told the server is flushed
+        self.server_wal_end = 0  # the walsender's sent position, from its keepalives
+        self.last_keepalive: float = 0.0
+        self._last_status = 0.0
+
+    def _command(self, sql: str) -> pq.abc.PGresult:
+        res = self.pgconn.exec_(sql.encode("utf-8"))
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_BOTH):
+            message = res.error_message.decode("utf-8", "replace").strip()
+            raise SourceError(f"replication command failed: {message}", command=sql.split(" (")[0])
+        return res
+
+    def create_slot(self, slot: str, *, two_phase: bool, export_snapshot: bool) -> CreatedSlot:
+        """Create the pgoutput slot. With ``export_snapshot`` the snapshot stays usable (``SET
+        TRANSACTION SNAPSHOT``) until this connection runs its next command."""
+        options = [f"SNAPSHOT {_literal('export' if export_snapshot else 'nothing')}"]
+        if two_phase:
+            options.append("TWO_PHASE true")
+        res = self._command(f"CREATE_REPLICATION_SLOT {_ident(slot)} LOGICAL pgoutput ({', '.join(options)})")
+        values = [res.get_value(0, i) for i in range(res.nfields)]
+        point = parse_lsn((values[1] or b"").decode())
+        snapshot = values[2].decode() if values[2] else None
+        return CreatedSlot(slot, point, snapshot)
+
+    def drop_slot(self, slot: str) -> None:
+        self._command(f"DROP_REPLICATION_SLOT {_ident(slot)} WAIT")
+
+    def start(self, slot: str, options: Mapping[str, str], start_lsn: int = 0) -> None:
+        """START_REPLICATION from ``start_lsn`` (0/0: from the slot's confirmed position)."""
+        opts = ", ".join(f"{_ident(k)} {_literal(v)}" for k, v in options.items())
+        self._command(f"START_REPLICATION SLOT {_ident(slot)} LOGICAL {format_lsn(start_lsn)} ({opts})")
+        self.streaming = True
+        self._last_status = time.monotonic()
+
+    def read(self, timeout: float) -> XLogData | PrimaryKeepalive | None:
+        """The next frame, or None when nothing came within ``timeout`` seconds. Keepalives that ask
+        for a reply are answered here (with the confirmed position, never more)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            n, data = self.pgconn.get_copy_data(1)
+            if n > 0:
+                frame = parse_copy_data(bytes(data))
+                if isinstance(frame, PrimaryKeepalive):
+                    self.server_wal_end = max(self.server_wal_end, frame.wal_end)
+                    self.last_keepalive = time.monotonic()
+                    if frame.reply_requested:
+                        self.send_status()
+                self._status_if_due()
+                return frame
+            if n == -1:
+                res = self.pgconn.get_result()
+                detail = res.error_message.decode("utf-8", "replace").strip() if res is not None else ""
+                raise SourceError(f"the server ended the replication stream: {detail or 'COPY done'}")
+            if n < -1:
+                raise SourceError("replication stream broke: "
+                                  + self.pgconn.error_message.decode("utf-8", "replace").strip())
+            self._status_if_due()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.pgconn.socket], [], [], min(remaining, 1.0))
+            if ready:
+                self.pgconn.consume_input()
+
+    def _status_if_due(self) -> None:
+        if time.monotonic() - self._last_status >= self.status_interval:
+            self.send_status()
+
+    def send_status(self, *, reply_requested: bool = False) -> None:
+        """Tell the server our position: written = flushed = applied = the last confirmed LSN."""
+        self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
+        self.pgconn.flush()
+        self._last_status = time.monotonic()
+
+    def confirm(self, lsn: int) -> None:
+        """Everything up to ``lsn`` is durably applied: the slot may release it."""
+        if lsn > self.confirmed:
+            self.confirmed = lsn
+            self.send_status()
+
+    def close(self) -> None:
+        if self.streaming and not self.conn.closed:
+            try:
+                self.send_status()
+                self.pgconn.put_copy_end()
+                self.pgconn.flush()
+            except psycopg.Error:
+                pass
+        self.streaming = False
+        self.conn.close()

@@ -1,0 +1,18 @@
+"""spark-submit entry point for `applier mirror`.
+
+    APPLIER_DSN='host=... dbname=...' spark-submit --packages io.delta:delta-spark_4.2_2.13:4.4.0 \
+        jobs/mirror.py --config configs/mirror.yaml [--once]
+
+Under spark-submit the Delta jars come from --packages or the cluster, so APPLIER_DELTA_JARS defaults
+to 'provided' here; the arguments are exactly those of `applier mirror`.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
+
+from applier.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["mirror", *sys.argv[1:]]))
