@@ -33,8 +33,10 @@ class TransactionFeeder:
         self.skipped_by_origin = 0
 
     @classmethod
-    def from_state(cls, state: StateDir, settings: ApplySettings) -> TransactionFeeder:
-        saved = state.load("catalog")
+    def from_state(cls, state: StateDir, settings: ApplySettings, *,
+                   catalog_json: dict[str, Any] | None = None) -> TransactionFeeder:
+        """A feeder whose catalog is ``catalog_json`` (a RelationCache.to_json) or the state's saved one."""
+        saved = catalog_json if catalog_json is not None else state.load("catalog")
         catalog = RelationCache.from_json(saved) if saved else RelationCache()
         feeder: TransactionFeeder
         assembler = TransactionAssembler(

@@ -5,7 +5,8 @@ produces the full dataclasses, TupleData split into per-column raw values (no ty
 pypgoutput produces its message objects (it also decodes text values to ``str``). pypgoutput
 only knows the protocol-1 kinds B, C, R, I, U, D, T; messages of other kinds are left out of BOTH
 runs so that the rates compare the same work. The decoders run ``--repeat`` times each,
-interleaved; the median rates and the median of the per-repetition ratios are reported. The LAST line printed is one JSON object::
+interleaved; the median rates and the median of the per-repetition ratios are reported.
+The LAST line printed is one JSON object::
 
     {"messages": ..., "ours_msgs_per_s": ..., "pypgoutput_msgs_per_s": ..., "ratio": ...,
      "ours_with_conversion_msgs_per_s": ...}

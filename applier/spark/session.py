@@ -7,6 +7,7 @@ that decides how it is configured.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     jars = delta_jars(settings.cache_dir or default_cache_dir())
     # Spark picks a non-loopback address by default and warns; a local engine has no reason to.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers (UDFs, the pgoutput data source) must see this interpreter's packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = (

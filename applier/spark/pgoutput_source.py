@@ -1,0 +1,129 @@
+"""``spark.readStream.format("pgoutput")``: a logical replication slot as a Spark streaming source.
+
+    register_pgoutput_source(spark)
+    raw = (spark.readStream.format("pgoutput").option("dsn", dsn).option("slot", "s")
+           .option("publication", "p").load())            # columns lsn, xid, data, seq
+
+Offsets are LSNs (``{"lsn": "0/16B3748"}``). A micro-batch (start, end] holds the whole
+transactions whose commit record starts in [start, end): the slot is peeked (which confirms
+nothing), and transactions outside that range are dropped, so a batch re-read after a restart has
+exactly the same rows. Relation and Type messages are always kept (they only describe tables). The
+slot is advanced to ``end`` only in ``commit(end)``, which Spark calls once the batch's output is
+committed. Streaming of in-progress transactions and two-phase decoding are refused here: both
+make a transaction's rows depend on the decoding session (use ``applier mirror`` for those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT"
+
+
+def register_pgoutput_source(spark: SparkSession) -> None:
+    spark.dataSource.register(PgOutputDataSource)
+
+
+class PgOutputDataSource(DataSource):
+    """Options: dsn (or dsn_env, default APPLIER_DSN), slot, publication, proto_version (1|2),
+    binary, messages, origin. The slot is created at the first offset when it does not exist."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pgoutput"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def simpleStreamReader(self, schema: StructType) -> SlotStreamReader:
+        return SlotStreamReader(dict(self.options))
+
+
+class SlotStreamReader(SimpleDataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        import os
+
+        from applier.errors import ConfigError
+
+        self.options = options
+        dsn = options.get("dsn") or os.environ.get(options.get("dsn_env", "APPLIER_DSN"), "")
+        if not dsn:
+            raise ConfigError("pgoutput source: set option dsn, or the variable named by dsn_env (APPLIER_DSN)")
+        for refused in ("streaming", "two_phase"):
+            if options.get(refused, "false").lower() not in ("false", "off"):
+                raise ConfigError(f"pgoutput source: option {refused} is not supported (use applier mirror)")
+        self.dsn = dsn
+        self.slot = options.get("slot", "applier")
+        self.publication = options.get("publication", "applier")
+
+    def _pg_options(self) -> dict[str, str]:
+        from applier.sources.sql_slot import pgoutput_options
+
+        opts = self.options
+        return pgoutput_options(self.publication, proto_version=int(opts.get("proto_version", "1")),
+                                binary=opts.get("binary", "false").lower() == "true",
+                                messages=opts.get("messages", "false").lower() == "true",
+                                origin=opts.get("origin"))
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    def initialOffset(self) -> dict[str, str]:
+        from applier.lsn import format_lsn
+        from applier.sources.sql_slot import create_slot
+
+        with self._connect() as conn:
+            return {"lsn": format_lsn(create_slot(conn, self.slot))}
+
+    def read(self, start: dict[str, str]) -> tuple[Iterator[tuple[Any, ...]], dict[str, str]]:
+        from applier.lsn import format_lsn, parse_lsn
+
+        with self._connect() as conn:
+            (flush,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        end = max(parse_lsn(flush), parse_lsn(start["lsn"]))
+        return self.readBetweenOffsets(start, {"lsn": format_lsn(end)}), {"lsn": format_lsn(end)}
+
+    def readBetweenOffsets(self, start: dict[str, str], end: dict[str, str]) -> Iterator[tuple[Any, ...]]:
+        from applier.lsn import format_lsn, parse_lsn
+        from applier.protocol.decoder import MessageDecoder
+        from applier.protocol.messages import Begin, LogicalMessage, Relation, Type
+        from applier.sources.sql_slot import peek
+
+        lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
+        if hi <= lo:
+            return iter(())
+        decoder = MessageDecoder()
+        rows: list[tuple[Any, ...]] = []
+        keep = False  # inside a transaction of this batch
+        with self._connect() as conn:
+            for m in peek(conn, self.slot, self._pg_options(), upto_lsn=hi):
+                msg = decoder.decode(m.data, m.lsn)
+                if isinstance(msg, Begin):
+                    keep = lo <= msg.final_lsn < hi
+                elif isinstance(msg, LogicalMessage) and not msg.transactional:
+                    if not lo <= m.lsn < hi:
+                        continue
+                    rows.append((format_lsn(m.lsn), m.xid, m.data, len(rows)))
+                    continue
+                if keep or isinstance(msg, Relation | Type):
+                    rows.append((format_lsn(m.lsn), m.xid, m.data, len(rows)))
+        return iter(rows)
+
+    def commit(self, end: dict[str, str]) -> None:
+        from applier.lsn import parse_lsn
+        from applier.sources.sql_slot import advance
+
+        with self._connect() as conn:
+            (confirmed,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                        "WHERE slot_name = %s", (self.slot,)).fetchone()
+            if parse_lsn(end["lsn"]) > parse_lsn(confirmed):
+                advance(conn, self.slot, parse_lsn(end["lsn"]))

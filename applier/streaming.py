@@ -1,0 +1,120 @@
+"""Structured Streaming: a ``foreachBatch`` sink that applies raw pgoutput messages to Delta tables.
+
+    query = (spark.readStream.format("delta").load(raw_log)          # or format("pgoutput"), Kafka, ...
+             .writeStream.foreachBatch(DeltaApplySink(target="/lake/mirror"))
+             .option("checkpointLocation", "/lake/_checkpoints/mirror").start())
+
+Each micro-batch is a slice of the raw log (columns ``lsn``, ``xid``, ``data``; ordered by ``seq``
+when the frame has it). A transaction may span micro-batches, so what follows the last complete
+transaction of a batch (its "tail") is kept in the state directory with the catalog, under the
+batch id; the next batch starts from the newest saved state of an *earlier* batch id. That makes a
+retried batch (same id, after a failure) start from exactly the state the first attempt started
+from, and Delta's per-table transaction ids make re-applying its transactions a no-op. Prepared
+transactions' staged copies are only released one batch later, so a retried batch still finds them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from applier.config import ApplySettings, TablesSettings
+from applier.engine import DeltaApplier
+from applier.errors import ApplierError
+from applier.lsn import parse_lsn
+from applier.pipeline import TransactionFeeder
+from applier.protocol.decoder import MessageDecoder
+from applier.replay import PendingGroup
+from applier.state import StateDir, atomic_write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: Saved batch states kept (the newest two: the last finished batch, and the one before for a retry).
+_KEEP_STATES = 2
+
+
+def _lsn_value(value: Any) -> int:
+    return int(value) if isinstance(value, int) else parse_lsn(str(value))
+
+
+class DeltaApplySink:
+    """``foreachBatch`` callable: apply the committed transactions of each micro-batch of raw messages."""
+
+    def __init__(self, target: str, *, apply: ApplySettings | None = None, tables: TablesSettings | None = None,
+                 state_dir: str | None = None) -> None:
+        self.target = target
+        self.settings = apply or ApplySettings()
+        self.tables = tables or TablesSettings()
+        self.state = StateDir.for_target(target, state_dir)
+        self.batches_dir = self.state.root / "stream"
+        self.transactions = 0  # applied by this object (all batches)
+
+    # --- batch state ----------------------------------------------------------------------------
+
+    def _saved(self) -> list[tuple[int, Path]]:
+        if not self.batches_dir.is_dir():
+            return []
+        return sorted((int(p.stem.split("-")[1]), p) for p in self.batches_dir.glob("batch-*.json"))
+
+    def _state_before(self, batch_id: int) -> dict[str, Any]:
+        earlier = [p for i, p in self._saved() if i < batch_id]
+        return json.loads(earlier[-1].read_text(encoding="utf-8")) if earlier else {}
+
+    def _save(self, batch_id: int, payload: dict[str, Any]) -> None:
+        atomic_write_json(self.batches_dir / f"batch-{batch_id:012d}.json", payload)
+        for _i, p in self._saved()[:-_KEEP_STATES]:
+            p.unlink(missing_ok=True)
+
+    # --- the sink -------------------------------------------------------------------------------
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        spark = df.sparkSession
+        before = self._state_before(batch_id)
+        feeder = TransactionFeeder.from_state(self.state, self.settings, catalog_json=before.get("catalog") or {})
+        for gid in before.get("finished_prepared", []):
+            if feeder.assembler.prepared is not None:
+                feeder.assembler.prepared.discard(gid)
+        applier = DeltaApplier(spark, self.target, tables=self.tables, apply=self.settings, types=feeder.types)
+        decoder = MessageDecoder()
+        group = PendingGroup(self.settings)
+        finished_prepared: list[str] = []
+
+        def flush() -> None:
+            applier.apply_group(group.transactions)
+            for txn in group.committed:
+                if txn.kind == "prepared" and txn.gid is not None:
+                    finished_prepared.append(txn.gid)  # released one batch later (see module docstring)
+                else:
+                    feeder.applied(txn)
+            self.transactions += len(group.transactions)
+            group.clear()
+
+        frame = df.orderBy("seq") if "seq" in df.columns else df
+        pending: list[tuple[int, int, bytes]] = []  # raw rows since the last transaction boundary
+        rows = [(r[0], r[1], r[2]) for r in before.get("tail", [])]
+        incoming = ((_lsn_value(r["lsn"]), int(r["xid"]), bytes(r["data"]))
+                    for r in frame.select("lsn", "xid", "data").toLocalIterator())
+        for source in (iter(rows), incoming):
+            for lsn, xid, data in source:
+                if isinstance(data, str):
+                    data = bytes.fromhex(data)
+                pending.append((lsn, xid, data))
+                try:
+                    done = list(feeder.feed(lsn, decoder.decode(data, lsn)))
+                except ApplierError as e:
+                    e.context.setdefault("batch_id", batch_id)
+                    raise
+                for txn, batches in done:
+                    group.add(txn, batches)
+                    if group.full():
+                        flush()
+                if done and not feeder.assembler.open_transactions():
+                    pending = []
+        flush()
+        self._save(batch_id, {
+            "catalog": feeder.catalog.to_json(),
+            "tail": [[lsn, xid, data.hex()] for lsn, xid, data in pending],
+            "finished_prepared": finished_prepared,
+        })
