@@ -27,6 +27,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--slot", help="read this logical slot through the pgoutput data source")
     src.add_argument("--raw-log", help="read this Delta raw log (applier capture) as a stream")
+    p.add_argument("--dsn", default=os.environ.get("APPLIER_DSN"),
+                   help="libpq connection string (with --slot; default $APPLIER_DSN; keep passwords in "
+                        "PGPASSFILE or PGPASSWORD, not here)")
     p.add_argument("--publication", default="applier", help="publication (with --slot)")
     p.add_argument("--target", required=True, help="directory of the Delta tables")
     p.add_argument("--checkpoint", required=True, help="Structured Streaming checkpoint directory")
@@ -41,26 +44,44 @@ def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def
     from applier.streaming import DeltaApplySink
 
     if args.slot:
+        if not args.dsn:
+            raise SystemExit("jobs/stream.py: --slot needs --dsn or APPLIER_DSN")
         register_pgoutput_source(spark)
-        raw = (spark.readStream.format("pgoutput").option("slot", args.slot)
+        raw = (spark.readStream.format("pgoutput").option("dsn", args.dsn).option("slot", args.slot)
                .option("publication", args.publication).load())
     else:
         raw = spark.readStream.format("delta").option("maxFilesPerTrigger", 50).load(args.raw_log)
     writer = raw.writeStream.foreachBatch(DeltaApplySink(args.target)).option("checkpointLocation", args.checkpoint)
-    return writer.trigger(availableNow=True) if args.once else writer.trigger(processingTime=args.interval)
+    # --once drains with processAllAvailable() rather than trigger(availableNow): the Python data
+    # source does not take part in availableNow's admission control.
+    return writer.trigger(processingTime="1 second" if args.once else args.interval)
+
+
+def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    """Start the query; with --once stop when everything available is applied. 1 on failure."""
+    from pyspark.errors import StreamingQueryException
+
+    query = build_query(spark, args).start()
+    try:
+        if args.once:
+            query.processAllAvailable()
+        else:
+            query.awaitTermination()
+    except (KeyboardInterrupt, StreamingQueryException):
+        pass  # the failure is reported below from query.exception()
+    finally:
+        query.stop()
+    error = query.exception()
+    if error is not None:
+        print(f"jobs/stream.py: the query failed: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str]) -> int:
     from applier.spark.session import build_spark_session
 
-    args = parse_args(argv)
-    spark = build_spark_session()
-    query = build_query(spark, args).start()
-    try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
-    return 0
+    return run(build_spark_session(), parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -211,3 +211,36 @@ def test_every_postgres_major_replays_equal(pg_any, spark, tmp_path):
         kinds = {m.data[:1] for m in read_raw_log(raw)}
         assert {b"S", b"E", b"c"} <= kinds  # it really streamed
         replay_and_verify(spark, conn, raw, tmp_path / "delta", EDGE_TABLES)
+
+
+def test_excluded_columns_and_a_rule_key_are_honoured(pg, spark, tmp_path):
+    """``tables.rules``: an excluded column never reaches Delta (also after ALTER TABLE), and a table
+    without a primary key merges on the rule's key_columns."""
+    from applier.config import TableRule, TablesSettings
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE public.acct (id int PRIMARY KEY, secret text, v int);"
+                     "CREATE TABLE public.nokey (code text NOT NULL, qty int);"
+                     "ALTER TABLE public.nokey REPLICA IDENTITY FULL;"
+                     "CREATE PUBLICATION pub FOR TABLE public.acct, public.nokey")
+        create_slot(conn, "s")
+        conn.execute("INSERT INTO acct SELECT g, 'pw' || g, g FROM generate_series(1, 20) g;"
+                     "INSERT INTO nokey VALUES ('a', 1), ('b', 2)")
+        conn.execute("UPDATE acct SET secret = 'changed', v = v * 10 WHERE id <= 5; DELETE FROM acct WHERE id = 20;"
+                     "UPDATE nokey SET qty = 5 WHERE code = 'a'")
+        conn.execute("ALTER TABLE acct ADD COLUMN w int; UPDATE acct SET w = id, secret = 'again' WHERE id > 15")
+        raw = capture(conn, "s", pgoutput_options("pub"), tmp_path / "raw.parquet")
+        tables = TablesSettings(rules=[TableRule(match="public.acct", exclude_columns=["secret"]),
+                                       TableRule(match="public.nokey", key_columns=["code"])])
+        target = tmp_path / "delta"
+        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)), tables=tables))
+        acct = spark.read.format("delta").load(str(target / "public" / "acct"))
+        assert acct.columns == ["id", "v", "w"]
+        want = {tuple(r) for r in conn.execute("SELECT id, v, w FROM acct").fetchall()}
+        assert {tuple(r) for r in acct.collect()} == want
+        nokey = spark.read.format("delta").load(str(target / "public" / "nokey"))
+        assert sorted(tuple(r) for r in nokey.collect()) == [("a", 5), ("b", 2)]
+        with pytest.raises(Exception, match="key column cannot be excluded"):
+            bad = TablesSettings(rules=[TableRule(match="public.acct", exclude_columns=["id"])])
+            replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(tmp_path / "d2")),
+                                           tables=bad))

@@ -3,16 +3,25 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 from workloads import SCHEMA, TABLES, random_workload
 
 from applier.lsn import format_lsn
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
-from applier.spark.pgoutput_source import register_pgoutput_source
 from applier.streaming import DeltaApplySink
 from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+
+def _load_stream_job():
+    spec = importlib.util.spec_from_file_location("stream_job", Path(__file__).parents[1] / "jobs" / "stream.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _assert_equal(spark, conn, target) -> None:
@@ -56,23 +65,16 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
 
 def test_pgoutput_data_source_into_the_sink_equals_postgres(pg, spark, tmp_path):
     target = tmp_path / "delta"
-    register_pgoutput_source(spark)
     with pg.connect() as conn:
         conn.execute(SCHEMA)
         create_slot(conn, "s")
         random_workload(conn, 42, transactions=20)
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
         (tip,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-        raw = (spark.readStream.format("pgoutput").option("dsn", pg.dsn).option("slot", "s")
-               .option("publication", "rw_pub").load())
-        query = (raw.writeStream.foreachBatch(DeltaApplySink(str(target)))
-                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
-                 .trigger(processingTime="1 second").start())
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-        assert query.exception() is None
+        job = _load_stream_job()  # jobs/stream.py --slot --once, as spark-submit would run it
+        args = job.parse_args(["--slot", "s", "--dsn", pg.dsn, "--publication", "rw_pub", "--target", str(target),
+                               "--checkpoint", str(tmp_path / "checkpoint"), "--once"])
+        assert job.run(spark, args) == 0
         _assert_equal(spark, conn, target)
         (confirmed,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots").fetchone()
         from applier.lsn import parse_lsn
