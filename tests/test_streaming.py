@@ -24,6 +24,13 @@ def _load_stream_job():
     return module
 
 
+def _workload_on_a_new_slot(conn, *, seed: int) -> None:
+    conn.execute(SCHEMA)
+    create_slot(conn, "s")
+    random_workload(conn, seed, transactions=20)
+    conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")  # ends with a commit: peek sees only flushed WAL
+
+
 def _assert_equal(spark, conn, target) -> None:
     for result in verify_against_postgres(spark, conn, str(target), TABLES):
         assert result.equal, (result.source_name, result.only_in_source[:3], result.only_in_target[:3])
@@ -34,10 +41,7 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
     target = tmp_path / "delta"
     checkpoint = tmp_path / "checkpoint"
     with pg.connect() as conn:
-        conn.execute(SCHEMA)
-        create_slot(conn, "s")
-        random_workload(conn, 41, transactions=20)
-        conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
+        _workload_on_a_new_slot(conn, seed=41)
         rows = [(format_lsn(m.lsn), m.xid, m.data, n)
                 for n, m in enumerate(peek(conn, "s", pgoutput_options("rw_pub", proto_version=2,
                                                                          streaming="on")))]
@@ -66,10 +70,7 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
 def test_pgoutput_data_source_into_the_sink_equals_postgres(pg, spark, tmp_path):
     target = tmp_path / "delta"
     with pg.connect() as conn:
-        conn.execute(SCHEMA)
-        create_slot(conn, "s")
-        random_workload(conn, 42, transactions=20)
-        conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
+        _workload_on_a_new_slot(conn, seed=42)
         (tip,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         job = _load_stream_job()  # jobs/stream.py --slot --once, as spark-submit would run it
         args = job.parse_args(["--slot", "s", "--dsn", pg.dsn, "--publication", "rw_pub", "--target", str(target),
