@@ -18,8 +18,6 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs/stream.py", description=__doc__,
@@ -79,6 +77,9 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str]) -> int:
+    # Under spark-submit the Delta jars come from --packages or the cluster. Set here, not at import:
+    # importing this module (the tests do) must not change how other Spark sessions find their jars.
+    os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
     from applier.spark.session import build_spark_session
 
     return run(build_spark_session(), parse_args(argv))
