@@ -26,6 +26,13 @@ class ApplierError(Exception):
         details = ", ".join(f"{k}={_fmt(k, v)}" for k, v in self.context.items())
         return f"{self.message} ({details})"
 
+    def add_context(self, **context: Any) -> None:
+        """Fill in what an outer layer knows (the LSN, the transaction) and the inner one did not."""
+        for k, v in context.items():
+            if v is not None:
+                self.context.setdefault(k, v)
+        self.args = (self._render(),)
+
     def __getattr__(self, name: str) -> Any:
         # Structured access to context fields: err.lsn, err.offset, ... (None when unknown).
         if name.startswith("_") or name in ("message", "context"):

@@ -15,6 +15,7 @@ from applier.assembly.rowimage import RowImage, row_images
 from applier.catalog import RelationCache, SchemaVersion  # noqa: F401
 from applier.config import ApplySettings
 from applier.engine import TableBatch, TableChange
+from applier.errors import ApplierError
 from applier.protocol.messages import LogicalMessage, Message, TupleData
 from applier.state import StateDir
 from applier.values import RowConverter
@@ -84,8 +85,12 @@ class TransactionFeeder:
             if isinstance(change.message, LogicalMessage):
                 self.messages.append((change.lsn, change.message))
                 continue
-            for image in row_images(change, self._convert):
-                by_table.setdefault(image.schema.relation.oid, []).append(image)
+            try:
+                for image in row_images(change, self._convert):
+                    by_table.setdefault(image.schema.relation.oid, []).append(image)
+            except ApplierError as e:  # a value the values layer refused: say where it is in the stream
+                e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn)
+                raise
         return [b for oid, images in by_table.items() for b in _batches_of(oid, images)]
 
 
