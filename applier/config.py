@@ -70,6 +70,9 @@ class TableRule(_Model):
 
     match: str = Field(description="glob over 'schema.table'")
     target: str | None = Field(None, description="Delta path for this table (default <target>/<schema>/<table>)")
+    table: str | None = Field(
+        None, description="catalog table name (e.g. 'lake.shop_orders'): an existing Delta table is written at its "
+        "location; a new name is registered as an external table over the path")
     key_columns: list[str] | None = Field(
         None, description="key to merge on for tables without a primary key (else the replica identity)")
     exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
@@ -98,6 +101,11 @@ class ApplySettings(_Model):
         "fast), or 'transaction': one Delta commit per source transaction (strict, slow)")
     max_group_transactions: int = Field(1000, ge=1, description="grouped: transactions per Delta commit")
     max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
+    max_group_bytes_mb: int = Field(
+        256, ge=1, description="grouped: approximate size of the row images folded into one Delta commit")
+    optimize_every_commits: int = Field(
+        0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
+        "to it; 0: never (run OPTIMIZE yourself)")
     max_group_seconds: float = Field(
         5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is applied")
     unresolved_toast: Literal["error"] = Field(

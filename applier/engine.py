@@ -20,9 +20,9 @@ from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan, write_rows
-from applier.sink.naming import table_location
 from applier.sink.plan import OP_TRUNCATE, fold_changes
 from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
+from applier.sink.targets import TableTargets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,6 +53,25 @@ class TableBatch:
     changes: Sequence[TableChange]
 
 
+def approximate_bytes(batch: TableBatch, sample: int = 4) -> int:
+    """A cheap size estimate of a batch's row images (for apply.max_group_bytes_mb): the mean size
+    of its first few rows times its number of changes. Strings and bytes count their length,
+    containers their elements, everything else 8 bytes."""
+    changes = batch.changes
+    if not changes:
+        return 0
+    rows = [c.new_row or c.old_row or c.old_key or () for c in changes[:sample]]
+    return sum(_value_bytes(v) for row in rows for v in row) * len(changes) // len(rows)
+
+
+def _value_bytes(value: Any) -> int:
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        return len(value)
+    if isinstance(value, list | tuple):
+        return sum(_value_bytes(v) for v in value)
+    return 8
+
+
 @dataclass
 class ApplyStats:
     transactions: int = 0
@@ -73,20 +92,18 @@ class DeltaApplier:
         self.spark = spark
         self.target_dir = target_dir
         self.tables = tables or TablesSettings()
+        self.targets = TableTargets(spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
         self.types = types
         self.stats = ApplyStats()
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
+        self._commits: dict[str, int] = {}  # table path -> applier commits this run (for optimize)
         self._schema_seen: dict[str, Any] = {}  # table path -> SchemaVersion the Delta table matches
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
 
     def path_for(self, namespace: str, name: str) -> str:
-        qualified = f"{namespace}.{name}"
-        rule = self.tables.rule_for(qualified)
-        if rule is not None and rule.target:
-            return rule.target
-        return str(table_location(self.target_dir, namespace, name))
+        return self.targets.path_for(namespace, name)
 
     def _spec(self, batch: TableBatch) -> TableSpec:
         from applier.values import spark_schema_for
@@ -167,6 +184,7 @@ class DeltaApplier:
             result = apply_plan(self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
                                 version=group_end, description=description)
             self._applied[path] = group_end
+            self._maybe_optimize(path, spec.source_name)
             if plan.restart_identity:
                 # The tables applier creates have no identity columns of their own; record the reset so
                 # that sequences owned by a consumer can follow it.
@@ -210,6 +228,19 @@ class DeltaApplier:
         self.stats.tables.add((batch.namespace, batch.name))
         return written
 
+    def _maybe_optimize(self, path: str, source_name: str) -> None:
+        """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few
+        files each; without compaction a long-running mirror's reads slow down)."""
+        every = self.settings.optimize_every_commits
+        if not every:
+            return
+        self._commits[path] = self._commits.get(path, 0) + 1
+        if self._commits[path] % every == 0:
+            from delta.tables import DeltaTable
+
+            log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
+            DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
+
     def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
         if self._schema_seen.get(path) is schema_version:
             return
@@ -217,6 +248,7 @@ class DeltaApplier:
             raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
                             table=spec.source_name)
         evolution = ensure_table(self.spark, path, spec)
+        self.targets.created(path)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version

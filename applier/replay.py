@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction
 from applier.config import ApplySettings, ReplayConfig
-from applier.engine import DeltaApplier, TableBatch, record_messages
+from applier.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.errors import ApplierError
 from applier.lsn import format_lsn
 from applier.pipeline import TransactionFeeder
@@ -57,20 +57,23 @@ class PendingGroup:
         self.transactions: list[tuple[int, list[TableBatch]]] = []
         self.committed: list[CommittedTransaction] = []
         self.rows = 0
+        self.bytes = 0
 
     def add(self, txn: CommittedTransaction, batches: list[TableBatch]) -> None:
         self.transactions.append((txn.end_lsn, batches))
         self.committed.append(txn)
         self.rows += sum(len(b.changes) for b in batches)
+        self.bytes += sum(approximate_bytes(b) for b in batches)
 
     def full(self) -> bool:
         if self.settings.grouping == "transaction":
             return True
         return (len(self.transactions) >= self.settings.max_group_transactions
-                or self.rows >= self.settings.max_group_rows)
+                or self.rows >= self.settings.max_group_rows
+                or self.bytes >= self.settings.max_group_bytes_mb << 20)
 
     def clear(self) -> None:
-        self.transactions, self.committed, self.rows = [], [], 0
+        self.transactions, self.committed, self.rows, self.bytes = [], [], 0, 0
 
 
 def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -27,6 +27,8 @@ from applier.sources.sql_slot import pin_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from applier.config import TablesSettings
 
 
 def canonical(value: Any) -> str:
@@ -169,15 +171,16 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
     return types
 
 
-def postgres_table_rows(conn: psycopg.Connection, namespace: str,
-                        table: str) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
-    """Column names and rows of a Postgres table as the mirror's Python values (through the values layer)."""
+def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
+                        keep: Callable[[str], bool] | None = None) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+    """Column names and rows of a Postgres table as the mirror's Python values (through the values
+    layer); ``keep`` chooses the columns (default: all live ones)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
     from applier.values import convert_value
 
-    cols = postgres_columns(conn, namespace, table)
+    cols = [c for c in postgres_columns(conn, namespace, table) if keep is None or keep(c[0])]
     types = _type_cache_from_postgres(conn)
     converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name)
                   for name, oid, typmod in cols]
@@ -185,15 +188,29 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str,
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
-                 *, detail: bool = True) -> TableComparison:
-    """Compare one Delta table with its Postgres table, on the columns Postgres has now."""
-    names, rows = postgres_table_rows(conn, namespace, table)
+                 *, detail: bool = True, exclude: Iterable[str] = (),
+                 only: Iterable[str] | None = None) -> TableComparison:
+    """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
+    the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column list)."""
+    excluded, kept = set(exclude), None if only is None else set(only)
+    names, rows = postgres_table_rows(conn, namespace, table,
+                                      lambda c: c not in excluded and (kept is None or c in kept))
     return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names), detail=detail)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
-                            tables: Iterable[tuple[str, str]]) -> list[TableComparison]:
-    from applier.sink.naming import table_location
+                            tables: Iterable[tuple[str, str]], settings: TablesSettings | None = None,
+                            publication: str | None = None) -> list[TableComparison]:
+    """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
+    config's tables section) and the publication's column lists say the mirror writes it."""
+    from applier.config import TablesSettings
+    from applier.sink.targets import TableTargets, published_selection
 
-    return [verify_table(spark, conn, str(table_location(target_dir, ns, name)), ns, name)
+    targets = TableTargets(spark, target_dir, settings or TablesSettings())
+    column_lists: dict[tuple[str, str], Any] = {}
+    if publication is not None:
+        column_lists = {(t.namespace, t.name): t.columns
+                        for t in published_selection(conn, publication, targets.tables)}
+    return [verify_table(spark, conn, targets.path_for(ns, name), ns, name,
+                         exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)))
             for ns, name in sorted(tables)]

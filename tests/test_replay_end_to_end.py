@@ -69,7 +69,13 @@ def test_sample_workload_grouped_replay_equals_postgres(pg, spark, tmp_path):
         assert {line.split(" ")[0] for line in lines} == {
             "shop.customers", "shop.products", "shop.orders", "shop.events"}
         assert any("TRUNCATE" in line for line in lines if line.startswith("shop.events"))
-        replay_and_verify(spark, conn, raw, tmp_path / "delta", SHOP, grouping="grouped", max_group_transactions=25)
+        replay_and_verify(spark, conn, raw, tmp_path / "delta", SHOP, grouping="grouped", max_group_transactions=25,
+                          optimize_every_commits=2)
+    from delta.tables import DeltaTable
+
+    operations = {r["operation"] for r in DeltaTable.forPath(spark, str(tmp_path / "delta" / "shop" / "orders"))
+                  .history().select("operation").collect()}
+    assert "OPTIMIZE" in operations and "MERGE" in operations, operations  # compaction every 2nd commit
 
 
 def test_binary_values_replay_equals_postgres(pg, spark, tmp_path):
@@ -230,17 +236,80 @@ def test_excluded_columns_and_a_rule_key_are_honoured(pg, spark, tmp_path):
                      "UPDATE nokey SET qty = 5 WHERE code = 'a'")
         conn.execute("ALTER TABLE acct ADD COLUMN w int; UPDATE acct SET w = id, secret = 'again' WHERE id > 15")
         raw = capture(conn, "s", pgoutput_options("pub"), tmp_path / "raw.parquet")
+        catalog_name = f"default.nokey_{tmp_path.name.replace('-', '_')}"
         tables = TablesSettings(rules=[TableRule(match="public.acct", exclude_columns=["secret"]),
-                                       TableRule(match="public.nokey", key_columns=["code"])])
+                                       TableRule(match="public.nokey", key_columns=["code"], table=catalog_name,
+                                                 target=str(tmp_path / "elsewhere"))])
         target = tmp_path / "delta"
-        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)), tables=tables))
-        acct = spark.read.format("delta").load(str(target / "public" / "acct"))
-        assert acct.columns == ["id", "v", "w"]
-        want = {tuple(r) for r in conn.execute("SELECT id, v, w FROM acct").fetchall()}
-        assert {tuple(r) for r in acct.collect()} == want
-        nokey = spark.read.format("delta").load(str(target / "public" / "nokey"))
-        assert sorted(tuple(r) for r in nokey.collect()) == [("a", 5), ("b", 2)]
+        cfg = ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)), tables=tables)
+        try:
+            replay_log(spark, cfg)
+            acct = spark.read.format("delta").load(str(target / "public" / "acct"))
+            assert acct.columns == ["id", "v", "w"]
+            want = {tuple(r) for r in conn.execute("SELECT id, v, w FROM acct").fetchall()}
+            assert {tuple(r) for r in acct.collect()} == want
+            assert sorted(tuple(r) for r in spark.table(catalog_name).collect()) == [("a", 5), ("b", 2)]
+            assert not (target / "public" / "nokey").exists()
+            results = verify_against_postgres(spark, conn, str(target), [("public", "acct"), ("public", "nokey")],
+                                              tables)
+            assert all(r.equal and r.source_rows > 0 for r in results), results
+            def versions() -> tuple:
+                history = spark.sql(f"DESCRIBE HISTORY {catalog_name} LIMIT 1").first()
+                return delta_versions(spark, target), history["version"]
+
+            before = versions()
+            replay_log(spark, cfg)  # the catalog name now exists: resolved to its location, nothing rewritten
+            assert versions() == before
+        finally:
+            spark.sql(f"DROP TABLE IF EXISTS {catalog_name}")
         with pytest.raises(Exception, match="key column cannot be excluded"):
             bad = TablesSettings(rules=[TableRule(match="public.acct", exclude_columns=["id"])])
             replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(tmp_path / "d2")),
                                            tables=bad))
+
+
+SPECIAL_ROWS = (
+    "INSERT INTO sv VALUES (1, 'infinity', '-infinity', '2026-01-01 12:00+00', 'NaN', '24:00:00', 'NaN');"
+    "INSERT INTO sv VALUES (2, '0044-03-15 BC', '10000-01-01 00:00', 'infinity', '-Infinity', '12:00', '1.50');"
+    "INSERT INTO sv VALUES (3, '2026-11-22', '2026-11-22 10:11:12', '-infinity', 1.5, '00:00', '-Infinity');"
+    "UPDATE sv SET f = 'Infinity' WHERE id = 3"
+)
+
+
+@pytest.mark.parametrize("policy", ["error", "null", "clamp"])
+def test_special_values_under_each_policy(pg, spark, tmp_path, policy):
+    """The special-value policy end to end: 'error' stops naming the column and the LSN; 'null' and
+    'clamp' store what the README's table says; values Spark holds (float NaN/±Infinity, 24:00:00,
+    numeric NaN in a text-mapped numeric) are kept under every policy."""
+    from applier.errors import ApplierError
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE sv (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, f float8, t time,"
+                     " n numeric); CREATE PUBLICATION pub FOR TABLE sv")
+        create_slot(conn, "s")
+        conn.execute(SPECIAL_ROWS)
+        raw = capture(conn, "s", pgoutput_options("pub"), tmp_path / "raw.parquet")
+    target = tmp_path / "delta"
+    cfg = ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
+                       apply=ApplySettings(special_values=policy))
+    if policy == "error":
+        with pytest.raises(ApplierError, match="cannot hold") as e:
+            replay_log(spark, cfg)
+        assert e.value.column == "d" and e.value.lsn is not None, e.value.context
+        return
+    replay_log(spark, cfg)
+    # Compared as Spark's own strings (session time zone UTC): Python's datetime cannot convert year-1
+    # timestamps back from epoch microseconds, so collect() of a clamped value would fail in pyspark.
+    frame = spark.read.format("delta").load(str(target / "public" / "sv"))
+    got = {r["id"]: r for r in frame.selectExpr("id", "string(d) AS d", "string(ts) AS ts", "string(tz) AS tz",
+                                                "f", "t", "n").collect()}
+    clamp = policy == "clamp"
+    low_d, high_d = ("0001-01-01", "9999-12-31") if clamp else (None, None)
+    low_ts, high_ts = ("0001-01-01 00:00:00", "9999-12-31 23:59:59.999999") if clamp else (None, None)
+    assert [got[i]["d"] for i in (1, 2, 3)] == [high_d, low_d, "2026-11-22"]
+    assert [got[i]["ts"] for i in (1, 2, 3)] == [low_ts, high_ts, "2026-11-22 10:11:12"]
+    assert [got[i]["tz"] for i in (1, 2, 3)] == ["2026-01-01 12:00:00", high_ts, low_ts]
+    f = [got[i]["f"] for i in (1, 2, 3)]
+    assert f[0] != f[0] and f[1:] == [float("-inf"), float("inf")]
+    assert [got[i]["t"] for i in (1, 2, 3)] == ["24:00:00", "12:00:00", "00:00:00"]
+    assert [got[i]["n"] for i in (1, 2, 3)] == ["NaN", "1.50", "-Infinity"]

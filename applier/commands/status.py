@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from applier.errors import ConfigError
 
@@ -44,7 +45,19 @@ def run(args: argparse.Namespace) -> int:
     if not target:
         raise ConfigError("no target: pass --target or --config")
     spark = build_spark_session()
-    tables = [table_status(spark, p) for p in mirrored_table_dirs(target)]
+    paths = mirrored_table_dirs(target)
+    if args.config and dsn:  # also the tables the config's rules put elsewhere
+        import psycopg
+        from delta.tables import DeltaTable
+
+        from applier.sink.targets import TableTargets, published_selection
+
+        targets = TableTargets(spark, str(target), cfg.tables)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            selected = published_selection(conn, cfg.source.publication, cfg.tables)
+        extra = {Path(targets.path_for(t.namespace, t.name)) for t in selected}
+        paths = sorted(set(paths) | {p for p in extra if DeltaTable.isDeltaTable(spark, str(p))})
+    tables = [table_status(spark, p) for p in paths]
     slot_info = slot_status(dsn, slot or "applier") if dsn else None
     if args.json:
         print(status_json(tables, slot_info))

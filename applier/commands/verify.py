@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "verify",
         help="compare each mirrored Delta table with Postgres; exit 1 when any differs",
-        description="For every Delta table under TARGET/<schema>/<table>, compare its rows with the "
-        "Postgres table of the same name: row counts and an order-independent checksum of canonical "
+        description="For every Delta table under TARGET/<schema>/<table> (with --config: every table "
+        "of the config's publication that it selects, where its rules put it, on the columns it "
+        "mirrors), compare its rows with the Postgres table of the same name: row counts and an "
+        "order-independent checksum of canonical "
         "values (Postgres values go through the same conversion as replicated ones). On a mismatch, "
         "rows found on one side only are listed. The DSN comes from --dsn or $APPLIER_DSN and is "
         "never printed.",
@@ -40,14 +42,14 @@ def run(args: argparse.Namespace) -> int:
     from applier.spark.session import build_spark_session
     from applier.verify import verify_against_postgres
 
-    selection = None
+    settings, publication = None, None
     if args.config:
         from applier.config import MirrorConfig, load_config
 
         cfg: MirrorConfig = load_config(args.config, MirrorConfig)
         dsn = args.dsn or cfg.source.resolved_dsn()
         target = Path(args.target or cfg.target.path)
-        selection = cfg.tables
+        settings, publication = cfg.tables, cfg.source.publication
     else:
         dsn = args.dsn or os.environ.get("APPLIER_DSN")
         if not dsn:
@@ -55,16 +57,19 @@ def run(args: argparse.Namespace) -> int:
         if not args.target:
             raise ConfigError("no target: pass --target or --config")
         target = Path(args.target)
-    tables = mirrored_tables(target)
-    if selection is not None:
-        tables = [t for t in tables if selection.selected(f"{t[0]}.{t[1]}")]
-    if args.table:
-        tables = [t for t in tables if f"{t[0]}.{t[1]}" in set(args.table)]
-    if not tables:
-        raise ConfigError("no mirrored Delta tables found", target=str(target))
-    spark = build_spark_session()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        results = verify_against_postgres(spark, conn, str(target), tables)
+        if publication is not None:  # the config's tables, wherever its rules put them
+            from applier.sink.targets import published_selection
+
+            tables = [(t.namespace, t.name) for t in published_selection(conn, publication, settings)]
+        else:
+            tables = mirrored_tables(target)
+        if args.table:
+            tables = [t for t in tables if f"{t[0]}.{t[1]}" in set(args.table)]
+        if not tables:
+            raise ConfigError("no mirrored Delta tables found", target=str(target))
+        spark = build_spark_session()
+        results = verify_against_postgres(spark, conn, str(target), tables, settings, publication)
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"

@@ -15,7 +15,7 @@ transaction writes nothing. Identifiers are always backtick-quoted; values only 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
 from applier.sink.idempotence import idempotent_write
@@ -56,7 +56,30 @@ def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePl
 
 
 def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: StructType) -> DataFrame:
-    return spark.createDataFrame(rows, schema)
+    """Rows to Spark as one Arrow table (columnar; no per-row Python objects on the JVM side).
+
+    Values whose type Arrow cannot take as they are (e.g. a year-1 timestamp with a time zone that
+    overflows Arrow's localisation) take the row-by-row path, which is slower but takes everything.
+    """
+    table = arrow_table(rows, schema) if rows else None
+    if table is None:
+        return spark.createDataFrame(rows, schema)
+    return spark.createDataFrame(table, schema)
+
+
+def arrow_table(rows: list[tuple[object, ...]], schema: StructType) -> Any:
+    """``rows`` as a pyarrow Table of ``schema``'s Arrow types, or None when a value does not convert."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
+        arrays = [pa.array(col, type=field.type, from_pandas=False)
+                  for col, field in zip(columns, arrow_schema, strict=True)]
+        return pa.Table.from_arrays(arrays, schema=arrow_schema)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
 
 
 def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
@@ -90,6 +113,25 @@ def write_rows(spark: SparkSession, path: str, schema: StructType, rows: list[tu
     writer = df.write.format("delta").mode("overwrite" if replace else "append")
     with idempotent_write(spark, *tag) if tag else nullcontext():
         writer.save(path)
+
+
+def key_range(values: list[object]) -> tuple[object, object] | None:
+    """(min, max) of a batch's first key column when it is safe to prune target files with it.
+
+    Only types whose Python order is Spark's order and whose literals keep their type: integers,
+    strings (code-point order is UTF-8 byte order), dates and decimals. Not floats (NaN sorts
+    differently), not timestamps (a naive literal would be read in the session's time zone)."""
+    import datetime
+    from decimal import Decimal
+
+    if not values or any(v is None for v in values):
+        return None
+    kinds = {type(v) for v in values}
+    if len(kinds) != 1 or not kinds <= {int, str, datetime.date, Decimal}:
+        return None
+    if any(isinstance(v, Decimal) and not v.is_finite() for v in values):
+        return None
+    return min(values), max(values)  # type: ignore[type-var]
 
 
 def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
@@ -147,6 +189,10 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
 
     target = DeltaTable.forPath(spark, path).alias("t")
     cond = _null_safe_all("t", "s", key_names)
+    bounds = key_range([r[plan.key_positions[0]] for r in rows]) if plan.key_positions else None
+    if bounds is not None:  # lets Delta skip the files whose key statistics lie outside the batch
+        first = F.col(f"t.{q(key_names[0])}")
+        cond = first.between(F.lit(bounds[0]), F.lit(bounds[1])) & cond
     assignments = {q(n): F.col(f"s.{q(n)}") for n in names}
     with idempotent_write(spark, app_id, version, description):
         (target.merge(src.alias("s"), cond)

@@ -1,0 +1,92 @@
+"""Where each mirrored table is written: a path, and optionally a name in Spark's catalog.
+
+All writes go to a Delta path (idempotent writes, MERGE and schema evolution all work on paths).
+A rule's ``table`` gives the table a catalog name as well: an existing catalog table is written at
+its own location, and a name that does not exist yet is registered as an external Delta table over
+the path once the table has been created, so that ``spark.table(name)`` reads the mirror.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from applier.errors import SinkError
+from applier.sink.naming import table_location
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.config import TablesSettings
+
+
+def _quoted_name(name: str) -> str:
+    """``a.b.c`` with each part backtick-quoted (catalog names are dotted; parts cannot hold dots)."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split("."))
+
+
+class TableTargets:
+    """Resolves ``schema.table`` to the Delta path it is mirrored at (and its catalog name, if any)."""
+
+    def __init__(self, spark: SparkSession | None, target_dir: str, tables: TablesSettings) -> None:
+        self.spark = spark
+        self.target_dir = target_dir
+        self.tables = tables
+        self._paths: dict[str, str] = {}
+        self._unregistered: dict[str, str] = {}  # path -> catalog name still to register
+
+    def catalog_name(self, namespace: str, name: str) -> str | None:
+        rule = self.tables.rule_for(f"{namespace}.{name}")
+        return rule.table if rule is not None else None
+
+    def excluded_columns(self, namespace: str, name: str) -> set[str]:
+        rule = self.tables.rule_for(f"{namespace}.{name}")
+        return set(rule.exclude_columns) if rule is not None else set()
+
+    def path_for(self, namespace: str, name: str) -> str:
+        qualified = f"{namespace}.{name}"
+        if qualified in self._paths:
+            return self._paths[qualified]
+        rule = self.tables.rule_for(qualified)
+        path = rule.target if rule is not None and rule.target else str(table_location(self.target_dir, namespace,
+                                                                                        name))
+        if rule is not None and rule.table:
+            existing = self._catalog_location(rule.table, qualified)
+            if existing is not None:
+                path = existing
+            else:
+                self._unregistered[path] = rule.table
+        self._paths[qualified] = path
+        return path
+
+    def _catalog_location(self, table: str, qualified: str) -> str | None:
+        if self.spark is None:
+            raise SinkError("a catalog table name needs a Spark session", table=qualified, catalog_table=table)
+        if not self.spark.catalog.tableExists(table):
+            return None
+        detail = self.spark.sql(f"DESCRIBE DETAIL {_quoted_name(table)}").collect()[0]
+        if (detail["format"] or "").lower() != "delta":
+            raise SinkError("the catalog table is not a Delta table; name another table or drop it",
+                            table=qualified, catalog_table=table, format=detail["format"])
+        return str(detail["location"])
+
+    def created(self, path: str) -> None:
+        """The Delta table at ``path`` exists now: register its catalog name if it has one still unregistered."""
+        name = self._unregistered.pop(path, None)
+        if name is None or self.spark is None:
+            return
+        location = path.replace("\\", "\\\\").replace("'", "\\'")
+        try:
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted_name(name)} USING DELTA LOCATION '{location}'")
+        except Exception as e:  # noqa: BLE001 - the catalog's own error is the useful part
+            self._unregistered[path] = name
+            raise SinkError(f"could not register the catalog table: {e}", catalog_table=name, path=path,
+                            hint="create its schema (CREATE SCHEMA ...) or fix the name in tables.rules") from e
+
+
+
+def published_selection(conn: Any, publication: str, tables: TablesSettings) -> list[Any]:
+    """The publication's tables (``PublishedTable``: names and column list) that ``tables`` selects:
+    what a config mirrors, wherever its rules put the Delta tables."""
+    from applier.snapshot import published_tables
+
+    return [t for t in published_tables(conn, publication) if tables.selected(f"{t.namespace}.{t.name}")]
