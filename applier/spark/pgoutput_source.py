@@ -87,6 +87,11 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
     def read(self, start: dict[str, str]) -> tuple[Iterator[tuple[Any, ...]], dict[str, str]]:
         from applier.lsn import format_lsn, parse_lsn
 
+        # Spark plans a batch from ``start`` only after every batch ending there is committed (its
+        # foreachBatch done, its commit log written), so the slot can be confirmed up to ``start``
+        # here. commit() alone leaves the slot one batch behind: Spark calls it only when it
+        # constructs the next batch, which never happens after the last one of --once.
+        self._advance(parse_lsn(start["lsn"]))
         with self._connect() as conn:
             (flush,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         end = max(parse_lsn(flush), parse_lsn(start["lsn"]))
@@ -120,10 +125,15 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
 
     def commit(self, end: dict[str, str]) -> None:
         from applier.lsn import parse_lsn
+
+        self._advance(parse_lsn(end["lsn"]))
+
+    def _advance(self, lsn: int) -> None:
+        from applier.lsn import parse_lsn
         from applier.sources.sql_slot import advance
 
         with self._connect() as conn:
-            (confirmed,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
-                                        "WHERE slot_name = %s", (self.slot,)).fetchone()
-            if parse_lsn(end["lsn"]) > parse_lsn(confirmed):
-                advance(conn, self.slot, parse_lsn(end["lsn"]))
+            row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                               "WHERE slot_name = %s", (self.slot,)).fetchone()
+            if row is not None and row[0] is not None and lsn > parse_lsn(row[0]):
+                advance(conn, self.slot, lsn)
