@@ -237,8 +237,14 @@ class Mirror:
                         if self._group_due():
                             self.flush()
                         continue
-                    # idle, or a keepalive: apply what is pending, and say where we are
-                    self.flush()
+                    # Idle (no frame for 0.5 s), a group that is due, or --once at its target: apply
+                    # what is pending. Not on every keepalive: under a steady load the walsender sends
+                    # one each time it catches up, i.e. after nearly every transaction, and a flush per
+                    # keepalive made groups of one transaction that fell behind (bench/lag.py found it).
+                    at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
+                                 and frame.wal_end >= target)
+                    if frame is None or at_target or self._group_due():
+                        self.flush()
                     idle = not self.group.transactions and not self.feeder.assembler.open_transactions()
                     if idle and frame is not None:
                         stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
