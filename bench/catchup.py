@@ -1,0 +1,171 @@
+"""Benchmark: catching up a backlog of ~1 million changes from a slot, applier vs PostgreSQL's own
+logical replication (CREATE SUBSCRIPTION into a second database of the same server).
+
+    .venv/bin/python bench/catchup.py [--transactions 10000] [--rows-per-transaction 100]
+
+Setup (not timed): a server started by the script; table ``cu_items`` published; a subscription in
+database ``replica`` over its own slot, created disabled; ``applier mirror --once`` run once so
+that its slot exists and its snapshot (of the still-empty table) is taken. Then the backlog: each
+transaction inserts 50 rows, updates 40 and deletes 10 (100 changes), and a final transaction
+writes a marker row.
+
+Timed, one after the other so they do not share the 2 cores:
+- PostgreSQL: from ``ALTER SUBSCRIPTION ... ENABLE`` until the marker row is visible in ``replica``;
+- applier: ``applier mirror --once`` in a process whose Spark session is already up (its start-up
+  time is reported separately), until it returns, i.e. everything is committed to Delta and
+  confirmed to the slot. The result is verified against Postgres row by row.
+
+The applier's process reports its peak RSS and the JVM's peak heap. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SCHEMA = """
+CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text);
+CREATE PUBLICATION cu_pub FOR TABLE cu_items;
+CREATE PROCEDURE cu_run(n int, per int) LANGUAGE plpgsql AS $$
+DECLARE base bigint := 0; ins int := per / 2; upd int := per * 2 / 5; del int := per - ins - upd;
+BEGIN
+  FOR i IN 1..n LOOP
+    INSERT INTO cu_items SELECT base + g, g, 'row ' || (base + g) FROM generate_series(1, ins) g;
+    UPDATE cu_items SET v = v + 1, note = note || '+' WHERE id > base - ins AND id <= base - ins + upd;
+    DELETE FROM cu_items WHERE id > base - 2 * ins AND id <= base - 2 * ins + del;
+    base := base + ins;
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+
+
+def log(msg: str) -> None:
+    print(f"bench/catchup: {msg}", file=sys.stderr, flush=True)
+
+
+def mirror_config(workdir: Path) -> Path:
+    import yaml
+
+    path = workdir / "mirror.yaml"
+    path.write_text(yaml.safe_dump({
+        "source": {"slot": "applier", "publication": "cu_pub", "proto_version": 2, "streaming": "on"},
+        "target": {"path": str(workdir / "delta")},
+        "apply": {"max_group_transactions": 10000, "max_group_rows": 2_000_000},
+    }))
+    return path
+
+
+def run_mirror(args: argparse.Namespace) -> None:
+    """(child process) mirror --once with the Spark session already started."""
+    import os
+
+    from applier.cli import main
+    from applier.spark.session import build_spark_session
+
+    os.environ["APPLIER_DSN"] = args.dsn
+    started = time.monotonic()
+    spark = build_spark_session()
+    startup = time.monotonic() - started
+    started = time.monotonic()
+    code = main(["mirror", "--config", args.config, "--once"])
+    seconds = time.monotonic() - started
+    jvm = spark.sparkContext._jvm
+    heap = sum(p.getPeakUsage().getUsed() for p in jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+               if str(p.getType().toString()) == "Heap memory")
+    print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
+                      "python_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      "jvm_peak_heap_mb": round(heap / 2**20, 1)}))
+
+
+def child(config: Path, dsn: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, __file__, "--child", "--config", str(config), "--dsn", dsn],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/catchup: mirror failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--transactions", type=int, default=10_000)
+    p.add_argument("--rows-per-transaction", type=int, default=100)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--dsn", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run_mirror(args)
+        return
+
+    import psycopg
+
+    from applier.pgcluster import start_cluster
+    from applier.verify import verify_against_postgres
+
+    with tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, start_cluster() as cluster, \
+            psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        work = Path(tmp)
+        conn.execute(SCHEMA)
+        conn.execute("CREATE DATABASE replica")
+        with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+            rep.execute("CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text)")
+            conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
+            rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION cu_pub "
+                        "WITH (create_slot = false, slot_name = 'pgsub', copy_data = false, enabled = false)")
+        config = mirror_config(work)
+        child(config, cluster.dsn())  # creates the applier's slot and snapshots the empty table
+        started = time.monotonic()
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("CALL cu_run(%s, %s)", (args.transactions, args.rows_per_transaction))
+        conn.execute("SET synchronous_commit = on")
+        conn.execute("INSERT INTO cu_items VALUES (-1, 0, 'marker')")
+        n, per = args.transactions, args.rows_per_transaction  # the first two have nothing to update/delete
+        changes = n * (per // 2) + (n - 1) * (per * 2 // 5) + (n - 2) * (per - per // 2 - per * 2 // 5) + 1
+        (rows,) = conn.execute("SELECT count(*) FROM cu_items").fetchone()  # type: ignore[misc]
+        log(f"backlog: {changes} changes in {args.transactions + 1} transactions, "
+            f"written in {time.monotonic() - started:.1f} s; {rows} rows remain")
+
+        with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+            started = time.monotonic()
+            rep.execute("ALTER SUBSCRIPTION pgsub ENABLE")
+            while not rep.execute("SELECT EXISTS (SELECT 1 FROM cu_items WHERE id = -1)").fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.05)
+            postgres_seconds = time.monotonic() - started
+            rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
+            (rep_rows,) = rep.execute("SELECT count(*) FROM cu_items").fetchone()  # type: ignore[misc]
+        log(f"PostgreSQL's subscription caught up in {postgres_seconds:.1f} s ({rep_rows} rows)")
+
+        ours = child(config, cluster.dsn())
+        log(f"applier mirror caught up in {ours['seconds']:.1f} s: {json.dumps(ours)}")
+        from applier.spark.session import build_spark_session
+
+        spark = build_spark_session()
+        results = verify_against_postgres(spark, conn, str(work / "delta"), [("public", "cu_items")])
+        equal = all(r.equal for r in results)
+        if not equal or rep_rows != rows:
+            raise SystemExit(f"bench/catchup: results differ (delta equal: {equal}, replica rows {rep_rows} vs {rows})")
+
+    print(json.dumps({
+        "changes": changes, "transactions": args.transactions + 1, "final_rows": rows,
+        "postgres_subscription_seconds": round(postgres_seconds, 1),
+        "postgres_changes_per_s": round(changes / postgres_seconds),
+        "applier_seconds": round(float(ours["seconds"]), 1),  # type: ignore[arg-type]
+        "applier_changes_per_s": round(changes / float(ours["seconds"])),  # type: ignore[arg-type]
+        "applier_spark_startup_seconds": round(float(ours["spark_startup_seconds"]), 1),  # type: ignore[arg-type]
+        "applier_vs_postgres": round(postgres_seconds / float(ours["seconds"]), 2),  # type: ignore[arg-type]
+        "verified_equal": True,
+        "memory": {"python_peak_rss_mb": ours["python_peak_rss_mb"], "jvm_peak_heap_mb": ours["jvm_peak_heap_mb"]},
+    }))
+
+
+if __name__ == "__main__":
+    main()
