@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
 
 TABLES = [("public", "pgb_branches"), ("public", "pgb_tellers"), ("public", "pgb_accounts")]
 SCHEMA = """
@@ -101,11 +101,7 @@ def capture(dsn: str, workdir: Path, transactions: int, accounts: int, sample: i
 # --- the modes, each in its own process ---------------------------------------------------------
 
 def _memory(spark) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    jvm = spark.sparkContext._jvm
-    pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
-    heap = sum(p.getPeakUsage().getUsed() for p in pools if str(p.getType().toString()) == "Heap memory")
-    return {"python_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "jvm_peak_heap_mb": round(heap / 2**20, 1)}
+    return {"python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}
 
 
 def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:  # type: ignore[no-untyped-def]

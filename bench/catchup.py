@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
 
 SCHEMA = """
 CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text);
@@ -78,12 +78,8 @@ def run_mirror(args: argparse.Namespace) -> None:
     started = time.monotonic()
     code = main(["mirror", "--config", args.config, "--once"])
     seconds = time.monotonic() - started
-    jvm = spark.sparkContext._jvm
-    heap = sum(p.getPeakUsage().getUsed() for p in jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
-               if str(p.getType().toString()) == "Heap memory")
     print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
-                      "python_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                      "jvm_peak_heap_mb": round(heap / 2**20, 1)}))
+                      "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
 
 
 def child(config: Path, dsn: str) -> dict[str, object]:
