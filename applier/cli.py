@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from applier import __version__
 from applier.commands import COMMAND_MODULES
+from applier.commands.skip import way_forward
 from applier.errors import ApplierError
 
 DESCRIPTION = """\
@@ -39,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ApplierError as e:
         print(f"applier {args.command}: error: {e}", file=sys.stderr)
+        hint = way_forward(args.command, e) if args.command in ("replay", "mirror") else None
+        if hint:
+            print(f"applier {args.command}: {hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"applier {args.command}: interrupted", file=sys.stderr)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from applier.errors import ConfigError
 
@@ -39,6 +39,9 @@ class SourceSettings(_Model):
         None, description="server-side origin filter (PG 16+): none = only changes without an origin")
     read_mode: Literal["replication", "sql"] = Field(
         "replication", description="streaming replication protocol, or SQL peek/advance")
+    max_retries: int = Field(
+        10, ge=0, description="mirror: reconnect attempts after the connection drops or the server restarts "
+        "(backoff 1 s doubling to 30 s); counted per outage, then the mirror stops with the last error")
 
     @model_validator(mode="after")
     def _versions(self) -> SourceSettings:
@@ -119,6 +122,22 @@ class ApplySettings(_Model):
                                     description="drop transactions from these replication origins")
     skip_any_origin: bool = Field(False, description="drop every transaction that has an origin")
     memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling")
+    skip_transactions: list[str] = Field(
+        default_factory=list,
+        description="commit LSNs (as in '0/16B3748') of transactions to leave out, like ALTER SUBSCRIPTION "
+        "... SKIP: the way past a transaction the applier stopped on (bad bytes, a value that cannot be "
+        "converted). A prepared transaction is skipped by its prepare LSN or its Commit Prepared LSN. "
+        "Each skip is recorded in the audit table <state_dir>/skipped_transactions")
+
+    @field_validator("skip_transactions")
+    @classmethod
+    def _lsns(cls, values: list[str]) -> list[str]:
+        from applier.lsn import format_lsn, parse_lsn
+
+        try:
+            return [format_lsn(parse_lsn(v)) for v in values]
+        except Exception as e:  # noqa: BLE001 - pydantic reports it with the key
+            raise ValueError(f"not an LSN like 0/16B3748: {e}") from None
     messages_table: str | None = Field(
         None, description="record pg_logical_emit_message messages (messages: true) in this Delta table path")
 

@@ -13,11 +13,14 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from applier.config import ApplySettings, TablesSettings
+from applier.crashpoints import crashpoint
 from applier.errors import SinkError
 from applier.lsn import format_lsn
+from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan, write_rows
 from applier.sink.plan import OP_TRUNCATE, fold_changes
@@ -181,9 +184,12 @@ class DeltaApplier:
             if self._dry_run is not None:
                 self._dry_run(describe_plan(description, plan))
                 continue
-            result = apply_plan(self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
-                                version=group_end, description=description)
+            result = retry_on_conflict(
+                partial(apply_plan, self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
+                        version=group_end, description=description),
+                table=spec.source_name)
             self._applied[path] = group_end
+            crashpoint("between_tables")
             self._maybe_optimize(path, spec.source_name)
             if plan.restart_identity:
                 # The tables applier creates have no identity columns of their own; record the reset so
@@ -239,7 +245,8 @@ class DeltaApplier:
             from delta.tables import DeltaTable
 
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
-            DeltaTable.forPath(self.spark, path).optimize().executeCompaction()
+            retry_on_conflict(lambda: DeltaTable.forPath(self.spark, path).optimize().executeCompaction(),
+                              table=source_name)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
         if self._schema_seen.get(path) is schema_version:

@@ -71,6 +71,10 @@ class AssemblyError(ApplierError):
     """The message sequence breaks transaction framing (e.g. Commit without Begin)."""
 
 
+class SpillError(ApplierError):
+    """The spill directory cannot take a large transaction's changes (disk full, no permission)."""
+
+
 class SinkError(ApplierError):
     """Applying a transaction to Delta failed."""
 

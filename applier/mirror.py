@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.config import MirrorConfig
+from applier.crashpoints import crashpoint
 from applier.engine import DeltaApplier, record_messages
-from applier.errors import SourceError
+from applier.errors import ApplierError, SourceError, TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
 from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
@@ -33,6 +34,7 @@ from applier.protocol.replication import PrimaryKeepalive, pg_now
 from applier.replay import PendingGroup
 from applier.snapshot import copy_rows, describe_relation, open_snapshot, published_tables
 from applier.sources import sql_slot
+from applier.sources.failures import is_transient
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
 from applier.values import RowConverter
@@ -53,6 +55,7 @@ class MirrorSummary:
     confirmed_lsn: int | None = None
     seconds: float = 0.0
     stopped_by: str = "end"
+    reconnects: int = 0
 
     def lines(self) -> list[str]:
         out = []
@@ -62,6 +65,8 @@ class MirrorSummary:
         out += [f"messages: {self.messages}", f"transactions applied: {self.transactions}",
                 f"confirmed to the server: {format_lsn(self.confirmed_lsn) if self.confirmed_lsn else '-'}",
                 f"time: {self.seconds:.1f}s", f"stopped: {self.stopped_by}"]
+        if self.reconnects:
+            out.append(f"reconnects: {self.reconnects}")
         out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
         return out
 
@@ -75,6 +80,19 @@ def _slot_row(conn: psycopg.Connection, slot: str) -> tuple[str, str | None] | N
     row = conn.execute("SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                        (slot,)).fetchone()
     return (row[0], row[1]) if row else None
+
+
+def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SourceError | None:
+    """The error for a slot that was dropped (42704) or invalidated (55000, e.g. max_slot_wal_keep_size
+    exceeded) under a running mirror, with the way back; None for other failures."""
+    if sqlstate not in ("42704", "55000") or "slot" not in message:
+        return None
+    return SourceError(
+        f"the replication slot can no longer be read ({message.splitlines()[0]}). The changes since the "
+        f"last confirmed position are gone from the server, so the tables must be copied again: drop the "
+        f"slot if it still exists (SELECT pg_drop_replication_slot('{slot}')) and run mirror again; it "
+        "creates the slot, takes a new snapshot and replaces the tables, then follows the stream",
+        slot=slot, sqlstate=sqlstate)
 
 
 class Mirror:
@@ -116,6 +134,10 @@ class Mirror:
                 raise SourceError(f"slot {src.slot!r} uses the {slot[0]!r} plugin, not pgoutput", slot=src.slot)
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
                 return
+            if slot is None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
+                self.progress(f"slot {src.slot} is gone (dropped): the changes after its last confirmed "
+                              "position cannot be read any more; taking a new snapshot with a new slot (the "
+                              "tables are replaced)")
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "snapshot":
                 self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the slot "
                               "and starting over")
@@ -159,8 +181,12 @@ class Mirror:
 
     def _feed(self, lsn: int, data: bytes) -> None:
         self.summary.messages += 1
-        msg = self.decoder.decode(data, lsn)
-        for txn, batches in self.feeder.feed(lsn, msg):
+        try:
+            completed = self.feeder.feed_raw(self.decoder, lsn, None, data)
+        except ApplierError:
+            self.flush()  # the transactions before the bad one: every table ends as after the last good one
+            raise
+        for txn, batches in completed:
             self.group.add(txn, batches)
             self._last_commit_time = txn.commit_time
             if self._group_since is None:
@@ -178,12 +204,14 @@ class Mirror:
         if self.config.apply.messages_table:
             record_messages(self.spark, self.config.apply.messages_table, self.feeder.messages, end)
         self.feeder.messages.clear()
+        self.feeder.record_skipped(self.spark, self.state)
         for txn in group.committed:
             self.feeder.applied(txn)
         self.summary.transactions += len(group.transactions)
         group.clear()
         self._group_since = None
         self.feeder.save(self.state)
+        crashpoint("before_confirm")
         self._confirm_to(end)  # only now: every Delta commit up to ``end`` exists
         self.summary.confirmed_lsn = end
         return end
@@ -207,16 +235,60 @@ class Mirror:
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()
         try:
-            self.ensure_snapshot()
-            if self.config.source.read_mode == "replication":
-                self._stream(once)
-            else:
-                self._poll_sql(once)
+            self._run_with_retries(once)
         except KeyboardInterrupt:
             self.summary.stopped_by = "Ctrl-C"
         self.summary.rows = dict(self.applier.stats.rows)
         self.summary.seconds = time.monotonic() - started
         return self.summary
+
+    def _run_with_retries(self, once: bool) -> None:
+        """Snapshot (when needed) and follow the slot; after a dropped connection or a server restart,
+        start a new decoding session from the slot's confirmed position, with backoff, up to
+        ``source.max_retries`` attempts per outage. Nothing is lost: the server re-sends every
+        transaction not confirmed, and those already in Delta are recognised by their end LSN."""
+        attempt = 0
+        while True:
+            connected_at = time.monotonic()
+            try:
+                self.ensure_snapshot()
+                if self.config.source.read_mode == "replication":
+                    self._stream(once)
+                else:
+                    self._poll_sql(once)
+                return
+            except (TransientSourceError, psycopg.OperationalError) as e:
+                if not isinstance(e, TransientSourceError) and not is_transient(
+                        e.sqlstate, True, str(e)):
+                    raise SourceError(f"connection failed: {e}", sqlstate=e.sqlstate) from None
+                if time.monotonic() - connected_at > 60:
+                    attempt = 0  # a new outage
+                attempt += 1
+                if attempt > self.config.source.max_retries:
+                    raise SourceError(f"giving up after {attempt - 1} reconnect attempts: {e}") from None
+                delay = min(2.0 ** (attempt - 1), 30.0)
+                self.progress(f"connection lost ({str(e).splitlines()[0]}); reconnecting in {delay:.0f}s "
+                              f"(attempt {attempt} of {self.config.source.max_retries})")
+                self._abandon_session()
+                if self.stop.wait(delay):
+                    self.summary.stopped_by = "stop requested"
+                    return
+                self.summary.reconnects += 1
+
+    def _abandon_session(self) -> None:
+        """Forget what the lost session delivered but did not get applied: the next session re-sends it
+        (staged prepared transactions stay: their Prepare is not re-sent once confirmed)."""
+        for txn in self.group.committed:
+            if txn.kind != "prepared":
+                close = getattr(txn.changes, "close", None)
+                if close is not None:
+                    close()
+        self.group.clear()
+        self._group_since = None
+        self.feeder.messages.clear()
+        self.feeder.assembler.session_start()
+        self.decoder.reset()
+        self._confirm_to = lambda _lsn: None
 
     def _stream(self, once: bool) -> None:
         src = self.config.source
@@ -225,7 +297,10 @@ class Mirror:
         stream = WalSenderStream(self.dsn)
         self._confirm_to = stream.confirm
         try:
-            stream.start(src.slot, sql_slot.options_for(self.config.source))
+            try:
+                stream.start(src.slot, sql_slot.options_for(self.config.source))
+            except SourceError as e:
+                raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
             last_report = time.monotonic()
@@ -280,8 +355,14 @@ class Mirror:
                 self.feeder.assembler.session_start()  # every peek is a new decoding session
                 try:
                     # the peek's rows are fetched before anything is applied (one statement at a time)
-                    peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
-                                                upto_nchanges=batch_changes))
+                    try:
+                        peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
+                                                    upto_nchanges=batch_changes))
+                    except (psycopg.Error, SourceError) as e:
+                        lost = slot_lost_error(src.slot, e.sqlstate, str(e))
+                        if lost is None:
+                            raise
+                        raise lost from None
                     for message in peeked:
                         self._feed(message.lsn, message.data)
                 finally:

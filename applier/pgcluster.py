@@ -259,8 +259,9 @@ class PgCluster:
                 bindir=str(self.installation.bindir))
         self.installation = moved
 
-    def restart(self) -> None:
-        self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-m", "fast",
+    def restart(self, mode: str = "fast") -> None:
+        """``mode``: pg_ctl's shutdown mode; "immediate" is a crash (recovery on start)."""
+        self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-t", "170", "-m", mode,
                    "-l", str(self.base_dir / "server.log"), "-o", f"-p {self.port}", "restart"], timeout=180)
 
     def stop(self) -> None:

@@ -12,10 +12,14 @@ from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
 from applier.assembly.rowimage import RowImage, row_images
+from applier.assembly.transactions import SkippedTransaction
 from applier.catalog import RelationCache, SchemaVersion  # noqa: F401
 from applier.config import ApplySettings
+from applier.crashpoints import crashpoint
 from applier.engine import TableBatch, TableChange
-from applier.errors import ApplierError
+from applier.errors import ApplierError, DecodeError
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, Message, TupleData
 from applier.state import StateDir
 from applier.values import RowConverter
@@ -32,18 +36,25 @@ class TransactionFeeder:
         self._keep: list[SchemaVersion] = []  # keeps ids stable
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped_by_origin = 0
+        self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
 
     @classmethod
     def from_state(cls, state: StateDir, settings: ApplySettings, *,
                    catalog_json: dict[str, Any] | None = None) -> TransactionFeeder:
-        """A feeder whose catalog is ``catalog_json`` (a RelationCache.to_json) or the state's saved one."""
+        """A feeder whose catalog is ``catalog_json`` (a RelationCache.to_json) or the state's saved one.
+
+        The transactions to skip are the configured ones plus every one skipped before (the state's
+        ``skipped`` list), so a replay from the start of a log leaves them out again."""
         saved = catalog_json if catalog_json is not None else state.load("catalog")
         catalog = RelationCache.from_json(saved) if saved else RelationCache()
+        skip = {parse_lsn(v) for v in settings.skip_transactions}
+        skip |= {parse_lsn(v) for v in state.load("skipped") or []}
         feeder: TransactionFeeder
         assembler = TransactionAssembler(
             catalog, prepared=PreparedStore(state.staging_dir),
             memory_budget_bytes=settings.memory_budget_mb << 20, spill_dir=state.spill_dir,
-            on_message=lambda m, lsn: feeder.messages.append((lsn, m)))
+            on_message=lambda m, lsn: feeder.messages.append((lsn, m)),
+            skip_lsns=frozenset(skip), on_skip=lambda s: feeder._skipped(s))
         feeder = cls(catalog, assembler, settings)
         return feeder
 
@@ -53,6 +64,51 @@ class TransactionFeeder:
 
     def save(self, state: StateDir) -> None:
         state.save("catalog", self.catalog.to_json())
+
+    def _skipped(self, skipped: SkippedTransaction) -> None:
+        log.warning("skipped transaction xid %s with commit LSN %s as configured (%s)", skipped.xid,
+                    format_lsn(skipped.commit_lsn), skipped.reason)
+        self.skipped.append(skipped)
+
+    def record_skipped(self, spark: Any, state: StateDir) -> None:
+        """Write the skips since the last call to the audit table and the state (before the
+        transactions after them are confirmed to the server)."""
+        if not self.skipped:
+            return
+        from applier.sink.audit import record_skips
+
+        record_skips(spark, str(state.skipped_table), self.skipped)
+        done = set(state.load("skipped") or []) | {format_lsn(s.commit_lsn) for s in self.skipped}
+        state.save("skipped", sorted(done, key=parse_lsn))
+        self.skipped.clear()
+
+    def feed_raw(self, decoder: MessageDecoder, lsn: int, xid: int | None,
+                 data: bytes) -> list[tuple[CommittedTransaction, list[TableBatch]]]:
+        """Decode one raw message and feed it. Bytes that do not decode are held against their
+        transaction (it stops the run at its commit, with its commit LSN, unless it aborts or is
+        listed to skip) or raised at once when they break the stream's framing."""
+        in_stream = decoder.in_stream
+        try:
+            msg = decoder.decode(data, lsn)
+        except DecodeError as e:
+            e.add_context(xid=xid or None, relation=self._relation_named_in(data, in_stream))
+            self.assembler.feed_error(lsn, e)
+            return []
+        crashpoint("decode")
+        return list(self.feed(lsn, msg))
+
+    def _relation_named_in(self, data: bytes, in_stream: bool) -> str | None:
+        """The relation a (possibly damaged) I/U/D message names, when its OID is readable and known."""
+        if data[:1] not in (b"I", b"U", b"D"):
+            return None
+        at = 5 if in_stream else 1
+        if len(data) < at + 4:
+            return None
+        oid = int.from_bytes(data[at:at + 4], "big")
+        if oid not in self.catalog:
+            return f"OID {oid}"
+        schema = self.catalog.get(oid)
+        return f"{schema.namespace}.{schema.relation.name}"
 
     def _convert(self, schema: SchemaVersion, tup: TupleData) -> tuple[Any, ...]:
         conv = self._converters.get(id(schema))
@@ -89,7 +145,9 @@ class TransactionFeeder:
                 for image in row_images(change, self._convert):
                     by_table.setdefault(image.schema.relation.oid, []).append(image)
             except ApplierError as e:  # a value the values layer refused: say where it is in the stream
-                e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn)
+                relation = (f"{change.schemas[0].namespace}.{change.schemas[0].relation.name}"
+                            if change.schemas else None)
+                e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn, relation=relation)
                 raise
         return [b for oid, images in by_table.items() for b in _batches_of(oid, images)]
 

@@ -100,6 +100,7 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
                 record_messages(spark, config.apply.messages_table, feeder.messages, group.transactions[-1][0])
             feeder.messages.clear()
         if dry_run is None:
+            feeder.record_skipped(spark, state)
             for txn in group.committed:
                 feeder.applied(txn)
         group.clear()
@@ -107,11 +108,12 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
     for raw in read_raw_log(config.source_log):
         summary.messages += 1
         try:
-            msg = decoder.decode(raw.data, raw.lsn)
-        except ApplierError as e:
-            e.context.setdefault("xid", raw.xid)
+            completed = feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data)
+        except ApplierError:
+            if dry_run is None:
+                flush()  # the transactions before the bad one: every table ends as after the last good one
             raise
-        for txn, batches in feeder.feed(raw.lsn, msg):
+        for txn, batches in completed:
             group.add(txn, batches)
             if group.full():
                 flush()

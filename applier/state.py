@@ -60,6 +60,11 @@ class StateDir:
         return self.root / "prepared"
 
     @property
+    def skipped_table(self) -> Path:
+        """The Delta audit table of skipped transactions."""
+        return self.root / "skipped_transactions"
+
+    @property
     def spill_dir(self) -> Path:
         return self.root / "spill"
 

@@ -83,6 +83,7 @@ class DeltaApplySink:
 
         def flush() -> None:
             applier.apply_group(group.transactions)
+            feeder.record_skipped(spark, self.state)
             for txn in group.committed:
                 if txn.kind == "prepared" and txn.gid is not None:
                     finished_prepared.append(txn.gid)  # released one batch later (see module docstring)
@@ -102,9 +103,10 @@ class DeltaApplySink:
                     data = bytes.fromhex(data)
                 pending.append((lsn, xid, data))
                 try:
-                    done = list(feeder.feed(lsn, decoder.decode(data, lsn)))
+                    done = feeder.feed_raw(decoder, lsn, xid, data)
                 except ApplierError as e:
-                    e.context.setdefault("batch_id", batch_id)
+                    e.add_context(batch_id=batch_id)
+                    flush()  # the transactions before the bad one
                     raise
                 for txn, batches in done:
                     group.add(txn, batches)

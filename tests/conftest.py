@@ -125,6 +125,12 @@ def pg(pg_pool: ClusterPool) -> Iterator[PgDatabase]:
     yield from _fresh_database(pg_pool.get(int(os.environ.get("APPLIER_TEST_PG_MAJOR", "15"))))
 
 
+@pytest.fixture(scope="module")
+def pg_module(pg_pool: ClusterPool) -> Iterator[PgDatabase]:
+    """A fresh database on the default server shared by one test module (for a log captured once)."""
+    yield from _fresh_database(pg_pool.get(int(os.environ.get("APPLIER_TEST_PG_MAJOR", "15"))))
+
+
 @pytest.fixture
 def pg_any(pg_pool: ClusterPool, pg_major: int) -> Iterator[PgDatabase]:
     """A fresh database on each installed PostgreSQL major in turn (parametrized by ``pg_major``)."""

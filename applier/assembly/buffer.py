@@ -8,6 +8,7 @@ spill file is private to this process and removed when the transaction ends or i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from applier.errors import AssemblyError
+from applier.errors import SpillError
 
 _PICKLE_CHUNK = 2_000
 
@@ -50,6 +51,7 @@ class ChangeBuffer:
             fd, name = tempfile.mkstemp(prefix="applier-spill-", suffix=".pkl", dir=directory)
             os.close(fd)
             self._spill_path = Path(name)
+        size_before = self._spill_path.stat().st_size
         try:
             with open(self._spill_path, "ab") as f:
                 # Small pickles: one dump of the whole budget would build a memo and an output
@@ -57,8 +59,13 @@ class ChangeBuffer:
                 for start in range(0, len(self._memory), _PICKLE_CHUNK):
                     pickle.dump(self._memory[start:start + _PICKLE_CHUNK], f, protocol=pickle.HIGHEST_PROTOCOL)
         except OSError as e:
-            raise AssemblyError(f"cannot spill a large transaction to disk: {e.strerror}",
-                                spill_file=str(self._spill_path)) from e
+            with contextlib.suppress(OSError):  # leave the file as it was (the changes stay in memory)
+                os.truncate(self._spill_path, size_before)
+            raise SpillError(
+                f"cannot spill a large transaction to disk ({e.strerror}); nothing of it has been applied. "
+                "Free space in the spill directory (the state directory's spill/), move the state "
+                "directory (target.state_dir), or raise apply.memory_budget_mb, then run again: it "
+                "resumes from the last applied transaction", spill_file=str(self._spill_path)) from e
         self._spilled += len(self._memory)
         self._memory = []
         self._memory_bytes = 0

@@ -75,6 +75,7 @@ class PreparedStore:
                 pickle.dump(chunk, f, protocol=pickle.HIGHEST_PROTOCOL)
 
         atomic_write(self._path(gid), write)
+        self._done_path(gid).unlink(missing_ok=True)  # a gid used again: its old tombstone no longer applies
 
     def load(self, gid: str) -> StagedTransaction:
         path = self._path(gid)
@@ -84,3 +85,17 @@ class PreparedStore:
 
     def discard(self, gid: str) -> None:
         self._path(gid).unlink(missing_ok=True)
+
+    def _done_path(self, gid: str) -> Path:
+        return self.directory / f"{gid.encode('utf-8').hex()}.committed"
+
+    def committed(self, gid: str, end_lsn: int) -> None:
+        """The transaction's Commit Prepared (ending at ``end_lsn``) is applied: drop the staged changes
+        and keep a tombstone, so that the same Commit Prepared re-sent after a crash (the slot not yet
+        advanced past it) is known to be applied rather than mistaken for lost changes."""
+        atomic_write(self._done_path(gid), lambda f: f.write(str(end_lsn).encode()))
+        self.discard(gid)
+
+    def committed_end_lsn(self, gid: str) -> int | None:
+        path = self._done_path(gid)
+        return int(path.read_text()) if path.is_file() else None

@@ -20,7 +20,7 @@ change is stored with the schema version it was decoded with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,7 +28,8 @@ from typing import Literal
 from applier.assembly.buffer import ChangeBuffer
 from applier.assembly.staging import PreparedStore
 from applier.catalog import RelationCache, SchemaVersion
-from applier.errors import AssemblyError
+from applier.crashpoints import crashpoint
+from applier.errors import ApplierError, AssemblyError, CatalogError
 from applier.protocol.messages import (
     KIND_OF,
     Begin,
@@ -89,6 +90,24 @@ class _Open:
     buffer: ChangeBuffer
     origin: str | None = None
     first_change_of: dict[int, int] = field(default_factory=dict)  # subxid -> index of its first change
+    error: ApplierError | None = None  # first bad message in it: raised at its commit unless skipped
+    error_at: int = 0  # number of changes received before the bad message (a subxact abort may drop it)
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedTransaction:
+    """A transaction left out on the user's word (``apply.skip_transactions``), for the audit table."""
+
+    commit_lsn: int
+    xid: int
+    end_lsn: int
+    reason: str
+
+
+#: Kinds whose bad bytes lose one change of the transaction they sit in, not the stream's framing; a
+#: bad one is held against its transaction (raised at commit, or dropped with it). ``None``: an
+#: unknown type byte (a message a newer server sends inside a transaction).
+CHANGE_KINDS = frozenset({"Insert", "Update", "Delete", "Truncate", "Message", "Origin", None})
 
 
 class TransactionAssembler:
@@ -96,8 +115,12 @@ class TransactionAssembler:
 
     def __init__(self, catalog: RelationCache | None = None, *, prepared: PreparedStore | None = None,
                  memory_budget_bytes: int = 256 << 20, spill_dir: Path | None = None,
-                 on_message: Callable[[LogicalMessage, int], None] | None = None) -> None:
+                 on_message: Callable[[LogicalMessage, int], None] | None = None,
+                 skip_lsns: Set[int] = frozenset(),
+                 on_skip: Callable[[SkippedTransaction], None] | None = None) -> None:
         self.catalog = catalog or RelationCache()
+        self.skip_lsns = skip_lsns
+        self._on_skip = on_skip
         self.prepared = prepared
         self._budget = memory_budget_bytes
         self._spill_dir = spill_dir
@@ -127,6 +150,43 @@ class TransactionAssembler:
             raise AssemblyError("message kind not handled by the assembler", kind=KIND_OF.get(type(msg)), lsn=lsn)
         return handler(self, lsn, msg)
 
+    def feed_error(self, lsn: int, error: ApplierError) -> None:
+        """A message that could not be decoded. Inside a transaction, a bad change is held against it:
+        the transaction stops the run at its commit (with its commit LSN, so it can be skipped), or is
+        dropped with it (aborted, or listed in ``skip_lsns``). A bad framing or catalog message, or
+        one outside any transaction, is raised at once."""
+        tx = self._current(lsn, "", allow_none=True)
+        if tx is None or error.kind not in CHANGE_KINDS:
+            if tx is not None:
+                error.add_context(xid=tx.xid)
+            raise error
+        self._hold(tx, error)
+
+    def _hold(self, tx: _Open, error: ApplierError) -> None:
+        error.add_context(xid=tx.xid)
+        if tx.error is None:
+            tx.error, tx.error_at = error, len(tx.buffer)
+
+    def _finish_bad(self, tx: _Open | None, commit_lsn: int, end_lsn: int, what: str,
+                    error: ApplierError | None = None) -> bool:
+        """For a transaction about to commit (or be staged): False when it is fine; True when it is
+        bad and listed in ``skip_lsns`` (dropped and reported to ``on_skip``); raises when it is bad
+        and not listed."""
+        error = error or (tx.error if tx is not None else None)
+        if error is None and commit_lsn not in self.skip_lsns:
+            return False
+        xid = tx.xid if tx is not None else 0
+        if commit_lsn in self.skip_lsns:
+            if tx is not None:
+                tx.buffer.discard()
+            if self._on_skip is not None:
+                self._on_skip(SkippedTransaction(commit_lsn, xid, end_lsn,
+                                                 str(error) if error is not None else "listed to skip"))
+            return True
+        assert error is not None
+        error.add_context(xid=xid if tx is not None else None, **{what: commit_lsn})
+        raise error
+
     def open_transactions(self) -> int:
         return len(self._streams) + (self._regular is not None) + (self._regular_prepare is not None)
 
@@ -147,8 +207,12 @@ class TransactionAssembler:
     def _commit(self, lsn: int, msg: Commit) -> list[CommittedTransaction]:
         tx = self._regular
         if tx is None:
-            raise AssemblyError("Commit without Begin", kind="Commit", lsn=lsn, end_lsn=msg.end_lsn)
+            error = AssemblyError("Commit without Begin", kind="Commit", lsn=lsn, end_lsn=msg.end_lsn)
+            self._finish_bad(None, msg.commit_lsn, msg.end_lsn, "commit_lsn", error)
+            return []
         self._regular = None
+        if self._finish_bad(tx, msg.commit_lsn, msg.end_lsn, "commit_lsn"):
+            return []
         return [CommittedTransaction(tx.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, tx.origin,
                                      "regular", None, _drain(tx.buffer))]
 
@@ -190,10 +254,17 @@ class TransactionAssembler:
     def _change(self, lsn: int, msg: Insert | Update | Delete | Truncate) -> list[CommittedTransaction]:
         tx = self._current(lsn, type(msg).__name__)
         assert tx is not None
-        if isinstance(msg, Truncate):
-            schemas = tuple(self.catalog.get(oid) for oid in msg.relation_oids)
-        else:
-            schemas = (self.catalog.get(msg.relation_oid),)
+        if tx.error is not None:
+            return []  # it cannot be applied anyway; keep nothing more of it
+        try:
+            if isinstance(msg, Truncate):
+                schemas = tuple(self.catalog.get(oid) for oid in msg.relation_oids)
+            else:
+                schemas = (self.catalog.get(msg.relation_oid),)
+        except CatalogError as e:  # held like a bad message: the transaction may still abort or be skipped
+            e.add_context(lsn=lsn, kind=type(msg).__name__)
+            self._hold(tx, e)
+            return []
         self._append(tx, lsn, msg, schemas)
         return []
 
@@ -238,8 +309,12 @@ class TransactionAssembler:
     def _stream_commit(self, lsn: int, msg: StreamCommit) -> list[CommittedTransaction]:
         tx = self._streams.pop(msg.xid, None)
         if tx is None:
-            raise AssemblyError("Stream Commit for a transaction never streamed here", kind="Stream Commit",
-                                lsn=lsn, xid=msg.xid)
+            error = AssemblyError("Stream Commit for a transaction never streamed here", kind="Stream Commit",
+                                  lsn=lsn, xid=msg.xid)
+            self._finish_bad(None, msg.commit_lsn, msg.end_lsn, "commit_lsn", error)
+            return []
+        if self._finish_bad(tx, msg.commit_lsn, msg.end_lsn, "commit_lsn"):
+            return []
         return [CommittedTransaction(tx.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, tx.origin,
                                      "streamed", None, _drain(tx.buffer))]
 
@@ -256,6 +331,8 @@ class TransactionAssembler:
             return []  # the subtransaction sent no changes
         tx.buffer.truncate(first)
         tx.first_change_of = {s: i for s, i in tx.first_change_of.items() if i < first}
+        if tx.error is not None and tx.error_at >= first:
+            tx.error = None  # the bad message belonged to the rolled-back part
         return []
 
     # --- two-phase --------------------------------------------------------------------------------
@@ -287,15 +364,26 @@ class TransactionAssembler:
         if self.prepared is None:
             raise AssemblyError("two-phase transaction received but no staging directory is configured",
                                 kind="Prepare", lsn=lsn, gid=gid)
+        if self._finish_bad(tx, prepare_lsn, end_lsn, "prepare_lsn"):
+            tx.buffer = self._new(tx.xid).buffer  # staged empty: its Commit Prepared applies nothing
         self.prepared.stage(gid, tx.xid, tx.origin, prepare_lsn, end_lsn, tx.buffer)
         tx.buffer.discard()
+        crashpoint("prepared_staged")
 
     def _commit_prepared(self, lsn: int, msg: CommitPrepared) -> list[CommittedTransaction]:
+        if self.prepared is not None and not self.prepared.has(msg.gid) \
+                and self.prepared.committed_end_lsn(msg.gid) == msg.end_lsn:
+            return []  # re-sent after a crash: applied already (the slot had not been advanced past it)
         if self.prepared is None or not self.prepared.has(msg.gid):
             raise AssemblyError(
                 "Commit Prepared for a transaction whose prepared changes are not staged here; they were "
                 "confirmed to the server before being staged durably (the slot moved past the Prepare) — "
                 "rebuild the affected tables from a snapshot", kind="Commit Prepared", lsn=lsn, gid=msg.gid)
+        if msg.commit_lsn in self.skip_lsns:
+            self.prepared.discard(msg.gid)
+            if self._on_skip is not None:
+                self._on_skip(SkippedTransaction(msg.commit_lsn, msg.xid, msg.end_lsn, "listed to skip"))
+            return []
         staged = self.prepared.load(msg.gid)
         return [CommittedTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, staged.origin,
                                      "prepared", msg.gid, staged.changes)]
@@ -312,7 +400,7 @@ class TransactionAssembler:
         if close is not None:
             close()
         if txn.kind == "prepared" and txn.gid is not None and self.prepared is not None:
-            self.prepared.discard(txn.gid)
+            self.prepared.committed(txn.gid, txn.end_lsn)
 
 
 class SpooledChanges:

@@ -8,6 +8,7 @@ import sys
 import threading
 from types import FrameType
 
+from applier.commands.skip import add_skip_argument, with_skips
 from applier.config import MirrorConfig, TargetSettings, load_config
 
 
@@ -40,6 +41,7 @@ default); it is never printed. The publication must exist.""",
     p.add_argument("--once", action="store_true",
                    help="drain what is committed up to the server's current WAL position, then exit 0")
     p.add_argument("--sql", action="store_true", help="read with SQL peek/advance (source.read_mode: sql)")
+    add_skip_argument(p)
     p.set_defaults(func=run)
 
 
@@ -55,6 +57,7 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
         dsn=args.dsn, publication=args.publication, slot=args.slot, read_mode="sql" if args.sql else None)}
     if args.target:
         updates["target"] = cfg.target.model_copy(update={"path": args.target})
+    updates["apply"] = with_skips(cfg.apply, args)
     return cfg.model_copy(update=updates)
 
 

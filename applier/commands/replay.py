@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from applier.commands.skip import add_skip_argument, with_skips
 from applier.config import ReplayConfig, TargetSettings, load_config
 
 
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--config", help="YAML config (see configs/replay.yaml)")
     p.add_argument("--dry-run", action="store_true",
                    help="print, per group of transactions and table, what would be merged; write nothing")
+    add_skip_argument(p)
     p.set_defaults(func=run)
 
 
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
             print("applier replay: give --source and --target, or --config", file=sys.stderr)
             return 2
         cfg = ReplayConfig(source_log=args.source, target=TargetSettings(path=args.target))
+    cfg = cfg.model_copy(update={"apply": with_skips(cfg.apply, args)})
     spark = build_spark_session_for(cfg.spark)
     summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
                          dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)

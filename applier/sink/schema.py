@@ -61,19 +61,19 @@ def _table_exists(spark: SparkSession, path: str) -> bool:
 
 
 def create_table(spark: SparkSession, path: str, spec: TableSpec) -> None:
-    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists)."""
-    from delta.tables import DeltaTable
+    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists).
 
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema)
-    builder = builder.property(PROP_SOURCE, spec.source_name)
-    builder = builder.property(PROP_KEYS, json.dumps(list(spec.key_columns)))
-    builder = builder.property(PROP_IDENTITY, spec.replica_identity)
-    builder = builder.property("delta.enableTypeWidening", "true")
+    SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
+    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+    properties = {PROP_SOURCE: spec.source_name, PROP_KEYS: json.dumps(list(spec.key_columns)),
+                  PROP_IDENTITY: spec.replica_identity, "delta.enableTypeWidening": "true"}
     if needs_column_mapping(spec.column_names):
-        builder = builder.property("delta.columnMapping.mode", "name")
-        builder = builder.property("delta.minReaderVersion", "2")
-        builder = builder.property("delta.minWriterVersion", "5")
-    builder.execute()
+        properties |= {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "2",
+                       "delta.minWriterVersion": "5"}
+    columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                        for f in spec.schema.fields)
+    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta TBLPROPERTIES ({props})")
 
 
 def _widenable(old: DataType, new: DataType) -> bool:

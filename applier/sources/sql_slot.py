@@ -18,6 +18,7 @@ import psycopg
 from applier.config import SourceSettings
 from applier.errors import SourceError
 from applier.lsn import format_lsn, parse_lsn
+from applier.sources.failures import stream_error
 
 #: Session settings that make text output deterministic and parseable (see values/).
 PINNED_SESSION_SETTINGS: Mapping[str, str] = {
@@ -82,8 +83,8 @@ def peek(conn: psycopg.Connection, slot: str, options: Mapping[str, str], *,
             (slot, format_lsn(upto_lsn) if upto_lsn is not None else None, upto_nchanges, flat),
         )
     except psycopg.Error as e:
-        raise SourceError(f"peeking slot {slot!r} failed: {e.diag.message_primary or e}",
-                          slot=slot, sqlstate=e.sqlstate) from e
+        raise stream_error(f"peeking slot {slot!r} failed: {e.diag.message_primary or e}", e.sqlstate,
+                           isinstance(e, psycopg.OperationalError), slot=slot) from e
     for lsn, xid, data in cur:
         yield PeekedMessage(parse_lsn(lsn), int(xid), bytes(data))
 

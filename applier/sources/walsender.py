@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import pq
 
-from applier.errors import SourceError
+from applier.errors import TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.replication import PrimaryKeepalive, XLogData, parse_copy_data, standby_status_update
+from applier.sources.failures import stream_error
 from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
 
 
@@ -49,7 +50,8 @@ class WalSenderStream:
             self.conn = psycopg.connect(dsn, replication="database", autocommit=True, options=options,
                                         client_encoding="UTF8")
         except psycopg.Error as e:
-            raise SourceError(f"cannot open a replication connection: {e}") from None
+            raise stream_error(f"cannot open a replication connection: {e}", e.sqlstate,
+                               isinstance(e, psycopg.OperationalError) and e.sqlstate is None) from None
         self.pgconn = self.conn.pgconn
         self.status_interval = status_interval
         self.streaming = False
@@ -62,7 +64,9 @@ class WalSenderStream:
         res = self.pgconn.exec_(sql.encode("utf-8"))
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_BOTH):
             message = res.error_message.decode("utf-8", "replace").strip()
-            raise SourceError(f"replication command failed: {message}", command=sql.split(" (")[0])
+            state = res.error_field(pq.DiagnosticField.SQLSTATE)
+            raise stream_error(f"replication command failed: {message}", state.decode() if state else None,
+                               self.pgconn.status == pq.ConnStatus.BAD, command=sql.split(" (")[0])
         return res
 
     def create_slot(self, slot: str, *, two_phase: bool, export_snapshot: bool) -> CreatedSlot:
@@ -105,17 +109,23 @@ class WalSenderStream:
             if n == -1:
                 res = self.pgconn.get_result()
                 detail = res.error_message.decode("utf-8", "replace").strip() if res is not None else ""
-                raise SourceError(f"the server ended the replication stream: {detail or 'COPY done'}")
+                state = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
+                error = stream_error(f"the server ended the replication stream: {detail or 'COPY done'}",
+                                     state.decode() if state else None, self.pgconn.status == pq.ConnStatus.BAD)
+                raise error
             if n < -1:
-                raise SourceError("replication stream broke: "
-                                  + self.pgconn.error_message.decode("utf-8", "replace").strip())
+                raise TransientSourceError("replication stream broke: "
+                                           + self.pgconn.error_message.decode("utf-8", "replace").strip())
             self._status_if_due()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             ready, _, _ = select.select([self.pgconn.socket], [], [], min(remaining, 1.0))
             if ready:
-                self.pgconn.consume_input()
+                try:
+                    self.pgconn.consume_input()
+                except psycopg.OperationalError as e:
+                    raise TransientSourceError(f"replication connection lost: {e}") from None
 
     def _status_if_due(self) -> None:
         if time.monotonic() - self._last_status >= self.status_interval:
@@ -123,8 +133,11 @@ class WalSenderStream:
 
     def send_status(self, *, reply_requested: bool = False) -> None:
         """Tell the server our position: written = flushed = applied = the last confirmed LSN."""
-        self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
-        self.pgconn.flush()
+        try:
+            self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
+            self.pgconn.flush()
+        except psycopg.OperationalError as e:
+            raise TransientSourceError(f"replication connection lost: {e}") from None
         self._last_status = time.monotonic()
 
     def confirm(self, lsn: int) -> None:

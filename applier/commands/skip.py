@@ -1,0 +1,42 @@
+"""``--skip-transaction``: the documented way past a transaction the applier stopped on.
+
+Shared by ``replay`` and ``mirror``; the LSNs join ``apply.skip_transactions`` of the config."""
+
+from __future__ import annotations
+
+import argparse
+
+from applier.config import ApplySettings
+from applier.errors import ApplierError, AssemblyError, CatalogError, DecodeError, ValueConversionError
+
+SKIP_HELP = ("leave out the transaction with this commit LSN (repeatable), like ALTER SUBSCRIPTION ... "
+             "SKIP: use the LSN an error named, after deciding its changes may be lost; each skip is "
+             "recorded in the audit table <state_dir>/skipped_transactions")
+
+#: Errors caused by the data of one transaction (not by the machine, the server or the config).
+DATA_ERRORS = (DecodeError, AssemblyError, CatalogError, ValueConversionError)
+
+
+def add_skip_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skip-transaction", action="append", default=[], metavar="LSN", help=SKIP_HELP)
+
+
+def with_skips(apply: ApplySettings, args: argparse.Namespace) -> ApplySettings:
+    if not args.skip_transaction:
+        return apply
+    return ApplySettings.model_validate(
+        {**apply.model_dump(), "skip_transactions": [*apply.skip_transactions, *args.skip_transaction]})
+
+
+def way_forward(command: str, error: ApplierError) -> str | None:
+    """What to do after a data error, when the error names the transaction."""
+    if not isinstance(error, DATA_ERRORS):
+        return None
+    lsn = error.context.get("commit_lsn", error.context.get("prepare_lsn"))
+    if not isinstance(lsn, int):
+        return None
+    text = f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+    return (f"every target table is as after the last transaction before this one. Either fix the "
+            f"source and run `applier {command}` again, or leave this transaction out: rerun with "
+            f"`--skip-transaction {text}` (or apply.skip_transactions in the config); the skip is recorded "
+            "in <state_dir>/skipped_transactions")

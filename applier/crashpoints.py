@@ -1,0 +1,43 @@
+"""Named points where a crash test can have the process SIGKILLed, to prove recovery at exactly the
+moments that matter (like PostgreSQL's injection points). Inert unless the environment variable
+``APPLIER_CRASH_AT`` is ``point:n`` (die the n-th time ``point`` is reached); only the test suite
+sets it.
+
+Points: ``decode`` (a message decoded, before the assembler sees it), ``between_tables`` (one
+table's Delta commit of a group done, the next not), ``before_confirm`` (every Delta commit of a
+group done, the slot not yet advanced), ``prepared_staged`` (a prepared transaction staged on
+disk, not yet committed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = ("decode", "between_tables", "before_confirm", "prepared_staged")
+
+
+class _Counter:
+    def __init__(self, spec: str | None) -> None:
+        self.point, self.remaining = None, 0
+        if spec:
+            point, _, n = spec.partition(":")
+            if point not in POINTS:
+                raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {', '.join(POINTS)})")
+            self.point, self.remaining = point, int(n or 1)
+
+    def reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        self.remaining -= 1
+        if self.remaining <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_COUNTER = _Counter(os.environ.get("APPLIER_CRASH_AT"))
+
+
+def crashpoint(point: str) -> None:
+    """Die here if the crash test asked for it (a no-op otherwise)."""
+    if _COUNTER.point is not None:
+        _COUNTER.reached(point)
