@@ -153,18 +153,25 @@ def test_invalidated_slot_stops_with_the_way_back_and_the_way_back_works(pg, spa
     _assert_equal(spark, pg, target)
 
 
-def test_delta_conflicts_with_a_concurrent_optimize_are_retried(pg, spark, tmp_path, caplog):
-    target = tmp_path / "delta"
+def _captured_log(pg, tmp_path: Path, value_column: str, statements: list[str]) -> Path:
+    """Table k (id key + ``value_column``), published and slotted, the statements run, the slot's
+    messages stored as a raw log."""
     with pg.connect() as conn:
-        conn.execute("CREATE TABLE k (id int PRIMARY KEY, v int)")
+        conn.execute(f"CREATE TABLE k (id int PRIMARY KEY, {value_column})")
         conn.execute("CREATE PUBLICATION kp FOR TABLE k")
         create_slot(conn, "s")
-        conn.execute("INSERT INTO k SELECT g, 0 FROM generate_series(1, 200) g")
-        for i in range(16):
-            conn.execute("UPDATE k SET v = v + 1 WHERE id %% 8 = %s", (i % 8,))
+        for statement in statements:
+            conn.execute(statement)
         rows = [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "s", pgoutput_options("kp"))]
     log = tmp_path / "log.parquet"
     write_raw_log(log, rows)
+    return log
+
+
+def test_delta_conflicts_with_a_concurrent_optimize_are_retried(pg, spark, tmp_path, caplog):
+    target = tmp_path / "delta"
+    log = _captured_log(pg, tmp_path, "v int", ["INSERT INTO k SELECT g, 0 FROM generate_series(1, 200) g"]
+                        + [f"UPDATE k SET v = v + 1 WHERE id % 8 = {i % 8}" for i in range(16)])
     cfg = ReplayConfig(source_log=str(log), target=TargetSettings(path=str(target)),
                        apply=ApplySettings(grouping="transaction"))
     other = spark.newSession()  # a concurrent writer: its own SQL conf, so none of our txnAppId settings
@@ -219,15 +226,9 @@ def tiny_spill_dir(tmp_path):
 
 def test_disk_full_in_the_spill_directory_stops_cleanly_and_resumes(pg, spark, tmp_path, tiny_spill_dir):
     target = tmp_path / "delta"
-    with pg.connect() as conn:
-        conn.execute("CREATE TABLE k (id int PRIMARY KEY, v text)")
-        conn.execute("CREATE PUBLICATION kp FOR TABLE k")
-        create_slot(conn, "s")
-        conn.execute("INSERT INTO k VALUES (0, 'first')")
-        conn.execute("INSERT INTO k SELECT g, repeat('x', 200) FROM generate_series(1, 30000) g")  # ~7 MB
-        rows = [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "s", pgoutput_options("kp"))]
-    log = tmp_path / "log.parquet"
-    write_raw_log(log, rows)
+    log = _captured_log(pg, tmp_path, "v text", [
+        "INSERT INTO k VALUES (0, 'first')",
+        "INSERT INTO k SELECT g, repeat('x', 200) FROM generate_series(1, 30000) g"])  # ~7 MB of changes
     full = ReplayConfig(source_log=str(log), target=TargetSettings(path=str(target), state_dir=str(tiny_spill_dir)),
                         apply=ApplySettings(memory_budget_mb=1))
     with pytest.raises(SpillError, match="cannot spill") as info:
