@@ -198,6 +198,7 @@ class Mirror:
         """Apply the pending group; returns the end LSN now safe to confirm (None if nothing pending)."""
         group = self.group
         if not group.transactions:
+            self.feeder.record_skipped(self.spark, self.state)  # a skipped transaction came last
             return None
         end = group.transactions[-1][0]
         self.applier.apply_group(group.transactions)
