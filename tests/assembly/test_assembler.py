@@ -138,3 +138,55 @@ def test_change_buffer_truncate_across_the_spill_boundary(tmp_path):
     assert list(buf) == [0, 1, 2, 99]
     buf.discard()
     assert list(buf) == [] and not list(tmp_path.glob("*"))
+
+
+def test_a_bad_change_is_held_to_its_commit_dropped_with_its_subtransaction_or_skipped():
+    from applier.errors import DecodeError
+
+    def bad(lsn: int) -> DecodeError:
+        return DecodeError("cut short", kind="Insert", offset=9, lsn=lsn)
+
+    # streamed: the bad change sits in subxact 101, which aborts: the transaction commits clean
+    asm = TransactionAssembler()
+    for i, m in enumerate([StreamStart(100, True), REL, ins(100, 1), ins(101, 2)]):
+        asm.feed(i, m)
+    asm.feed_error(4, bad(4))
+    for i, m in enumerate([StreamStop(), StreamAbort(100, 101)], start=5):
+        asm.feed(i, m)
+    assert [values(t) for t in asm.feed(7, StreamCommit(100, 0, 10, 11, 0))] == [[b"1"]]
+
+    # regular: raised at its Commit, naming the commit LSN; listed to skip: dropped and reported
+    skipped = []
+    asm = TransactionAssembler(skip_lsns=frozenset({29}), on_skip=skipped.append)
+    for lsn, msg in [(20, REL), (21, Begin(40, 0, 8)), (22, ins(None, 1))]:
+        asm.feed(lsn, msg)
+    asm.feed_error(23, bad(23))
+    with pytest.raises(DecodeError) as e:
+        asm.feed(24, Commit(0, 39, 40, 0))
+    assert (e.value.commit_lsn, e.value.xid, e.value.lsn) == (39, 8, 23)
+    asm.feed(30, Begin(30, 0, 9))
+    asm.feed(31, ins(None, 2))
+    assert asm.feed(32, Commit(0, 29, 30, 0)) == [] and [(s.commit_lsn, s.xid) for s in skipped] == [(29, 9)]
+    # outside any transaction, or a framing message: raised at once
+    with pytest.raises(DecodeError):
+        asm.feed_error(33, bad(33))
+    with pytest.raises(DecodeError):
+        asm.feed(34, Begin(50, 0, 10))
+        asm.feed_error(35, DecodeError("cut short", kind="Commit", offset=2, lsn=35))
+
+
+def test_a_commit_prepared_resent_after_its_apply_is_recognised(tmp_path):
+    from applier.protocol.messages import BeginPrepare, CommitPrepared, Prepare
+
+    store = PreparedStore(tmp_path / "prepared")
+    asm = TransactionAssembler(prepared=store)
+    for lsn, m in [(1, REL), (2, BeginPrepare(20, 25, 0, 7, "g")), (3, ins(None, 1)),
+                   (4, Prepare(0, 20, 25, 0, 7, "g"))]:
+        asm.feed(lsn, m)
+    [txn] = asm.feed(5, CommitPrepared(0, 30, 35, 0, 7, "g"))
+    asm.finished(txn)  # applied: the staged copy goes, a tombstone stays
+    assert not store.has("g")
+    again = TransactionAssembler(prepared=store)  # a restart; the slot re-sends the COMMIT PREPARED
+    assert again.feed(5, CommitPrepared(0, 30, 35, 0, 7, "g")) == []
+    with pytest.raises(AssemblyError, match="not staged"):  # another end LSN: really lost
+        again.feed(6, CommitPrepared(0, 40, 45, 0, 7, "g"))
