@@ -107,8 +107,7 @@ class TransactionFeeder:
         oid = int.from_bytes(data[at:at + 4], "big")
         if oid not in self.catalog:
             return f"OID {oid}"
-        schema = self.catalog.get(oid)
-        return f"{schema.namespace}.{schema.relation.name}"
+        return self.catalog.get(oid).qualified_name
 
     def _convert(self, schema: SchemaVersion, tup: TupleData) -> tuple[Any, ...]:
         conv = self._converters.get(id(schema))
@@ -145,8 +144,7 @@ class TransactionFeeder:
                 for image in row_images(change, self._convert):
                     by_table.setdefault(image.schema.relation.oid, []).append(image)
             except ApplierError as e:  # a value the values layer refused: say where it is in the stream
-                relation = (f"{change.schemas[0].namespace}.{change.schemas[0].relation.name}"
-                            if change.schemas else None)
+                relation = change.schemas[0].qualified_name if change.schemas else None
                 e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn, relation=relation)
                 raise
         return [b for oid, images in by_table.items() for b in _batches_of(oid, images)]

@@ -179,13 +179,15 @@ class TransactionAssembler:
         if commit_lsn in self.skip_lsns:
             if tx is not None:
                 tx.buffer.discard()
-            if self._on_skip is not None:
-                self._on_skip(SkippedTransaction(commit_lsn, xid, end_lsn,
-                                                 str(error) if error is not None else "listed to skip"))
+            self._report_skip(commit_lsn, xid, end_lsn, str(error) if error is not None else "listed to skip")
             return True
         assert error is not None
         error.add_context(xid=xid if tx is not None else None, **{what: commit_lsn})
         raise error
+
+    def _report_skip(self, commit_lsn: int, xid: int, end_lsn: int, reason: str) -> None:
+        if self._on_skip is not None:
+            self._on_skip(SkippedTransaction(commit_lsn, xid, end_lsn, reason))
 
     def open_transactions(self) -> int:
         return len(self._streams) + (self._regular is not None) + (self._regular_prepare is not None)
@@ -381,8 +383,7 @@ class TransactionAssembler:
                 "rebuild the affected tables from a snapshot", kind="Commit Prepared", lsn=lsn, gid=msg.gid)
         if msg.commit_lsn in self.skip_lsns:
             self.prepared.discard(msg.gid)
-            if self._on_skip is not None:
-                self._on_skip(SkippedTransaction(msg.commit_lsn, msg.xid, msg.end_lsn, "listed to skip"))
+            self._report_skip(msg.commit_lsn, msg.xid, msg.end_lsn, "listed to skip")
             return []
         staged = self.prepared.load(msg.gid)
         return [CommittedTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, staged.origin,

@@ -8,6 +8,7 @@ import argparse
 
 from applier.config import ApplySettings
 from applier.errors import ApplierError, AssemblyError, CatalogError, DecodeError, ValueConversionError
+from applier.lsn import format_lsn
 
 SKIP_HELP = ("leave out the transaction with this commit LSN (repeatable), like ALTER SUBSCRIPTION ... "
              "SKIP: use the LSN an error named, after deciding its changes may be lost; each skip is "
@@ -35,7 +36,7 @@ def way_forward(command: str, error: ApplierError) -> str | None:
     lsn = error.context.get("commit_lsn", error.context.get("prepare_lsn"))
     if not isinstance(lsn, int):
         return None
-    text = f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+    text = format_lsn(lsn)
     return (f"every target table is as after the last transaction before this one. Either fix the "
             f"source and run `applier {command}` again, or leave this transaction out: rerun with "
             f"`--skip-transaction {text}` (or apply.skip_transactions in the config); the skip is recorded "
