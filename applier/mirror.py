@@ -307,16 +307,20 @@ class Mirror:
             last_report = time.monotonic()
             while not self.stop.is_set():
                 try:
-                    frame = stream.read(0.5)
+                    # With a group pending, only take what has already arrived: when nothing more has,
+                    # the backlog is drained and the group is applied at once. So a group holds what
+                    # arrived while the previous one was being applied: it grows with the load (and
+                    # keeps up with it) and a transaction waits about one apply, not a fixed time.
+                    # Not keepalives: under a steady load the walsender sends one each time it catches
+                    # up, i.e. after nearly every transaction, even while a backlog is still buffered;
+                    # a flush per keepalive made groups of one transaction that fell behind.
+                    pending = bool(self.group.transactions)
+                    frame = stream.read(0.0 if pending else 0.5)
                     if frame is not None and not isinstance(frame, PrimaryKeepalive):
                         self._feed(frame.wal_start, frame.payload)
                         if self._group_due():
                             self.flush()
                         continue
-                    # Idle (no frame for 0.5 s), a group that is due, or --once at its target: apply
-                    # what is pending. Not on every keepalive: under a steady load the walsender sends
-                    # one each time it catches up, i.e. after nearly every transaction, and a flush per
-                    # keepalive made groups of one transaction that fell behind (bench/lag.py found it).
                     at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
                                  and frame.wal_end >= target)
                     if frame is None or at_target or self._group_due():
@@ -328,7 +332,7 @@ class Mirror:
                             and frame.wal_end >= target:
                         self.summary.stopped_by = f"--once: reached {format_lsn(target)}"
                         break
-                    if frame is None:
+                    if frame is None and not pending:  # idle for 0.5 s
                         stream.send_status(reply_requested=True)
                 except KeyboardInterrupt:
                     self.flush()

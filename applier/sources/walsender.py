@@ -92,8 +92,9 @@ class WalSenderStream:
         self._last_status = time.monotonic()
 
     def read(self, timeout: float) -> XLogData | PrimaryKeepalive | None:
-        """The next frame, or None when nothing came within ``timeout`` seconds. Keepalives that ask
-        for a reply are answered here (with the confirmed position, never more)."""
+        """The next frame, or None when nothing came within ``timeout`` seconds (0: only what has
+        already arrived, without waiting). Keepalives that ask for a reply are answered here (with the
+        confirmed position, never more)."""
         deadline = time.monotonic() + timeout
         while True:
             n, data = self.pgconn.get_copy_data(1)
@@ -118,14 +119,14 @@ class WalSenderStream:
                                            + self.pgconn.error_message.decode("utf-8", "replace").strip())
             self._status_if_due()
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([self.pgconn.socket], [], [], min(remaining, 1.0))
+            ready, _, _ = select.select([self.pgconn.socket], [], [], min(max(remaining, 0.0), 1.0))
             if ready:
                 try:
                     self.pgconn.consume_input()
                 except psycopg.OperationalError as e:
                     raise TransientSourceError(f"replication connection lost: {e}") from None
+            elif remaining <= 0:
+                return None
 
     def _status_if_due(self) -> None:
         if time.monotonic() - self._last_status >= self.status_interval:
