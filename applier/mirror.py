@@ -27,6 +27,7 @@ from applier.config import MirrorConfig
 from applier.crashpoints import crashpoint
 from applier.engine import DeltaApplier, record_messages
 from applier.errors import ApplierError, SourceError, TransientSourceError
+from applier.gcpolicy import after_group, collect_between_groups
 from applier.lsn import format_lsn, parse_lsn
 from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
@@ -211,6 +212,7 @@ class Mirror:
         self.summary.transactions += len(group.transactions)
         group.clear()
         self._group_since = None
+        after_group()
         self.feeder.save(self.state)
         crashpoint("before_confirm")
         self._confirm_to(end)  # only now: every Delta commit up to ``end`` exists
@@ -236,7 +238,8 @@ class Mirror:
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()
         try:
-            self._run_with_retries(once)
+            with collect_between_groups():
+                self._run_with_retries(once)
         except KeyboardInterrupt:
             self.summary.stopped_by = "Ctrl-C"
         self.summary.rows = dict(self.applier.stats.rows)

@@ -17,6 +17,7 @@ from applier.assembly import CommittedTransaction
 from applier.config import ApplySettings, ReplayConfig
 from applier.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.errors import ApplierError
+from applier.gcpolicy import after_group, collect_between_groups
 from applier.lsn import format_lsn
 from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
@@ -104,24 +105,26 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
             for txn in group.committed:
                 feeder.applied(txn)
         group.clear()
+        after_group()
 
-    for raw in read_raw_log(config.source_log):
-        summary.messages += 1
-        try:
-            completed = feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data)
-        except ApplierError:
-            if dry_run is None:
-                flush()  # the transactions before the bad one: every table ends as after the last good one
-            raise
-        for txn, batches in completed:
-            group.add(txn, batches)
-            if group.full():
-                flush()
-        if progress is not None and time.monotonic() - last_report >= progress_every:
-            last_report = time.monotonic()
-            progress(f"{summary.messages} messages, {applier.stats.transactions} transactions, "
-                     f"at LSN {format_lsn(raw.lsn)}")
-    flush()
+    with collect_between_groups():
+        for raw in read_raw_log(config.source_log):
+            summary.messages += 1
+            try:
+                completed = feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data)
+            except ApplierError:
+                if dry_run is None:
+                    flush()  # the transactions before the bad one: every table ends as after the last good one
+                raise
+            for txn, batches in completed:
+                group.add(txn, batches)
+                if group.full():
+                    flush()
+            if progress is not None and time.monotonic() - last_report >= progress_every:
+                last_report = time.monotonic()
+                progress(f"{summary.messages} messages, {applier.stats.transactions} transactions, "
+                         f"at LSN {format_lsn(raw.lsn)}")
+        flush()
     if dry_run is None:
         feeder.save(state)
     stats = applier.stats

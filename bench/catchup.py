@@ -78,7 +78,9 @@ def run_mirror(args: argparse.Namespace) -> None:
     started = time.monotonic()
     code = main(["mirror", "--config", args.config, "--once"])
     seconds = time.monotonic() - started
+    log_dir = Path(args.config).parent / "delta" / "public" / "cu_items" / "_delta_log"
     print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
+                      "delta_commits": len(list(log_dir.glob("*.json"))),
                       "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
 
 
@@ -157,6 +159,7 @@ def main() -> None:
         "applier_seconds": round(float(ours["seconds"]), 1),  # type: ignore[arg-type]
         "applier_changes_per_s": round(changes / float(ours["seconds"])),  # type: ignore[arg-type]
         "applier_spark_startup_seconds": round(float(ours["spark_startup_seconds"]), 1),  # type: ignore[arg-type]
+        "applier_delta_commits_in_all": ours["delta_commits"],
         "applier_vs_postgres": round(postgres_seconds / float(ours["seconds"]), 2),  # type: ignore[arg-type]
         "verified_equal": True,
         "memory": {"python_peak_rss_mb": ours["python_peak_rss_mb"], "jvm_peak_heap_mb": ours["jvm_peak_heap_mb"]},

@@ -34,6 +34,7 @@ from struct import error as StructError
 from typing import Any
 
 from applier.errors import DecodeError
+from applier.fastobj import layout_twin
 from applier.protocol import wire
 from applier.protocol.messages import (
     KIND_NAMES,
@@ -79,18 +80,13 @@ _KIND_LENGTH = Struct("!BI").unpack_from
 # frozen instance: same fields, equality, hash and immutability. About a third cheaper per message
 # than calling the slot descriptors; tests/protocol check that every decoded message equals the one
 # its regular constructor builds.
+# (applier.fastobj has the general form; these few are inlined into their decoders by hand.)
 _new = object.__new__
-
-
-def _layout_twin(cls: type) -> type:
-    return type(f"_{cls.__name__}Twin", (), {"__slots__": cls.__slots__})  # type: ignore[attr-defined]
-
-
-_BeginTwin: Any = _layout_twin(Begin)
-_CommitTwin: Any = _layout_twin(Commit)
-_InsertTwin: Any = _layout_twin(Insert)
-_UpdateTwin: Any = _layout_twin(Update)
-_TupleTwin: Any = _layout_twin(TupleData)
+_BeginTwin: Any = layout_twin(Begin)
+_CommitTwin: Any = layout_twin(Commit)
+_InsertTwin: Any = layout_twin(Insert)
+_UpdateTwin: Any = layout_twin(Update)
+_TupleTwin: Any = layout_twin(TupleData)
 
 
 class _Malformed(Exception):

@@ -135,7 +135,19 @@ def fold_changes(
 
 
 def _key_of(row: tuple[object, ...], positions: tuple[int, ...]) -> tuple[object, ...]:
-    return tuple(row[i] for i in positions)
+    return tuple([row[i] for i in positions])
+
+
+_PLAIN_KEY_TYPES = frozenset({int, str})
+_NO_COLUMNS: frozenset[int] = frozenset()
+
+
+def _freeze_key(key: tuple[object, ...]) -> object:
+    """freeze() for keys, without its per-value walk for the common keys of integers and strings."""
+    for v in key:
+        if type(v) not in _PLAIN_KEY_TYPES:
+            return freeze(key)
+    return key
 
 
 def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
@@ -146,16 +158,23 @@ def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
             key = _key_of(change.old_row, plan.key_positions)
         if key is None:
             raise SinkError("delete without an old key", op=op)
-        plan.keyed[freeze(key)] = KeyedRow(None, lookup_key=key)
+        plan.keyed[_freeze_key(key)] = KeyedRow(None, lookup_key=key)
         return
     new = change.new_row
     if new is None:
         raise SinkError("insert/update without a new row", op=op)
     new_key = _key_of(new, plan.key_positions)
-    if any(_is_unchanged(v, marker) for v in new_key):
+    if marker in new_key:
         raise SinkError("a key column arrived as unchanged TOAST; the key must be sent in full", op=op)
     old_key = change.old_key if change.old_key is not None else (
         _key_of(change.old_row, plan.key_positions) if change.old_row is not None else new_key)
+    old_frozen = _freeze_key(old_key)
+    new_frozen = _freeze_key(new_key)
+    if marker not in new:  # the common case: a full new row (``in`` compares by identity first)
+        if old_frozen != new_frozen:
+            plan.keyed[old_frozen] = KeyedRow(None, lookup_key=old_key)
+        plan.keyed[new_frozen] = KeyedRow(tuple(new), _NO_COLUMNS, None)
+        return
     unresolved = {i for i, v in enumerate(new) if _is_unchanged(v, marker)}
     row = list(new)
     lookup: tuple[object, ...] | None = None
@@ -164,7 +183,7 @@ def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
             row[i] = change.old_row[i]
             unresolved.discard(i)
     if unresolved:
-        previous = plan.keyed.get(freeze(old_key))
+        previous = plan.keyed.get(old_frozen)
         if previous is not None and previous.row is not None:
             # The previous image of the same row in this batch: take its values, and inherit
             # whatever it still had to read from the target.
@@ -185,9 +204,9 @@ def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
                             op=op)
         else:
             lookup = old_key  # read from the target's row of the OLD key
-    if freeze(old_key) != freeze(new_key):
-        plan.keyed[freeze(old_key)] = KeyedRow(None, lookup_key=old_key)
-    plan.keyed[freeze(new_key)] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
+    if old_frozen != new_frozen:
+        plan.keyed[old_frozen] = KeyedRow(None, lookup_key=old_key)
+    plan.keyed[new_frozen] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
 
 
 def _fold_multiset(plan: TablePlan, change: ChangeLike, marker: object) -> None:
