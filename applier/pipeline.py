@@ -18,6 +18,7 @@ from applier.config import ApplySettings
 from applier.crashpoints import crashpoint
 from applier.engine import TableBatch, TableChange
 from applier.errors import ApplierError, DecodeError
+from applier.fastobj import fast_constructor
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, Message, TupleData
@@ -164,9 +165,12 @@ def _batches_of(oid: int, images: list[RowImage]) -> list[TableBatch]:
     return out
 
 
+_make_table_change = fast_constructor(TableChange)
+
+
 def _table_change(im: RowImage) -> TableChange:
     if im.op == "T":
-        return TableChange("T", None, None, None, im.restart_identity, im.cascade)
+        return _make_table_change("T", None, None, None, im.restart_identity, im.cascade)
     if im.old_kind == "full":
-        return TableChange(im.op, None, im.old, im.new)
-    return TableChange(im.op, im.identity_key, None, im.new)
+        return _make_table_change(im.op, None, im.old, im.new)
+    return _make_table_change(im.op, im.identity_key, None, im.new)

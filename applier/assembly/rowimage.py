@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from applier.assembly.transactions import Change
 from applier.catalog import SchemaVersion
+from applier.fastobj import fast_constructor
 from applier.protocol.messages import Delete, Insert, Truncate, Update
 
 OldKind = Literal["key", "full"] | None
@@ -36,7 +37,10 @@ class RowImage:
         """The replica identity key of the target row before the change (None: take it from ``new``)."""
         if self.old is None:
             return None
-        return tuple(self.old[i] for i in self.schema.key_indexes)
+        return tuple([self.old[i] for i in self.schema.key_indexes])
+
+
+_image = fast_constructor(RowImage)
 
 
 def row_images(change: Change, convert: Any) -> list[RowImage]:
@@ -44,17 +48,17 @@ def row_images(change: Change, convert: Any) -> list[RowImage]:
     msg = change.message
     if isinstance(msg, Insert):
         schema = change.schemas[0]
-        return [RowImage("I", schema, None, None, convert(schema, msg.new), change.lsn, change.ordinal)]
+        return [_image("I", schema, None, None, convert(schema, msg.new), change.lsn, change.ordinal)]
     if isinstance(msg, Update):
         schema = change.schemas[0]
         old = convert(schema, msg.old) if msg.old is not None else None
         kind: OldKind = None if msg.old_kind is None else ("full" if msg.old_kind == "O" else "key")
-        return [RowImage("U", schema, kind, old, convert(schema, msg.new), change.lsn, change.ordinal)]
+        return [_image("U", schema, kind, old, convert(schema, msg.new), change.lsn, change.ordinal)]
     if isinstance(msg, Delete):
         schema = change.schemas[0]
         kind = "full" if msg.old_kind == "O" else "key"
-        return [RowImage("D", schema, kind, convert(schema, msg.old), None, change.lsn, change.ordinal)]
+        return [_image("D", schema, kind, convert(schema, msg.old), None, change.lsn, change.ordinal)]
     if isinstance(msg, Truncate):
-        return [RowImage("T", schema, None, None, None, change.lsn, change.ordinal, msg.restart_identity,
+        return [_image("T", schema, None, None, None, change.lsn, change.ordinal, msg.restart_identity,
                          msg.cascade) for schema in change.schemas]
     return []

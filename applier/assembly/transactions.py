@@ -30,6 +30,7 @@ from applier.assembly.staging import PreparedStore
 from applier.catalog import RelationCache, SchemaVersion
 from applier.crashpoints import crashpoint
 from applier.errors import ApplierError, AssemblyError, CatalogError
+from applier.fastobj import fast_constructor
 from applier.protocol.messages import (
     KIND_OF,
     Begin,
@@ -68,6 +69,9 @@ class Change:
     ordinal: int
     message: ChangeMessage
     schemas: tuple[SchemaVersion, ...]  # one for I/U/D, one per listed relation for T, none for M
+
+
+_make_change = fast_constructor(Change)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +278,7 @@ class TransactionAssembler:
         sub = msg.xid
         if self._stream_xid is not None and sub is not None and sub != tx.xid and sub not in tx.first_change_of:
             tx.first_change_of[sub] = len(tx.buffer)
-        tx.buffer.append(Change(lsn, len(tx.buffer), msg, schemas), _size(msg))
+        tx.buffer.append(_make_change(lsn, len(tx.buffer), msg, schemas), _size(msg))
 
     def _message(self, lsn: int, msg: LogicalMessage) -> list[CommittedTransaction]:
         if not msg.transactional:
