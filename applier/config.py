@@ -110,7 +110,8 @@ class ApplySettings(_Model):
         0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
         "to it; 0: never (run OPTIMIZE yourself)")
     max_group_seconds: float = Field(
-        5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is applied")
+        5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is "
+        "applied (a group is applied sooner, as soon as the stream has nothing more buffered)")
     unresolved_toast: Literal["error"] = Field(
         "error", description="an unchanged TOAST value with no row to take it from stops the apply")
     schema_changes: Literal["evolve", "stop"] = Field(

@@ -1,7 +1,7 @@
 """Benchmark: applying a pgbench-like history to Delta, grouped vs one MERGE per transaction vs append.
 
     .venv/bin/python bench/apply.py [--transactions 100000] [--accounts 100000] [--sample 30]
-                                    [--group-transactions 1000] [--runs 1]
+                                    [--group-transactions 10000] [--runs 1]
 
 A PostgreSQL server (started by the script) runs the history: one transaction loads 3 tables
 (``pgb_branches`` 1 row, ``pgb_tellers`` 10, ``pgb_accounts`` N), then ``--transactions`` small
@@ -187,7 +187,8 @@ def main() -> None:
     p.add_argument("--transactions", type=int, default=100_000)
     p.add_argument("--accounts", type=int, default=100_000)
     p.add_argument("--sample", type=int, default=30, help="transactions applied one MERGE each, then extrapolated")
-    p.add_argument("--group-transactions", type=int, default=1000, help="apply.max_group_transactions for (a)")
+    p.add_argument("--group-transactions", type=int, default=10_000,
+                   help="apply.max_group_transactions for (a) (the default of the setting)")
     p.add_argument("--runs", type=int, default=1, help="repeat each mode; medians are reported")
     p.add_argument("--mode", choices=sorted(MODES), help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)

@@ -446,7 +446,7 @@ _COLUMN_OVERHEAD = 40
 def _tuple_size(t: TupleData | None) -> int:
     if t is None:
         return 0
-    return _COLUMN_OVERHEAD * len(t.kinds) + sum(len(v) for v in t.values if v is not None)
+    return _COLUMN_OVERHEAD * len(t.kinds) + sum(map(len, filter(None, t.values)))  # None and b"" add 0
 
 
 def _size(msg: ChangeMessage) -> int:
