@@ -7,7 +7,16 @@ from typing import Any
 
 
 def python_peak_rss_mb() -> float:
-    """This process's peak resident set (getrusage; Linux reports KiB)."""
+    """This process's peak resident set: VmHWM of its own address space. Not getrusage's ru_maxrss,
+    which Linux carries over from the parent through fork and exec (a mode started by a parent that
+    had loaded the raw log reported the parent's 547 MB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
