@@ -166,3 +166,48 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     assert parse_lsn(applied) >= parse_lsn(tip)  # the last insert is applied and confirmed
     slot = report["slot"]
     assert slot["exists"] and slot["confirmed_lsn"] == applied and slot["lag_bytes"] > 0
+
+
+def test_under_steady_load_groups_are_applied_when_the_backlog_is_drained_not_when_a_limit_is_hit(
+        pg, spark, tmp_path):
+    """With limits that a load never reaches (a group may wait 10 minutes, hold 100,000
+    transactions) and transactions arriving every ~20 ms (so the stream is never idle for the
+    0.5 s that also applies a group), the mirror must still commit to Delta while the load runs:
+    a group is applied as soon as nothing more is buffered. Stopped, and restarted with --once,
+    it ends equal to Postgres."""
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication="load_pub"),
+                          target=TargetSettings(path=str(target)),
+                          apply=ApplySettings(max_group_transactions=100_000, max_group_seconds=600))
+    log_dir = target / "public" / "load_events" / "_delta_log"
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE load_events (id bigserial PRIMARY KEY, payload text NOT NULL)")
+        conn.execute("CREATE PUBLICATION load_pub FOR TABLE load_events")
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                mirror(spark, config, stop=stop)
+            except BaseException as e:  # noqa: BLE001  (reported by the test thread)
+                errors.append(e)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 180
+        while not log_dir.exists() or not any(log_dir.glob("*.json")):  # snapshot written
+            assert not errors and time.monotonic() < deadline, errors
+            time.sleep(0.2)
+        commits_before = len(list(log_dir.glob("*.json")))
+        started = time.monotonic()
+        while time.monotonic() - started < 25:
+            conn.execute("INSERT INTO load_events (payload) VALUES ('event')")
+            time.sleep(0.02)
+        commits_during = len(list(log_dir.glob("*.json"))) - commits_before
+        stop.set()
+        thread.join(timeout=120)
+        assert not errors, errors
+        assert commits_during >= 3, f"only {commits_during} Delta commits during 25 s of load"
+        mirror(spark, config, once=True)  # what was still on its way when the thread stopped
+        results = verify_against_postgres(spark, conn, str(target), [("public", "load_events")])
+        assert all(r.equal for r in results), results
