@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from memory import peak_rss_mb  # noqa: E402  (bench/memory.py)
 
 
 def log(msg: str) -> None:
@@ -51,16 +52,6 @@ def delta_commits(table: Path) -> list[tuple[int, float]]:
         if version is not None and stamp is not None:
             out.append((version, stamp))
     return out
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
 
 
 def children(pid: int) -> list[int]:

@@ -6,18 +6,24 @@ import resource
 from typing import Any
 
 
-def python_peak_rss_mb() -> float:
-    """This process's peak resident set: VmHWM of its own address space. Not getrusage's ru_maxrss,
-    which Linux carries over from the parent through fork and exec (a mode started by a parent that
-    had loaded the raw log reported the parent's 547 MB)."""
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's peak resident set: VmHWM of its own address space (None when it is gone)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return round(int(line.split()[1]) / 1024, 1)
     except OSError:
-        pass
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return None
+    return None
+
+
+def python_peak_rss_mb() -> float:
+    """This process's peak resident set. Not getrusage's ru_maxrss, which Linux carries over from the
+    parent through fork and exec (a mode started by a parent that had loaded the raw log reported
+    the parent's 547 MB); that is only the fallback where /proc is missing."""
+    own = peak_rss_mb()
+    return own if own is not None else round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def jvm_peak_heap_mb(spark: Any) -> float:
