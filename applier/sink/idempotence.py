@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,10 +46,19 @@ def applied_version(spark: SparkSession, table_path: str, app_id: str) -> int | 
     Read through the JVM DeltaLog (the Python API does not expose SetTransaction actions); this is the
     authoritative record of what has been applied, independent of any state file of ours.
     """
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_path)  # type: ignore[attr-defined]
-    snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-    txn = snapshot.transactions().get(app_id)
+    txn = latest_snapshot(spark, table_path).transactions().get(app_id)
     if txn.isEmpty():
         return None
     return int(txn.get())
+
+
+def latest_snapshot(spark: SparkSession, table_path: str) -> Any:
+    """The table's newest Delta snapshot, as the JVM object (its log is read up to the last commit)."""
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_path)  # type: ignore[attr-defined]
+    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def holds_no_files(spark: SparkSession, table_path: str) -> bool:
+    """True when the table's newest version has no data files at all (so it has no rows)."""
+    return int(latest_snapshot(spark, table_path).numOfFiles()) == 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
-from applier.sink.idempotence import idempotent_write
+from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import TablePlan
 
@@ -152,6 +152,8 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
     names = [f.name for f in schema.fields]
     key_names = [names[i] for i in plan.key_positions]
     lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
+    if not lookup_cols and holds_no_files(spark, path):
+        return _insert_into_empty(spark, path, schema, plan, app_id, version, description)
     src_fields = list(schema.fields) + [StructField(OP_COL, StringType(), False)]
     src_fields += [StructField(_u_col(i), BooleanType(), False) for i in lookup_cols]
     if lookup_cols:
@@ -201,6 +203,23 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
          .whenNotMatchedInsert(condition=F.col(f"s.{OP_COL}") == "U", values=assignments)
          .execute())
     return CommitResult(upserts, deletes, False)
+
+
+def _insert_into_empty(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+                       version: int, description: str) -> CommitResult:
+    """A keyed fold into a table without any data file is an append of its final rows.
+
+    A MERGE would join them against nothing and still cost about twice the write (500 k rows into
+    an empty table: 3.4 s vs 1.8 s warm), which is what a replay into a new target or the first
+    group after the snapshot of an empty table pays. Deletes of keys the table never had are
+    no-ops, and the fold holds one row per key. Only the applier writes its tables, so no rows can
+    appear between the check and this commit.
+    """
+    rows = [entry.row for entry in plan.keyed.values() if entry.row is not None]
+    df = _source_frame(spark, rows, schema)
+    with idempotent_write(spark, app_id, version, description):
+        df.write.format("delta").mode("append").save(path)
+    return CommitResult(len(rows), 0, False)
 
 
 def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: list[str], plan: TablePlan,

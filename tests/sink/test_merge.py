@@ -106,3 +106,32 @@ def test_multiset_table_deletes_exactly_one_duplicate_per_message(spark, tmp_pat
     assert rows(spark, path) == [(7, "same", ["a"]), (7, "same", ["b"]), (8, None, None)]
     with pytest.raises(SinkError, match="diverged"):
         run(spark, path, [Ch("D", old_row=(9, "never", None))], 3, keys=())
+
+
+def test_a_keyed_fold_into_a_table_without_rows_is_one_append_and_then_merges_again(spark, tmp_path):
+    from delta.tables import DeltaTable
+
+    def operations():
+        return [r["operation"] for r in DeltaTable.forPath(spark, path).history().orderBy("version").collect()]
+
+    path = str(tmp_path / "t")
+    ensure_table(spark, path, TableSpec("public.t", SCHEMA, ("id",), "d"))
+    batch = [Ch("I", (1, "a", None)), Ch("I", (2, "b", ["x"])), Ch("U", (1, "a2", None)),
+             Ch("D", old_key=(2,)), Ch("D", old_key=(7,)), Ch("I", (3, "c", []))]
+    res = run(spark, path, batch, 100)
+    assert rows(spark, path) == [(1, "a2", None), (3, "c", [])]
+    assert (res.rows_upserted, res.rows_deleted) == (2, 0)
+    assert operations()[-1] == "WRITE"  # an append, not a MERGE
+    assert applied_version(spark, path, app_id_for("t")) == 100
+    run(spark, path, batch, 100)  # replayed after a crash: nothing written twice
+    assert rows(spark, path) == [(1, "a2", None), (3, "c", [])]
+
+    run(spark, path, [Ch("I", (1, "again", None)), Ch("U", (3, "c2", None))], 200)  # rows exist: a MERGE
+    assert operations()[-1] == "MERGE"
+    assert rows(spark, path) == [(1, "again", None), (3, "c2", None)]
+
+    run(spark, path, [Ch("D", old_key=(1,)), Ch("D", old_key=(3,))], 300)  # emptied: no files left
+    run(spark, path, [Ch("I", (1, "back", None))], 400)
+    assert operations()[-1] == "WRITE"
+    assert rows(spark, path) == [(1, "back", None)]
+    assert applied_version(spark, path, app_id_for("t")) == 400
