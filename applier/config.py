@@ -106,6 +106,9 @@ class ApplySettings(_Model):
     max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
     max_group_bytes_mb: int = Field(
         256, ge=1, description="grouped: approximate size of the row images folded into one Delta commit")
+    parallel_tables: int = Field(
+        3, ge=1, description="grouped: how many tables of one group are committed at the same time, each "
+        "in a Spark session of its own (1: one after the other)")
     optimize_every_commits: int = Field(
         0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
         "to it; 0: never (run OPTIMIZE yourself)")

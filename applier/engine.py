@@ -22,8 +22,9 @@ from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import apply_plan, write_rows
-from applier.sink.plan import OP_TRUNCATE, fold_changes
+from applier.sink.merge import CommitResult, apply_plan, write_rows
+from applier.sink.parallel import SessionPool
+from applier.sink.plan import OP_TRUNCATE, TablePlan, fold_changes
 from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
 from applier.sink.targets import TableTargets
 
@@ -104,6 +105,7 @@ class DeltaApplier:
         self._schema_seen: dict[str, Any] = {}  # table path -> SchemaVersion the Delta table matches
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
+        self._sessions = SessionPool(spark, self.settings.parallel_tables)
 
     def path_for(self, namespace: str, name: str) -> str:
         return self.targets.path_for(namespace, name)
@@ -160,7 +162,7 @@ class DeltaApplier:
                 entry = per_table.setdefault(path, (batch, []))
                 entry[1].append((end_lsn, batch))
                 per_table[path] = (batch, entry[1])  # remember the newest schema
-        applied_any = False
+        commits: list[tuple[str, TableSpec, TablePlan, str]] = []
         for path, (last_batch, parts) in per_table.items():
             spec = self._spec(last_batch)
             self.stats.tables.add((last_batch.namespace, last_batch.name))
@@ -174,6 +176,7 @@ class DeltaApplier:
             changes = [c for _lsn, b in todo for c in _aligned(b, last_batch.schema, names)]
             key_positions = tuple(names.index(k) for k in spec.key_columns)
             plan = fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST)
+            del changes
             if plan.empty:
                 self._applied[path] = group_end
                 continue
@@ -184,24 +187,35 @@ class DeltaApplier:
             if self._dry_run is not None:
                 self._dry_run(describe_plan(description, plan))
                 continue
-            result = retry_on_conflict(
-                partial(apply_plan, self.spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
-                        version=group_end, description=description),
-                table=spec.source_name)
-            self._applied[path] = group_end
-            crashpoint("between_tables")
-            self._maybe_optimize(path, spec.source_name)
-            if plan.restart_identity:
-                # The tables applier creates have no identity columns of their own; record the reset so
-                # that sequences owned by a consumer can follow it.
-                set_table_property(self.spark, path, PROP_RESTART_IDENTITY, format_lsn(group_end))
+            commits.append((path, spec, plan, description))
+        results = self._sessions.run([partial(self._commit, path=path, spec=spec, plan=plan, version=group_end,
+                                              description=description)
+                                      for path, spec, plan, description in commits])
+        for (_path, spec, _plan, _description), result in zip(commits, results, strict=True):
             self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
             self.stats.commits += 1
-            applied_any = True
+        applied_any = bool(commits)
         self.stats.transactions += len(transactions)
         if applied_any:
             self.stats.applied += len(transactions)
         self.stats.last_end_lsn = group_end
+
+    def _commit(self, spark: SparkSession, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
+                description: str) -> CommitResult:
+        """One table's commit of a group (run side by side with the other tables', in ``spark``, a
+        session of its own)."""
+        result = retry_on_conflict(
+            partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
+                    version=version, description=description),
+            table=spec.source_name)
+        self._applied[path] = version
+        crashpoint("between_tables")
+        self._maybe_optimize(spark, path, spec.source_name)
+        if plan.restart_identity:
+            # The tables applier creates have no identity columns of their own; record the reset so
+            # that sequences owned by a consumer can follow it.
+            set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
+        return result
 
     def load_snapshot(self, schema_version: Any, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
         """Replace the table's contents with an initial copy taken at ``lsn`` (the slot's consistent
@@ -234,7 +248,7 @@ class DeltaApplier:
         self.stats.tables.add((batch.namespace, batch.name))
         return written
 
-    def _maybe_optimize(self, path: str, source_name: str) -> None:
+    def _maybe_optimize(self, spark: SparkSession, path: str, source_name: str) -> None:
         """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few
         files each; without compaction a long-running mirror's reads slow down)."""
         every = self.settings.optimize_every_commits
@@ -245,7 +259,7 @@ class DeltaApplier:
             from delta.tables import DeltaTable
 
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
-            retry_on_conflict(lambda: DeltaTable.forPath(self.spark, path).optimize().executeCompaction(),
+            retry_on_conflict(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction(),
                               table=source_name)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
