@@ -398,12 +398,18 @@ class TransactionAssembler:
             self.prepared.discard(msg.gid)
         return []
 
-    def finished(self, txn: CommittedTransaction) -> None:
-        """Tell the assembler a committed transaction is durably applied: release its spill file and
-        drop its staged copy."""
+    @staticmethod
+    def release(txn: CommittedTransaction) -> None:
+        """Free a committed transaction's buffered changes (memory and spill file) once they have been
+        read for the last time; its staged copy, if it was prepared, stays until :meth:`finished`."""
         close = getattr(txn.changes, "close", None)
         if close is not None:
             close()
+
+    def finished(self, txn: CommittedTransaction) -> None:
+        """Tell the assembler a committed transaction is durably applied: release its spill file and
+        drop its staged copy."""
+        self.release(txn)
         if txn.kind == "prepared" and txn.gid is not None and self.prepared is not None:
             self.prepared.committed(txn.gid, txn.end_lsn)
 
