@@ -102,7 +102,9 @@ class ApplySettings(_Model):
     grouping: Literal["transaction", "grouped"] = Field(
         "grouped", description="fold many source transactions into one Delta commit per table (exact, "
         "fast), or 'transaction': one Delta commit per source transaction (strict, slow)")
-    max_group_transactions: int = Field(10_000, ge=1, description="grouped: transactions per Delta commit")
+    max_group_transactions: int = Field(
+        250_000, ge=1, description="grouped: transactions per Delta commit (memory is bounded by the two "
+        "limits below; this bounds the bookkeeping of many tiny transactions)")
     max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
     max_group_bytes_mb: int = Field(
         256, ge=1, description="grouped: approximate size of the row images folded into one Delta commit")

@@ -1,15 +1,16 @@
 """Benchmark: applying a pgbench-like history to Delta, grouped vs one MERGE per transaction vs append.
 
     .venv/bin/python bench/apply.py [--transactions 100000] [--accounts 100000] [--sample 30]
-                                    [--group-transactions 10000] [--runs 1]
+                                    [--group-transactions N] [--runs 1]
 
 A PostgreSQL server (started by the script) runs the history: one transaction loads 3 tables
 (``pgb_branches`` 1 row, ``pgb_tellers`` 10, ``pgb_accounts`` N), then ``--transactions`` small
 transactions each update one account, one teller and the branch (pgbench's TPC-B shape without its
 history table: updates dominate). A slot captures it all to a raw log, which is then applied:
 
-(a) grouped: ``replay_log`` with ``apply.grouping: grouped`` and ``--group-transactions`` per
-    Delta commit; the result is verified against Postgres row by row (outside the timing);
+(a) grouped: ``replay_log`` with ``apply.grouping: grouped``, the default limits, and
+    ``--group-transactions`` per Delta commit (default: ``apply.max_group_transactions``'s
+    default); the result is verified against Postgres row by row (outside the timing);
 (b) per transaction: the load is applied first (not timed), then ``--sample`` transactions with
     ``grouping: transaction`` (3 MERGEs each); the time per transaction, net of re-reading the
     prefix, is EXTRAPOLATED to the whole history and labelled so;
@@ -121,7 +122,7 @@ def mode_grouped(spark, args: argparse.Namespace) -> dict[str, object]:  # type:
 
     target = Path(args.workdir) / "grouped"
     seconds = _replay(spark, Path(args.workdir) / "raw.parquet", target,
-                      max_group_transactions=args.group_transactions, max_group_rows=10_000_000)
+                      max_group_transactions=args.group_transactions)
     memory = _memory(spark)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         results = verify_against_postgres(spark, conn, str(target), TABLES)
@@ -183,12 +184,14 @@ def in_process(mode: str, args: argparse.Namespace, dsn: str) -> dict[str, objec
 
 
 def main() -> None:
+    from applier.config import ApplySettings
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transactions", type=int, default=100_000)
     p.add_argument("--accounts", type=int, default=100_000)
     p.add_argument("--sample", type=int, default=30, help="transactions applied one MERGE each, then extrapolated")
-    p.add_argument("--group-transactions", type=int, default=10_000,
-                   help="apply.max_group_transactions for (a) (the default of the setting)")
+    p.add_argument("--group-transactions", type=int, default=ApplySettings().max_group_transactions,
+                   help="apply.max_group_transactions for (a) (default: the setting's default)")
     p.add_argument("--runs", type=int, default=1, help="repeat each mode; medians are reported")
     p.add_argument("--mode", choices=sorted(MODES), help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
