@@ -282,7 +282,7 @@ class Mirror:
     def _abandon_session(self) -> None:
         """Forget what the lost session delivered but did not get applied: the next session re-sends it
         (staged prepared transactions stay: their Prepare is not re-sent once confirmed)."""
-        self.group.clear()  # their buffered changes were released when they were read
+        self.group.clear()  # their buffered changes were released when they joined the group
         self._group_since = None
         self.feeder.messages.clear()
         self.feeder.assembler.session_start()

@@ -122,13 +122,7 @@ class TransactionFeeder:
         """Committed transactions completed by this message, with their batches. Call
         ``applied(txn)`` once the transaction's Delta commits exist (drops staged prepares)."""
         for txn in self.assembler.feed(lsn, msg):
-            batches = self.batches(txn)
-            # The batches hold every value the apply needs: the decoded messages would only double the
-            # memory of a pending group (and keep spill files) until it is applied. A crash before
-            # then re-reads the transaction from the slot or the log; a prepared one's staged copy
-            # stays until the transaction is applied.
-            self.assembler.release(txn)
-            yield txn, batches
+            yield txn, self.batches(txn)
 
     def applied(self, txn: CommittedTransaction) -> None:
         self.assembler.finished(txn)

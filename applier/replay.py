@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from applier.assembly import CommittedTransaction
+from applier.assembly import CommittedTransaction, TransactionAssembler
 from applier.config import ApplySettings, ReplayConfig
 from applier.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.errors import ApplierError
@@ -61,6 +61,10 @@ class PendingGroup:
         self.bytes = 0
 
     def add(self, txn: CommittedTransaction, batches: list[TableBatch]) -> None:
+        # The batches hold every value the apply needs: the decoded messages would only double the
+        # group's memory (and keep spill files) until it is applied. A crash before then re-reads the
+        # transaction from the slot or the log; a prepared one's staged copy stays until it is applied.
+        TransactionAssembler.release(txn)
         self.transactions.append((txn.end_lsn, batches))
         self.committed.append(txn)
         self.rows += sum(len(b.changes) for b in batches)
