@@ -107,6 +107,7 @@ class DeltaApplier:
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(spark, self.settings.parallel_tables)
+        self._written: set[str] = set()  # table paths this run has written rows to
 
     def path_for(self, namespace: str, name: str) -> str:
         return self.targets.path_for(namespace, name)
@@ -207,9 +208,11 @@ class DeltaApplier:
         session of its own)."""
         result = retry_on_conflict(
             partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
-                    version=version, description=description),
+                    version=version, description=description, may_be_empty=path not in self._written),
             table=spec.source_name)
         self._applied[path] = version
+        if result.rows_upserted:
+            self._written.add(path)  # it has data files now (a later delete of every row only costs a MERGE)
         crashpoint("between_tables")
         self._maybe_optimize(spark, path, spec.source_name)
         if plan.restart_identity:
@@ -245,6 +248,8 @@ class DeltaApplier:
             written += len(chunk)
         write_rows(self.spark, path, spec.schema, pending or [], replace=first, tag=tag)
         self._applied[path] = lsn
+        if written:
+            self._written.add(path)
         self.stats.rows[spec.source_name] += written
         self.stats.tables.add((batch.namespace, batch.name))
         return written

@@ -46,13 +46,16 @@ class CommitResult:
 
 
 def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
-               version: int, description: str) -> CommitResult:
-    """Make the one commit ``plan`` describes; ``version`` is the end LSN of the last transaction in it."""
+               version: int, description: str, may_be_empty: bool = True) -> CommitResult:
+    """Make the one commit ``plan`` describes; ``version`` is the end LSN of the last transaction in it.
+
+    ``may_be_empty`` False says the caller knows the table has data files (it wrote rows to it), so
+    the check for an empty table, one more read of the Delta log per commit, is skipped."""
     if plan.truncated:
         return _overwrite(spark, path, schema, plan, app_id, version, description)
     if plan.multiset:
         return _merge_multiset(spark, path, schema, plan, app_id, version, description)
-    return _merge_keyed(spark, path, schema, plan, app_id, version, description)
+    return _merge_keyed(spark, path, schema, plan, app_id, version, description, may_be_empty)
 
 
 def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: StructType) -> DataFrame:
@@ -144,7 +147,7 @@ def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
 
 
 def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
-                 version: int, description: str) -> CommitResult:
+                 version: int, description: str, may_be_empty: bool) -> CommitResult:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
@@ -152,7 +155,7 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
     names = [f.name for f in schema.fields]
     key_names = [names[i] for i in plan.key_positions]
     lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
-    if not lookup_cols and holds_no_files(spark, path):
+    if may_be_empty and not lookup_cols and holds_no_files(spark, path):
         return _insert_into_empty(spark, path, schema, plan, app_id, version, description)
     src_fields = list(schema.fields) + [StructField(OP_COL, StringType(), False)]
     src_fields += [StructField(_u_col(i), BooleanType(), False) for i in lookup_cols]
