@@ -219,9 +219,7 @@ def _insert_into_empty(spark: SparkSession, path: str, schema: StructType, plan:
     appear between the check and this commit.
     """
     rows = [entry.row for entry in plan.keyed.values() if entry.row is not None]
-    df = _source_frame(spark, rows, schema)
-    with idempotent_write(spark, app_id, version, description):
-        df.write.format("delta").mode("append").save(path)
+    write_rows(spark, path, schema, rows, replace=False, tag=(app_id, version, description))
     return CommitResult(len(rows), 0, False)
 
 
