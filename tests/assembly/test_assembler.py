@@ -190,3 +190,28 @@ def test_a_commit_prepared_resent_after_its_apply_is_recognised(tmp_path):
     assert again.feed(5, CommitPrepared(0, 30, 35, 0, 7, "g")) == []
     with pytest.raises(AssemblyError, match="not staged"):  # another end LSN: really lost
         again.feed(6, CommitPrepared(0, 40, 45, 0, 7, "g"))
+
+
+def test_a_transaction_joining_a_pending_group_frees_its_buffered_changes_and_keeps_its_rows(tmp_path):
+    from applier.catalog import RelationCache
+    from applier.config import ApplySettings
+    from applier.pipeline import TransactionFeeder
+    from applier.replay import PendingGroup
+
+    catalog = RelationCache()
+    assembler = TransactionAssembler(catalog, prepared=PreparedStore(tmp_path / "prepared"),
+                                     spill_dir=tmp_path / "spill", memory_budget_bytes=1024)  # spills
+    feeder = TransactionFeeder(catalog, assembler, ApplySettings())
+    group = PendingGroup(ApplySettings())
+    spill = tmp_path / "spill"
+    spilled = False
+    for lsn, msg in messages("pg15_streaming_proto2_streaming.jsonl"):
+        for txn, batches in feeder.feed(lsn, msg):
+            assert len(tuple(txn.changes)) > 0  # readable by the feed's consumer
+            spilled = spilled or bool(list(spill.glob("*")))
+            group.add(txn, batches)
+            with pytest.raises(AssemblyError, match="released already"):
+                list(txn.changes)  # the decoded messages are gone once the group holds the rows
+    assert spilled  # the tiny budget did spill
+    assert group.rows > 0 and all(b.changes for _end, batches in group.transactions for b in batches)
+    assert not list(spill.glob("*"))  # spill files too, before the group is applied
