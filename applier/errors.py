@@ -55,19 +55,24 @@ class EnvironmentSetupError(ApplierError):
     """Something the engine needs on this machine (Java, Delta jars, PostgreSQL binaries) is missing."""
 
 
-class DecodeError(ApplierError):
+class DataError(ApplierError):
+    """Caused by the data of one transaction, not by the machine, the server or the config: the run
+    stops before that transaction, and ``--skip-transaction`` is a way past it."""
+
+
+class DecodeError(DataError):
     """Bytes that are not a valid pgoutput (or replication-protocol) message."""
 
 
-class CatalogError(ApplierError):
+class CatalogError(DataError):
     """A change refers to a relation or type the catalog does not know, or a schema change is unsupported."""
 
 
-class ValueConversionError(ApplierError):
+class ValueConversionError(DataError):
     """A column value cannot be converted from its PostgreSQL representation."""
 
 
-class AssemblyError(ApplierError):
+class AssemblyError(DataError):
     """The message sequence breaks transaction framing (e.g. Commit without Begin)."""
 
 

@@ -107,7 +107,7 @@ def _memory(spark) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:  # type: ignore[no-untyped-def]
     from applier.config import ApplySettings, ReplayConfig, TargetSettings
-    from applier.replay import replay_log
+    from applier.drivers.replay import replay_log
 
     started = time.monotonic()
     replay_log(spark, ReplayConfig(source_log=str(log_path), target=TargetSettings(path=str(target)),
@@ -118,7 +118,7 @@ def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:  # t
 def mode_grouped(spark, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
     import psycopg
 
-    from applier.verify import verify_against_postgres
+    from applier.checks.verify import verify_against_postgres
 
     target = Path(args.workdir) / "grouped"
     seconds = _replay(spark, Path(args.workdir) / "raw.parquet", target,
@@ -145,8 +145,8 @@ def mode_per_transaction(spark, args: argparse.Namespace) -> dict[str, object]: 
 def mode_append(spark, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
     import psycopg
 
+    from applier.checks.verify import postgres_table_rows
     from applier.sink.merge import arrow_table
-    from applier.verify import postgres_table_rows
 
     work = Path(args.workdir)
     frames = []
@@ -201,7 +201,7 @@ def main() -> None:
         run_mode(args)
         return
 
-    from applier.pgcluster import start_cluster
+    from applier.devtools.pgcluster import start_cluster
 
     with tempfile.TemporaryDirectory(prefix="bench-apply-") as tmp, start_cluster() as cluster:
         args.workdir = tmp

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def capture_templates() -> dict[str, bytes]:
     import psycopg
 
-    from applier.pgcluster import start_cluster
+    from applier.devtools.pgcluster import start_cluster
     from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
     with start_cluster() as cluster, psycopg.connect(cluster.dsn(), autocommit=True) as conn:

@@ -106,8 +106,8 @@ def main() -> None:
 
     import psycopg
 
-    from applier.pgcluster import start_cluster
-    from applier.verify import verify_against_postgres
+    from applier.checks.verify import verify_against_postgres
+    from applier.devtools.pgcluster import start_cluster
 
     with tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:

@@ -82,10 +82,10 @@ def main() -> None:
     import psycopg
     import yaml
 
+    from applier.checks.verify import verify_against_postgres
+    from applier.devtools.pgcluster import start_cluster
     from applier.lsn import format_lsn, parse_lsn
-    from applier.pgcluster import start_cluster
     from applier.spark.session import build_spark_session
-    from applier.verify import verify_against_postgres
 
     with tempfile.TemporaryDirectory(prefix="bench-lag-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:

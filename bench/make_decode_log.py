@@ -1,7 +1,7 @@
 """Capture a realistic raw log for bench/decode.py from a real PostgreSQL server.
 
 Realistic means what a busy OLTP slot mostly carries: many small transactions, each one insert or
-one update of a narrow row. A throw-away cluster (applier.pgcluster) runs ``--transactions`` of
+one update of a narrow row. A throw-away cluster (applier.devtools.pgcluster) runs ``--transactions`` of
 them (half inserts, then half updates, each its own transaction, driven server-side by a DO block
 with COMMIT so that the client is not the bottleneck), the slot is peeked with protocol 1 text
 (the pinned session of applier.sources.sql_slot) and the rows are written as a Parquet raw log::
@@ -24,7 +24,7 @@ os.environ["APPLIER_CACHE_DIR"] = str(Path(os.environ.get("APPLIER_CACHE_DIR", R
 
 import psycopg  # noqa: E402
 
-from applier.pgcluster import start_cluster  # noqa: E402
+from applier.devtools.pgcluster import start_cluster  # noqa: E402
 from applier.sources.rawlog_writer import write_raw_log  # noqa: E402
 from applier.sources.sql_slot import peek, pgoutput_options  # noqa: E402
 

@@ -8,7 +8,7 @@
 
 The source is ``spark.readStream.format("pgoutput")`` (offsets are LSNs; the slot advances only
 when a batch is committed) or a Delta raw log written by ``applier capture``; the sink is
-``applier.streaming.DeltaApplySink`` through ``foreachBatch``. Restart with the same checkpoint
+``applier.drivers.streaming.DeltaApplySink`` through ``foreachBatch``. Restart with the same checkpoint
 after any failure: batches are re-applied idempotently.
 """
 
@@ -38,8 +38,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The streaming query (not started): source -> foreachBatch(DeltaApplySink)."""
-    from applier.spark.pgoutput_source import register_pgoutput_source
-    from applier.streaming import DeltaApplySink
+    from applier.drivers.streaming import DeltaApplySink
+    from applier.sources.spark_datasource import register_pgoutput_source
 
     if args.slot:
         if not args.dsn:

@@ -2,7 +2,7 @@
 
 Why: decoder tests must run on bytes a server really sent, not on layouts someone typed from the
 docs. This script starts a throw-away cluster per installed major (15 from Debian, 16 and 18 from
-the pgserver wheels; see applier.pgcluster), runs one small workload per scenario in a fresh
+the pgserver wheels; see applier.devtools.pgcluster), runs one small workload per scenario in a fresh
 database, and peeks the slot (``pg_logical_slot_peek_binary_changes``, nothing is consumed) once per
 pgoutput option set. Each (major, scenario, option set) becomes one JSON-lines file, one object per
 message: ``{"lsn": "0/16B3748", "xid": 740, "data": "<hex>"}``, in the order the server sent them.
@@ -52,8 +52,8 @@ if str(REPO) not in sys.path:
 # Absolute: the server binaries run with cwd "/", so a relative cache path would not resolve.
 os.environ["APPLIER_CACHE_DIR"] = str(Path(os.environ.get("APPLIER_CACHE_DIR", REPO / ".cache")).resolve())
 
+from applier.devtools.pgcluster import PgCluster, find_installation, find_installations  # noqa: E402
 from applier.lsn import format_lsn  # noqa: E402
-from applier.pgcluster import PgCluster, find_installation, find_installations  # noqa: E402
 from applier.sources.sql_slot import PeekedMessage, peek  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "pgoutput"

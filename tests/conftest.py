@@ -15,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from applier.devtools.pgcluster import PgCluster, find_installation, find_installations
 from applier.errors import EnvironmentSetupError
-from applier.pgcluster import PgCluster, find_installation, find_installations
 
 pytest_plugins = ("pytester",)
 
@@ -25,7 +25,7 @@ os.environ.setdefault("APPLIER_CACHE_DIR", str(REPO / ".cache"))
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-#: Every test cluster gets these on top of applier.pgcluster.BASE_SETTINGS: small transactions
+#: Every test cluster gets these on top of applier.devtools.pgcluster.BASE_SETTINGS: small transactions
 #: stream (protocol 2+) so streaming paths get exercised by ordinary-sized workloads.
 TEST_SETTINGS = {"logical_decoding_work_mem": "64kB"}
 

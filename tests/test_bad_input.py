@@ -17,9 +17,9 @@ import pytest
 
 from applier.cli import main as cli_main
 from applier.config import ApplySettings, ReplayConfig, TargetSettings
+from applier.drivers.replay import replay_log
 from applier.errors import ApplierError
 from applier.lsn import format_lsn
-from applier.replay import replay_log
 from applier.sink.audit import read_skips
 from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log

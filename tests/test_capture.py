@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from workloads import SCHEMA, TABLES, random_workload
 
-from applier.capture import capture
+from applier.checks.verify import verify_against_postgres
 from applier.config import CaptureConfig, ReplayConfig, SourceSettings, TargetSettings
+from applier.drivers.capture import capture
+from applier.drivers.replay import replay_log
 from applier.errors import SourceError
-from applier.replay import replay_log
 from applier.sources import sql_slot
 from applier.sources.rawlog import read_raw_log
-from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

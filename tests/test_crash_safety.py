@@ -25,8 +25,8 @@ import pytest
 import yaml
 from workloads import SCHEMA, TABLES, random_workload
 
-from applier.crashpoints import POINTS
-from applier.verify import verify_against_postgres
+from applier.checks.verify import verify_against_postgres
+from applier.infra.crashpoints import POINTS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

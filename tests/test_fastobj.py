@@ -1,4 +1,4 @@
-"""applier.fastobj: a fast constructor builds exactly what the dataclass's own constructor builds."""
+"""applier.infra.fastobj: a fast constructor builds exactly what the dataclass's own constructor builds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from applier.assembly.rowimage import RowImage
 from applier.assembly.transactions import Change
-from applier.engine import TableChange
-from applier.fastobj import fast_constructor
+from applier.infra.fastobj import fast_constructor
 from applier.protocol.messages import Insert, TupleData
+from applier.sink.engine import TableChange
 
 
 def test_built_objects_equal_the_regular_ones_and_stay_frozen():

@@ -18,14 +18,14 @@ import psycopg
 import pytest
 from workloads import SCHEMA, TABLES, random_workload
 
+from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TargetSettings
+from applier.drivers.mirror import mirror
+from applier.drivers.replay import replay_log
 from applier.errors import SourceError, SpillError
 from applier.lsn import parse_lsn
-from applier.mirror import mirror
-from applier.replay import replay_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
-from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -86,7 +86,7 @@ def test_inspect_reports_lsn_and_offset_of_a_bad_message(tmp_path, capsys):
 
 
 def test_progress_goes_to_stderr(tmp_path, capsys, monkeypatch):
-    import applier.inspect as inspect_module
+    import applier.checks.inspect as inspect_module
 
     log = tmp_path / "log.parquet"
     write_raw_log(log, captured(STREAMING))

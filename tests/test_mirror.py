@@ -18,11 +18,11 @@ import pytest
 import yaml
 from workloads import SCHEMA, TABLES, random_workload
 
+from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.drivers.mirror import mirror
 from applier.errors import SourceError
 from applier.lsn import parse_lsn
-from applier.mirror import mirror
-from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -9,15 +9,15 @@ import pytest
 from reference_sink import ReferenceSink
 from workloads import SCHEMA, TABLES, random_workload
 
+from applier.assembly.feeder import TransactionFeeder
+from applier.checks.verify import compare, postgres_table_rows, verify_against_postgres
 from applier.config import ApplySettings, ReplayConfig, TargetSettings
-from applier.pipeline import TransactionFeeder
+from applier.drivers.replay import replay_log
 from applier.protocol.decoder import MessageDecoder
-from applier.replay import replay_log
 from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 from applier.state import StateDir
-from applier.verify import compare, postgres_table_rows, verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -2,7 +2,7 @@
 
 Each test runs a workload on a real server, reads the slot with pg_logical_slot_peek_binary_changes,
 stores it as a raw log, replays it with `replay_log`, and verifies the Delta tables against
-Postgres's final contents (applier.verify: same values through the same values layer, multiset
+Postgres's final contents (applier.checks.verify: same values through the same values layer, multiset
 comparison). A second replay must write no new Delta versions.
 """
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, ReplayConfig, TargetSettings
-from applier.replay import replay_log
-from applier.sample import create_schema, run_workload
+from applier.devtools.sample import create_schema, run_workload
+from applier.drivers.replay import replay_log
 from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
-from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -57,7 +57,7 @@ SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop"
 
 
 def test_sample_workload_grouped_replay_equals_postgres(pg, spark, tmp_path, caplog):
-    caplog.set_level("INFO", logger="applier.engine")
+    caplog.set_level("INFO", logger="applier.sink.engine")
     with pg.connect() as conn:
         create_schema(conn, "pub")
         create_slot(conn, "s")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from applier.config import ApplySettings, ReplayConfig, TargetSettings
+from applier.drivers.replay import replay_log
 from applier.lsn import parse_lsn
-from applier.replay import replay_log
 from applier.sources.rawlog_writer import write_raw_log
 
 pytestmark = pytest.mark.spark

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
+from applier.checks.verify import verify_against_postgres
 from applier.cli import main as cli_main
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
-from applier.mirror import mirror
-from applier.verify import verify_against_postgres
+from applier.drivers.mirror import mirror
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from workloads import SCHEMA, TABLES, random_workload
 
+from applier.checks.verify import verify_against_postgres
+from applier.drivers.streaming import DeltaApplySink
 from applier.lsn import format_lsn
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
-from applier.streaming import DeltaApplySink
-from applier.verify import verify_against_postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from applier.verify import compare, verify_table
+from applier.checks.verify import compare, verify_table
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from applier.assembly.transactions import Change
 from applier.catalog import SchemaVersion
-from applier.fastobj import fast_constructor
+from applier.infra.fastobj import fast_constructor
 from applier.protocol.messages import Delete, Insert, Truncate, Update
 
 OldKind = Literal["key", "full"] | None

@@ -28,9 +28,9 @@ from typing import Literal
 from applier.assembly.buffer import ChangeBuffer
 from applier.assembly.staging import PreparedStore
 from applier.catalog import RelationCache, SchemaVersion
-from applier.crashpoints import crashpoint
 from applier.errors import ApplierError, AssemblyError, CatalogError
-from applier.fastobj import fast_constructor
+from applier.infra.crashpoints import crashpoint
+from applier.infra.fastobj import fast_constructor
 from applier.protocol.messages import (
     KIND_OF,
     Begin,

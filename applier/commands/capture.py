@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.capture import capture
+    from applier.drivers.capture import capture
     from applier.spark.session import build_spark_session_for
 
     if args.config:

@@ -45,7 +45,7 @@ def say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.pgcluster import start_cluster
+    from applier.devtools.pgcluster import start_cluster
 
     out = Path(args.output).resolve()
     if out.exists():
@@ -67,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(dsn: str, out: Path, transactions: int) -> int:
+    from applier.checks.verify import verify_against_postgres
     from applier.config import ReplayConfig, TargetSettings
-    from applier.replay import replay_log
-    from applier.sample import create_schema, run_workload
+    from applier.devtools.sample import create_schema, run_workload
+    from applier.drivers.replay import replay_log
     from applier.sources.rawlog_writer import write_raw_log
     from applier.sources.sql_slot import advance, create_slot, peek, pgoutput_options
     from applier.spark.session import build_spark_session
-    from applier.verify import verify_against_postgres
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'shop'").fetchone():

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from applier.inspect import format_report, inspect_messages
+from applier.checks.inspect import format_report, inspect_messages
 from applier.lsn import format_lsn
 from applier.sources.rawlog import read_raw_log
 

@@ -62,7 +62,7 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.mirror import mirror
+    from applier.drivers.mirror import mirror
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)

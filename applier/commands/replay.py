@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.replay import replay_log
+    from applier.drivers.replay import replay_log
     from applier.spark.session import build_spark_session_for
 
     if args.config:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from applier.pgcluster import default_cache_dir, find_installations
+from applier.devtools.pgcluster import find_installations
+from applier.infra.cache import default_cache_dir
 from applier.spark.jars import check_java, delta_jars
 
 

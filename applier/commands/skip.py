@@ -7,16 +7,12 @@ from __future__ import annotations
 import argparse
 
 from applier.config import ApplySettings
-from applier.errors import ApplierError, AssemblyError, CatalogError, DecodeError, ValueConversionError
+from applier.errors import ApplierError, DataError
 from applier.lsn import format_lsn
 
 SKIP_HELP = ("leave out the transaction with this commit LSN (repeatable), like ALTER SUBSCRIPTION ... "
              "SKIP: use the LSN an error named, after deciding its changes may be lost; each skip is "
              "recorded in the audit table <state_dir>/skipped_transactions")
-
-#: Errors caused by the data of one transaction (not by the machine, the server or the config).
-DATA_ERRORS = (DecodeError, AssemblyError, CatalogError, ValueConversionError)
-
 
 def add_skip_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-transaction", action="append", default=[], metavar="LSN", help=SKIP_HELP)
@@ -31,7 +27,7 @@ def with_skips(apply: ApplySettings, args: argparse.Namespace) -> ApplySettings:
 
 def way_forward(command: str, error: ApplierError) -> str | None:
     """What to do after a data error, when the error names the transaction."""
-    if not isinstance(error, DATA_ERRORS):
+    if not isinstance(error, DataError):
         return None
     lsn = error.context.get("commit_lsn", error.context.get("prepare_lsn"))
     if not isinstance(lsn, int):

@@ -27,10 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    from applier.checks.status import slot_status, status_json, table_status
     from applier.lsn import format_lsn
     from applier.sink.naming import mirrored_table_dirs
     from applier.spark.session import build_spark_session
-    from applier.status import slot_status, status_json, table_status
 
     dsn, slot, target = args.dsn, args.slot, args.target
     if args.config:
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         import psycopg
         from delta.tables import DeltaTable
 
-        from applier.sink.targets import TableTargets, published_selection
+        from applier.sink.targets import TableTargets
+        from applier.sources.publication import published_selection
 
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:

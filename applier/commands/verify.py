@@ -39,8 +39,8 @@ def mirrored_tables(target: Path) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from applier.checks.verify import verify_against_postgres
     from applier.spark.session import build_spark_session
-    from applier.verify import verify_against_postgres
 
     settings, publication = None, None
     if args.config:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         target = Path(args.target)
     with psycopg.connect(dsn, autocommit=True) as conn:
         if publication is not None:  # the config's tables, wherever its rules put them
-            from applier.sink.targets import published_selection
+            from applier.sources.publication import published_selection
 
             tables = [(t.namespace, t.name) for t in published_selection(conn, publication, settings)]
         else:

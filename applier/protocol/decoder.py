@@ -34,7 +34,7 @@ from struct import error as StructError
 from typing import Any
 
 from applier.errors import DecodeError
-from applier.fastobj import layout_twin
+from applier.infra.fastobj import layout_twin
 from applier.protocol import wire
 from applier.protocol.messages import (
     KIND_NAMES,
@@ -80,7 +80,7 @@ _KIND_LENGTH = Struct("!BI").unpack_from
 # frozen instance: same fields, equality, hash and immutability. About a third cheaper per message
 # than calling the slot descriptors; tests/protocol check that every decoded message equals the one
 # its regular constructor builds.
-# (applier.fastobj has the general form; these few are inlined into their decoders by hand.)
+# (applier.infra.fastobj has the general form; these few are inlined into their decoders by hand.)
 _new = object.__new__
 _BeginTwin: Any = layout_twin(Begin)
 _CommitTwin: Any = layout_twin(Commit)

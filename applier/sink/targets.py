@@ -8,7 +8,7 @@ the path once the table has been created, so that ``spark.table(name)`` reads th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
 from applier.sink.naming import table_location
@@ -81,12 +81,3 @@ class TableTargets:
             self._unregistered[path] = name
             raise SinkError(f"could not register the catalog table: {e}", catalog_table=name, path=path,
                             hint="create its schema (CREATE SCHEMA ...) or fix the name in tables.rules") from e
-
-
-
-def published_selection(conn: Any, publication: str, tables: TablesSettings) -> list[Any]:
-    """The publication's tables (``PublishedTable``: names and column list) that ``tables`` selects:
-    what a config mirrors, wherever its rules put the Delta tables."""
-    from applier.snapshot import published_tables
-
-    return [t for t in published_tables(conn, publication) if tables.selected(f"{t.namespace}.{t.name}")]

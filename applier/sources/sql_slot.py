@@ -31,6 +31,14 @@ PINNED_SESSION_SETTINGS: Mapping[str, str] = {
 }
 
 
+def current_flush_lsn(conn: psycopg.Connection) -> int:
+    """The server's WAL flush position: how far a drain (``--once``) reads, and where an idle slot
+    may be confirmed to."""
+    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    assert row is not None  # the function always returns a row
+    return parse_lsn(row[0])
+
+
 def pin_session(conn: psycopg.Connection) -> None:
     for name, value in PINNED_SESSION_SETTINGS.items():
         conn.execute("SELECT set_config(%s, %s, false)", (name, value))

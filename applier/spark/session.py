@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from applier.errors import EnvironmentSetupError
-from applier.pgcluster import default_cache_dir
+from applier.infra.cache import default_cache_dir
 from applier.spark.jars import check_java, delta_jars
 
 if TYPE_CHECKING:

@@ -193,10 +193,10 @@ def test_a_commit_prepared_resent_after_its_apply_is_recognised(tmp_path):
 
 
 def test_a_transaction_joining_a_pending_group_frees_its_buffered_changes_and_keeps_its_rows(tmp_path):
+    from applier.assembly.feeder import TransactionFeeder
     from applier.catalog import RelationCache
     from applier.config import ApplySettings
-    from applier.pipeline import TransactionFeeder
-    from applier.replay import PendingGroup
+    from applier.drivers.replay import PendingGroup
 
     catalog = RelationCache()
     assembler = TransactionAssembler(catalog, prepared=PreparedStore(tmp_path / "prepared"),

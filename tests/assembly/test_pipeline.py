@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings
 from applier.lsn import parse_lsn
-from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
 from applier.state import StateDir
 

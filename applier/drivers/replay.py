@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
+from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, ReplayConfig
-from applier.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.errors import ApplierError
-from applier.gcpolicy import after_group, collect_between_groups
+from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.lsn import format_lsn
-from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
+from applier.sink.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.sources.rawlog import read_raw_log
 from applier.state import StateDir
 

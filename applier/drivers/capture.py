@@ -27,7 +27,7 @@ import psycopg
 
 from applier.config import CaptureConfig
 from applier.errors import ApplierError
-from applier.lsn import format_lsn, parse_lsn
+from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import Commit, CommitPrepared, Prepare, RollbackPrepared, StreamCommit, StreamPrepare
 from applier.sink.idempotence import applied_version, idempotent_write
@@ -98,8 +98,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
         sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase)
         while not stop.is_set():
-            (target_text,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()  # type: ignore[misc]
-            target = parse_lsn(target_text)
+            target = sql_slot.current_flush_lsn(conn)
             rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
             cut = None  # index just past the last boundary
             cut_end = None

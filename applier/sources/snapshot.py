@@ -17,48 +17,17 @@ for the same table is not mistaken for a schema change.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import psycopg
 from psycopg import pq
 
 from applier.errors import SourceError
 from applier.protocol.messages import Relation, RelationColumn, TupleData, Type
+from applier.sources.publication import PublishedTable, quote_ident
 from applier.sources.sql_slot import pin_session
 
 #: pgoutput sends a Type message for columns whose type OID is at least this (FirstGenbkiObjectId).
 _FIRST_NON_BUILTIN_OID = 10000
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedTable:
-    namespace: str
-    name: str
-    columns: tuple[str, ...] | None  # the publication's column list (None: all columns)
-    row_filter: str | None  # the publication's WHERE clause, as SQL
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.namespace}.{self.name}"
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
-    """The tables the publication sends changes for (as pgoutput names them), with column lists and
-    row filters on servers that have them (PG 15+)."""
-    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
-    if exists is None:
-        raise SourceError(f"publication {publication!r} does not exist; create it first, e.g. "
-                          f"CREATE PUBLICATION {_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)",
-                          publication=publication)
-    has_lists = conn.info.server_version >= 150000
-    extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
-    rows = conn.execute(f"SELECT schemaname, tablename{extra} FROM pg_publication_tables WHERE pubname = %s "
-                        "ORDER BY 1, 2", (publication,)).fetchall()
-    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf) for ns, name, cols, rf in rows]
 
 
 def describe_relation(conn: psycopg.Connection, table: PublishedTable) -> tuple[Relation, list[Type]]:
@@ -103,11 +72,11 @@ def copy_rows(conn: psycopg.Connection, table: PublishedTable, relation: Relatio
     Runs inside the caller's transaction (the one that set the exported snapshot), through a
     server-side cursor so a big table never sits in memory whole.
     """
-    cols = ", ".join(_ident(c.name) for c in relation.columns) or "NULL"
+    cols = ", ".join(quote_ident(c.name) for c in relation.columns) or "NULL"
     relkind = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
     only = "" if relkind and relkind[0] == "p" else "ONLY "
     where = f" WHERE {table.row_filter}" if table.row_filter else ""
-    sql = f"SELECT {cols} FROM {only}{_ident(table.namespace)}.{_ident(table.name)}{where}"
+    sql = f"SELECT {cols} FROM {only}{quote_ident(table.namespace)}.{quote_ident(table.name)}{where}"
     pgconn = conn.pgconn
     _exec(pgconn, f"DECLARE applier_snapshot NO SCROLL CURSOR FOR {sql}", table)
     try:

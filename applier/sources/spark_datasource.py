@@ -20,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from applier.errors import ConfigError
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.decoder import MessageDecoder
+from applier.protocol.messages import Begin, LogicalMessage, Relation, Type
+from applier.sources.sql_slot import advance, create_slot, current_flush_lsn, peek, pgoutput_options
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
@@ -50,7 +56,6 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         import os
 
-        from applier.errors import ConfigError
 
         self.options = options
         dsn = options.get("dsn") or os.environ.get(options.get("dsn_env", "APPLIER_DSN"), "")
@@ -64,7 +69,6 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         self.publication = options.get("publication", "applier")
 
     def _pg_options(self) -> dict[str, str]:
-        from applier.sources.sql_slot import pgoutput_options
 
         opts = self.options
         return pgoutput_options(self.publication, proto_version=int(opts.get("proto_version", "1")),
@@ -78,14 +82,11 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         return psycopg.connect(self.dsn, autocommit=True)
 
     def initialOffset(self) -> dict[str, str]:
-        from applier.lsn import format_lsn
-        from applier.sources.sql_slot import create_slot
 
         with self._connect() as conn:
             return {"lsn": format_lsn(create_slot(conn, self.slot))}
 
     def read(self, start: dict[str, str]) -> tuple[Iterator[tuple[Any, ...]], dict[str, str]]:
-        from applier.lsn import format_lsn, parse_lsn
 
         # Spark plans a batch from ``start`` only after every batch ending there is committed (its
         # foreachBatch done, its commit log written), so the slot can be confirmed up to ``start``
@@ -93,15 +94,11 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         # constructs the next batch, which never happens after the last one of --once.
         self._advance(parse_lsn(start["lsn"]))
         with self._connect() as conn:
-            (flush,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-        end = max(parse_lsn(flush), parse_lsn(start["lsn"]))
+            flush = current_flush_lsn(conn)
+        end = max(flush, parse_lsn(start["lsn"]))
         return self.readBetweenOffsets(start, {"lsn": format_lsn(end)}), {"lsn": format_lsn(end)}
 
     def readBetweenOffsets(self, start: dict[str, str], end: dict[str, str]) -> Iterator[tuple[Any, ...]]:
-        from applier.lsn import format_lsn, parse_lsn
-        from applier.protocol.decoder import MessageDecoder
-        from applier.protocol.messages import Begin, LogicalMessage, Relation, Type
-        from applier.sources.sql_slot import peek
 
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo:
@@ -124,13 +121,10 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         return iter(rows)
 
     def commit(self, end: dict[str, str]) -> None:
-        from applier.lsn import parse_lsn
 
         self._advance(parse_lsn(end["lsn"]))
 
     def _advance(self, lsn: int) -> None:
-        from applier.lsn import parse_lsn
-        from applier.sources.sql_slot import advance
 
         with self._connect() as conn:
             row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "

@@ -19,13 +19,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
-from applier.engine import DeltaApplier
+from applier.drivers.replay import PendingGroup
 from applier.errors import ApplierError
 from applier.lsn import parse_lsn
-from applier.pipeline import TransactionFeeder
 from applier.protocol.decoder import MessageDecoder
-from applier.replay import PendingGroup
+from applier.sink.engine import DeltaApplier
 from applier.state import StateDir, atomic_write_json
 
 if TYPE_CHECKING:

@@ -15,13 +15,13 @@ from applier.assembly.rowimage import RowImage, row_images
 from applier.assembly.transactions import SkippedTransaction
 from applier.catalog import RelationCache, SchemaVersion  # noqa: F401
 from applier.config import ApplySettings
-from applier.crashpoints import crashpoint
-from applier.engine import TableBatch, TableChange
 from applier.errors import ApplierError, DecodeError
-from applier.fastobj import fast_constructor
+from applier.infra.crashpoints import crashpoint
+from applier.infra.fastobj import fast_constructor
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, Message, TupleData
+from applier.sink.engine import TableBatch, TableChange
 from applier.state import StateDir
 from applier.values import RowConverter
 

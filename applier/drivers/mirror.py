@@ -3,7 +3,7 @@
 Order of events and why:
 
 1. The slot is created on a replication connection with an exported snapshot, the tables are copied
-   under that snapshot (applier.snapshot) and each copy is tagged with the slot's consistent point;
+   under that snapshot (applier.sources.snapshot) and each copy is tagged with the slot's consistent point;
    only then does the state say "streaming". A crash before that drops the slot (nothing consumed
    it) and starts over.
 2. Changes stream in (START_REPLICATION, or SQL peek in ``read_mode: sql``), are assembled into
@@ -23,19 +23,20 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from applier.assembly.feeder import TransactionFeeder
 from applier.config import MirrorConfig
-from applier.crashpoints import crashpoint
-from applier.engine import DeltaApplier, record_messages
+from applier.drivers.replay import PendingGroup
 from applier.errors import ApplierError, SourceError, TransientSourceError
-from applier.gcpolicy import after_group, collect_between_groups
-from applier.lsn import format_lsn, parse_lsn
-from applier.pipeline import TransactionFeeder
+from applier.infra.crashpoints import crashpoint
+from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.replication import PrimaryKeepalive, pg_now
-from applier.replay import PendingGroup
-from applier.snapshot import copy_rows, describe_relation, open_snapshot, published_tables
+from applier.sink.engine import DeltaApplier, record_messages
 from applier.sources import sql_slot
 from applier.sources.failures import is_transient
+from applier.sources.publication import published_tables
+from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
 from applier.values import RowConverter
@@ -70,11 +71,6 @@ class MirrorSummary:
             out.append(f"reconnects: {self.reconnects}")
         out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
         return out
-
-
-def _current_flush_lsn(conn: psycopg.Connection) -> int:
-    (lsn,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()  # type: ignore[misc]
-    return parse_lsn(lsn)
 
 
 def _slot_row(conn: psycopg.Connection, slot: str) -> tuple[str, str | None] | None:
@@ -292,7 +288,7 @@ class Mirror:
     def _stream(self, once: bool) -> None:
         src = self.config.source
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            target = _current_flush_lsn(conn) if once else None
+            target = sql_slot.current_flush_lsn(conn) if once else None
         stream = WalSenderStream(self.dsn)
         self._confirm_to = stream.confirm
         try:
@@ -353,7 +349,7 @@ class Mirror:
 
             self._confirm_to = advance
             while not self.stop.is_set():
-                target = _current_flush_lsn(conn)
+                target = sql_slot.current_flush_lsn(conn)
                 committed_before = self.summary.transactions
                 self.feeder.assembler.session_start()  # every peek is a new decoding session
                 try:

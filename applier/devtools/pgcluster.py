@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import EnvironmentSetupError
+from applier.infra.cache import default_cache_dir
 
 #: Settings every cluster gets: what logical decoding, two-phase tests and our tests need.
 BASE_SETTINGS: Mapping[str, str] = {
@@ -63,22 +64,6 @@ def _version_of(bindir: Path) -> int | None:
         return None
     m = re.search(r"\(PostgreSQL\) (\d+)", out.stdout)
     return int(m.group(1)) if m else None
-
-
-def default_cache_dir() -> Path:
-    """Where setup keeps downloads (Delta jars, PostgreSQL wheels).
-
-    ``$APPLIER_CACHE_DIR`` when set; else ``.cache`` of the source checkout the package runs from
-    (what ``scripts/setup`` fills, and readable by the ``postgres`` user, unlike ``/root``); else
-    ``~/.cache/applier`` for an installed package.
-    """
-    env = os.environ.get("APPLIER_CACHE_DIR")
-    if env:
-        return Path(env)
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").is_file():
-        return checkout / ".cache"
-    return Path.home() / ".cache" / "applier"
 
 
 def find_installations(cache_dir: Path | None = None) -> list[PgInstallation]:

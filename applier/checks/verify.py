@@ -204,7 +204,8 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
     config's tables section) and the publication's column lists say the mirror writes it."""
     from applier.config import TablesSettings
-    from applier.sink.targets import TableTargets, published_selection
+    from applier.sink.targets import TableTargets
+    from applier.sources.publication import published_selection
 
     targets = TableTargets(spark, target_dir, settings or TablesSettings())
     column_lists: dict[tuple[str, str], Any] = {}

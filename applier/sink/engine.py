@@ -18,8 +18,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from applier.config import ApplySettings, TablesSettings
-from applier.crashpoints import crashpoint
 from applier.errors import SinkError
+from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version

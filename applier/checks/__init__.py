@@ -1,0 +1,1 @@
+"""Read-only reports: ``verify`` (Delta vs Postgres), ``status`` (applied positions), ``inspect`` (a raw log)."""

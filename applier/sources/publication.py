@@ -1,0 +1,50 @@
+"""Which tables a publication sends, as pgoutput names them, and which of those a config mirrors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from applier.errors import SourceError
+
+if TYPE_CHECKING:
+    from applier.config import TablesSettings
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTable:
+    namespace: str
+    name: str
+    columns: tuple[str, ...] | None  # the publication's column list (None: all columns)
+    row_filter: str | None  # the publication's WHERE clause, as SQL
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
+    """The tables the publication sends changes for (as pgoutput names them), with column lists and
+    row filters on servers that have them (PG 15+)."""
+    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    if exists is None:
+        raise SourceError(f"publication {publication!r} does not exist; create it first, e.g. "
+                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)",
+                          publication=publication)
+    has_lists = conn.info.server_version >= 150000
+    extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
+    rows = conn.execute(f"SELECT schemaname, tablename{extra} FROM pg_publication_tables WHERE pubname = %s "
+                        "ORDER BY 1, 2", (publication,)).fetchall()
+    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf) for ns, name, cols, rf in rows]
+
+
+def published_selection(conn: psycopg.Connection, publication: str, tables: TablesSettings) -> list[PublishedTable]:
+    """The publication's tables that ``tables`` selects: what a config mirrors, wherever its rules put
+    the Delta tables."""
+    return [t for t in published_tables(conn, publication) if tables.selected(t.qualified_name)]
