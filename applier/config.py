@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from applier.errors import ConfigError
+from applier.lsn import format_lsn, parse_lsn
 
 
 class _Model(BaseModel):
@@ -138,8 +139,6 @@ class ApplySettings(_Model):
     @field_validator("skip_transactions")
     @classmethod
     def _lsns(cls, values: list[str]) -> list[str]:
-        from applier.lsn import format_lsn, parse_lsn
-
         try:
             return [format_lsn(parse_lsn(v)) for v in values]
         except Exception as e:  # noqa: BLE001 - pydantic reports it with the key

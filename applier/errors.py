@@ -7,17 +7,24 @@ tells callers whether retrying the same operation can succeed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 
 class ApplierError(Exception):
-    """Root of all applier errors."""
+    """Root of all applier errors.
 
-    transient: bool = False
+    Context is structured: the fields below are what callers and tests read (None when unknown);
+    any other detail (gid, slot, path, ...) is kept in ``context`` and printed with the message.
+    Inner layers raise with what they know; outer layers add what they know through
+    ``add_context`` (the one way context is added), which never overwrites an inner value.
+    Whether retrying can succeed is decided by the class (``transient``), never by the caller.
+    """
+
+    transient: ClassVar[bool] = False
 
     def __init__(self, message: str, **context: Any) -> None:
         self.message = message
-        self.context = {k: v for k, v in context.items() if v is not None}
+        self.context: dict[str, Any] = {k: v for k, v in context.items() if v is not None}
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -33,11 +40,42 @@ class ApplierError(Exception):
                 self.context.setdefault(k, v)
         self.args = (self._render(),)
 
-    def __getattr__(self, name: str) -> Any:
-        # Structured access to context fields: err.lsn, err.offset, ... (None when unknown).
-        if name.startswith("_") or name in ("message", "context"):
-            raise AttributeError(name)
-        return self.__dict__.get("context", {}).get(name)
+    @property
+    def lsn(self) -> int | None:
+        """LSN of the message the error is about."""
+        return self.context.get("lsn")
+
+    @property
+    def xid(self) -> int | None:
+        return self.context.get("xid")
+
+    @property
+    def commit_lsn(self) -> int | None:
+        """Commit LSN of the transaction the error is about: what ``--skip-transaction`` takes."""
+        return self.context.get("commit_lsn")
+
+    @property
+    def kind(self) -> str | None:
+        """Message kind (``Insert``, ``Stream Abort``, ...)."""
+        return self.context.get("kind")
+
+    @property
+    def offset(self) -> int | None:
+        """Byte offset inside the message where decoding failed."""
+        return self.context.get("offset")
+
+    @property
+    def relation(self) -> str | None:
+        return self.context.get("relation")
+
+    @property
+    def column(self) -> str | None:
+        return self.context.get("column")
+
+    @property
+    def sqlstate(self) -> str | None:
+        """The server's SQLSTATE, for errors that came from PostgreSQL."""
+        return self.context.get("sqlstate")
 
 
 def _fmt(key: str, value: Any) -> str:

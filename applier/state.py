@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write ``path`` so that a crash leaves either the old file or the whole new one.
 
     Temp file in the same directory, fsync, rename over the target, fsync of the directory.

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from applier.assembly import CommittedTransaction
-from applier.assembly.rowimage import row_images
+from applier.assembly.rowchanges import row_changes
+from applier.changes import TableChange
 from applier.values import UNCHANGED_TOAST
 
 
@@ -34,13 +35,13 @@ class ReferenceSink:
 
     def apply(self, txn: CommittedTransaction) -> None:
         for change in txn.changes:
-            for im in row_images(change, self.convert):
-                name = im.schema.qualified_name
-                self._follow_schema(name, im.schema)
-                if im.schema.relation.replica_identity == "f":
-                    self._bag(name, im)
+            for schema, row in row_changes(change, self.convert):
+                name = schema.qualified_name
+                self._follow_schema(name, schema)
+                if schema.relation.replica_identity == "f":
+                    self._bag(name, row)
                 else:
-                    self._keyed(name, im)
+                    self._keyed(name, schema, row)
 
     def _follow_schema(self, name: str, schema: Any) -> None:
         names = schema.column_names
@@ -59,31 +60,34 @@ class ReferenceSink:
             self.keyed[name] = {tuple(new[i] for i in keys): new
                                 for new in (relayout(r) for r in self.keyed[name].values())}
 
-    def _keyed(self, name: str, im: Any) -> None:
+    def _keyed(self, name: str, schema: Any, im: TableChange) -> None:
         table = self.keyed.setdefault(name, {})
-        keys = im.schema.key_indexes
+        keys = schema.key_indexes
         if im.op == "T":
             table.clear()
             self.truncates.append((name, im.cascade, im.restart_identity))
             return
-        old_key = im.identity_key
+        old_key = im.old_key if im.old_row is None else tuple(im.old_row[i] for i in keys)
         if im.op == "D":
             del table[old_key]
             return
-        new_key = tuple(im.new[i] for i in keys)
+        assert im.new_row is not None
+        new_key = tuple(im.new_row[i] for i in keys)
         current = table.get(old_key if old_key is not None else new_key)
-        row = tuple(current[i] if v is UNCHANGED_TOAST else v for i, v in enumerate(im.new))
+        row = tuple(current[i] if v is UNCHANGED_TOAST else v for i, v in enumerate(im.new_row))
         if old_key is not None and old_key != new_key:
             del table[old_key]
         table[new_key] = row
 
-    def _bag(self, name: str, im: Any) -> None:
+    def _bag(self, name: str, im: TableChange) -> None:
         bag = self.bags.setdefault(name, [])
         if im.op == "T":
             bag.clear()
             self.truncates.append((name, im.cascade, im.restart_identity))
             return
         if im.op in ("U", "D"):
-            bag.remove(im.old)  # exactly one matching row
+            bag.remove(im.old_row)  # exactly one matching row
         if im.op in ("I", "U"):
-            bag.append(tuple(o if v is UNCHANGED_TOAST else v for v, o in zip(im.new, im.old or im.new, strict=True)))
+            new = im.new_row
+            assert new is not None
+            bag.append(tuple(o if v is UNCHANGED_TOAST else v for v, o in zip(new, im.old_row or new, strict=True)))

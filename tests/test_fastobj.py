@@ -7,11 +7,10 @@ import pickle
 
 import pytest
 
-from applier.assembly.rowimage import RowImage
 from applier.assembly.transactions import Change
+from applier.changes import TableChange
 from applier.infra.fastobj import fast_constructor
 from applier.protocol.messages import Insert, TupleData
-from applier.sink.engine import TableChange
 
 
 def test_built_objects_equal_the_regular_ones_and_stay_frozen():
@@ -20,7 +19,8 @@ def test_built_objects_equal_the_regular_ones_and_stay_frozen():
     regular = TableChange("U", (1,), None, (1, "a"))
     assert type(fast) is TableChange
     assert fast == regular and hash(fast) == hash(regular)
-    assert make("T", None, None, None, True, cascade=True) == TableChange("T", None, None, None, True, True)
+    truncate = TableChange("T", None, None, None, 3, False, True, True)
+    assert make("T", None, None, None, 3, False, True, cascade=True) == truncate
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.op = "D"  # type: ignore[misc]
     assert pickle.loads(pickle.dumps(fast)) == regular  # spilled changes are pickled
@@ -31,8 +31,8 @@ def test_every_per_change_record_round_trips():
     insert = Insert(None, 16384, tup)
     change = fast_constructor(Change)(5, 0, insert, ())
     assert change == Change(5, 0, insert, ()) and pickle.loads(pickle.dumps(change)) == change
-    image = fast_constructor(RowImage)("I", None, None, None, (1, "x"), 5, 0)
-    assert image == RowImage("I", None, None, None, (1, "x"), 5, 0)  # type: ignore[arg-type]
+    row = fast_constructor(TableChange)("I", None, None, (1, "x"), 5, True)
+    assert row == TableChange("I", None, None, (1, "x"), 5, True) and row.new_shape == "partial"
 
 
 def test_refuses_classes_it_cannot_build():

@@ -116,7 +116,7 @@ def test_raw_log_errors_name_the_file(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(SourceError, match="cannot read raw log file") as info:
         list(read_raw_log(tmp_path / "junk.parquet"))
-    assert info.value.path.endswith("junk.parquet")
+    assert info.value.context["path"].endswith("junk.parquet")
 
 
 @pytest.mark.spark

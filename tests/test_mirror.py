@@ -211,3 +211,27 @@ def test_under_steady_load_groups_are_applied_when_the_backlog_is_drained_not_wh
         mirror(spark, config, once=True)  # what was still on its way when the thread stopped
         results = verify_against_postgres(spark, conn, str(target), [("public", "load_events")])
         assert all(r.equal for r in results), results
+
+
+def test_an_idle_sql_mirror_confirms_wal_other_databases_write(pg, spark, tmp_path):
+    """`mirror --sql` on a slot whose tables do not change, while another database writes WAL: each
+    --once run confirms the slot up to the server's flush position, so the WAL it retains stays
+    bounded (it used to stay at the snapshot's position forever)."""
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        conn.execute("INSERT INTO rw_keyed VALUES (1, 'a', NULL)")
+        conn.execute("DROP DATABASE IF EXISTS idle_other")
+        conn.execute("CREATE DATABASE idle_other")
+    other_dsn = pg.cluster.dsn("idle_other")
+    config = _config(pg, tmp_path / "delta", read_mode="sql", proto_version=1)
+    mirror(spark, config, once=True)
+    with psycopg.connect(other_dsn, autocommit=True) as other, pg.connect() as conn:
+        for _ in range(2):
+            other.execute("CREATE TABLE IF NOT EXISTS filler (v text)")
+            other.execute("INSERT INTO filler SELECT repeat('x', 200) FROM generate_series(1, 20000)")
+            (flush,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+            summary = mirror(spark, config, once=True)
+            assert summary.transactions == 0
+            assert _confirmed(conn, "m") >= parse_lsn(flush), "the idle slot was not advanced"
+        _assert_equal(spark, conn, tmp_path / "delta")
+        conn.execute("DROP DATABASE idle_other WITH (FORCE)")

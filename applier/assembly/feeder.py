@@ -11,17 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
-from applier.assembly.rowimage import RowImage, row_images
-from applier.assembly.transactions import SkippedTransaction
-from applier.catalog import RelationCache, SchemaVersion  # noqa: F401
+from applier.assembly.rowchanges import row_changes
+from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
+from applier.changes import SkippedTransaction, TableBatch, TableChange
 from applier.config import ApplySettings
 from applier.errors import ApplierError, DecodeError
 from applier.infra.crashpoints import crashpoint
-from applier.infra.fastobj import fast_constructor
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, Message, TupleData
-from applier.sink.engine import TableBatch, TableChange
 from applier.state import StateDir
 from applier.values import RowConverter
 
@@ -33,8 +31,8 @@ class TransactionFeeder:
         self.catalog = catalog
         self.assembler = assembler
         self.settings = settings
-        self._converters: dict[int, RowConverter] = {}  # id(SchemaVersion) -> converter
-        self._keep: list[SchemaVersion] = []  # keeps ids stable
+        self._converters: PerSchemaVersion[RowConverter] = PerSchemaVersion(
+            lambda schema: RowConverter(schema, catalog.types, settings.special_values))
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped_by_origin = 0
         self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
@@ -71,18 +69,6 @@ class TransactionFeeder:
                     format_lsn(skipped.commit_lsn), skipped.reason)
         self.skipped.append(skipped)
 
-    def record_skipped(self, spark: Any, state: StateDir) -> None:
-        """Write the skips since the last call to the audit table and the state (before the
-        transactions after them are confirmed to the server)."""
-        if not self.skipped:
-            return
-        from applier.sink.audit import record_skips
-
-        record_skips(spark, str(state.skipped_table), self.skipped)
-        done = set(state.load("skipped") or []) | {format_lsn(s.commit_lsn) for s in self.skipped}
-        state.save("skipped", sorted(done, key=parse_lsn))
-        self.skipped.clear()
-
     def feed_raw(self, decoder: MessageDecoder, lsn: int, xid: int | None,
                  data: bytes) -> list[tuple[CommittedTransaction, list[TableBatch]]]:
         """Decode one raw message and feed it. Bytes that do not decode are held against their
@@ -111,12 +97,7 @@ class TransactionFeeder:
         return self.catalog.get(oid).qualified_name
 
     def _convert(self, schema: SchemaVersion, tup: TupleData) -> tuple[Any, ...]:
-        conv = self._converters.get(id(schema))
-        if conv is None:
-            conv = RowConverter(schema, self.catalog.types, self.settings.special_values)
-            self._converters[id(schema)] = conv
-            self._keep.append(schema)
-        return conv.convert(tup)
+        return self._converters[schema].convert(tup)
 
     def feed(self, lsn: int, msg: Message) -> Iterator[tuple[CommittedTransaction, list[TableBatch]]]:
         """Committed transactions completed by this message, with their batches. Call
@@ -136,41 +117,32 @@ class TransactionFeeder:
         if self._skip(txn):
             self.skipped_by_origin += 1
             return []
-        by_table: dict[int, list[RowImage]] = {}
+        by_table: dict[int, list[tuple[SchemaVersion, TableChange]]] = {}
         for change in txn.changes:
             if isinstance(change.message, LogicalMessage):
                 self.messages.append((change.lsn, change.message))
                 continue
             try:
-                for image in row_images(change, self._convert):
-                    by_table.setdefault(image.schema.relation.oid, []).append(image)
+                for schema, row in row_changes(change, self._convert):
+                    by_table.setdefault(schema.relation.oid, []).append((schema, row))
             except ApplierError as e:  # a value the values layer refused: say where it is in the stream
                 relation = change.schemas[0].qualified_name if change.schemas else None
                 e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn, relation=relation)
                 raise
-        return [b for oid, images in by_table.items() for b in _batches_of(oid, images)]
+        return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
 
 
-def _batches_of(oid: int, images: list[RowImage]) -> list[TableBatch]:
-    """One batch per run of images decoded with the same schema version (the engine aligns runs)."""
+def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],
+                txn: CommittedTransaction) -> list[TableBatch]:
+    """One batch per run of changes decoded with the same schema version (the sink aligns runs)."""
     out: list[TableBatch] = []
     run: list[TableChange] = []
-    schema = images[0].schema
-    for im in images:
-        if im.schema is not schema:
-            out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, run))
-            run, schema = [], im.schema
-        run.append(_table_change(im))
-    out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, run))
+    schema = rows[0][0]
+    for version, row in rows:
+        if version is not schema:
+            out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn,
+                                  run))
+            run, schema = [], version
+        run.append(row)
+    out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn, run))
     return out
-
-
-_make_table_change = fast_constructor(TableChange)
-
-
-def _table_change(im: RowImage) -> TableChange:
-    if im.op == "T":
-        return _make_table_change("T", None, None, None, im.restart_identity, im.cascade)
-    if im.old_kind == "full":
-        return _make_table_change(im.op, None, im.old, im.new)
-    return _make_table_change(im.op, im.identity_key, None, im.new)

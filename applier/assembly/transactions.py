@@ -23,11 +23,12 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from applier.assembly.buffer import ChangeBuffer
 from applier.assembly.staging import PreparedStore
 from applier.catalog import RelationCache, SchemaVersion
+from applier.changes import SkippedTransaction
 from applier.errors import ApplierError, AssemblyError, CatalogError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.fastobj import fast_constructor
@@ -96,16 +97,6 @@ class _Open:
     first_change_of: dict[int, int] = field(default_factory=dict)  # subxid -> index of its first change
     error: ApplierError | None = None  # first bad message in it: raised at its commit unless skipped
     error_at: int = 0  # number of changes received before the bad message (a subxact abort may drop it)
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedTransaction:
-    """A transaction left out on the user's word (``apply.skip_transactions``), for the audit table."""
-
-    commit_lsn: int
-    xid: int
-    end_lsn: int
-    reason: str
 
 
 #: Kinds whose bad bytes lose one change of the transaction they sit in, not the stream's framing; a
@@ -467,17 +458,18 @@ def _size(msg: ChangeMessage) -> int:
     return _CHANGE_OVERHEAD
 
 
-_DISPATCH: dict[type, Callable[[TransactionAssembler, int, Message], list[CommittedTransaction]]] = {
-    Begin: TransactionAssembler._begin, Commit: TransactionAssembler._commit,  # type: ignore[dict-item]
-    Origin: TransactionAssembler._origin, Relation: TransactionAssembler._relation,  # type: ignore[dict-item]
-    Type: TransactionAssembler._type, Insert: TransactionAssembler._change,  # type: ignore[dict-item]
-    Update: TransactionAssembler._change, Delete: TransactionAssembler._change,  # type: ignore[dict-item]
-    Truncate: TransactionAssembler._change, LogicalMessage: TransactionAssembler._message,  # type: ignore[dict-item]
-    StreamStart: TransactionAssembler._stream_start, StreamStop: TransactionAssembler._stream_stop,  # type: ignore[dict-item]
-    StreamCommit: TransactionAssembler._stream_commit, StreamAbort: TransactionAssembler._stream_abort,  # type: ignore[dict-item]
-    BeginPrepare: TransactionAssembler._begin_prepare, Prepare: TransactionAssembler._prepare,  # type: ignore[dict-item]
-    StreamPrepare: TransactionAssembler._stream_prepare,  # type: ignore[dict-item]
-    CommitPrepared: TransactionAssembler._commit_prepared,  # type: ignore[dict-item]
-    RollbackPrepared: TransactionAssembler._rollback_prepared,  # type: ignore[dict-item]
+#: Each handler takes its own message class: the dict pairs them, so the message argument is typed Any.
+_DISPATCH: dict[type, Callable[[TransactionAssembler, int, Any], list[CommittedTransaction]]] = {
+    Begin: TransactionAssembler._begin, Commit: TransactionAssembler._commit,
+    Origin: TransactionAssembler._origin, Relation: TransactionAssembler._relation,
+    Type: TransactionAssembler._type, Insert: TransactionAssembler._change,
+    Update: TransactionAssembler._change, Delete: TransactionAssembler._change,
+    Truncate: TransactionAssembler._change, LogicalMessage: TransactionAssembler._message,
+    StreamStart: TransactionAssembler._stream_start, StreamStop: TransactionAssembler._stream_stop,
+    StreamCommit: TransactionAssembler._stream_commit, StreamAbort: TransactionAssembler._stream_abort,
+    BeginPrepare: TransactionAssembler._begin_prepare, Prepare: TransactionAssembler._prepare,
+    StreamPrepare: TransactionAssembler._stream_prepare,
+    CommitPrepared: TransactionAssembler._commit_prepared,
+    RollbackPrepared: TransactionAssembler._rollback_prepared,
 }
 

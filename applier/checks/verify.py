@@ -50,7 +50,7 @@ def canonical(value: Any) -> str:
     if isinstance(value, datetime):
         if value.tzinfo is not None:  # instants compare in UTC
             value = value.astimezone(UTC).replace(tzinfo=None)
-        return value.isoformat()
+        return str(value.isoformat())
     if isinstance(value, (date, time)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):

@@ -29,7 +29,7 @@ def way_forward(command: str, error: ApplierError) -> str | None:
     """What to do after a data error, when the error names the transaction."""
     if not isinstance(error, DataError):
         return None
-    lsn = error.context.get("commit_lsn", error.context.get("prepare_lsn"))
+    lsn = error.commit_lsn if error.commit_lsn is not None else error.context.get("prepare_lsn")
     if not isinstance(lsn, int):
         return None
     text = format_lsn(lsn)

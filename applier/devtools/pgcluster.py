@@ -246,6 +246,7 @@ class PgCluster:
 
     def restart(self, mode: str = "fast") -> None:
         """``mode``: pg_ctl's shutdown mode; "immediate" is a crash (recovery on start)."""
+        assert self.base_dir is not None  # set by start()
         self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-t", "170", "-m", mode,
                    "-l", str(self.base_dir / "server.log"), "-o", f"-p {self.port}", "restart"], timeout=180)
 

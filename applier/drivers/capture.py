@@ -29,7 +29,7 @@ from applier.config import CaptureConfig
 from applier.errors import ApplierError
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.messages import Commit, CommitPrepared, Prepare, RollbackPrepared, StreamCommit, StreamPrepare
+from applier.protocol.messages import transaction_end_lsn
 from applier.sink.idempotence import applied_version, idempotent_write
 from applier.sources import sql_slot
 
@@ -41,15 +41,6 @@ CAPTURE_SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRIN
 
 def capture_app_id(slot: str) -> str:
     return f"applier-capture:{slot}"
-
-
-def boundary_end(message: object) -> int | None:
-    """The end LSN a message closes a transaction at (a safe position to confirm), else None."""
-    if isinstance(message, Commit | StreamCommit | Prepare | StreamPrepare | CommitPrepared):
-        return message.end_lsn
-    if isinstance(message, RollbackPrepared):
-        return message.rollback_end_lsn
-    return None
 
 
 @dataclass
@@ -105,9 +96,9 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
             skip_to = 0
             for i, row in enumerate(rows):
                 try:
-                    end = boundary_end(decoder.decode(row.data, row.lsn))
+                    end = transaction_end_lsn(decoder.decode(row.data, row.lsn))
                 except ApplierError as e:
-                    e.context.setdefault("xid", row.xid)
+                    e.add_context(xid=row.xid)
                     raise
                 if end is None:
                     continue

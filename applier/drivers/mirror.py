@@ -23,19 +23,15 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from applier.assembly.feeder import TransactionFeeder
 from applier.config import MirrorConfig
-from applier.drivers.replay import PendingGroup
-from applier.errors import ApplierError, SourceError, TransientSourceError
-from applier.infra.crashpoints import crashpoint
-from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.errors import SourceError, TransientSourceError
+from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
-from applier.protocol.decoder import MessageDecoder
 from applier.protocol.replication import PrimaryKeepalive, pg_now
-from applier.sink.engine import DeltaApplier, record_messages
 from applier.sources import sql_slot
 from applier.sources.failures import is_transient
 from applier.sources.publication import published_tables
+from applier.sources.slots import slot_info, slot_lost_error
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
@@ -73,25 +69,6 @@ class MirrorSummary:
         return out
 
 
-def _slot_row(conn: psycopg.Connection, slot: str) -> tuple[str, str | None] | None:
-    row = conn.execute("SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,)).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SourceError | None:
-    """The error for a slot that was dropped (42704) or invalidated (55000, e.g. max_slot_wal_keep_size
-    exceeded) under a running mirror, with the way back; None for other failures."""
-    if sqlstate not in ("42704", "55000") or "slot" not in message:
-        return None
-    return SourceError(
-        f"the replication slot can no longer be read ({message.splitlines()[0]}). The changes since the "
-        f"last confirmed position are gone from the server, so the tables must be copied again: drop the "
-        f"slot if it still exists (SELECT pg_drop_replication_slot('{slot}')) and run mirror again; it "
-        "creates the slot, takes a new snapshot and replaces the tables, then follows the stream",
-        slot=slot, sqlstate=sqlstate)
-
-
 class Mirror:
     """One mirror run: the snapshot when the target has none, then the stream."""
 
@@ -104,18 +81,11 @@ class Mirror:
         self.stop = stop or threading.Event()
         self.progress_every = progress_every
         self.state = StateDir.for_target(config.target.path, config.target.state_dir)
-        self.feeder = TransactionFeeder.from_state(self.state, config.apply)
-        self.applier = DeltaApplier(
-            spark, config.target.path, tables=config.tables, apply=config.apply, types=self.feeder.types,
-            on_schema_change=lambda name, evo: self.progress(
-                f"{name}: schema changed (added {list(evo.added)}, widened {list(evo.widened)}, "
-                f"dropped {list(evo.dropped)} kept as NULL)"))
-        self.decoder = MessageDecoder()
-        self.group = PendingGroup(config.apply)
+        self.loop = ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=self.state,
+                              progress=self.progress, save_catalog_each_group=True)
+        self.feeder = self.loop.feeder
+        self.applier = self.loop.applier
         self.summary = MirrorSummary()
-        self._group_since: float | None = None
-        self._confirm_to: Callable[[int], None] = lambda _lsn: None  # set by the read mode
-        self._last_commit_time: int | None = None  # PG clock, of the last applied transaction
 
     # --- snapshot -------------------------------------------------------------------------------
 
@@ -126,9 +96,9 @@ class Mirror:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             tables = [t for t in published_tables(conn, src.publication)
                       if self.config.tables.selected(t.qualified_name)]
-            slot = _slot_row(conn, src.slot)
-            if slot is not None and slot[0] != "pgoutput":
-                raise SourceError(f"slot {src.slot!r} uses the {slot[0]!r} plugin, not pgoutput", slot=src.slot)
+            slot = slot_info(conn, src.slot)
+            if slot is not None and slot.plugin != "pgoutput":
+                raise SourceError(f"slot {src.slot!r} uses the {slot.plugin!r} plugin, not pgoutput", slot=src.slot)
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
                 return
             if slot is None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
@@ -176,57 +146,35 @@ class Mirror:
 
     # --- applying -------------------------------------------------------------------------------
 
-    def _feed(self, lsn: int, data: bytes) -> None:
-        self.summary.messages += 1
-        try:
-            completed = self.feeder.feed_raw(self.decoder, lsn, None, data)
-        except ApplierError:
-            self.flush()  # the transactions before the bad one: every table ends as after the last good one
-            raise
-        for txn, batches in completed:
-            self.group.add(txn, batches)
-            self._last_commit_time = txn.commit_time
-            if self._group_since is None:
-                self._group_since = time.monotonic()
-            if self.group.full():
-                self.flush()
-
     def flush(self) -> int | None:
-        """Apply the pending group; returns the end LSN now safe to confirm (None if nothing pending)."""
-        group = self.group
-        if not group.transactions:
-            self.feeder.record_skipped(self.spark, self.state)  # a skipped transaction came last
-            return None
-        end = group.transactions[-1][0]
-        self.applier.apply_group(group.transactions)
-        if self.config.apply.messages_table:
-            record_messages(self.spark, self.config.apply.messages_table, self.feeder.messages, end)
-        self.feeder.messages.clear()
-        self.feeder.record_skipped(self.spark, self.state)
-        for txn in group.committed:
-            self.feeder.applied(txn)
-        self.summary.transactions += len(group.transactions)
-        group.clear()
-        self._group_since = None
-        after_group()
-        self.feeder.save(self.state)
-        crashpoint("before_confirm")
-        self._confirm_to(end)  # only now: every Delta commit up to ``end`` exists
-        self.summary.confirmed_lsn = end
+        """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any."""
+        end = self.loop.flush()
+        self.summary.transactions = self.loop.transactions
+        if end is not None:
+            self.summary.confirmed_lsn = end
         return end
 
-    def _group_due(self) -> bool:
-        return (self._group_since is not None
-                and time.monotonic() - self._group_since >= self.config.apply.max_group_seconds)
+    def _feed(self, lsn: int, data: bytes) -> None:
+        try:
+            self.loop.feed(lsn, None, data)
+        finally:
+            self.summary.messages = self.loop.messages
+            self.summary.transactions = self.loop.transactions
+            if self.loop.confirmed_lsn is not None:
+                self.summary.confirmed_lsn = self.loop.confirmed_lsn
 
-    def _lag(self, server_lsn: int) -> str:
-        applied = self.summary.confirmed_lsn or 0
-        behind = max(server_lsn - applied, 0)
+    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> str:
+        """The progress line: what the server has, what it was told, and how far behind that is.
+        ``confirmed_lsn`` is the slot's position as this run knows it (applied groups, and idle
+        confirmations of WAL that carries nothing for us), so a caught-up mirror says 0."""
+        applied = max(confirmed_lsn or 0, self.loop.confirmed_lsn or 0)
+        self.summary.confirmed_lsn = applied or None
+        behind = max(server_lsn - applied, 0) if applied else None
         seconds = 0.0
-        pending = self.group.transactions or self.feeder.assembler.open_transactions()
-        if self._last_commit_time is not None and pending:
-            seconds = max((pg_now() - self._last_commit_time) / 1e6, 0.0)
-        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {behind} bytes, "
+        if self.loop.last_commit_time is not None and not self.loop.idle():
+            seconds = max((pg_now() - self.loop.last_commit_time) / 1e6, 0.0)
+        lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
+        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
                 f"{seconds:.1f}s; {self.summary.transactions} transactions, {self.summary.messages} messages")
 
     # --- streaming ------------------------------------------------------------------------------
@@ -234,7 +182,7 @@ class Mirror:
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()
         try:
-            with collect_between_groups():
+            with self.loop.running():
                 self._run_with_retries(once)
         except KeyboardInterrupt:
             self.summary.stopped_by = "Ctrl-C"
@@ -269,28 +217,18 @@ class Mirror:
                 delay = min(2.0 ** (attempt - 1), 30.0)
                 self.progress(f"connection lost ({str(e).splitlines()[0]}); reconnecting in {delay:.0f}s "
                               f"(attempt {attempt} of {self.config.source.max_retries})")
-                self._abandon_session()
+                self.loop.abandon_session()
                 if self.stop.wait(delay):
                     self.summary.stopped_by = "stop requested"
                     return
                 self.summary.reconnects += 1
-
-    def _abandon_session(self) -> None:
-        """Forget what the lost session delivered but did not get applied: the next session re-sends it
-        (staged prepared transactions stay: their Prepare is not re-sent once confirmed)."""
-        self.group.clear()  # their buffered changes were released when they joined the group
-        self._group_since = None
-        self.feeder.messages.clear()
-        self.feeder.assembler.session_start()
-        self.decoder.reset()
-        self._confirm_to = lambda _lsn: None
 
     def _stream(self, once: bool) -> None:
         src = self.config.source
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             target = sql_slot.current_flush_lsn(conn) if once else None
         stream = WalSenderStream(self.dsn)
-        self._confirm_to = stream.confirm
+        self.loop.confirm = stream.confirm
         try:
             try:
                 stream.start(src.slot, sql_slot.options_for(self.config.source))
@@ -308,18 +246,18 @@ class Mirror:
                     # Not keepalives: under a steady load the walsender sends one each time it catches
                     # up, i.e. after nearly every transaction, even while a backlog is still buffered;
                     # a flush per keepalive made groups of one transaction that fell behind.
-                    pending = bool(self.group.transactions)
+                    pending = bool(self.loop.group)
                     frame = stream.read(0.0 if pending else 0.5)
                     if frame is not None and not isinstance(frame, PrimaryKeepalive):
                         self._feed(frame.wal_start, frame.payload)
-                        if self._group_due():
+                        if self.loop.group.due():
                             self.flush()
                         continue
                     at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
                                  and frame.wal_end >= target)
-                    if frame is None or at_target or self._group_due():
+                    if frame is None or at_target or self.loop.group.due():
                         self.flush()
-                    idle = not self.group.transactions and not self.feeder.assembler.open_transactions()
+                    idle = self.loop.idle()
                     if idle and frame is not None:
                         stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
                     if target is not None and idle and isinstance(frame, PrimaryKeepalive) \
@@ -333,7 +271,7 @@ class Mirror:
                     raise
                 if time.monotonic() - last_report >= self.progress_every:
                     last_report = time.monotonic()
-                    self.progress(self._lag(stream.server_wal_end))
+                    self.progress(self._lag(stream.server_wal_end, stream.confirmed))
             else:
                 self.summary.stopped_by = "stop requested"
             self.flush()
@@ -341,16 +279,25 @@ class Mirror:
             stream.close()
 
     def _poll_sql(self, once: bool, *, poll_seconds: float = 1.0, batch_changes: int = 10_000) -> None:
+        """Peek, apply, advance. When a peek drained the slot up to the server's flush position and
+        nothing is pending (no group, no open streamed transaction), the slot is advanced to that
+        position even if nothing in it was ours, as the walsender path confirms keepalives: otherwise
+        an idle slot holds back WAL that other databases and unpublished tables keep writing."""
         src = self.config.source
         options = sql_slot.options_for(self.config.source)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            def advance(end: int) -> None:
-                sql_slot.advance(conn, src.slot, end)
+            info = slot_info(conn, src.slot)
+            confirmed = info.confirmed_flush_lsn if info is not None else None
 
-            self._confirm_to = advance
+            def advance(end: int) -> None:
+                nonlocal confirmed
+                if confirmed is None or end > confirmed:
+                    confirmed = sql_slot.advance(conn, src.slot, end)
+
+            self.loop.confirm = advance
             while not self.stop.is_set():
                 target = sql_slot.current_flush_lsn(conn)
-                committed_before = self.summary.transactions
+                committed_before = self.loop.transactions
                 self.feeder.assembler.session_start()  # every peek is a new decoding session
                 try:
                     # the peek's rows are fetched before anything is applied (one statement at a time)
@@ -366,8 +313,11 @@ class Mirror:
                         self._feed(message.lsn, message.data)
                 finally:
                     self.flush()
-                if self.summary.transactions > committed_before:
-                    self.progress(self._lag(target))
+                if len(peeked) < batch_changes and self.loop.idle():
+                    advance(target)  # drained: nothing of ours is before ``target``
+                self.summary.confirmed_lsn = confirmed
+                if self.loop.transactions > committed_before:
+                    self.progress(self._lag(target, confirmed))
                 else:
                     if once:
                         self.summary.stopped_by = f"--once: reached {format_lsn(target)}"

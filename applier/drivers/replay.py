@@ -1,6 +1,6 @@
 """``replay``: rebuild (or bring up to date) Delta tables from a stored raw log.
 
-raw log rows -> MessageDecoder -> TransactionAssembler -> DeltaApplier, in log order. Progress is
+raw log rows -> the apply loop (applier.loop), in log order. Progress is
 reported on long runs; the summary says how many transactions were applied or found already
 applied, the rows per table and the LSN reached. Re-running on the same log writes no new Delta
 versions: each table's Delta log records the end LSN of the last transaction applied to it.
@@ -13,14 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from applier.assembly import CommittedTransaction, TransactionAssembler
-from applier.assembly.feeder import TransactionFeeder
-from applier.config import ApplySettings, ReplayConfig
-from applier.errors import ApplierError
-from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.config import ReplayConfig
+from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
-from applier.protocol.decoder import MessageDecoder
-from applier.sink.engine import DeltaApplier, TableBatch, approximate_bytes, record_messages
 from applier.sources.rawlog import read_raw_log
 from applier.state import StateDir
 
@@ -50,94 +45,25 @@ class ReplaySummary:
         return out
 
 
-class PendingGroup:
-    """Committed transactions waiting to be applied together (grouping: 'transaction' means one)."""
-
-    def __init__(self, settings: ApplySettings) -> None:
-        self.settings = settings
-        self.transactions: list[tuple[int, list[TableBatch]]] = []
-        self.committed: list[CommittedTransaction] = []
-        self.rows = 0
-        self.bytes = 0
-
-    def add(self, txn: CommittedTransaction, batches: list[TableBatch]) -> None:
-        # The batches hold every value the apply needs: the decoded messages would only double the
-        # group's memory (and keep spill files) until it is applied. A crash before then re-reads the
-        # transaction from the slot or the log; a prepared one's staged copy stays until it is applied.
-        TransactionAssembler.release(txn)
-        self.transactions.append((txn.end_lsn, batches))
-        self.committed.append(txn)
-        self.rows += sum(len(b.changes) for b in batches)
-        self.bytes += sum(approximate_bytes(b) for b in batches)
-
-    def full(self) -> bool:
-        if self.settings.grouping == "transaction":
-            return True
-        return (len(self.transactions) >= self.settings.max_group_transactions
-                or self.rows >= self.settings.max_group_rows
-                or self.bytes >= self.settings.max_group_bytes_mb << 20)
-
-    def clear(self) -> None:
-        self.transactions, self.committed, self.rows, self.bytes = [], [], 0, 0
-
-
 def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
                progress_every: float = 10.0, dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
     """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either)."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)
-    feeder = TransactionFeeder.from_state(state, config.apply)
-    applier = DeltaApplier(spark, config.target.path, tables=config.tables, apply=config.apply,
-                           types=feeder.types,
-                           on_schema_change=lambda name, evo: progress and progress(
-                               f"{name}: schema changed (added {list(evo.added)}, widened {list(evo.widened)}, "
-                               f"dropped {list(evo.dropped)} kept as NULL)"),
-                           dry_run=dry_run)
-    decoder = MessageDecoder()
-    summary = ReplaySummary()
+    loop = ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
+                     progress=progress, dry_run=dry_run)
     last_report = started
-    group = PendingGroup(config.apply)
-
-    def flush() -> None:
-        applier.apply_group(group.transactions)
-        if group.transactions:  # messages after the last transaction wait for the next one's LSN
-            if config.apply.messages_table and dry_run is None:
-                record_messages(spark, config.apply.messages_table, feeder.messages, group.transactions[-1][0])
-            feeder.messages.clear()
-        if dry_run is None:
-            feeder.record_skipped(spark, state)
-            for txn in group.committed:
-                feeder.applied(txn)
-        group.clear()
-        after_group()
-
-    with collect_between_groups():
+    with loop.running():
         for raw in read_raw_log(config.source_log):
-            summary.messages += 1
-            try:
-                completed = feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data)
-            except ApplierError:
-                if dry_run is None:
-                    flush()  # the transactions before the bad one: every table ends as after the last good one
-                raise
-            for txn, batches in completed:
-                group.add(txn, batches)
-                if group.full():
-                    flush()
+            loop.feed(raw.lsn, raw.xid, raw.data)
             if progress is not None and time.monotonic() - last_report >= progress_every:
                 last_report = time.monotonic()
-                progress(f"{summary.messages} messages, {applier.stats.transactions} transactions, "
+                progress(f"{loop.messages} messages, {loop.applier.stats.transactions} transactions, "
                          f"at LSN {format_lsn(raw.lsn)}")
-        flush()
-    if dry_run is None:
-        feeder.save(state)
-    stats = applier.stats
-    summary.transactions = stats.transactions
-    summary.applied = stats.applied
-    summary.already_applied = stats.transactions - stats.applied
-    summary.rows = dict(stats.rows)
-    summary.tables = set(stats.tables)
-    summary.last_end_lsn = stats.last_end_lsn
-    summary.seconds = time.monotonic() - started
-    summary.dry_run = dry_run is not None
-    return summary
+        loop.flush()
+    loop.save()
+    stats = loop.applier.stats
+    return ReplaySummary(
+        messages=loop.messages, transactions=stats.transactions, applied=stats.applied,
+        already_applied=stats.transactions - stats.applied, rows=dict(stats.rows), tables=set(stats.tables),
+        last_end_lsn=stats.last_end_lsn, seconds=time.monotonic() - started, dry_run=dry_run is not None)

@@ -19,13 +19,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from applier.assembly import CommittedTransaction
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
-from applier.drivers.replay import PendingGroup
 from applier.errors import ApplierError
+from applier.loop import ApplyLoop
 from applier.lsn import parse_lsn
-from applier.protocol.decoder import MessageDecoder
-from applier.sink.engine import DeltaApplier
 from applier.state import StateDir, atomic_write_json
 
 if TYPE_CHECKING:
@@ -76,45 +75,38 @@ class DeltaApplySink:
         for gid in before.get("finished_prepared", []):
             if feeder.assembler.prepared is not None:
                 feeder.assembler.prepared.discard(gid)
-        applier = DeltaApplier(spark, self.target, tables=self.tables, apply=self.settings, types=feeder.types)
-        decoder = MessageDecoder()
-        group = PendingGroup(self.settings)
         finished_prepared: list[str] = []
 
-        def flush() -> None:
-            applier.apply_group(group.transactions)
-            feeder.record_skipped(spark, self.state)
-            for txn in group.committed:
-                if txn.kind == "prepared" and txn.gid is not None:
-                    finished_prepared.append(txn.gid)  # released one batch later (see module docstring)
-                else:
-                    feeder.applied(txn)
-            self.transactions += len(group.transactions)
-            group.clear()
+        def applied(txn: CommittedTransaction) -> None:
+            if txn.kind == "prepared" and txn.gid is not None:
+                finished_prepared.append(txn.gid)  # released one batch later (see module docstring)
+            else:
+                feeder.applied(txn)
 
+        loop = ApplyLoop(spark, self.target, apply=self.settings, tables=self.tables, state=self.state,
+                         feeder=feeder, on_applied=applied)
         frame = df.orderBy("seq") if "seq" in df.columns else df
         pending: list[tuple[int, int, bytes]] = []  # raw rows since the last transaction boundary
         rows = [(r[0], r[1], r[2]) for r in before.get("tail", [])]
         incoming = ((_lsn_value(r["lsn"]), int(r["xid"]), bytes(r["data"]))
                     for r in frame.select("lsn", "xid", "data").toLocalIterator())
-        for source in (iter(rows), incoming):
-            for lsn, xid, data in source:
-                if isinstance(data, str):
-                    data = bytes.fromhex(data)
-                pending.append((lsn, xid, data))
-                try:
-                    done = feeder.feed_raw(decoder, lsn, xid, data)
-                except ApplierError as e:
-                    e.add_context(batch_id=batch_id)
-                    flush()  # the transactions before the bad one
-                    raise
-                for txn, batches in done:
-                    group.add(txn, batches)
-                    if group.full():
-                        flush()
-                if done and not feeder.assembler.open_transactions():
-                    pending = []
-        flush()
+        with loop.running():
+            for source in (iter(rows), incoming):
+                for lsn, xid, data in source:
+                    if isinstance(data, str):
+                        data = bytes.fromhex(data)
+                    pending.append((lsn, xid, data))
+                    applied_before = loop.transactions + len(loop.group.transactions)
+                    try:
+                        loop.feed(lsn, xid, data)
+                    except ApplierError as e:
+                        e.add_context(batch_id=batch_id)
+                        raise
+                    completed = loop.transactions + len(loop.group.transactions) > applied_before
+                    if completed and not feeder.assembler.open_transactions():
+                        pending = []
+            loop.flush()
+        self.transactions += loop.transactions
         self._save(batch_id, {
             "catalog": feeder.catalog.to_json(),
             "tail": [[lsn, xid, data.hex()] for lsn, xid, data in pending],

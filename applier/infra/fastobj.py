@@ -19,7 +19,7 @@ from typing import Any
 
 def layout_twin(cls: type) -> type:
     """A plain class with ``cls``'s slots: its instances may be re-labelled as ``cls``."""
-    return type(f"_{cls.__name__}Twin", (), {"__slots__": cls.__slots__})  # type: ignore[attr-defined]
+    return type(f"_{cls.__name__}Twin", (), {"__slots__": cls.__slots__})  # type: ignore[attr-defined]  # slotted class
 
 
 def fast_constructor(cls: type) -> Callable[..., Any]:
@@ -43,4 +43,4 @@ def fast_constructor(cls: type) -> Callable[..., Any]:
     source = (f"def make_{cls.__name__}({', '.join(signature)}):\n    o = _new(_twin)\n{body}"
               "    o.__class__ = _cls\n    return o\n")
     exec(source, namespace)  # the dataclasses module builds __init__ the same way
-    return namespace[f"make_{cls.__name__}"]  # type: ignore[no-any-return]
+    return namespace[f"make_{cls.__name__}"]  # type: ignore[no-any-return]  # built by exec above

@@ -276,3 +276,14 @@ KIND_NAMES: dict[str, str] = {
     "E": "Stream Stop", "c": "Stream Commit", "A": "Stream Abort", "b": "Begin Prepare",
     "P": "Prepare", "K": "Commit Prepared", "r": "Rollback Prepared", "p": "Stream Prepare",
 }
+
+
+def transaction_end_lsn(message: Message) -> int | None:
+    """The end LSN at which a message closes a transaction on the server's side (Commit, Stream
+    Commit, Prepare, Stream Prepare, Commit/Rollback Prepared): a position a consumer may confirm
+    once everything before it is stored. None for every other message."""
+    if isinstance(message, Commit | StreamCommit | Prepare | StreamPrepare | CommitPrepared):
+        return message.end_lsn
+    if isinstance(message, RollbackPrepared):
+        return message.rollback_end_lsn
+    return None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from applier.assembly.transactions import SkippedTransaction
+from applier.changes import SkippedTransaction
 from applier.lsn import format_lsn, parse_lsn
 
 if TYPE_CHECKING:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from applier.catalog import PerSchemaVersion, SchemaVersion, TypeCache
+from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
@@ -25,37 +27,15 @@ from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import CommitResult, apply_plan, write_rows
 from applier.sink.parallel import SessionPool
-from applier.sink.plan import OP_TRUNCATE, TablePlan, fold_changes
-from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
+from applier.sink.plan import TablePlan, fold_changes
+from applier.sink.schema import PROP_RESTART_IDENTITY, SchemaEvolution, TableSpec, ensure_table, set_table_property
 from applier.sink.targets import TableTargets
+from applier.values import UNCHANGED_TOAST, spark_schema_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TableChange:
-    """One row change as the sink reads it (see applier.sink.plan.ChangeLike)."""
-
-    op: str
-    old_key: tuple[Any, ...] | None
-    old_row: tuple[Any, ...] | None
-    new_row: tuple[Any, ...] | None
-    restart_identity: bool = False
-    cascade: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TableBatch:
-    """The changes of one transaction (or group) to one table, in commit order."""
-
-    relation_oid: int
-    namespace: str
-    name: str
-    schema: Any  # applier.catalog.SchemaVersion of the last change
-    changes: Sequence[TableChange]
 
 
 def approximate_bytes(batch: TableBatch, sample: int = 4) -> int:
@@ -91,8 +71,8 @@ class DeltaApplier:
     """Applies transactions to the Delta tables under ``target_dir``."""
 
     def __init__(self, spark: SparkSession, target_dir: str, *, tables: TablesSettings | None = None,
-                 apply: ApplySettings | None = None, types: Any = None,
-                 on_schema_change: Callable[[str, Any], None] | None = None,
+                 apply: ApplySettings | None = None, types: TypeCache | None = None,
+                 on_schema_change: Callable[[str, SchemaEvolution], None] | None = None,
                  dry_run: Callable[[str], None] | None = None) -> None:
         self.spark = spark
         self.target_dir = target_dir
@@ -103,7 +83,7 @@ class DeltaApplier:
         self.stats = ApplyStats()
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
         self._commits: dict[str, int] = {}  # table path -> applier commits this run (for optimize)
-        self._schema_seen: dict[str, Any] = {}  # table path -> SchemaVersion the Delta table matches
+        self._schema_seen: dict[str, SchemaVersion] = {}  # table path -> SchemaVersion the Delta table matches
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(spark, self.settings.parallel_tables)
@@ -113,8 +93,6 @@ class DeltaApplier:
         return self.targets.path_for(namespace, name)
 
     def _spec(self, batch: TableBatch) -> TableSpec:
-        from applier.values import spark_schema_for
-
         sv = batch.schema
         rel = sv.relation
         qualified = f"{batch.namespace}.{batch.name}"
@@ -137,7 +115,7 @@ class DeltaApplier:
             schema = StructType([f for f in schema.fields if f.name not in excluded])
         return TableSpec(qualified, schema, keys, rel.replica_identity)
 
-    def apply_group(self, transactions: Sequence[tuple[int, Sequence[TableBatch]]]) -> None:
+    def apply_group(self, transactions: GroupedTransactions) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.
 
         The fold of several transactions equals applying them one by one (last image per key in
@@ -146,8 +124,6 @@ class DeltaApplier:
         is >= their end LSN) are left out of that table's fold, so re-running with other group
         boundaries after a crash stays exact.
         """
-        from applier.values import UNCHANGED_TOAST
-
         if not transactions:
             return
         group_end = transactions[-1][0]
@@ -221,13 +197,13 @@ class DeltaApplier:
             set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
         return result
 
-    def load_snapshot(self, schema_version: Any, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
+    def load_snapshot(self, schema_version: SchemaVersion, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
         """Replace the table's contents with an initial copy taken at ``lsn`` (the slot's consistent
         point); returns the rows written. The last chunk's commit carries ``lsn`` as the table's applied
         version, so the stream's transactions (all ending after it) apply and nothing before it does.
         A crash part-way leaves no version recorded, and the next attempt overwrites from scratch."""
         rel = schema_version.relation
-        batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, ())
+        batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
         self._ensure(path, spec, schema_version)
@@ -268,7 +244,7 @@ class DeltaApplier:
             retry_on_conflict(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction(),
                               table=source_name)
 
-    def _ensure(self, path: str, spec: TableSpec, schema_version: Any) -> None:
+    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         if self._schema_seen.get(path) is schema_version:
             return
         if path in self._schema_seen and self.settings.schema_changes == "stop":
@@ -303,16 +279,10 @@ class _Layouts:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self._same: dict[int, bool] = {}  # id(SchemaVersion) -> its columns are ``names``
-        self._keep: list[Any] = []  # keeps those ids from being reused while this lives
+        self._same: PerSchemaVersion[bool] = PerSchemaVersion(lambda schema: schema.column_names == names)
 
     def aligned(self, batch: TableBatch) -> Sequence[TableChange]:
-        same = self._same.get(id(batch.schema))
-        if same is None:
-            same = tuple(c.name for c in batch.schema.relation.columns) == self.names
-            self._same[id(batch.schema)] = same
-            self._keep.append(batch.schema)
-        return batch.changes if same else _remapped(batch, self.names)
+        return batch.changes if self._same[batch.schema] else _remapped(batch, self.names)
 
 
 def _remapped(batch: TableBatch, names: tuple[str, ...]) -> list[TableChange]:
@@ -321,17 +291,16 @@ def _remapped(batch: TableBatch, names: tuple[str, ...]) -> list[TableChange]:
     def remap(row: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
         return None if row is None else tuple(row[index[n]] if n in index else None for n in names)
 
-    return [TableChange(c.op, c.old_key, remap(c.old_row), remap(c.new_row), c.restart_identity, c.cascade)
-            for c in batch.changes]
+    return [replace(c, old_row=remap(c.old_row), new_row=remap(c.new_row)) for c in batch.changes]
 
 
-def truncate_clause(plan: Any) -> str:
+def truncate_clause(plan: TablePlan) -> str:
     """How the plan's truncate reads in Postgres terms, e.g. ``TRUNCATE CASCADE RESTART IDENTITY``."""
     return " ".join(["TRUNCATE"] + (["CASCADE"] if plan.cascade else [])
                     + (["RESTART IDENTITY"] if plan.restart_identity else []))
 
 
-def describe_plan(description: str, plan: Any) -> str:
+def describe_plan(description: str, plan: TablePlan) -> str:
     """One line saying what a commit would do (for --dry-run)."""
     if plan.multiset:
         inserts = sum(n for n in plan.counts.values() if n > 0)
@@ -345,18 +314,3 @@ def describe_plan(description: str, plan: Any) -> str:
     if plan.truncated:
         what = f"{truncate_clause(plan)} then {what} (overwrite)"
     return f"{description}: {plan.changes} changes -> {what}"
-
-
-MESSAGES_SCHEMA = "lsn STRING, transactional BOOLEAN, prefix STRING, content BINARY"
-
-
-def record_messages(spark: SparkSession, path: str, messages: Sequence[tuple[int, Any]], version: int) -> None:
-    """Append logical decoding messages to a Delta table, once per ``version`` (idempotent like the tables)."""
-    from applier.sink.idempotence import idempotent_write
-
-    if not messages:
-        return
-    rows = [(format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content)) for lsn, m in messages]
-    df = spark.createDataFrame(rows, MESSAGES_SCHEMA)
-    with idempotent_write(spark, app_id_for("_messages"), version, f"messages end_lsn={format_lsn(version)}"):
-        df.write.format("delta").mode("append").save(path)

@@ -45,7 +45,7 @@ class SessionPool:
             try:
                 # Code on the JVM side that reads SQLConf.get sees this thread's session, not the
                 # one the process started with.
-                session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[attr-defined]
+                session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]  # _jvm is set on a classic (non-Connect) session
                 return task(session)
             finally:
                 free.put(session)

@@ -23,25 +23,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
-
-#: Row-change operations the planner understands (single characters, as pgoutput names them).
-OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE = "I", "U", "D", "T"
-
-
-class ChangeLike(Protocol):
-    """What the planner reads of a row change (the assembler's row changes satisfy it)."""
-
-    @property
-    def op(self) -> str: ...
-    @property
-    def old_key(self) -> tuple[object, ...] | None: ...  # key of the target row before the change
-    @property
-    def old_row(self) -> tuple[object, ...] | None: ...  # full old row (REPLICA IDENTITY FULL)
-    @property
-    def new_row(self) -> tuple[object, ...] | None: ...  # full new row; may hold unchanged markers
 
 
 @dataclass(slots=True)
@@ -109,7 +93,7 @@ def freeze(value: object) -> object:
 
 
 def fold_changes(
-    changes: Iterable[ChangeLike],
+    changes: Iterable[TableChange],
     columns: Sequence[str],
     key_positions: Sequence[int],
     *,
@@ -150,7 +134,7 @@ def _freeze_key(key: tuple[object, ...]) -> object:
     return key
 
 
-def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
+def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
     op = change.op
     if op == OP_DELETE:
         key = change.old_key
@@ -209,7 +193,7 @@ def _fold_keyed(plan: TablePlan, change: ChangeLike, marker: object) -> None:
     plan.keyed[new_frozen] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
 
 
-def _fold_multiset(plan: TablePlan, change: ChangeLike, marker: object) -> None:
+def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None:
     op = change.op
     if op in (OP_UPDATE, OP_DELETE):
         old = change.old_row

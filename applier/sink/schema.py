@@ -91,7 +91,7 @@ def _widenable(old: DataType, new: DataType) -> bool:
     )
 
     order = [ByteType, ShortType, IntegerType, LongType]
-    ranks = {t: i for i, t in enumerate(order)}
+    ranks: dict[type[DataType], int] = {t: i for i, t in enumerate(order)}
     if type(old) in ranks and type(new) in ranks:
         return ranks[type(new)] > ranks[type(old)]
     if isinstance(old, FloatType) and isinstance(new, DoubleType):

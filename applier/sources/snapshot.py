@@ -56,11 +56,14 @@ def describe_relation(conn: psycopg.Connection, table: PublishedTable) -> tuple[
     types: list[Type] = []
     for typid in sorted({c.type_oid for c in columns if c.type_oid >= _FIRST_NON_BUILTIN_OID}):
         # like logicalrep_write_typ: the OID as used, the namespace and name of its base type
-        ns, name = conn.execute(
+        row = conn.execute(
             "WITH RECURSIVE b(oid, base) AS (SELECT oid, typbasetype FROM pg_type WHERE oid = %s "
             "UNION ALL SELECT t.oid, t.typbasetype FROM pg_type t JOIN b ON t.oid = b.base WHERE b.base <> 0) "
             "SELECT n.nspname, t.typname FROM b JOIN pg_type t ON t.oid = b.oid "
-            "JOIN pg_namespace n ON n.oid = t.typnamespace WHERE b.base = 0", (typid,)).fetchone()  # type: ignore[misc]
+            "JOIN pg_namespace n ON n.oid = t.typnamespace WHERE b.base = 0", (typid,)).fetchone()
+        if row is None:
+            raise SourceError("a column's type disappeared while the table was described", type_oid=typid)
+        ns, name = row
         types.append(Type(None, typid, ns, name))
     return Relation(None, oid, table.namespace, table.name, identity, tuple(columns)), types
 

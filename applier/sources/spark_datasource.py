@@ -24,6 +24,7 @@ from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import Begin, LogicalMessage, Relation, Type
+from applier.sources.slots import slot_info
 from applier.sources.sql_slot import advance, create_slot, current_flush_lsn, peek, pgoutput_options
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         self.publication = options.get("publication", "applier")
 
     def _pg_options(self) -> dict[str, str]:
-
         opts = self.options
         return pgoutput_options(self.publication, proto_version=int(opts.get("proto_version", "1")),
                                 binary=opts.get("binary", "false").lower() == "true",
@@ -82,12 +82,10 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         return psycopg.connect(self.dsn, autocommit=True)
 
     def initialOffset(self) -> dict[str, str]:
-
         with self._connect() as conn:
             return {"lsn": format_lsn(create_slot(conn, self.slot))}
 
     def read(self, start: dict[str, str]) -> tuple[Iterator[tuple[Any, ...]], dict[str, str]]:
-
         # Spark plans a batch from ``start`` only after every batch ending there is committed (its
         # foreachBatch done, its commit log written), so the slot can be confirmed up to ``start``
         # here. commit() alone leaves the slot one batch behind: Spark calls it only when it
@@ -99,7 +97,6 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         return self.readBetweenOffsets(start, {"lsn": format_lsn(end)}), {"lsn": format_lsn(end)}
 
     def readBetweenOffsets(self, start: dict[str, str], end: dict[str, str]) -> Iterator[tuple[Any, ...]]:
-
         lo, hi = parse_lsn(start["lsn"]), parse_lsn(end["lsn"])
         if hi <= lo:
             return iter(())
@@ -121,13 +118,10 @@ class SlotStreamReader(SimpleDataSourceStreamReader):
         return iter(rows)
 
     def commit(self, end: dict[str, str]) -> None:
-
         self._advance(parse_lsn(end["lsn"]))
 
     def _advance(self, lsn: int) -> None:
-
         with self._connect() as conn:
-            row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
-                               "WHERE slot_name = %s", (self.slot,)).fetchone()
-            if row is not None and row[0] is not None and lsn > parse_lsn(row[0]):
+            info = slot_info(conn, self.slot)
+            if info is not None and info.confirmed_flush_lsn is not None and lsn > info.confirmed_flush_lsn:
                 advance(conn, self.slot, lsn)

@@ -100,12 +100,13 @@ def peek(conn: psycopg.Connection, slot: str, options: Mapping[str, str], *,
 def advance(conn: psycopg.Connection, slot: str, lsn: int) -> int:
     """Confirm everything up to ``lsn`` (an applied transaction's end LSN); returns the slot's new position."""
     try:
-        (end,) = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
-                              (slot, format_lsn(lsn))).fetchone()  # type: ignore[misc]
+        row = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                           (slot, format_lsn(lsn))).fetchone()
     except psycopg.Error as e:
         raise SourceError(f"advancing slot {slot!r} failed: {e.diag.message_primary or e}",
                           slot=slot, lsn=lsn) from e
-    return parse_lsn(end)
+    assert row is not None  # the function returns one row or raises
+    return parse_lsn(row[0])
 
 
 def create_slot(conn: psycopg.Connection, slot: str, *, two_phase: bool = False) -> int:
@@ -120,6 +121,7 @@ def create_slot(conn: psycopg.Connection, slot: str, *, two_phase: bool = False)
         return parse_lsn(row[0])
     args: tuple[object, ...] = (slot, "pgoutput", False, two_phase) if two_phase else (slot, "pgoutput")
     placeholders = ", ".join(["%s"] * len(args))
-    (lsn,) = conn.execute(f"SELECT lsn::text FROM pg_create_logical_replication_slot({placeholders})",
-                          args).fetchone()  # type: ignore[misc]
-    return parse_lsn(lsn)
+    created = conn.execute(f"SELECT lsn::text FROM pg_create_logical_replication_slot({placeholders})",
+                           args).fetchone()
+    assert created is not None  # the function returns one row or raises
+    return parse_lsn(created[0])

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from applier.errors import EnvironmentSetupError
@@ -84,7 +85,7 @@ def cached_jars(cache_dir: Path) -> list[Path] | None:
     return None
 
 
-def fetch_delta_jars(cache_dir: Path, *, log=print) -> list[Path]:  # type: ignore[no-untyped-def]
+def fetch_delta_jars(cache_dir: Path, *, log: Callable[[str], object] = print) -> list[Path]:
     """Resolve the Delta jars from Maven Central with Ivy into the cache (needs the network once)."""
     ivy_jars = sorted(_pyspark_dir().glob("jars/ivy-*.jar"))
     if not ivy_jars:
@@ -137,9 +138,9 @@ def delta_jars(cache_dir: Path, *, fetch: bool = True) -> list[Path]:
         if not jars or missing:
             raise EnvironmentSetupError(f"{ENV_OVERRIDE} names no usable jars", missing=", ".join(missing))
         return jars
-    jars = cached_jars(cache_dir)
-    if jars is not None:
-        return jars
+    cached = cached_jars(cache_dir)
+    if cached is not None:
+        return cached
     if not fetch:
         raise EnvironmentSetupError(
             "Delta jars are not in the cache; run 'applier setup' (or scripts/setup) once with network",

@@ -114,9 +114,9 @@ class RowConverter:
         if len(kinds) == n and len(values) == n:
             try:
                 if kinds.count(COL_TEXT) == n:  # the common rows: every column present, one format
-                    return tuple(map(_call, self._text, values))  # type: ignore[arg-type]
+                    return tuple(map(_call, self._text, values))  # type: ignore[arg-type]  # all 't': no None
                 if kinds.count(COL_BINARY) == n:
-                    return tuple(map(_call, self._binary, values))  # type: ignore[arg-type]
+                    return tuple(map(_call, self._binary, values))  # type: ignore[arg-type]  # all 'b': no None
             except Exception:  # noqa: BLE001 - the careful path gives the precise error or applies the policy
                 return self._convert_carefully(kinds, values)
         return self._convert_mixed(kinds, values)
@@ -131,11 +131,11 @@ class RowConverter:
         try:
             for kind, raw, text, binary in zip(kinds, values, self._text, self._binary, strict=True):
                 if kind == COL_TEXT:
-                    append(text(raw))  # type: ignore[arg-type]
+                    append(text(raw))  # type: ignore[arg-type]  # 't' always has bytes
                 elif kind == COL_NULL:
                     append(None)
                 elif kind == COL_BINARY:
-                    append(binary(raw))  # type: ignore[arg-type,misc]
+                    append(binary(raw))  # type: ignore[arg-type,misc]  # 'b' has bytes; None handler raised above
                 elif kind == COL_UNCHANGED_TOAST:
                     append(UNCHANGED_TOAST)
                 else:
@@ -150,7 +150,7 @@ class RowConverter:
             try:
                 out.append(_convert(kind, values[i], self._handlers[i], self._policy, self._columns[i]))
             except ValueConversionError as e:
-                e.context.setdefault("relation", self.relation)
+                e.add_context(relation=self.relation)
                 raise
         return tuple(out)
 

@@ -34,7 +34,8 @@ def _t(name: str) -> Callable[[], DataType]:
     def make() -> DataType:
         from pyspark.sql import types as T
 
-        return getattr(T, name)()
+        made: DataType = getattr(T, name)()
+        return made
     return make
 
 

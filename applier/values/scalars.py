@@ -38,19 +38,23 @@ def bool_binary(raw: bytes) -> bool:
 
 
 def int2_binary(raw: bytes) -> int:
-    return _I2.unpack(raw)[0]
+    value: int = _I2.unpack(raw)[0]
+    return value
 
 
 def int4_binary(raw: bytes) -> int:
-    return _I4.unpack(raw)[0]
+    value: int = _I4.unpack(raw)[0]
+    return value
 
 
 def int8_binary(raw: bytes) -> int:
-    return _I8.unpack(raw)[0]
+    value: int = _I8.unpack(raw)[0]
+    return value
 
 
 def oid_binary(raw: bytes) -> int:
-    return _U4.unpack(raw)[0]
+    value: int = _U4.unpack(raw)[0]
+    return value
 
 
 def float_text(raw: bytes) -> float:
@@ -61,15 +65,18 @@ def float_text(raw: bytes) -> float:
 def float4_text(raw: bytes) -> float:
     """Rounded to float32: real prints the shortest text that reads back as the same float32, but as a
     Python float '0.1' is not that float32, and the binary path (the exact float32) must agree."""
-    return _F4.unpack(_F4.pack(float(raw)))[0]
+    value: float = _F4.unpack(_F4.pack(float(raw)))[0]
+    return value
 
 
 def float4_binary(raw: bytes) -> float:
-    return _F4.unpack(raw)[0]
+    value: float = _F4.unpack(raw)[0]
+    return value
 
 
 def float8_binary(raw: bytes) -> float:
-    return _F8.unpack(raw)[0]
+    value: float = _F8.unpack(raw)[0]
+    return value
 
 
 def bytea_text(raw: bytes) -> bytes:

@@ -196,7 +196,7 @@ def test_a_transaction_joining_a_pending_group_frees_its_buffered_changes_and_ke
     from applier.assembly.feeder import TransactionFeeder
     from applier.catalog import RelationCache
     from applier.config import ApplySettings
-    from applier.drivers.replay import PendingGroup
+    from applier.loop import PendingGroup
 
     catalog = RelationCache()
     assembler = TransactionAssembler(catalog, prepared=PreparedStore(tmp_path / "prepared"),

@@ -63,7 +63,7 @@ def test_error_names_kind_offset_and_lsn():
 def test_unknown_type_byte_and_empty_input():
     with pytest.raises(DecodeError, match="unknown pgoutput message type byte") as info:
         decode_message(b"Z\x00\x00", lsn=1)
-    assert info.value.offset == 0 and info.value.type_byte == "b'Z'"
+    assert info.value.offset == 0 and info.value.context["type_byte"] == "b'Z'"
     with pytest.raises(DecodeError, match="empty"):
         decode_message(b"")
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
+from applier.changes import TableChange
 from applier.errors import SinkError
 from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan
@@ -18,13 +17,10 @@ pytestmark = pytest.mark.spark
 U = object()  # the unchanged-TOAST marker of these tests
 
 
-@dataclass(frozen=True)
-class Ch:
-    op: str
-    new_row: tuple | None = None
-    old_key: tuple | None = None
-    old_row: tuple | None = None
-    restart_identity: bool = False
+def Ch(op: str, new_row: tuple | None = None, old_key: tuple | None = None, old_row: tuple | None = None,  # noqa: N802
+       restart_identity: bool = False) -> TableChange:
+    """A TableChange with the arguments in the order these tests read best."""
+    return TableChange(op, old_key, old_row, new_row, restart_identity=restart_identity)
 
 
 SCHEMA = StructType([StructField("id", IntegerType()), StructField("big note", StringType()),

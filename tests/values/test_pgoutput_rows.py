@@ -183,7 +183,7 @@ def test_row_converter_unchanged_toast_and_special_values_with_context(pg, binar
     assert updated.new.kinds[1] == ord("u")  # the big value was not sent again
     with pytest.raises(ValueConversionError, match="cannot hold") as e:
         strict.convert(updated.new)
-    assert (e.value.column, e.value.relation, e.value.pg_type) == ("d", "public.toasty", "date")
+    assert (e.value.column, e.value.relation, e.value.context["pg_type"]) == ("d", "public.toasty", "date")
     assert RowConverter(schema, cache.types, "null").convert(updated.new) == (1, UNCHANGED_TOAST, 2, None)
     assert RowConverter(schema, cache.types, "clamp").convert(updated.new) == (1, UNCHANGED_TOAST, 2,
                                                                              date(9999, 12, 31))

@@ -1,0 +1,56 @@
+"""Row changes: each buffered change as one ``TableChange`` of converted values per table it touches.
+
+Shapes, explicitly (see applier.changes): the old image is absent, a KEY image ('K', reduced here
+to the identity key) or a FULL image ('O'); the new image is full or partial (columns sent as 'u',
+unchanged TOAST, hold UNCHANGED_TOAST). Resolution of 'u' happens where the rows meet: the sink's
+fold takes it from the 'O' image, from the previous image of the same row in the group, or marks it
+"keep the target's value" (of the OLD key when the key changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from applier.assembly.transactions import Change
+from applier.catalog import SchemaVersion
+from applier.changes import TableChange
+from applier.infra.fastobj import fast_constructor
+from applier.protocol.messages import COL_UNCHANGED_TOAST, Delete, Insert, Truncate, TupleData, Update
+
+Convert = Callable[[SchemaVersion, TupleData], tuple[Any, ...]]
+
+_change: Callable[..., TableChange] = fast_constructor(TableChange)
+
+
+def row_changes(change: Change, convert: Convert) -> list[tuple[SchemaVersion, TableChange]]:
+    """The row changes of one buffered change with the schema version each was decoded with (a
+    TRUNCATE yields one per listed table; a logical decoding message none)."""
+    msg = change.message
+    if isinstance(msg, Insert):
+        schema = change.schemas[0]
+        new = msg.new
+        return [(schema, _change("I", None, None, convert(schema, new), change.ordinal,
+                                 COL_UNCHANGED_TOAST in new.kinds))]
+    if isinstance(msg, Update):
+        schema = change.schemas[0]
+        new = msg.new
+        old_key = old_row = None
+        if msg.old is not None:
+            old = convert(schema, msg.old)
+            if msg.old_kind == "O":
+                old_row = old
+            else:
+                old_key = tuple([old[i] for i in schema.key_indexes])
+        return [(schema, _change("U", old_key, old_row, convert(schema, new), change.ordinal,
+                                 COL_UNCHANGED_TOAST in new.kinds))]
+    if isinstance(msg, Delete):
+        schema = change.schemas[0]
+        old = convert(schema, msg.old)
+        if msg.old_kind == "O":
+            return [(schema, _change("D", None, old, None, change.ordinal))]
+        return [(schema, _change("D", tuple([old[i] for i in schema.key_indexes]), None, None, change.ordinal))]
+    if isinstance(msg, Truncate):
+        return [(schema, _change("T", None, None, None, change.ordinal, False, msg.restart_identity, msg.cascade))
+                for schema in change.schemas]
+    return []

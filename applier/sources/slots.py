@@ -1,0 +1,38 @@
+"""What the server says about a replication slot, and the error for a slot that is gone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from applier.errors import SourceError
+from applier.lsn import parse_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    plugin: str
+    confirmed_flush_lsn: int | None
+
+
+def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
+    """The slot's plugin and confirmed position; None when no such slot exists."""
+    row = conn.execute("SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    if row is None:
+        return None
+    return SlotInfo(row[0], parse_lsn(row[1]) if row[1] is not None else None)
+
+
+def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SourceError | None:
+    """The error for a slot that was dropped (42704) or invalidated (55000, e.g. max_slot_wal_keep_size
+    exceeded) under a running mirror, with the way back; None for other failures."""
+    if sqlstate not in ("42704", "55000") or "slot" not in message:
+        return None
+    return SourceError(
+        f"the replication slot can no longer be read ({message.splitlines()[0]}). The changes since the "
+        f"last confirmed position are gone from the server, so the tables must be copied again: drop the "
+        f"slot if it still exists (SELECT pg_drop_replication_slot('{slot}')) and run mirror again; it "
+        "creates the slot, takes a new snapshot and replaces the tables, then follows the stream",
+        slot=slot, sqlstate=sqlstate)
