@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
 from applier.assembly.feeder import TransactionFeeder
-from applier.changes import TableBatch
+from applier.changes import GroupedTransactions, TableBatch
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
 from applier.infra.crashpoints import crashpoint
@@ -110,6 +110,9 @@ class ApplyLoop:
         self.confirm: Confirm = lambda _lsn: None
         self.save_catalog_each_group = save_catalog_each_group
         self.on_applied = on_applied or self.feeder.applied
+        #: Called with each group just before it is applied (the mirror copies tables that joined the
+        #: publication there, so that their copy's position is known before their changes apply).
+        self.before_apply: Callable[[GroupedTransactions], None] | None = None
         self.messages = 0  # raw messages fed
         self.transactions = 0  # transactions applied (or found applied) by this loop
         self.confirmed_lsn: int | None = None
@@ -156,6 +159,8 @@ class ApplyLoop:
                 self._record_skips()  # a skipped transaction came last
             return None
         end = group.transactions[-1][0]
+        if self.before_apply is not None and self.dry_run is None:
+            self.before_apply(group.transactions)
         self.applier.apply_group(group.transactions)
         self.transactions += len(group.transactions)
         if self.dry_run is not None:

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.config import MirrorConfig
+from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
+from applier.drivers.tablesync import TableSync
 from applier.errors import SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
-from applier.protocol.replication import PrimaryKeepalive, pg_now
-from applier.sources import sql_slot
 from applier.sources.failures import is_transient
 from applier.sources.publication import published_tables
-from applier.sources.slots import slot_info, slot_lost_error
+from applier.sources.slots import slot_info
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
@@ -54,6 +54,7 @@ class MirrorSummary:
     seconds: float = 0.0
     stopped_by: str = "end"
     reconnects: int = 0
+    synced_rows: dict[str, int] = field(default_factory=dict)  # tables copied after joining the publication
 
     def lines(self) -> list[str]:
         out = []
@@ -65,6 +66,7 @@ class MirrorSummary:
                 f"time: {self.seconds:.1f}s", f"stopped: {self.stopped_by}"]
         if self.reconnects:
             out.append(f"reconnects: {self.reconnects}")
+        out += [f"table sync: {name}: {n} rows copied" for name, n in sorted(self.synced_rows.items())]
         out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
         return out
 
@@ -86,6 +88,11 @@ class Mirror:
         self.feeder = self.loop.feeder
         self.applier = self.loop.applier
         self.summary = MirrorSummary()
+        self.stats = FollowStats()
+        self.tablesync = TableSync(spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
+                                   self.progress)
+        self.loop.before_apply = self.tablesync.before_apply
+        self._snapshot_recorded = False
 
     # --- snapshot -------------------------------------------------------------------------------
 
@@ -144,39 +151,6 @@ class Mirror:
                                    "snapshot_lsn": format_lsn(created.consistent_point)})
         self.summary.snapshot_lsn = created.consistent_point
 
-    # --- applying -------------------------------------------------------------------------------
-
-    def flush(self) -> int | None:
-        """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any."""
-        end = self.loop.flush()
-        self.summary.transactions = self.loop.transactions
-        if end is not None:
-            self.summary.confirmed_lsn = end
-        return end
-
-    def _feed(self, lsn: int, data: bytes) -> None:
-        try:
-            self.loop.feed(lsn, None, data)
-        finally:
-            self.summary.messages = self.loop.messages
-            self.summary.transactions = self.loop.transactions
-            if self.loop.confirmed_lsn is not None:
-                self.summary.confirmed_lsn = self.loop.confirmed_lsn
-
-    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> str:
-        """The progress line: what the server has, what it was told, and how far behind that is.
-        ``confirmed_lsn`` is the slot's position as this run knows it (applied groups, and idle
-        confirmations of WAL that carries nothing for us), so a caught-up mirror says 0."""
-        applied = max(confirmed_lsn or 0, self.loop.confirmed_lsn or 0)
-        self.summary.confirmed_lsn = applied or None
-        behind = max(server_lsn - applied, 0) if applied else None
-        seconds = 0.0
-        if self.loop.last_commit_time is not None and not self.loop.idle():
-            seconds = max((pg_now() - self.loop.last_commit_time) / 1e6, 0.0)
-        lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
-        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
-                f"{seconds:.1f}s; {self.summary.transactions} transactions, {self.summary.messages} messages")
-
     # --- streaming ------------------------------------------------------------------------------
 
     def run(self, *, once: bool) -> MirrorSummary:
@@ -185,8 +159,14 @@ class Mirror:
             with self.loop.running():
                 self._run_with_retries(once)
         except KeyboardInterrupt:
-            self.summary.stopped_by = "Ctrl-C"
+            self.stats.stopped_by = "Ctrl-C"
+        finally:
+            self.summary.messages = self.stats.messages
+            self.summary.transactions = self.stats.transactions
+            self.summary.confirmed_lsn = self.stats.confirmed_lsn
+            self.summary.stopped_by = self.stats.stopped_by
         self.summary.rows = dict(self.applier.stats.rows)
+        self.summary.synced_rows = dict(self.tablesync.synced)
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
@@ -200,10 +180,10 @@ class Mirror:
             connected_at = time.monotonic()
             try:
                 self.ensure_snapshot()
-                if self.config.source.read_mode == "replication":
-                    self._stream(once)
-                else:
-                    self._poll_sql(once)
+                self._follow_publication()
+                kind = ReplicationFollower if self.config.source.read_mode == "replication" else SqlFollower
+                kind(self.dsn, self.config.source, self.loop, self.stats, self.stop, self.progress,
+                     self.progress_every).run(once)
                 return
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
@@ -219,112 +199,17 @@ class Mirror:
                               f"(attempt {attempt} of {self.config.source.max_retries})")
                 self.loop.abandon_session()
                 if self.stop.wait(delay):
-                    self.summary.stopped_by = "stop requested"
+                    self.stats.stopped_by = "stop requested"
                     return
                 self.summary.reconnects += 1
 
-    def _stream(self, once: bool) -> None:
-        src = self.config.source
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            target = sql_slot.current_flush_lsn(conn) if once else None
-        stream = WalSenderStream(self.dsn)
-        self.loop.confirm = stream.confirm
-        try:
-            try:
-                stream.start(src.slot, sql_slot.options_for(self.config.source))
-            except SourceError as e:
-                raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
-            if target is not None:
-                self.progress(f"draining up to {format_lsn(target)}")
-            last_report = time.monotonic()
-            while not self.stop.is_set():
-                try:
-                    # With a group pending, only take what has already arrived: when nothing more has,
-                    # the backlog is drained and the group is applied at once. So a group holds what
-                    # arrived while the previous one was being applied: it grows with the load (and
-                    # keeps up with it) and a transaction waits about one apply, not a fixed time.
-                    # Not keepalives: under a steady load the walsender sends one each time it catches
-                    # up, i.e. after nearly every transaction, even while a backlog is still buffered;
-                    # a flush per keepalive made groups of one transaction that fell behind.
-                    pending = bool(self.loop.group)
-                    frame = stream.read(0.0 if pending else 0.5)
-                    if frame is not None and not isinstance(frame, PrimaryKeepalive):
-                        self._feed(frame.wal_start, frame.payload)
-                        if self.loop.group.due():
-                            self.flush()
-                        continue
-                    at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
-                                 and frame.wal_end >= target)
-                    if frame is None or at_target or self.loop.group.due():
-                        self.flush()
-                    idle = self.loop.idle()
-                    if idle and frame is not None:
-                        stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
-                    if target is not None and idle and isinstance(frame, PrimaryKeepalive) \
-                            and frame.wal_end >= target:
-                        self.summary.stopped_by = f"--once: reached {format_lsn(target)}"
-                        break
-                    if frame is None and not pending:  # idle for 0.5 s
-                        stream.send_status(reply_requested=True)
-                except KeyboardInterrupt:
-                    self.flush()
-                    raise
-                if time.monotonic() - last_report >= self.progress_every:
-                    last_report = time.monotonic()
-                    self.progress(self._lag(stream.server_wal_end, stream.confirmed))
-            else:
-                self.summary.stopped_by = "stop requested"
-            self.flush()
-        finally:
-            stream.close()
-
-    def _poll_sql(self, once: bool, *, poll_seconds: float = 1.0, batch_changes: int = 10_000) -> None:
-        """Peek, apply, advance. When a peek drained the slot up to the server's flush position and
-        nothing is pending (no group, no open streamed transaction), the slot is advanced to that
-        position even if nothing in it was ours, as the walsender path confirms keepalives: otherwise
-        an idle slot holds back WAL that other databases and unpublished tables keep writing."""
-        src = self.config.source
-        options = sql_slot.options_for(self.config.source)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            info = slot_info(conn, src.slot)
-            confirmed = info.confirmed_flush_lsn if info is not None else None
-
-            def advance(end: int) -> None:
-                nonlocal confirmed
-                if confirmed is None or end > confirmed:
-                    confirmed = sql_slot.advance(conn, src.slot, end)
-
-            self.loop.confirm = advance
-            while not self.stop.is_set():
-                target = sql_slot.current_flush_lsn(conn)
-                committed_before = self.loop.transactions
-                self.feeder.assembler.session_start()  # every peek is a new decoding session
-                try:
-                    # the peek's rows are fetched before anything is applied (one statement at a time)
-                    try:
-                        peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
-                                                    upto_nchanges=batch_changes))
-                    except (psycopg.Error, SourceError) as e:
-                        lost = slot_lost_error(src.slot, e.sqlstate, str(e))
-                        if lost is None:
-                            raise
-                        raise lost from None
-                    for message in peeked:
-                        self._feed(message.lsn, message.data)
-                finally:
-                    self.flush()
-                if len(peeked) < batch_changes and self.loop.idle():
-                    advance(target)  # drained: nothing of ours is before ``target``
-                self.summary.confirmed_lsn = confirmed
-                if self.loop.transactions > committed_before:
-                    self.progress(self._lag(target, confirmed))
-                else:
-                    if once:
-                        self.summary.stopped_by = f"--once: reached {format_lsn(target)}"
-                        return
-                    self.stop.wait(poll_seconds)
-            self.summary.stopped_by = "stop requested"
-
+    def _follow_publication(self) -> None:
+        """Record what the snapshot copied (once), then copy tables published since (tablesync)."""
+        if self.summary.snapshot_lsn is not None and not self._snapshot_recorded:
+            self.tablesync.record_snapshot(list(self.summary.snapshot_rows), self.summary.snapshot_lsn)
+            self._snapshot_recorded = True
+        self.tablesync.check_publication()
+        self.summary.synced_rows = dict(self.tablesync.synced)
 
 def mirror(spark: SparkSession, config: MirrorConfig, *, once: bool = False, progress: Progress | None = None,
            stop: threading.Event | None = None) -> MirrorSummary:

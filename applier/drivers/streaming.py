@@ -23,6 +23,7 @@ from applier.assembly import CommittedTransaction
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
+from applier.infra.gcpolicy import collect_between_groups
 from applier.loop import ApplyLoop
 from applier.lsn import parse_lsn
 from applier.state import StateDir, atomic_write_json
@@ -69,6 +70,12 @@ class DeltaApplySink:
     # --- the sink -------------------------------------------------------------------------------
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        # The whole batch under the loop's garbage-collection policy (applier.infra.gcpolicy):
+        # building the batch's state allocates as much per message as applying it.
+        with collect_between_groups():
+            self._apply_batch(df, batch_id)
+
+    def _apply_batch(self, df: DataFrame, batch_id: int) -> None:
         spark = df.sparkSession
         before = self._state_before(batch_id)
         feeder = TransactionFeeder.from_state(self.state, self.settings, catalog_json=before.get("catalog") or {})
@@ -90,22 +97,21 @@ class DeltaApplySink:
         rows = [(r[0], r[1], r[2]) for r in before.get("tail", [])]
         incoming = ((_lsn_value(r["lsn"]), int(r["xid"]), bytes(r["data"]))
                     for r in frame.select("lsn", "xid", "data").toLocalIterator())
-        with loop.running():
-            for source in (iter(rows), incoming):
-                for lsn, xid, data in source:
-                    if isinstance(data, str):
-                        data = bytes.fromhex(data)
-                    pending.append((lsn, xid, data))
-                    applied_before = loop.transactions + len(loop.group.transactions)
-                    try:
-                        loop.feed(lsn, xid, data)
-                    except ApplierError as e:
-                        e.add_context(batch_id=batch_id)
-                        raise
-                    completed = loop.transactions + len(loop.group.transactions) > applied_before
-                    if completed and not feeder.assembler.open_transactions():
-                        pending = []
-            loop.flush()
+        for source in (iter(rows), incoming):
+            for lsn, xid, data in source:
+                if isinstance(data, str):
+                    data = bytes.fromhex(data)
+                pending.append((lsn, xid, data))
+                applied_before = loop.transactions + len(loop.group.transactions)
+                try:
+                    loop.feed(lsn, xid, data)
+                except ApplierError as e:
+                    e.add_context(batch_id=batch_id)
+                    raise
+                completed = loop.transactions + len(loop.group.transactions) > applied_before
+                if completed and not feeder.assembler.open_transactions():
+                    pending = []
+        loop.flush()
         self.transactions += loop.transactions
         self._save(batch_id, {
             "catalog": feeder.catalog.to_json(),

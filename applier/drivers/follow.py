@@ -1,0 +1,191 @@
+"""Following a slot once the tables are copied: the two read modes around the one apply loop.
+
+Both feed raw messages to the loop and hand it a confirm function; they differ in how messages
+arrive and how the server is told: the replication protocol (``ReplicationFollower``: standby status
+updates, keepalives confirmed when nothing is pending) and SQL peek/advance (``SqlFollower``: every
+peek is a new decoding session; an idle slot is advanced to the flush position).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+
+from applier.config import SourceSettings
+from applier.errors import SourceError
+from applier.loop import ApplyLoop
+from applier.lsn import format_lsn
+from applier.protocol.replication import PrimaryKeepalive, pg_now
+from applier.sources import sql_slot
+from applier.sources.slots import slot_info, slot_lost_error
+from applier.sources.walsender import WalSenderStream
+
+
+@dataclass
+class FollowStats:
+    messages: int = 0
+    transactions: int = 0
+    confirmed_lsn: int | None = None
+    stopped_by: str = "end"
+
+
+class SlotFollower:
+    def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
+                 stop: threading.Event, progress: Callable[[str], None], progress_every: float) -> None:
+        self.dsn = dsn
+        self.source = source
+        self.loop = loop
+        self.stats = stats
+        self.stop = stop
+        self.progress = progress
+        self.progress_every = progress_every
+
+    def run(self, once: bool) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> int | None:
+        """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any."""
+        end = self.loop.flush()
+        self.stats.transactions = self.loop.transactions
+        if end is not None:
+            self.stats.confirmed_lsn = end
+        return end
+
+    def _feed(self, lsn: int, data: bytes) -> None:
+        try:
+            self.loop.feed(lsn, None, data)
+        finally:
+            self.stats.messages = self.loop.messages
+            self.stats.transactions = self.loop.transactions
+            if self.loop.confirmed_lsn is not None:
+                self.stats.confirmed_lsn = self.loop.confirmed_lsn
+
+    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> str:
+        """The progress line: what the server has, what it was told, and how far behind that is.
+        ``confirmed_lsn`` is the slot's position as this run knows it (applied groups, and idle
+        confirmations of WAL that carries nothing for us), so a caught-up mirror says 0."""
+        applied = max(confirmed_lsn or 0, self.loop.confirmed_lsn or 0)
+        self.stats.confirmed_lsn = applied or None
+        behind = max(server_lsn - applied, 0) if applied else None
+        seconds = 0.0
+        if self.loop.last_commit_time is not None and not self.loop.idle():
+            seconds = max((pg_now() - self.loop.last_commit_time) / 1e6, 0.0)
+        lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
+        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
+                f"{seconds:.1f}s; {self.stats.transactions} transactions, {self.stats.messages} messages")
+
+
+
+class ReplicationFollower(SlotFollower):
+    """START_REPLICATION on a replication connection (psycopg's COPY_BOTH)."""
+
+    def run(self, once: bool) -> None:
+        src = self.source
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            target = sql_slot.current_flush_lsn(conn) if once else None
+        stream = WalSenderStream(self.dsn)
+        self.loop.confirm = stream.confirm
+        try:
+            try:
+                stream.start(src.slot, sql_slot.options_for(self.source))
+            except SourceError as e:
+                raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
+            if target is not None:
+                self.progress(f"draining up to {format_lsn(target)}")
+            last_report = time.monotonic()
+            while not self.stop.is_set():
+                try:
+                    # With a group pending, only take what has already arrived: when nothing more has,
+                    # the backlog is drained and the group is applied at once. So a group holds what
+                    # arrived while the previous one was being applied: it grows with the load (and
+                    # keeps up with it) and a transaction waits about one apply, not a fixed time.
+                    # Not keepalives: under a steady load the walsender sends one each time it catches
+                    # up, i.e. after nearly every transaction, even while a backlog is still buffered;
+                    # a flush per keepalive made groups of one transaction that fell behind.
+                    pending = bool(self.loop.group)
+                    frame = stream.read(0.0 if pending else 0.5)
+                    if frame is not None and not isinstance(frame, PrimaryKeepalive):
+                        self._feed(frame.wal_start, frame.payload)
+                        if self.loop.group.due():
+                            self.flush()
+                        continue
+                    at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
+                                 and frame.wal_end >= target)
+                    if frame is None or at_target or self.loop.group.due():
+                        self.flush()
+                    idle = self.loop.idle()
+                    if idle and frame is not None:
+                        stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
+                    if target is not None and idle and isinstance(frame, PrimaryKeepalive) \
+                            and frame.wal_end >= target:
+                        self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
+                        break
+                    if frame is None and not pending:  # idle for 0.5 s
+                        stream.send_status(reply_requested=True)
+                except KeyboardInterrupt:
+                    self.flush()
+                    raise
+                if time.monotonic() - last_report >= self.progress_every:
+                    last_report = time.monotonic()
+                    self.progress(self._lag(stream.server_wal_end, stream.confirmed))
+            else:
+                self.stats.stopped_by = "stop requested"
+            self.flush()
+        finally:
+            stream.close()
+
+
+
+class SqlFollower(SlotFollower):
+    """pg_logical_slot_peek_binary_changes, then pg_replication_slot_advance once applied."""
+
+    def run(self, once: bool, *, poll_seconds: float = 1.0, batch_changes: int = 10_000) -> None:
+        """Peek, apply, advance. When a peek drained the slot up to the server's flush position and
+        nothing is pending (no group, no open streamed transaction), the slot is advanced to that
+        position even if nothing in it was ours, as the walsender path confirms keepalives: otherwise
+        an idle slot holds back WAL that other databases and unpublished tables keep writing."""
+        src = self.source
+        options = sql_slot.options_for(self.source)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            info = slot_info(conn, src.slot)
+            confirmed = info.confirmed_flush_lsn if info is not None else None
+
+            def advance(end: int) -> None:
+                nonlocal confirmed
+                if confirmed is None or end > confirmed:
+                    confirmed = sql_slot.advance(conn, src.slot, end)
+
+            self.loop.confirm = advance
+            while not self.stop.is_set():
+                target = sql_slot.current_flush_lsn(conn)
+                committed_before = self.loop.transactions
+                self.loop.feeder.assembler.session_start()  # every peek is a new decoding session
+                try:
+                    # the peek's rows are fetched before anything is applied (one statement at a time)
+                    try:
+                        peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
+                                                    upto_nchanges=batch_changes))
+                    except (psycopg.Error, SourceError) as e:
+                        lost = slot_lost_error(src.slot, e.sqlstate, str(e))
+                        if lost is None:
+                            raise
+                        raise lost from None
+                    for message in peeked:
+                        self._feed(message.lsn, message.data)
+                finally:
+                    self.flush()
+                if len(peeked) < batch_changes and self.loop.idle():
+                    advance(target)  # drained: nothing of ours is before ``target``
+                self.stats.confirmed_lsn = confirmed
+                if self.loop.transactions > committed_before:
+                    self.progress(self._lag(target, confirmed))
+                else:
+                    if once:
+                        self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
+                        return
+                    self.stop.wait(poll_seconds)
+            self.stats.stopped_by = "stop requested"

@@ -1,0 +1,134 @@
+"""Tables that join the publication after the mirror's snapshot: copied at a known position, then
+followed from the main stream (what PostgreSQL's tablesync.c does for ALTER SUBSCRIPTION ... REFRESH).
+
+Why this is exact: a temporary slot created with an exported snapshot gives a position P and a
+snapshot that sees exactly the transactions that committed before P. The table is copied under that
+snapshot and its Delta commit records P as the table's applied version, the same mark every
+streamed commit carries. The main stream then goes on as before: its transactions on that table
+that ended at or before P are already in the copy, and the apply stage leaves them out because the
+table's applied version is P; those after P are applied. The publication change itself committed
+before P (the mirror saw its effect before creating the slot), so every transaction after P is
+decoded with the table published.
+
+Known tables (copied by the snapshot or by a sync, with the position they were copied at) are kept
+in the state file ``tables``. A table is synced when it is published but not known: checked when
+the mirror starts following the slot, and before each group is applied (the first change of a newly
+published table arrives with its Relation message).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from applier.catalog import RelationCache
+from applier.changes import GroupedTransactions
+from applier.config import MirrorConfig
+from applier.lsn import format_lsn
+from applier.sink.engine import DeltaApplier
+from applier.sources.publication import PublishedTable, published_selection
+from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
+from applier.sources.walsender import WalSenderStream
+from applier.state import StateDir
+from applier.values import RowConverter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+STATE_KEY = "tables"
+
+
+class TableSync:
+    def __init__(self, spark: SparkSession, config: MirrorConfig, dsn: str, applier: DeltaApplier,
+                 catalog: RelationCache, state: StateDir, progress: Callable[[str], None]) -> None:
+        self.spark = spark
+        self.config = config
+        self.dsn = dsn
+        self.applier = applier
+        self.catalog = catalog
+        self.state = state
+        self.progress = progress
+        self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
+        self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
+
+    # --- what is known --------------------------------------------------------------------------
+
+    def known(self, published: list[PublishedTable]) -> dict[str, str]:
+        """The tables already copied. A state written before table sync existed has no list: then
+        every published table with a Delta table was copied by the snapshot."""
+        if self._known is None:
+            saved = self.state.load(STATE_KEY)
+            if saved is None:
+                from delta.tables import DeltaTable
+
+                saved = {t.qualified_name: "" for t in published
+                         if DeltaTable.isDeltaTable(self.spark, self.applier.path_for(t.namespace, t.name))}
+                self.state.save(STATE_KEY, saved)
+            self._known = dict(saved)
+        return self._known
+
+    def record_snapshot(self, tables: list[str], lsn: int) -> None:
+        """The initial copy took ``tables`` at ``lsn`` (the slot's consistent point)."""
+        self._known = {name: format_lsn(lsn) for name in tables}
+        self.state.save(STATE_KEY, self._known)
+
+    # --- when to sync ---------------------------------------------------------------------------
+
+    def check_publication(self) -> None:
+        """Copy every published (and selected) table the mirror does not know yet."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            published = published_selection(conn, self.config.source.publication, self.config.tables)
+        known = self.known(published)
+        names = {t.qualified_name for t in published}
+        gone = [name for name in known if name not in names]
+        if gone:  # no longer published: if it comes back, its rows must be copied again
+            for name in gone:
+                del known[name]
+            self.state.save(STATE_KEY, known)
+        missing = [t for t in published if t.qualified_name not in known]
+        if missing:
+            self.sync(missing)
+
+    def before_apply(self, transactions: GroupedTransactions) -> None:
+        """Called with each group before it is applied (one catalog query): a table the group
+        touches that the mirror does not know joined the publication while the mirror ran, and is
+        copied first; a table no longer published is forgotten."""
+        self.check_publication()
+
+    # --- the copy -------------------------------------------------------------------------------
+
+    def sync(self, tables: list[PublishedTable]) -> None:
+        src = self.config.source
+        names = ", ".join(t.qualified_name for t in tables)
+        slot = f"{src.slot}_sync_{os.getpid()}"[:63]
+        walsender = WalSenderStream(self.dsn)
+        try:
+            created = walsender.create_slot(slot, two_phase=False, export_snapshot=True, temporary=True)
+            assert created.snapshot_name is not None  # asked for with export_snapshot
+            point = created.consistent_point
+            self.progress(f"table sync: {names} joined the publication; copying at {format_lsn(point)}, then "
+                          "following them from the stream")
+            with psycopg.connect(self.dsn, autocommit=True) as snap:
+                open_snapshot(snap, created.snapshot_name)
+                for table in tables:
+                    relation, types = describe_relation(snap, table)
+                    for typ in types:
+                        self.catalog.update_type(typ)
+                    # A catalog of its own: the stream may still be behind a later ALTER of this
+                    # table, and its own Relation messages must keep deciding how its changes decode.
+                    schema = RelationCache(self.catalog.types).update(relation)
+                    converter = RowConverter(schema, self.catalog.types, self.config.apply.special_values)
+                    chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
+                    rows = self.applier.load_snapshot(schema, chunks, point)
+                    self.synced[table.qualified_name] = rows
+                    known = self.known([])
+                    known[table.qualified_name] = format_lsn(point)
+                    self.state.save(STATE_KEY, known)
+                    self.progress(f"table sync: {table.qualified_name}: {rows} rows at {format_lsn(point)}")
+                snap.execute("COMMIT")
+        finally:
+            walsender.close()  # drops the temporary slot
+
