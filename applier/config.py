@@ -52,7 +52,9 @@ class _Model(BaseModel):
 class SourceSettings(_Model):
     """Where the changes come from: a PostgreSQL logical replication slot."""
 
-    dsn: SecretStr | None = Field(None, description="libpq connection string; prefer dsn_env")
+    dsn: SecretStr | None = Field(
+        None, description="libpq connection string (key=value pairs or a postgresql:// URI); prefer dsn_env or "
+        "libpq's own PGHOST/PGSERVICE/PGPASSWORD and ~/.pgpass, which keep the password out of the file")
     dsn_env: str = Field("APPLIER_DSN", description="environment variable holding the DSN when dsn is unset")
     slot: str = Field("applier", description="logical replication slot (pgoutput); created when absent")
     publication: str = Field("applier", description="publication whose tables are mirrored")
@@ -206,33 +208,40 @@ class TargetSettings(_Model):
         "audit); default <path>/_applier")
 
 
+_SOURCE = "the slot, publication, DSN and pgoutput options"
+_TARGET = "where the Delta tables and the applier's state go"
+_TABLES = "which published tables are mirrored, and per-table rules"
+_APPLY = "how transactions are grouped and applied, and what stops the run"
+_SPARK = "the SparkSession applier starts when it is not given one"
+
+
 class ReplayConfig(_Model):
     """``applier replay``: apply a stored raw log (Parquet or Delta: lsn, xid, data) to Delta tables."""
 
     source_log: str = Field(
         json_schema_extra=PATH, description="path of the raw log: a Parquet file, a directory of Parquet parts or "
         "a Delta table with columns lsn, xid, data (what `applier capture` writes)")
-    target: TargetSettings
-    tables: TablesSettings = Field(default_factory=TablesSettings)
-    apply: ApplySettings = Field(default_factory=ApplySettings)
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    target: TargetSettings = Field(description=_TARGET)
+    tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
+    apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 
 
 class MirrorConfig(_Model):
     """``applier mirror``: snapshot the published tables, then follow the slot."""
 
-    source: SourceSettings = Field(default_factory=SourceSettings)
-    target: TargetSettings
-    tables: TablesSettings = Field(default_factory=TablesSettings)
-    apply: ApplySettings = Field(default_factory=ApplySettings)
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
+    target: TargetSettings = Field(description=_TARGET)
+    tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
+    apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 
 
 class CaptureConfig(_Model):
     """``applier capture``: drain a slot into a stored raw log (a Delta table) for replay later."""
 
-    source: SourceSettings = Field(default_factory=SourceSettings)
+    source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
     log_path: str = Field(json_schema_extra=PATH,
                           description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
     batch_changes: int = Field(10_000, ge=1, description="changes per peek (whole transactions are kept together)")
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
