@@ -84,11 +84,6 @@ class SourceSettings(_Model):
             raise ValueError("two_phase needs proto_version >= 3")
         return self
 
-    def with_overrides(self, **values: object) -> SourceSettings:
-        """A copy with the given settings replaced (command-line flags; None means not given), validated."""
-        given = {k: v for k, v in values.items() if v is not None}
-        return SourceSettings.model_validate({**self.model_dump(), **given}) if given else self
-
     def resolved_dsn(self) -> str:
         """The DSN from the config or the environment; the error never shows the value.
 

@@ -12,6 +12,7 @@ variables (PGHOST, PGPASSWORD, PGSSLMODE, ...).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import psycopg
@@ -49,6 +50,16 @@ def one_line(message: str) -> str:
     return " ".join(part.strip() for part in scrub(message).splitlines() if part.strip())
 
 
+def without_dsn_values(text: str, parts: dict[str, Any]) -> str:
+    """``text`` with every value of the DSN replaced by its key (``"<host>"``, ``<port>``, ``"<user>"``):
+    libpq's messages quote the host, port and user, and an error must show no part of the DSN."""
+    for key, value in sorted(parts.items(), key=lambda kv: -len(str(kv[1]))):
+        value = str(value)
+        if value:
+            text = re.sub(r"(?<![\w.\-])" + re.escape(value) + r"(?![\w.\-])", f"<{key}>", text)
+    return text
+
+
 def check_connection(dsn: str) -> None:
     """Parse ``dsn`` and make one connection with it, so that a wrong DSN fails before Spark starts.
 
@@ -62,9 +73,9 @@ def check_connection(dsn: str) -> None:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=timeout) as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as e:
-        text = one_line(str(e))
+        text = without_dsn_values(one_line(str(e)), parts)
         if e.sqlstate is None and ("invalid" in text or "unrecognized" in text):
             raise ConfigError(f"libpq refuses the DSN: {text}") from None
         raise SourceError(f"cannot connect to PostgreSQL: {text}", sqlstate=e.sqlstate) from None
     except psycopg.Error as e:
-        raise ConfigError(f"libpq refuses the DSN: {one_line(str(e))}") from None
+        raise ConfigError(f"libpq refuses the DSN: {without_dsn_values(one_line(str(e)), parts)}") from None

@@ -1,5 +1,5 @@
 """DSN safety against a real server: a wrong password is one line, exit 3, no retries, no Spark, and
-no part of the password; the DSN's sslmode reaches libpq."""
+no part of the DSN (not even the user or port libpq quotes); the DSN's sslmode reaches libpq."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_wrong_password_is_one_line_exit_3_without_retries(pg, password_role, tm
         assert "password authentication failed" in err, err
         assert len(err.strip().splitlines()) == 1 and "reconnect" not in err and "Traceback" not in err, err
         assert "hunter" not in err and "2secret" not in err, err
+        assert password_role not in err and str(pg.cluster.port) not in err, err  # no part of the DSN at all
 
 
 def test_the_dsns_sslmode_reaches_libpq(pg, tmp_path, capsys):
