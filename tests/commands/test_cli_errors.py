@@ -106,6 +106,15 @@ def test_unreachable_server_is_exit_3_at_once_without_retries(tmp_path, capsys, 
     assert "hunter2secret" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_libpq_variables_are_a_dsn_too(tmp_path, capsys, monkeypatch):
+    """No --dsn, no APPLIER_DSN: PGHOST/PGPORT are used, as psql uses them (here: a closed port, exit 3)."""
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGPORT", "1")
+    assert main(["mirror", "--target", str(tmp_path)]) == ExitCode.UNAVAILABLE
+    err = capsys.readouterr().err
+    assert "cannot connect to PostgreSQL" in err and "Connection refused" in err, err
+
+
 def test_invalid_sslmode_is_a_config_error_not_an_outage(tmp_path, capsys):
     dsn = "host=127.0.0.1 port=1 password=hunter2secret sslmode=bogus"
     assert main(["mirror", "--dsn", dsn, "--target", str(tmp_path)]) == ExitCode.USAGE
