@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 
@@ -30,6 +31,11 @@ accepted after the command (`applier inspect -v ...`). Progress and errors go to
 stdout."""
 
 
+SHORT_EPILOG = textwrap.fill("exit codes: 0 done, 1 tables differ (verify, demo), 2 usage or config error (flags, config, "
+                "DSN), 3 source or target unavailable, 4 bad data stopped the run, 5 internal error; "
+                "`applier --help` explains each.", 100)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: else the top level reads `capture --log` as an ambiguous --log-level/--log-format.
     parser = argparse.ArgumentParser(prog="applier", description=DESCRIPTION, epilog=epilog(), allow_abbrev=False,
@@ -41,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"applier.commands.{name}").register(sub)
     for subparser in sub.choices.values():
         add_logging_arguments(subparser, suppress_defaults=True)
+        subparser.epilog = SHORT_EPILOG
     return parser
 
 
