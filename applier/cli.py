@@ -31,9 +31,9 @@ accepted after the command (`applier inspect -v ...`). Progress and errors go to
 stdout."""
 
 
-SHORT_EPILOG = textwrap.fill("exit codes: 0 done, 1 tables differ (verify, demo), 2 usage or config error (flags, config, "
-                "DSN), 3 source or target unavailable, 4 bad data stopped the run, 5 internal error; "
-                "`applier --help` explains each.", 100)
+SHORT_EPILOG = textwrap.fill(
+    "exit codes: 0 done, 1 tables differ (verify, demo), 2 usage or config error (flags, config, DSN), 3 source "
+    "or target unavailable, 4 bad data stopped the run, 5 internal error; `applier --help` explains each.", 100)
 
 
 def build_parser() -> argparse.ArgumentParser:
