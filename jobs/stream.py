@@ -50,6 +50,9 @@ def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def
     if args.slot:
         if not args.dsn:
             raise ConfigError("--slot needs --dsn or APPLIER_DSN")
+        from applier.infra.redact import register
+
+        register(args.dsn)  # masked in every log line and error this process prints
         register_pgoutput_source(spark)
         raw = (spark.readStream.format("pgoutput").option("dsn", args.dsn).option("slot", args.slot)
                .option("publication", args.publication).load())
