@@ -1,52 +1,113 @@
-"""The ``applier`` command line: one subcommand per job, each in its own module under applier.commands."""
+"""The ``applier`` command line: one subcommand per job, each in its own module under applier.commands.
+
+This module owns what every command shares: the logging flags (accepted before or after the
+subcommand), turning an error into one line on stderr and an exit code from applier.exitcodes, and
+keeping secrets out of both, tracebacks included.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
+import textwrap
+import traceback
 from collections.abc import Sequence
 
 from applier import __version__
 from applier.commands import COMMAND_MODULES
-from applier.commands.skip import way_forward
-from applier.errors import ApplierError
+from applier.exitcodes import ExitCode, epilog, for_exception
+from applier.infra.redact import scrub
+from applier.logsetup import add_logging_arguments, configure_from
 
 DESCRIPTION = """\
 Mirror PostgreSQL tables into Delta Lake by replaying PostgreSQL's logical replication stream
 (pgoutput), exactly once and in commit order, with PySpark and delta-spark.
 
-Run `applier COMMAND --help` for each command's options."""
+Run `applier COMMAND --help` for each command's options. The logging options below are also
+accepted after the command (`applier inspect -v ...`). Progress and errors go to stderr, results to
+stdout."""
+
+
+SHORT_EPILOG = textwrap.fill(
+    "exit codes: 0 done, 1 tables differ (verify, demo), 2 usage or config error (flags, config, DSN), 3 source "
+    "or target unavailable, 4 bad data stopped the run, 5 internal error; `applier --help` explains each.", 100)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="applier", description=DESCRIPTION,
+    # allow_abbrev=False: else the top level reads `capture --log` as an ambiguous --log-level/--log-format.
+    parser = argparse.ArgumentParser(prog="applier", description=DESCRIPTION, epilog=epilog(), allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"applier {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    add_logging_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"applier.commands.{name}").register(sub)
+    for subparser in sub.choices.values():
+        add_logging_arguments(subparser, suppress_defaults=True)
+        subparser.epilog = SHORT_EPILOG
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    configure_from(args)
     try:
-        return int(args.func(args) or 0)
-    except ApplierError as e:
-        print(f"applier {args.command}: error: {e}", file=sys.stderr)
-        hint = way_forward(args.command, e) if args.command in ("replay", "mirror") else None
-        if hint:
-            print(f"applier {args.command}: {hint}", file=sys.stderr)
-        return 2
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return ExitCode.BROKEN_PIPE
     except KeyboardInterrupt:
-        print(f"applier {args.command}: interrupted", file=sys.stderr)
-        return 130
+        _report(args, "interrupted")
+        return ExitCode.INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line and a documented code
+        return _failed(args, e)
+
+
+def _failed(args: argparse.Namespace, error: Exception) -> int:
+    from applier.commands.skip import way_forward
+    from applier.errors import ApplierError
+
+    code = for_exception(error)
+    if code == ExitCode.INTERNAL:
+        trace = "".join(traceback.format_exception(error))
+        _report(args, f"internal error (a bug; please report it with the traceback below): "
+                      f"{type(error).__name__}: {error}", detail=trace)
+        return code
+    if isinstance(error, ApplierError):
+        _report(args, f"error: {error}")
+        hint = way_forward(args.command, error) if args.command in ("replay", "mirror") else None
+        if hint:
+            _report(args, hint)
+    else:  # psycopg's OperationalError outside the commands' own checks
+        from applier.sources.dsn import one_line
+
+        _report(args, f"error: cannot reach PostgreSQL: {one_line(str(error))}")
+    return code
+
+
+def _report(args: argparse.Namespace, message: str, *, detail: str | None = None) -> None:
+    """One line on stderr (a JSON object with --log-format json), secrets masked."""
+    if getattr(args, "log_format", "text") == "json":
+        log = logging.getLogger(f"applier.{args.command}")
+        log.error("%s", message if detail is None else f"{message}\n{detail}")
+        return
+    print(scrub(f"applier {args.command}: {message}"), file=sys.stderr, flush=True)
+    if detail:
+        print(scrub(detail), file=sys.stderr, end="", flush=True)
+
+
+def _stdout_to_devnull() -> None:
+    """After EPIPE, point stdout at /dev/null so that the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (pytest's capture)
+        pass
 
 
 if __name__ == "__main__":

@@ -1,22 +1,47 @@
-"""Job configuration: YAML files validated by pydantic models.
+"""Job configuration: pydantic models, read from YAML by applier.configfile.
 
 Every model forbids unknown keys (a typo must not silently fall back to a default), every field says
-what it is for, and the DSN is a secret that never prints. Errors name the file, the line and the
-dotted key, and say why.
+what it is for (docs/config.md is generated from these descriptions: ``python -m applier.config_docs``),
+and the DSN is a secret that never prints. Fields marked ``config_path`` hold paths, which a config
+file resolves from its own folder.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from applier.configfile import load_config
 from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
+
+__all__ = ["ApplySettings", "CaptureConfig", "MirrorConfig", "ReplayConfig", "SourceSettings", "SparkConfig",
+           "TableRule", "TablesSettings", "TargetSettings", "load_config"]
+
+#: libpq variables that say which server to use: with one of them set, an empty DSN is a complete one.
+LIBPQ_SERVER_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT")
+
+
+def libpq_env_given() -> bool:
+    return any(os.environ.get(v) for v in LIBPQ_SERVER_ENV)
+
+
+#: Marks a field holding a path: relative values in a config file are resolved from the file's folder.
+PATH: dict[str, Any] = {"config_path": True}
+
+
+def _lsn(value: str) -> str:
+    try:
+        return format_lsn(parse_lsn(value))
+    except Exception:  # noqa: BLE001 - pydantic reports it with the key (or the flag)
+        raise ValueError(f"not an LSN like 0/16B3748 (two hex numbers separated by a slash): {value!r}") from None
+
+
+#: A commit LSN as PostgreSQL prints it, normalised (``0/16b3748`` -> ``0/16B3748``).
+Lsn = Annotated[str, AfterValidator(_lsn)]
 
 
 class _Model(BaseModel):
@@ -26,7 +51,9 @@ class _Model(BaseModel):
 class SourceSettings(_Model):
     """Where the changes come from: a PostgreSQL logical replication slot."""
 
-    dsn: SecretStr | None = Field(None, description="libpq connection string; prefer dsn_env")
+    dsn: SecretStr | None = Field(
+        None, description="libpq connection string (key=value pairs or a postgresql:// URI); prefer dsn_env or "
+        "libpq's own PGHOST/PGSERVICE/PGPASSWORD and ~/.pgpass, which keep the password out of the file")
     dsn_env: str = Field("APPLIER_DSN", description="environment variable holding the DSN when dsn is unset")
     slot: str = Field("applier", description="logical replication slot (pgoutput); created when absent")
     publication: str = Field("applier", description="publication whose tables are mirrored")
@@ -37,7 +64,9 @@ class SourceSettings(_Model):
     binary: bool = Field(False, description="binary column values (PG 14+)")
     messages: bool = Field(False, description="receive pg_logical_emit_message messages (PG 14+)")
     origin: Literal["any", "none"] | None = Field(
-        None, description="server-side origin filter (PG 16+): none = only changes without an origin")
+        None, description="pgoutput's origin option (PG 16+), a filter on the server: 'none' sends only changes "
+        "made locally on the source (not those a subscription or other replication origin wrote there, "
+        "which avoids loops in bidirectional setups); 'any' sends all; unset: the server's default (any)")
     read_mode: Literal["replication", "sql"] = Field(
         "replication", description="streaming replication protocol, or SQL peek/advance")
     max_retries: int = Field(
@@ -54,26 +83,28 @@ class SourceSettings(_Model):
             raise ValueError("two_phase needs proto_version >= 3")
         return self
 
-    def with_overrides(self, **values: object) -> SourceSettings:
-        """A copy with the given settings replaced (command-line flags; None means not given), validated."""
-        given = {k: v for k, v in values.items() if v is not None}
-        return SourceSettings.model_validate({**self.model_dump(), **given}) if given else self
-
     def resolved_dsn(self) -> str:
-        """The DSN from the config or the environment; the error never shows the value."""
+        """The DSN from the config or the environment; the error never shows the value.
+
+        With neither, libpq's own variables (PGHOST, PGSERVICE, ...) are a DSN too, as for psql: the
+        empty string, which libpq completes from them (and the password from ~/.pgpass)."""
         if self.dsn is not None:
             return self.dsn.get_secret_value()
         value = os.environ.get(self.dsn_env)
-        if not value:
-            raise ConfigError(f"no DSN: set source.dsn or the environment variable {self.dsn_env}")
-        return value
+        if value:
+            return value
+        if libpq_env_given():
+            return ""
+        raise ConfigError(f"no DSN: pass --dsn, set source.dsn, the environment variable {self.dsn_env}, or "
+                          "libpq's PGHOST / PGSERVICE variables")
 
 
 class TableRule(_Model):
     """Per-table settings for the tables a glob matches (``schema.table``, e.g. ``shop.*``)."""
 
     match: str = Field(description="glob over 'schema.table'")
-    target: str | None = Field(None, description="Delta path for this table (default <target>/<schema>/<table>)")
+    target: str | None = Field(
+        None, json_schema_extra=PATH, description="Delta path for this table (default <target>/<schema>/<table>)")
     table: str | None = Field(
         None, description="catalog table name (e.g. 'lake.shop_orders'): an existing Delta table is written at its "
         "location; a new name is registered as an external table over the path")
@@ -119,121 +150,92 @@ class ApplySettings(_Model):
         5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is "
         "applied (a group is applied sooner, as soon as the stream has nothing more buffered)")
     unresolved_toast: Literal["error"] = Field(
-        "error", description="an unchanged TOAST value with no row to take it from stops the apply")
+        "error", description="an update that leaves a large (TOASTed) value unchanged sends no value for it; "
+        "applier takes it from the old image, an earlier image in the batch or the target row. When none "
+        "exists the apply stops with an error ('error', the only choice: never a NULL or a placeholder)")
     schema_changes: Literal["evolve", "stop"] = Field(
         "evolve", description="evolve: add columns, widen types, keep dropped ones; stop: error")
     truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
     special_values: Literal["error", "clamp", "null"] = Field(
         "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")
     skip_origins: list[str] = Field(default_factory=list,
-                                    description="drop transactions from these replication origins")
-    skip_any_origin: bool = Field(False, description="drop every transaction that has an origin")
+                                    description="drop transactions from these replication origins (by name)")
+    skip_any_origin: bool = Field(
+        False, description="drop every transaction that carries a replication origin (an Origin message: it "
+        "was replayed into the source by a subscription or another replication tool), on the applier side; "
+        "skip_origins drops only the named ones")
     memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling")
-    skip_transactions: list[str] = Field(
+    skip_transactions: list[Lsn] = Field(
         default_factory=list,
         description="commit LSNs (as in '0/16B3748') of transactions to leave out, like ALTER SUBSCRIPTION "
         "... SKIP: the way past a transaction the applier stopped on (bad bytes, a value that cannot be "
         "converted). A prepared transaction is skipped by its prepare LSN or its Commit Prepared LSN. "
         "Each skip is recorded in the audit table <state_dir>/skipped_transactions")
 
-    @field_validator("skip_transactions")
-    @classmethod
-    def _lsns(cls, values: list[str]) -> list[str]:
-        try:
-            return [format_lsn(parse_lsn(v)) for v in values]
-        except Exception as e:  # noqa: BLE001 - pydantic reports it with the key
-            raise ValueError(f"not an LSN like 0/16B3748: {e}") from None
     messages_table: str | None = Field(
-        None, description="record pg_logical_emit_message messages (messages: true) in this Delta table path")
+        None, json_schema_extra=PATH,
+        description="record pg_logical_emit_message messages (source option messages: true) in the Delta table "
+        "at this path")
 
 
 class SparkConfig(_Model):
     """The SparkSession the job runs on (ignored when the job is given a session, e.g. under spark-submit)."""
 
-    master: str = "local[2]"
-    app_name: str = "applier"
-    shuffle_partitions: int = Field(2, ge=1)
-    driver_memory: str = "2g"
-    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+    master: str = Field("local[2]", description="Spark master URL (spark.master), e.g. local[4] or yarn")
+    app_name: str = Field("applier", description="application name shown in the Spark UI (spark.app.name)")
+    shuffle_partitions: int = Field(
+        2, ge=1, description="spark.sql.shuffle.partitions: small, because a MERGE source holds one row per key")
+    driver_memory: str = Field(
+        "2g", description="spark.driver.memory (only takes effect when applier starts the JVM itself)")
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="any other Spark settings, as name: value strings (they win over the "
+        "fields above)")
 
 
 class TargetSettings(_Model):
     """Where the Delta tables go: ``<path>/<schema>/<table>`` unless a table rule says otherwise."""
 
-    path: str = Field(description="root directory of the mirrored Delta tables")
-    state_dir: str | None = Field(None, description="applier state (catalog, staged prepares); default <path>/_applier")
+    path: str = Field(json_schema_extra=PATH, description="root directory of the mirrored Delta tables")
+    state_dir: str | None = Field(
+        None, json_schema_extra=PATH,
+        description="applier state (catalog as last seen, staged prepared transactions, spill files, skip "
+        "audit); default <path>/_applier")
+
+
+_SOURCE = "the slot, publication, DSN and pgoutput options"
+_TARGET = "where the Delta tables and the applier's state go"
+_TABLES = "which published tables are mirrored, and per-table rules"
+_APPLY = "how transactions are grouped and applied, and what stops the run"
+_SPARK = "the SparkSession applier starts when it is not given one"
 
 
 class ReplayConfig(_Model):
     """``applier replay``: apply a stored raw log (Parquet or Delta: lsn, xid, data) to Delta tables."""
 
-    source_log: str = Field(description="path of the raw log")
-    target: TargetSettings
-    tables: TablesSettings = Field(default_factory=TablesSettings)
-    apply: ApplySettings = Field(default_factory=ApplySettings)
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    source_log: str = Field(
+        json_schema_extra=PATH, description="path of the raw log: a Parquet file, a directory of Parquet parts or "
+        "a Delta table with columns lsn, xid, data (what `applier capture` writes)")
+    target: TargetSettings = Field(description=_TARGET)
+    tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
+    apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 
 
 class MirrorConfig(_Model):
     """``applier mirror``: snapshot the published tables, then follow the slot."""
 
-    source: SourceSettings = Field(default_factory=SourceSettings)
-    target: TargetSettings
-    tables: TablesSettings = Field(default_factory=TablesSettings)
-    apply: ApplySettings = Field(default_factory=ApplySettings)
-    spark: SparkConfig = Field(default_factory=SparkConfig)
+    source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
+    target: TargetSettings = Field(description=_TARGET)
+    tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
+    apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 
 
 class CaptureConfig(_Model):
     """``applier capture``: drain a slot into a stored raw log (a Delta table) for replay later."""
 
-    source: SourceSettings = Field(default_factory=SourceSettings)
-    log_path: str = Field(description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
+    source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
+    log_path: str = Field(json_schema_extra=PATH,
+                          description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
     batch_changes: int = Field(10_000, ge=1, description="changes per peek (whole transactions are kept together)")
-    spark: SparkConfig = Field(default_factory=SparkConfig)
-
-
-def load_config(path: str | Path, model: type[_Model]) -> Any:
-    """Load and validate ``path`` as ``model``; ConfigError names file, line, key and reason."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read config file: {e.strerror}", file=str(path)) from e
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"not valid YAML: {getattr(e, 'problem', e)}", file=str(path),
-                          line=mark.line + 1 if mark else None) from e
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("a config file must be a mapping of settings", file=str(path))
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = [p for p in first["loc"]]
-        key = ".".join(str(p) for p in loc) or "(top level)"
-        raise ConfigError(f"{key}: {first['msg']}", file=str(path), line=_line_of(node, loc),
-                          problems=len(e.errors())) from None
-
-
-def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
-    """1-based line of the deepest YAML node along ``loc`` (for error messages)."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
-            if match is None:
-                break
-            line = match[0].start_mark.line + 1
-            node = match[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
+    spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)

@@ -86,7 +86,15 @@ def _fmt(key: str, value: Any) -> str:
 
 
 class ConfigError(ApplierError):
-    """A configuration file or flag is invalid."""
+    """A configuration file, flag or DSN is invalid. ``problems`` lists every one found in a config
+    (``file:line: key: reason``), one per line after the message."""
+
+    def __init__(self, message: str, *, problems: list[str] | None = None, **context: Any) -> None:
+        self.problems = list(problems or [])
+        super().__init__(message, **context)
+
+    def _render(self) -> str:
+        return super()._render() + "".join(f"\n  {p}" for p in self.problems)
 
 
 class EnvironmentSetupError(ApplierError):

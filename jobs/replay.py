@@ -3,7 +3,8 @@
     spark-submit --packages io.delta:delta-spark_4.2_2.13:4.4.0 jobs/replay.py --config configs/replay.yaml
 
 Under spark-submit the Delta jars come from --packages or the cluster, so APPLIER_DELTA_JARS defaults
-to 'provided' here; the arguments are exactly those of `applier replay`.
+to 'provided' here; the arguments are exactly those of `applier replay`, the logging flags included
+(`--log-format json`, `--log-level`, `-q`, `-v`), and so are the exit codes (applier/exitcodes.py).
 """
 
 import os

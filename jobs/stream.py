@@ -15,8 +15,13 @@ after any failure: batches are re-applied idempotently.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+
+from applier.errors import ApplierError, ConfigError
+from applier.exitcodes import ExitCode, for_exception
+from applier.logsetup import add_logging_arguments, configure_from
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,6 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint", required=True, help="Structured Streaming checkpoint directory")
     p.add_argument("--once", action="store_true", help="process what is available now, then stop")
     p.add_argument("--interval", default="10 seconds", help="trigger interval when running continuously")
+    add_logging_arguments(p)  # -v, -q, --log-level, --log-format: the same as `applier`
     return p.parse_args(argv)
 
 
@@ -43,7 +49,10 @@ def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def
 
     if args.slot:
         if not args.dsn:
-            raise SystemExit("jobs/stream.py: --slot needs --dsn or APPLIER_DSN")
+            raise ConfigError("--slot needs --dsn or APPLIER_DSN")
+        from applier.infra.redact import register
+
+        register(args.dsn)  # masked in every log line and error this process prints
         register_pgoutput_source(spark)
         raw = (spark.readStream.format("pgoutput").option("dsn", args.dsn).option("slot", args.slot)
                .option("publication", args.publication).load())
@@ -56,7 +65,8 @@ def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def
 
 
 def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    """Start the query; with --once stop when everything available is applied. 1 on failure."""
+    """Start the query; with --once stop when everything available is applied. 3 on failure (the
+    query's error is logged; restart with the same checkpoint)."""
     from pyspark.errors import StreamingQueryException
 
     query = build_query(spark, args).start()
@@ -71,9 +81,9 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
         query.stop()
     error = query.exception()
     if error is not None:
-        print(f"jobs/stream.py: the query failed: {error}", file=sys.stderr)
-        return 1
-    return 0
+        logging.getLogger("applier.stream").error("the query failed: %s", error)
+        return ExitCode.UNAVAILABLE
+    return ExitCode.OK
 
 
 def main(argv: list[str]) -> int:
@@ -82,7 +92,13 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
     from applier.spark.session import build_spark_session
 
-    return run(build_spark_session(), parse_args(argv))
+    args = parse_args(argv)
+    configure_from(args)
+    try:
+        return run(build_spark_session(), args)
+    except ApplierError as e:  # exit codes as for `applier` (applier.exitcodes)
+        logging.getLogger("applier.stream").error("%s", e)
+        return for_exception(e)
 
 
 if __name__ == "__main__":

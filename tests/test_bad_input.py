@@ -173,7 +173,7 @@ def test_value_spark_cannot_hold_stops_and_the_cli_says_what_to_do(captured, spa
     target = tmp_path / "delta"
     code = cli_main(["replay", "--source", str(log), "--target", str(target)])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 4  # ExitCode.BAD_DATA
     assert "ValueConversionError" in err or "infinity" in err, err
     assert f"commit_lsn={format_lsn(commit_d)}" in err and "relation=public.t" in err, err
     assert f"--skip-transaction {format_lsn(commit_d)}" in err, err

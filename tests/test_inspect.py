@@ -80,7 +80,7 @@ def test_inspect_reports_lsn_and_offset_of_a_bad_message(tmp_path, capsys):
     rows[bad_at] = (lsn, xid, data[:-2])
     log = tmp_path / "bad.parquet"
     write_raw_log(log, rows)
-    assert main(["inspect", "--source", str(log)]) == 2
+    assert main(["inspect", "--source", str(log)]) == 4  # ExitCode.BAD_DATA
     err = capsys.readouterr().err
     assert f"lsn={format_lsn(lsn)}" in err and f"offset={len(data) - 2}" in err and "kind=Insert" in err
 

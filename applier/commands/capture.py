@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from applier.config import CaptureConfig, load_config
+from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,10 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "format `applier replay --source LOG` reads), and only then advance the slot. Each Delta "
         "commit records the end LSN it stored up to, so a crash at any point neither loses nor "
         "duplicates a message: run the same command again. Without --follow it drains what is "
-        "committed now and exits 0. The DSN comes from --dsn, source.dsn or $APPLIER_DSN and is "
-        "never printed.",
+        "committed now and exits 0. The DSN comes from --dsn, source.dsn, $APPLIER_DSN or libpq's "
+        "PGHOST/PGSERVICE variables and is never printed; it is parsed and one connection made before "
+        "Spark starts (exit 2 for a bad DSN, 3 when the server cannot be reached or refuses the login).",
     )
-    p.add_argument("--config", help="YAML config (see configs/capture.yaml)")
+    p.add_argument("--config", help="YAML config (see configs/capture.yaml and docs/config.md); relative paths "
+                   "in it are resolved from its folder")
     p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN)")
     p.add_argument("--publication", help="publication (overrides source.publication)")
     p.add_argument("--slot", help="slot (overrides source.slot; created if absent)")
@@ -31,23 +33,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from applier.drivers.capture import capture
+    from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
-    if args.config:
-        cfg: CaptureConfig = load_config(args.config, CaptureConfig)
-    elif args.log:
-        cfg = CaptureConfig(log_path=args.log)
-    else:
-        print("applier capture: give --config, or --log (with --dsn or APPLIER_DSN)", file=sys.stderr)
-        return 2
-    updates: dict[str, object] = {
-        "source": cfg.source.with_overrides(dsn=args.dsn, publication=args.publication, slot=args.slot)}
-    if args.log:
-        updates["log_path"] = args.log
-    cfg = cfg.model_copy(update=updates)
+    cfg: CaptureConfig = load_config(args.config, CaptureConfig, overrides={
+        "source.dsn": (args.dsn, "--dsn"),
+        "source.publication": (args.publication, "--publication"),
+        "source.slot": (args.slot, "--slot"),
+        "log_path": (args.log, "--log"),
+    })
+    check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
     spark = build_spark_session_for(cfg.spark)
-    summary = capture(spark, cfg, once=not args.follow,
-                      progress=lambda m: print(f"capture: {m}", file=sys.stderr, flush=True))
+    summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
     for line in summary.lines():
         print(line)
     return 0

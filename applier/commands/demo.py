@@ -8,14 +8,15 @@ that log into Delta tables, confirms the slot, and verifies every table against 
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 
-from applier.errors import ApplierError
+from applier.errors import ConfigError
+from applier.exitcodes import ExitCode
 
 PUBLICATION = "applier_demo"
 SLOT = "applier_demo"
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def say(msg: str) -> None:
-    print(f"demo: {msg}", file=sys.stderr, flush=True)
+    logging.getLogger("applier.demo").info("%s", msg)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     cluster = None
     try:
         if args.dsn:
+            from applier.sources.dsn import check_connection
+
             dsn = args.dsn
+            check_connection(dsn)
         else:
             say("starting a throw-away PostgreSQL with wal_level=logical")
             cluster = start_cluster(args.pg_major)
@@ -77,7 +81,7 @@ def _demo(dsn: str, out: Path, transactions: int) -> int:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'shop'").fetchone():
-            raise ApplierError("schema 'shop' already exists in that database; the demo creates it fresh "
+            raise ConfigError("schema 'shop' already exists in that database; the demo creates it fresh "
                                "(drop it, its publication and slot 'applier_demo', or use another database)")
         say("creating schema shop, publication and slot")
         create_schema(conn, PUBLICATION)
@@ -109,6 +113,6 @@ def _demo(dsn: str, out: Path, transactions: int) -> int:
           f"b().read.format('delta').load('{target}/shop/orders').show()\"")
     print(f"Inspect the raw log:  .venv/bin/applier inspect --source {out / 'raw-log.parquet'}")
     if bad:
-        print(f"demo: {len(bad)} table(s) differ from Postgres", file=sys.stderr)
-        return 1
-    return 0
+        logging.getLogger("applier.demo").warning("%d table(s) differ from Postgres", len(bad))
+        return ExitCode.DIFFERENCES
+    return ExitCode.OK

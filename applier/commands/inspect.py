@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 
 from applier.checks.inspect import format_report, inspect_messages
 from applier.lsn import format_lsn
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _progress(count: int, lsn: int) -> None:
-    print(f"inspect: {count} messages read, at {format_lsn(lsn)}", file=sys.stderr, flush=True)
+    logging.getLogger("applier.inspect").info("%d messages read, at %s", count, format_lsn(lsn))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
-import sys
 import threading
 from types import FrameType
 
-from applier.commands.skip import add_skip_argument, with_skips
-from applier.config import MirrorConfig, TargetSettings, load_config
+from applier.commands.skip import add_skip_argument
+from applier.config import MirrorConfig, load_config
+from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,10 +31,16 @@ nothing: restart the same command.
 Lag (bytes and seconds) is printed every 10 s. Ctrl-C finishes the transactions received so far,
 confirms them and exits 0 (a second Ctrl-C exits at once; the next run re-applies safely).
 
-The DSN comes from --dsn, source.dsn, or the variable named by source.dsn_env (APPLIER_DSN by
-default); it is never printed. The publication must exist.""",
+The DSN comes from --dsn, source.dsn, the variable named by source.dsn_env (APPLIER_DSN by
+default), or libpq's own PGHOST/PGSERVICE/... variables; it is never printed. It is parsed and one
+connection is made before Spark starts: a DSN that does not parse or a bad sslmode exits 2, a server
+that cannot be reached or a refused login exits 3, at once. Reconnects with backoff
+(source.max_retries) are for outages after that. The publication must exist.
+
+Flags override the config file (and APPLIER_* variables) and may supply what it lacks.""",
     )
-    p.add_argument("--config", help="YAML config (see configs/mirror.yaml)")
+    p.add_argument("--config", help="YAML config (see configs/mirror.yaml and docs/config.md); relative paths "
+                   "in it are resolved from its folder")
     p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN: command lines are visible)")
     p.add_argument("--publication", help="publication to mirror (overrides source.publication)")
     p.add_argument("--slot", help="logical replication slot (overrides source.slot; created if absent)")
@@ -46,40 +53,41 @@ default); it is never printed. The publication must exist.""",
 
 
 def config_from_args(args: argparse.Namespace) -> MirrorConfig:
-    """The config file (if any) with the command line's overrides applied."""
-    if args.config:
-        cfg: MirrorConfig = load_config(args.config, MirrorConfig)
-    else:
-        if not args.target:
-            raise SystemExit("applier mirror: give --config, or --target (with --dsn or APPLIER_DSN)")
-        cfg = MirrorConfig(target=TargetSettings(path=args.target))
-    updates: dict[str, object] = {"source": cfg.source.with_overrides(
-        dsn=args.dsn, publication=args.publication, slot=args.slot, read_mode="sql" if args.sql else None)}
-    if args.target:
-        updates["target"] = cfg.target.model_copy(update={"path": args.target})
-    updates["apply"] = with_skips(cfg.apply, args)
-    return cfg.model_copy(update=updates)
+    """The config file (if any), APPLIER_* variables and the flags, validated together."""
+    cfg: MirrorConfig = load_config(args.config, MirrorConfig, overrides={
+        "source.dsn": (args.dsn, "--dsn"),
+        "source.publication": (args.publication, "--publication"),
+        "source.slot": (args.slot, "--slot"),
+        "source.read_mode": ("sql" if args.sql else None, "--sql"),
+        "target.path": (args.target, "--target"),
+        "apply.skip_transactions+": (args.skip_transaction, "--skip-transaction"),
+    })
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
     from applier.drivers.mirror import mirror
+    from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)
+    # Before Spark (and maybe a jar download) starts: a DSN that does not parse, a bad sslmode, a wrong
+    # password or a server that is not there fails here, once, with exit 2 or 3. Reconnecting with
+    # backoff is for outages after this first connection succeeded.
+    check_connection(cfg.source.resolved_dsn())
     stop = threading.Event()
 
     def on_sigint(_signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
-        print("applier mirror: stopping after the transactions received so far (Ctrl-C again to quit now)",
-              file=sys.stderr, flush=True)
+        logging.getLogger("applier.mirror").warning(
+            "stopping after the transactions received so far (Ctrl-C again to quit now)")
         stop.set()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         spark = build_spark_session_for(cfg.spark)
-        summary = mirror(spark, cfg, once=args.once, stop=stop,
-                         progress=lambda m: print(f"mirror: {m}", file=sys.stderr, flush=True))
+        summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:
         signal.signal(signal.SIGINT, previous)
     if stop.is_set():

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from applier.commands.skip import add_skip_argument, with_skips
-from applier.config import ReplayConfig, TargetSettings, load_config
+from applier.commands.skip import add_skip_argument
+from applier.config import ReplayConfig, load_config
+from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,37 +19,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "are folded into one Delta commit per table (exact; apply.grouping: transaction in a config "
         "gives one commit per source transaction), tagged with the end LSN of the last transaction "
         "in it, so a second replay of the same log writes nothing. State (catalog, staged prepared "
-        "transactions) lives in TARGET/_applier/.",
+        "transactions) lives in TARGET/_applier/. Flags override the config (and APPLIER_* variables) "
+        "and may supply what it lacks.",
     )
     p.add_argument("--source", help="raw log path (overrides source_log of --config)")
     p.add_argument("--target", help="directory of the Delta tables (overrides target.path of --config)")
-    p.add_argument("--config", help="YAML config (see configs/replay.yaml)")
+    p.add_argument("--config", help="YAML config (see configs/replay.yaml and docs/config.md); relative paths "
+                   "in it are resolved from its folder")
     p.add_argument("--dry-run", action="store_true",
                    help="print, per group of transactions and table, what would be merged; write nothing")
     add_skip_argument(p)
     p.set_defaults(func=run)
 
 
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    """The config file (if any), APPLIER_* variables and the flags, validated together."""
+    cfg: ReplayConfig = load_config(args.config, ReplayConfig, overrides={
+        "source_log": (args.source, "--source"),
+        "target.path": (args.target, "--target"),
+        "apply.skip_transactions+": (args.skip_transaction, "--skip-transaction"),
+    })
+    return cfg
+
+
 def run(args: argparse.Namespace) -> int:
     from applier.drivers.replay import replay_log
     from applier.spark.session import build_spark_session_for
 
-    if args.config:
-        cfg: ReplayConfig = load_config(args.config, ReplayConfig)
-        updates: dict[str, object] = {}
-        if args.source:
-            updates["source_log"] = args.source
-        if args.target:
-            updates["target"] = cfg.target.model_copy(update={"path": args.target})
-        cfg = cfg.model_copy(update=updates)
-    else:
-        if not (args.source and args.target):
-            print("applier replay: give --source and --target, or --config", file=sys.stderr)
-            return 2
-        cfg = ReplayConfig(source_log=args.source, target=TargetSettings(path=args.target))
-    cfg = cfg.model_copy(update={"apply": with_skips(cfg.apply, args)})
+    cfg = config_from_args(args)
     spark = build_spark_session_for(cfg.spark)
-    summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
+    summary = replay_log(spark, cfg, progress=progress("replay"),
                          dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():
         print(line)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-from applier.config import ApplySettings
 from applier.errors import ApplierError, DataError
 from applier.lsn import format_lsn
 
@@ -14,15 +13,9 @@ SKIP_HELP = ("leave out the transaction with this commit LSN (repeatable), like 
              "SKIP: use the LSN an error named, after deciding its changes may be lost; each skip is "
              "recorded in the audit table <state_dir>/skipped_transactions")
 
+
 def add_skip_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-transaction", action="append", default=[], metavar="LSN", help=SKIP_HELP)
-
-
-def with_skips(apply: ApplySettings, args: argparse.Namespace) -> ApplySettings:
-    if not args.skip_transaction:
-        return apply
-    return ApplySettings.model_validate(
-        {**apply.model_dump(), "skip_transactions": [*apply.skip_transactions, *args.skip_transaction]})
 
 
 def way_forward(command: str, error: ApplierError) -> str | None:

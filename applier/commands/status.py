@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="show each mirrored table's applied LSN, last commit and rows, and the slot's lag",
         description="For every Delta table under TARGET/<schema>/<table>: the end LSN it has applied (the "
         "idempotent-write version in its Delta log), the time of its newest Delta commit and its row "
-        "count. With a DSN (--dsn, the config's, or $APPLIER_DSN) also the slot: whether a mirror is "
-        "attached, its confirmed LSN, the server's WAL position and the lag between them in bytes.",
+        "count. With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
+        "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): target, DSN and slot")
     p.add_argument("--target", help="directory of the mirrored Delta tables")
@@ -28,25 +28,30 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, table_status
+    from applier.config import libpq_env_given
     from applier.lsn import format_lsn
     from applier.sink.naming import mirrored_table_dirs
+    from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session
 
     dsn, slot, target = args.dsn, args.slot, args.target
     if args.config:
         from applier.config import MirrorConfig, load_config
 
-        cfg: MirrorConfig = load_config(args.config, MirrorConfig)
-        target = target or cfg.target.path
-        slot = slot or cfg.source.slot
-        if dsn is None and (cfg.source.dsn is not None or os.environ.get(cfg.source.dsn_env)):
+        cfg: MirrorConfig = load_config(args.config, MirrorConfig, overrides={
+            "target.path": (args.target, "--target"), "source.slot": (args.slot, "--slot")})
+        target, slot = cfg.target.path, cfg.source.slot
+        if dsn is None and (cfg.source.dsn is not None or os.environ.get(cfg.source.dsn_env) or libpq_env_given()):
             dsn = cfg.source.resolved_dsn()
-    dsn = dsn or os.environ.get("APPLIER_DSN")
+    if dsn is None:
+        dsn = os.environ.get("APPLIER_DSN") or ("" if libpq_env_given() else None)
     if not target:
         raise ConfigError("no target: pass --target or --config")
+    if dsn is not None:
+        check_connection(dsn)  # before Spark starts; a bad DSN or an unreachable server exits 2 or 3
     spark = build_spark_session()
     paths = mirrored_table_dirs(target)
-    if args.config and dsn:  # also the tables the config's rules put elsewhere
+    if args.config and dsn is not None:  # also the tables the config's rules put elsewhere
         import psycopg
         from delta.tables import DeltaTable
 
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {Path(targets.path_for(t.namespace, t.name)) for t in selected}
         paths = sorted(set(paths) | {p for p in extra if DeltaTable.isDeltaTable(spark, str(p))})
     tables = [table_status(spark, p) for p in paths]
-    slot_info = slot_status(dsn, slot or "applier") if dsn else None
+    slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))
         return 0

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
+import logging
 
-import psycopg
-
-from applier.errors import ConfigError
+from applier.exitcodes import ExitCode
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,55 +17,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "mirrors), compare its rows with the Postgres table of the same name: row counts and an "
         "order-independent checksum of canonical "
         "values (Postgres values go through the same conversion as replicated ones). On a mismatch, "
-        "rows found on one side only are listed. The DSN comes from --dsn or $APPLIER_DSN and is "
-        "never printed.",
+        "rows found on one side only are listed. The DSN comes from --dsn, the config, $APPLIER_DSN "
+        "or libpq's PGHOST/PGSERVICE variables, and is never printed. Exit 0: all equal; 1: some "
+        "differ; 2: a bad flag, config or DSN; 3: Postgres cannot be reached or refuses the login.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its DSN, target and table selection")
-    p.add_argument("--dsn", help="libpq connection string (default: $APPLIER_DSN)")
+    p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
     p.add_argument("--target", help="directory of the mirrored Delta tables")
     p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
     p.set_defaults(func=run)
 
 
-def mirrored_tables(target: Path) -> list[tuple[str, str]]:
-    """(schema, table) of each Delta table in the TARGET/<schema>/<table> layout."""
-    from applier.sink.naming import mirrored_table_dirs
-
-    return [(d.parent.name, d.name) for d in mirrored_table_dirs(target)]
-
-
 def run(args: argparse.Namespace) -> int:
-    from applier.checks.verify import verify_against_postgres
+    from applier.api import plan_verify, verify_plan
     from applier.spark.session import build_spark_session
 
-    settings, publication = None, None
-    if args.config:
-        from applier.config import MirrorConfig, load_config
-
-        cfg: MirrorConfig = load_config(args.config, MirrorConfig)
-        dsn = args.dsn or cfg.source.resolved_dsn()
-        target = Path(args.target or cfg.target.path)
-        settings, publication = cfg.tables, cfg.source.publication
-    else:
-        dsn = args.dsn or os.environ.get("APPLIER_DSN")
-        if not dsn:
-            raise ConfigError("no DSN: pass --dsn, set APPLIER_DSN, or give --config")
-        if not args.target:
-            raise ConfigError("no target: pass --target or --config")
-        target = Path(args.target)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if publication is not None:  # the config's tables, wherever its rules put them
-            from applier.sources.publication import published_selection
-
-            tables = [(t.namespace, t.name) for t in published_selection(conn, publication, settings)]
-        else:
-            tables = mirrored_tables(target)
-        if args.table:
-            tables = [t for t in tables if f"{t[0]}.{t[1]}" in set(args.table)]
-        if not tables:
-            raise ConfigError("no mirrored Delta tables found", target=str(target))
-        spark = build_spark_session()
-        results = verify_against_postgres(spark, conn, str(target), tables, settings, publication)
+    # DSN parsed and connected before Spark starts: unreachable or unparsable -> exit 3 or 2, one line.
+    plan = plan_verify(args.config, dsn=args.dsn, target=args.target, tables=args.table or ())
+    results = verify_plan(build_spark_session(), plan)
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"
@@ -81,6 +46,6 @@ def run(args: argparse.Namespace) -> int:
             for row in r.only_in_target:
                 print(f"  only in delta:    {row.replace(chr(31), ' | ')}")
     if bad:
-        print(f"verify: {bad} of {len(results)} tables differ", file=sys.stderr)
-        return 1
-    return 0
+        logging.getLogger("applier.verify").warning("%d of %d tables differ", bad, len(results))
+        return ExitCode.DIFFERENCES
+    return ExitCode.OK

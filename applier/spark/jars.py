@@ -17,10 +17,10 @@ classpath), a directory of jars, or a comma-separated list of jar paths.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -146,4 +146,4 @@ def delta_jars(cache_dir: Path, *, fetch: bool = True) -> list[Path]:
             "Delta jars are not in the cache; run 'applier setup' (or scripts/setup) once with network",
             cache_dir=str(cache_dir),
         )
-    return fetch_delta_jars(cache_dir, log=lambda m: print(m, file=sys.stderr))
+    return fetch_delta_jars(cache_dir, log=logging.getLogger("applier.setup").info)

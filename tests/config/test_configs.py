@@ -48,7 +48,8 @@ def test_dsn_is_secret(tmp_path, monkeypatch):
     cfg = load_config(f, MirrorConfig)
     assert "hunter2" not in repr(cfg) and "hunter2" not in str(cfg.model_dump())
     assert cfg.source.resolved_dsn() == "host=db password=hunter2"
-    monkeypatch.delenv("APPLIER_DSN", raising=False)
+    for var in ("APPLIER_DSN", "PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT"):
+        monkeypatch.delenv(var, raising=False)  # libpq's variables would make an empty DSN a complete one
     cfg2 = load_config(CONFIGS / "mirror.yaml", MirrorConfig)
     with pytest.raises(ConfigError, match="APPLIER_DSN"):
         cfg2.source.resolved_dsn()

@@ -1,0 +1,146 @@
+"""The Python API: the CLI's jobs for notebooks and jobs that already have a SparkSession.
+
+Each function takes the session and a config given as a model (``applier.config.ReplayConfig``,
+``MirrorConfig``), a path to a YAML file (read exactly as ``--config`` reads it: relative paths from
+the file's folder, ``APPLIER_*`` variables override), or a plain dict of the same settings. They raise
+``applier.errors.ApplierError`` subclasses (``ConfigError``, ``SourceError``, ``DataError``) instead of
+exiting, and report progress on the ``applier.<job>`` logger.
+
+    import applier
+    summary = applier.replay(spark, {"source_log": "/lake/raw-log", "target": {"path": "/lake/mirror"}})
+    print("\\n".join(summary.lines()))
+    applier.mirror(spark, "configs/mirror.yaml", once=True)   # DSN from source.dsn or $APPLIER_DSN
+    bad = [r for r in applier.verify(spark, "configs/mirror.yaml") if not r.equal]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from applier.config import MirrorConfig, ReplayConfig, TablesSettings, libpq_env_given
+from applier.configfile import load_config, validate_mapping
+from applier.errors import ConfigError
+from applier.logsetup import progress as log_progress
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.checks.verify import TableComparison
+    from applier.drivers.mirror import MirrorSummary
+    from applier.drivers.replay import ReplaySummary
+
+M = TypeVar("M", bound=BaseModel)
+ConfigLike = BaseModel | str | Path | Mapping[str, Any]
+
+
+def as_config(config: ConfigLike, model: type[M]) -> M:
+    """``config`` as ``model``: the model itself, a YAML file's path, or a mapping of settings."""
+    if isinstance(config, model):
+        return config
+    if isinstance(config, str | Path):
+        return load_config(config, model)
+    if isinstance(config, Mapping):
+        return validate_mapping(config, model)
+    raise ConfigError(f"expected a {model.__name__}, a path to a YAML file or a dict, not {type(config).__name__}")
+
+
+def replay(spark: SparkSession, config: ReplayConfig | str | Path | Mapping[str, Any], *,
+           progress: Callable[[str], None] | None = None,
+           dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
+    """Apply a stored raw log to Delta tables, exactly once and in commit order (``applier replay``).
+
+    Returns the summary (transactions applied or already applied, row changes per table, LSN reached).
+    With ``dry_run``, each commit that would be made is described to it and nothing is written.
+    A transaction that cannot be applied raises ``DataError`` after every earlier one is applied."""
+    from applier.drivers.replay import replay_log
+
+    cfg = as_config(config, ReplayConfig)
+    return replay_log(spark, cfg, progress=progress or log_progress("replay"), dry_run=dry_run)
+
+
+def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str, Any], *, once: bool = True,
+           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> MirrorSummary:
+    """Copy a publication's tables into Delta under the slot's snapshot, then follow the slot (``applier mirror``).
+
+    ``once=True`` (the default here, unlike the CLI) drains what is committed when it starts and returns;
+    ``once=False`` runs until ``stop`` is set. The DSN is parsed and one connection made first, so a
+    wrong DSN raises ``ConfigError`` or ``SourceError`` at once, without retries."""
+    from applier.drivers.mirror import mirror as run_mirror
+    from applier.sources.dsn import check_connection
+
+    cfg = as_config(config, MirrorConfig)
+    check_connection(cfg.source.resolved_dsn())
+    return run_mirror(spark, cfg, once=once, progress=progress or log_progress("mirror"), stop=stop)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyPlan:
+    """What ``verify`` compares, settled (and the DSN checked) before Spark is needed."""
+
+    dsn: str = field(repr=False)
+    target: Path
+    settings: TablesSettings | None = None
+    publication: str | None = None
+    only: tuple[str, ...] = ()
+
+
+def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = None, *, dsn: str | None = None,
+                target: str | Path | None = None, tables: Sequence[str] = ()) -> VerifyPlan:
+    """The DSN, target and table selection from a mirror config and/or explicit values, the DSN checked."""
+    from applier.sources.dsn import check_connection
+
+    if config is not None:
+        cfg = as_config(config, MirrorConfig)
+        dsn = cfg.source.resolved_dsn() if dsn is None else dsn
+        plan = VerifyPlan(dsn, Path(target or cfg.target.path), cfg.tables, cfg.source.publication, tuple(tables))
+    else:
+        if dsn is None:
+            dsn = os.environ.get("APPLIER_DSN") or ("" if libpq_env_given() else None)
+        if dsn is None:
+            raise ConfigError("no DSN: pass --dsn, set APPLIER_DSN or libpq's PGHOST / PGSERVICE variables, or "
+                              "give --config")
+        if not target:
+            raise ConfigError("no target: pass --target or --config")
+        plan = VerifyPlan(dsn, Path(target), only=tuple(tables))
+    check_connection(plan.dsn)
+    return plan
+
+
+def verify_plan(spark: SparkSession, plan: VerifyPlan) -> list[TableComparison]:
+    """Run a settled plan (the CLI's second half, after it started Spark)."""
+    import psycopg
+
+    from applier.checks.verify import verify_against_postgres
+    from applier.sink.naming import mirrored_table_dirs
+
+    with psycopg.connect(plan.dsn, autocommit=True) as conn:
+        if plan.publication is not None:  # the config's tables, wherever its rules put them
+            from applier.sources.publication import published_selection
+
+            names = [(t.namespace, t.name) for t in published_selection(conn, plan.publication,
+                                                                 plan.settings or TablesSettings())]
+        else:
+            names = [(d.parent.name, d.name) for d in mirrored_table_dirs(plan.target)]
+        if plan.only:
+            names = [t for t in names if f"{t[0]}.{t[1]}" in set(plan.only)]
+        if not names:
+            raise ConfigError("no mirrored Delta tables found", target=str(plan.target))
+        return verify_against_postgres(spark, conn, str(plan.target), names, plan.settings, plan.publication)
+
+
+def verify(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str, Any] | None = None, *,
+           dsn: str | None = None, target: str | Path | None = None,
+           tables: Sequence[str] = ()) -> list[TableComparison]:
+    """Compare mirrored Delta tables with Postgres, row by row (``applier verify``).
+
+    Give a mirror config (its DSN, target, table selection and rules), or ``dsn`` and ``target`` (every
+    Delta table under ``target/<schema>/<table>``); ``tables`` limits it to these ``schema.table`` names.
+    Returns one comparison per table: ``.equal``, row counts, and the rows found on one side only."""
+    return verify_plan(spark, plan_verify(config, dsn=dsn, target=target, tables=tables))

@@ -1,0 +1,73 @@
+"""The exit codes of every ``applier`` command, in one place.
+
+A service manager or a scheduler decides what to do from the code alone: 2 needs a person to fix a
+flag or a config (restarting will not help), 3 may cure itself (restart later), 4 needs the data
+looked at (fix the source, or ``--skip-transaction``). 1 is kept for "the check ran and found
+differences", as ``diff`` and ``cmp`` use it, so no failure of the tool itself ever exits 1.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What a finished command says to its caller (meanings in ``MEANING``)."""
+
+    OK = 0
+    DIFFERENCES = 1
+    USAGE = 2
+    UNAVAILABLE = 3
+    BAD_DATA = 4
+    INTERNAL = 5
+    INTERRUPTED = 130
+    BROKEN_PIPE = 141
+
+
+MEANING: dict[ExitCode, str] = {
+    ExitCode.OK: "done",
+    ExitCode.DIFFERENCES: "`verify` (or `demo`) ran and found tables that differ from Postgres",
+    ExitCode.USAGE: "usage or config error: a flag, the config file or the DSN is wrong or missing (also "
+    "an invalid sslmode), or Java / the Delta jars are missing; fix it, a restart will not help",
+    ExitCode.UNAVAILABLE: "source or target unavailable: no connection or login refused, the connection "
+    "lost for longer than the retries, the slot gone, Delta refused a commit, the disk full",
+    ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly; every table "
+    "is as after the transaction before it; fix the source, or `--skip-transaction LSN`",
+    ExitCode.INTERNAL: "internal error (a bug): the traceback is printed, with secrets removed",
+    ExitCode.INTERRUPTED: "stopped by a second Ctrl-C (128 + SIGINT)",
+    ExitCode.BROKEN_PIPE: "the reader of stdout went away (`applier inspect --json | head`): 128 + SIGPIPE, "
+    "as for any Unix tool; nothing is printed",
+}
+
+
+def for_exception(error: BaseException) -> ExitCode:
+    """The exit code for an error that ended a command."""
+    from applier.errors import ApplierError, ConfigError, DataError, EnvironmentSetupError
+
+    if isinstance(error, ConfigError | EnvironmentSetupError):
+        return ExitCode.USAGE
+    if isinstance(error, DataError):
+        return ExitCode.BAD_DATA
+    if isinstance(error, ApplierError):
+        return ExitCode.UNAVAILABLE
+    if _is_connection_failure(error):
+        return ExitCode.UNAVAILABLE
+    return ExitCode.INTERNAL
+
+
+def _is_connection_failure(error: BaseException) -> bool:
+    """psycopg's OperationalError (a connection refused, dropped or timed out) that a command did not
+    wrap; told by class so that this module does not import psycopg."""
+    return any(c.__module__.startswith("psycopg") and c.__name__ == "OperationalError"
+               for c in type(error).__mro__)
+
+
+def table_markdown() -> str:
+    """The exit-code table as Markdown (README and ``--help`` show the same words)."""
+    rows = [f"| {c.value} | {MEANING[c].replace('|', chr(92) + '|')} |" for c in ExitCode]
+    return "| code | meaning |\n| --- | --- |\n" + "\n".join(rows)
+
+
+def epilog() -> str:
+    """The exit codes as plain text, for ``applier --help``."""
+    return "exit codes:\n" + "\n".join(f"  {c.value:>3}  {MEANING[c].replace('`', '')}" for c in ExitCode)

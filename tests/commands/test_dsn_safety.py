@@ -1,0 +1,67 @@
+"""DSN safety against a real server: a wrong password is one line, exit 3, no retries, no Spark, and
+no part of the DSN (not even the user or port libpq quotes); the DSN's sslmode reaches libpq."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from applier.cli import main
+from applier.exitcodes import ExitCode
+from applier.sources.dsn import check_connection
+
+PASSWORD = "hunter-2secret-Xy9"
+
+
+@pytest.fixture(autouse=True)
+def no_spark(monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr("applier.spark.session.build_spark_session_for", refuse)
+    monkeypatch.setattr("applier.spark.session.build_spark_session", refuse)
+
+
+@pytest.fixture
+def password_role(pg):
+    role = f"pw_{pg.name}"
+    hba = Path(pg.cluster.datadir) / "pg_hba.conf"
+    original = hba.read_text()
+    with pg.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
+            sql.Identifier(role), sql.Literal(PASSWORD)))
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield role
+    finally:
+        hba.write_text(original)
+        with pg.connect() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_wrong_password_is_one_line_exit_3_without_retries(pg, password_role, tmp_path, capsys, monkeypatch):
+    good = pg.cluster.dsn(pg.name, user=password_role, password=PASSWORD)
+    check_connection(good)  # the right password connects
+    wrong = pg.cluster.dsn(pg.name, user=password_role, password=PASSWORD + "-wrong")
+    monkeypatch.setenv("APPLIER_DSN", wrong)
+    for argv in (["mirror", "--target", str(tmp_path / "m"), "--once"], ["capture", "--log", str(tmp_path / "l")],
+                 ["verify", "--target", str(tmp_path)]):
+        assert main(argv) == ExitCode.UNAVAILABLE
+        err = capsys.readouterr().err
+        assert "password authentication failed" in err, err
+        assert len(err.strip().splitlines()) == 1 and "reconnect" not in err and "Traceback" not in err, err
+        assert "hunter" not in err and "2secret" not in err, err
+        assert password_role not in err and str(pg.cluster.port) not in err, err  # no part of the DSN at all
+
+
+def test_the_dsns_sslmode_reaches_libpq(pg, tmp_path, capsys):
+    """The throw-away server has no SSL: sslmode=require must make the first connection fail (exit 3),
+    which proves the DSN's sslmode is what libpq uses; verify-full without a root certificate too."""
+    for extra in ("sslmode=require", "sslmode=verify-full sslrootcert=/nonexistent/ca.crt"):
+        assert main(["verify", "--dsn", f"{pg.dsn} {extra}", "--target", str(tmp_path)]) == ExitCode.UNAVAILABLE
+        err = capsys.readouterr().err
+        assert "SSL" in err or "certificate" in err, err
