@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from applier.commands.logsetup import progress as log_progress
 from applier.config import MirrorConfig, ReplayConfig, TablesSettings, libpq_env_given
-from applier.configfile import load_config, validate_mapping
+from applier.config.files import load_config, validate_mapping
 from applier.errors import ConfigError
-from applier.logsetup import progress as log_progress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,7 +1,7 @@
 """The ``applier`` command line: one subcommand per job, each in its own module under applier.commands.
 
 This module owns what every command shares: the logging flags (accepted before or after the
-subcommand), turning an error into one line on stderr and an exit code from applier.exitcodes, and
+subcommand), turning an error into one line on stderr and an exit code from applier.commands.exitcodes, and
 keeping secrets out of both, tracebacks included.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from applier import __version__
 from applier.commands import COMMAND_MODULES
-from applier.exitcodes import ExitCode, epilog, for_exception
+from applier.commands.exitcodes import ExitCode, epilog, for_exception
+from applier.commands.logsetup import add_logging_arguments, configure_from
 from applier.infra.redact import scrub
-from applier.logsetup import add_logging_arguments, configure_from
 
 DESCRIPTION = """\
 Mirror PostgreSQL tables into Delta Lake by replaying PostgreSQL's logical replication stream

@@ -96,6 +96,16 @@ class ConfigError(ApplierError):
     def _render(self) -> str:
         return super()._render() + "".join(f"\n  {p}" for p in self.problems)
 
+    @property
+    def file(self) -> str | None:
+        """The config file the (first) problem is in."""
+        return self.context.get("file")
+
+    @property
+    def line(self) -> int | None:
+        """Line of the first problem in ``file``."""
+        return self.context.get("line")
+
 
 class EnvironmentSetupError(ApplierError):
     """Something the engine needs on this machine (Java, Delta jars, PostgreSQL binaries) is missing."""

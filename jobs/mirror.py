@@ -5,7 +5,7 @@
 
 Under spark-submit the Delta jars come from --packages or the cluster, so APPLIER_DELTA_JARS defaults
 to 'provided' here; the arguments are exactly those of `applier mirror`, the logging flags included
-(`--log-format json`, `--log-level`, `-q`, `-v`), and so are the exit codes (applier/exitcodes.py).
+(`--log-format json`, `--log-level`, `-q`, `-v`), and so are the exit codes (applier/commands/exitcodes.py).
 """
 
 import os

@@ -19,9 +19,9 @@ import logging
 import os
 import sys
 
+from applier.commands.exitcodes import ExitCode, for_exception
+from applier.commands.logsetup import add_logging_arguments, configure_from
 from applier.errors import ApplierError, ConfigError
-from applier.exitcodes import ExitCode, for_exception
-from applier.logsetup import add_logging_arguments, configure_from
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     configure_from(args)
     try:
         return run(build_spark_session(), args)
-    except ApplierError as e:  # exit codes as for `applier` (applier.exitcodes)
+    except ApplierError as e:  # exit codes as for `applier` (applier.commands.exitcodes)
         logging.getLogger("applier.stream").error("%s", e)
         return for_exception(e)
 

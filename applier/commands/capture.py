@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from applier.commands.logsetup import progress
 from applier.config import CaptureConfig, load_config
-from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

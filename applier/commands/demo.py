@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psycopg
 
+from applier.commands.exitcodes import ExitCode
 from applier.errors import ConfigError
-from applier.exitcodes import ExitCode
 
 PUBLICATION = "applier_demo"
 SLOT = "applier_demo"

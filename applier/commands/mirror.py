@@ -8,9 +8,9 @@ import signal
 import threading
 from types import FrameType
 
+from applier.commands.logsetup import progress
 from applier.commands.skip import add_skip_argument
 from applier.config import MirrorConfig, load_config
-from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from applier.commands.logsetup import progress
 from applier.commands.skip import add_skip_argument
 from applier.config import ReplayConfig, load_config
-from applier.logsetup import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from applier.exitcodes import ExitCode
+from applier.commands.exitcodes import ExitCode
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from applier.cli import main
-from applier.exitcodes import ExitCode
+from applier.commands.exitcodes import ExitCode
 from applier.sources.rawlog_writer import write_raw_log
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from applier.cli import main
-from applier.exitcodes import ExitCode
+from applier.commands.exitcodes import ExitCode
 from applier.sources.dsn import check_connection
 
 PASSWORD = "hunter-2secret-Xy9"

@@ -1,6 +1,6 @@
 """Generate docs/config.md, the config reference, from the pydantic models in applier.config.
 
-    python -m applier.config_docs > docs/config.md      # or: python -m applier.config_docs --write
+    python -m applier.config.docs > docs/config.md      # or: python -m applier.config.docs --write
 
 The models are the single source: every field's type, default and description come from them, so the
 reference cannot drift (tests/config/test_config_docs.py fails when docs/config.md is out of date).
@@ -28,7 +28,7 @@ from applier.config import (
     TablesSettings,
     TargetSettings,
 )
-from applier.configfile import ENV_DELIMITER, ENV_PREFIX, is_path_field, nested_model
+from applier.config.files import ENV_DELIMITER, ENV_PREFIX, is_path_field, nested_model
 
 assert (ENV_PREFIX, ENV_DELIMITER) == ("APPLIER_", "__"), "update HEADER"
 
@@ -41,7 +41,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
 HEADER = """\
 # Config reference
 
-Generated from the pydantic models in `applier/config.py` by `python -m applier.config_docs --write`;
+Generated from the pydantic models in `applier/config/__init__.py` by `python -m applier.config.docs --write`;
 do not edit by hand (a test fails when this file is out of date). Examples: `configs/*.yaml`.
 
 How a config is read (`applier COMMAND --config FILE`, or `applier.replay(spark, "FILE")`):
@@ -166,7 +166,7 @@ def _all_sections() -> set[type[BaseModel]]:
     return found
 
 
-DOCS_PATH = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def main(argv: list[str]) -> int:

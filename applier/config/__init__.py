@@ -1,7 +1,7 @@
-"""Job configuration: pydantic models, read from YAML by applier.configfile.
+"""Job configuration: pydantic models, read from YAML by applier.config.files.
 
 Every model forbids unknown keys (a typo must not silently fall back to a default), every field says
-what it is for (docs/config.md is generated from these descriptions: ``python -m applier.config_docs``),
+what it is for (docs/config.md is generated from these descriptions: ``python -m applier.config.docs``),
 and the DSN is a secret that never prints. Fields marked ``config_path`` hold paths, which a config
 file resolves from its own folder.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from applier.configfile import load_config
+from applier.config.files import load_config
 from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
 
