@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
 from applier.assembly.feeder import TransactionFeeder
-from applier.changes import GroupedTransactions, TableBatch
+from applier.changes import GroupedTransactions, SkippedTransaction, TableBatch
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
+from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
 from applier.sink.engine import DeltaApplier, approximate_bytes
 from applier.sink.messages import record_messages
@@ -82,6 +85,21 @@ class PendingGroup:
         self.transactions, self.committed, self.rows, self.bytes, self.since = [], [], 0, 0, None
 
 
+@dataclass
+class _Dispatched:
+    """A group handed to the Delta side, with what is recorded alongside it."""
+
+    transactions: list[tuple[int, list[TableBatch]]]
+    committed: list[CommittedTransaction]
+    messages: list[tuple[int, LogicalMessage]]
+    skipped: list[SkippedTransaction]
+    future: Future[None] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.transactions[-1][0]
+
+
 class ApplyLoop:
     """Owns decoder, feeder, pending group and Delta applier for one run over one target.
 
@@ -91,6 +109,10 @@ class ApplyLoop:
     is read from its start and saves once at the end (``save()``).
     ``on_applied``: what to do with a transaction once its commits exist (default: let the assembler
     drop its staged prepared copy; the streaming sink defers that by one batch).
+    ``apply.overlap_groups``: a full group's Delta commits (and its message and skip records) run on
+    a thread of their own while the next group is decoded; what follows them (release, state save,
+    confirm) still happens on the caller's thread, in order, once they exist. At most one group is
+    in flight: dispatching the next one first waits for it.
     """
 
     def __init__(self, spark: SparkSession, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
@@ -114,18 +136,27 @@ class ApplyLoop:
         #: publication there, so that their copy's position is known before their changes apply).
         self.before_apply: Callable[[GroupedTransactions], None] | None = None
         self.messages = 0  # raw messages fed
+        self.received = 0  # committed transactions completed by what was fed
         self.transactions = 0  # transactions applied (or found applied) by this loop
         self.confirmed_lsn: int | None = None
         self.last_commit_time: int | None = None  # PG clock (µs since 2000), of the newest transaction fed
+        self._executor = (ThreadPoolExecutor(1, thread_name_prefix="applier-apply")
+                          if apply.overlap_groups and dry_run is None else None)
+        self._in_flight: _Dispatched | None = None
 
     # --- feeding --------------------------------------------------------------------------------
 
     @contextmanager
     def running(self) -> Iterator[None]:
         """The block in which the loop runs: automatic garbage collection off, one pass per group
-        (applier.infra.gcpolicy says why)."""
-        with collect_between_groups():
-            yield
+        (applier.infra.gcpolicy says why); a group still in flight when it ends is waited for (its
+        commits land, unconfirmed: the next run recognises them by their end LSN)."""
+        try:
+            with collect_between_groups():
+                yield
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
 
     def feed(self, lsn: int, xid: int | None, data: bytes) -> None:
         """Decode and assemble one raw message; apply the group when it is full. On bad data the
@@ -140,45 +171,83 @@ class ApplyLoop:
             raise
         for txn, batches in completed:
             self.group.add(txn, batches)
+            self.received += 1
             self.last_commit_time = txn.commit_time
             if self.group.full():
-                self.flush()
+                self._dispatch(wait=False)
 
     def idle(self) -> bool:
-        """Nothing received that is not applied: no pending group, no open transaction."""
-        return not self.group and not self.feeder.assembler.open_transactions()
+        """Nothing received that is not applied: no pending or in-flight group, no open transaction."""
+        return not self.group and self._in_flight is None and not self.feeder.assembler.open_transactions()
 
     # --- after a group --------------------------------------------------------------------------
 
     def flush(self) -> int | None:
-        """Apply the pending group and everything that goes with it; returns the end LSN now safe to
-        confirm (None when nothing was pending)."""
+        """Apply the pending group and everything that goes with it, and wait for it (and for a
+        group still in flight); returns the end LSN now safe to confirm (None when nothing was
+        pending)."""
+        return self._dispatch(wait=True)
+
+    def _dispatch(self, *, wait: bool) -> int | None:
+        finished = self._finish_in_flight()
         group = self.group
         if not group:
             if self.dry_run is None:
-                self._record_skips()  # a skipped transaction came last
-            return None
-        end = group.transactions[-1][0]
+                self._record_skips(self._take_skips())  # a skipped transaction came last
+            return finished
+        work = _Dispatched(group.transactions, group.committed, self._take_messages(), self._take_skips())
+        self.group = PendingGroup(self.settings)
         if self.before_apply is not None and self.dry_run is None:
-            self.before_apply(group.transactions)
-        self.applier.apply_group(group.transactions)
-        self.transactions += len(group.transactions)
+            self.before_apply(work.transactions)
+        if self._executor is None or wait:
+            self._commit(work)
+            return self._finish(work)
+        work.future = self._executor.submit(self._commit, work)
+        self._in_flight = work
+        return finished
+
+    def _take_messages(self) -> list[tuple[int, LogicalMessage]]:
+        messages = list(self.feeder.messages)  # messages after the last transaction wait for the next one's LSN
+        self.feeder.messages.clear()
+        return messages
+
+    def _take_skips(self) -> list[SkippedTransaction]:
+        skipped = list(self.feeder.skipped)
+        self.feeder.skipped.clear()
+        return skipped
+
+    def _commit(self, work: _Dispatched) -> None:
+        """The Delta side of a group: its tables' commits, then its messages and skips (each an
+        idempotent write keyed by the group's end LSN, so the order of groups is kept)."""
+        self.applier.apply_group(work.transactions)
         if self.dry_run is not None:
-            self.feeder.messages.clear()
-            group.clear()
+            return
+        if self.settings.messages_table:
+            record_messages(self.spark, self.settings.messages_table, work.messages, work.end)
+        self._record_skips(work.skipped)
+
+    def _finish_in_flight(self) -> int | None:
+        work, self._in_flight = self._in_flight, None
+        if work is None:
+            return None
+        assert work.future is not None
+        work.future.result()  # its error, if any, is raised here, before anything after it is confirmed
+        return self._finish(work)
+
+    def _finish(self, work: _Dispatched) -> int | None:
+        """What follows a group's commits, on the caller's thread: release what it held, collect
+        garbage, save state, confirm."""
+        self.transactions += len(work.transactions)
+        if self.dry_run is not None:
             after_group()
             return None
-        if self.settings.messages_table:
-            record_messages(self.spark, self.settings.messages_table, self.feeder.messages, end)
-        self.feeder.messages.clear()  # messages after the last transaction wait for the next one's LSN
-        self._record_skips()
-        for txn in group.committed:
+        for txn in work.committed:
             self.on_applied(txn)
-        group.clear()
         after_group()
         if self.save_catalog_each_group:
             self.save()
         crashpoint("before_confirm")
+        end = work.end
         self.confirm(end)  # only now: every Delta commit up to ``end`` exists
         self.confirmed_lsn = end
         return end
@@ -189,23 +258,27 @@ class ApplyLoop:
 
     def abandon_session(self) -> None:
         """Forget what a lost decoding session delivered but did not get applied: the next session
-        re-sends it (staged prepared transactions stay: their Prepare is not re-sent once confirmed)."""
+        re-sends it (staged prepared transactions stay: their Prepare is not re-sent once confirmed).
+        A group already in flight is waited for: its commits land, unconfirmed."""
+        self.confirm = lambda _lsn: None
+        try:
+            self._finish_in_flight()
+        finally:
+            self._in_flight = None
         self.group.clear()  # their buffered changes were released when they joined the group
         self.feeder.messages.clear()
         self.feeder.assembler.session_start()
         self.decoder.reset()
         self.confirm = lambda _lsn: None
 
-    def _record_skips(self) -> None:
-        """Write the skips since the last call to the audit table and the state, before the
-        transactions after them are confirmed to the server."""
-        skipped = self.feeder.skipped
+    def _record_skips(self, skipped: list[SkippedTransaction]) -> None:
+        """Write skips to the audit table and the state, before the transactions after them are
+        confirmed to the server."""
         if not skipped:
             return
         record_skips(self.spark, str(self.state.skipped_table), skipped)
         done = set(self.state.load("skipped") or []) | {format_lsn(s.commit_lsn) for s in skipped}
         self.state.save("skipped", sorted(done, key=parse_lsn))
-        skipped.clear()
 
     def _schema_changed(self, name: str, evolution: SchemaEvolution) -> None:
         self.progress(f"{name}: schema changed (added {list(evolution.added)}, widened {list(evolution.widened)}, "

@@ -52,14 +52,15 @@ def log(msg: str) -> None:
     print(f"bench/catchup: {msg}", file=sys.stderr, flush=True)
 
 
-def mirror_config(workdir: Path) -> Path:
+def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool) -> Path:
     import yaml
 
     path = workdir / "mirror.yaml"
     path.write_text(yaml.safe_dump({
         "source": {"slot": "applier", "publication": "cu_pub", "proto_version": 2, "streaming": "on"},
         "target": {"path": str(workdir / "delta")},
-        "apply": {"max_group_transactions": 10000, "max_group_rows": 2_000_000},
+        "apply": {"max_group_transactions": group_transactions, "max_group_rows": 2_000_000,
+                  "overlap_groups": overlap},
     }))
     return path
 
@@ -96,6 +97,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transactions", type=int, default=10_000)
     p.add_argument("--rows-per-transaction", type=int, default=100)
+    p.add_argument("--group-transactions", type=int, default=10_000,
+                   help="apply.max_group_transactions of the mirror (default 10,000)")
+    p.add_argument("--overlap", action="store_true",
+                   help="apply.overlap_groups: decode the next group while the previous one commits")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -119,7 +124,7 @@ def main() -> None:
             conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
             rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION cu_pub "
                         "WITH (create_slot = false, slot_name = 'pgsub', copy_data = false, enabled = false)")
-        config = mirror_config(work)
+        config = mirror_config(work, group_transactions=args.group_transactions, overlap=args.overlap)
         child(config, cluster.dsn())  # creates the applier's slot and snapshots the empty table
         started = time.monotonic()
         conn.execute("SET synchronous_commit = off")
@@ -154,6 +159,7 @@ def main() -> None:
 
     print(json.dumps({
         "changes": changes, "transactions": args.transactions + 1, "final_rows": rows,
+        "group_transactions": args.group_transactions, "overlap_groups": args.overlap,
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "postgres_changes_per_s": round(changes / postgres_seconds),
         "applier_seconds": round(float(ours["seconds"]), 1),  # type: ignore[arg-type]

@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from applier.config import ApplySettings
+from applier.config import ApplySettings, ReplayConfig, TargetSettings
+from applier.drivers.replay import replay_log
 from applier.drivers.streaming import DeltaApplySink
+from applier.errors import SinkError
+from applier.lsn import parse_lsn
+from applier.protocol.decoder import MessageDecoder
+from applier.protocol.messages import Truncate
+from applier.sink.idempotence import app_id_for, applied_version
+from applier.sources.rawlog_writer import write_raw_log
 
 pytestmark = pytest.mark.spark
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pgoutput" / "pg15_basic_proto1_messages.jsonl"
@@ -65,3 +72,26 @@ def test_the_streaming_sink_collects_garbage_once_per_group_not_automatically(sp
     assert len(generations) - generations.count(2) <= 4, generations[:20]
     assert gc.isenabled()
 
+
+
+def test_with_overlap_an_error_in_the_group_in_flight_stops_the_run_before_any_later_commit(spark, tmp_path):
+    """apply.overlap_groups: a group's commits run on a thread while the next group is decoded. A
+    failure there (here: a TRUNCATE with apply.truncate 'error') must stop the run like a failure on
+    the main thread: raised, and no later group committed or confirmed."""
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
+    raw = tmp_path / "raw.parquet"
+    write_raw_log(raw, ((parse_lsn(r["lsn"]), r["xid"], bytes.fromhex(r["data"])) for r in rows))
+    decoder = MessageDecoder()
+    truncate_lsn = next(parse_lsn(r["lsn"]) for r in rows
+                        if isinstance(decoder.decode(bytes.fromhex(r["data"]), parse_lsn(r["lsn"])), Truncate))
+    target = tmp_path / "delta"
+    cfg = ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
+                       apply=ApplySettings(overlap_groups=True, max_group_transactions=1, truncate="error"))
+    with pytest.raises(SinkError, match="TRUNCATE"):
+        replay_log(spark, cfg)
+    tables = [p.parent for p in target.glob("*/*/_delta_log")]
+    assert tables, "the groups before the TRUNCATE were committed"
+    for path in tables:
+        source = f"{path.parent.name}.{path.name}"
+        version = applied_version(spark, str(path), app_id_for(source))
+        assert version is not None and version < truncate_lsn, (source, version, truncate_lsn)

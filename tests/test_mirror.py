@@ -53,6 +53,27 @@ def _confirmed(conn: psycopg.Connection, slot: str) -> int:
     return parse_lsn(lsn)
 
 
+def _mirror_in_background(spark, config: MirrorConfig, log_dir: Path, **kwargs: object):
+    """Run the mirror (no --once) on a thread until the returned event is set; returns once the
+    snapshot of the table whose Delta log is ``log_dir`` is written. Errors land in the list."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mirror(spark, config, stop=stop, **kwargs)
+        except BaseException as e:  # noqa: BLE001  (reported by the test thread)
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 180
+    while not log_dir.exists() or not any(log_dir.glob("*.json")):  # snapshot written
+        assert not errors and time.monotonic() < deadline, errors
+        time.sleep(0.2)
+    return thread, stop, errors
+
+
 @pytest.mark.parametrize("mode", sorted(READ_MODES))
 def test_mirror_once_while_a_workload_runs_ends_equal_to_postgres(pg, spark, tmp_path, mode):
     two_phase = bool(READ_MODES[mode].get("two_phase"))
@@ -183,21 +204,7 @@ def test_under_steady_load_groups_are_applied_when_the_backlog_is_drained_not_wh
     with pg.connect() as conn:
         conn.execute("CREATE TABLE load_events (id bigserial PRIMARY KEY, payload text NOT NULL)")
         conn.execute("CREATE PUBLICATION load_pub FOR TABLE load_events")
-        stop = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                mirror(spark, config, stop=stop)
-            except BaseException as e:  # noqa: BLE001  (reported by the test thread)
-                errors.append(e)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 180
-        while not log_dir.exists() or not any(log_dir.glob("*.json")):  # snapshot written
-            assert not errors and time.monotonic() < deadline, errors
-            time.sleep(0.2)
+        thread, stop, errors = _mirror_in_background(spark, config, log_dir)
         commits_before = len(list(log_dir.glob("*.json")))
         started = time.monotonic()
         while time.monotonic() - started < 25:
@@ -252,22 +259,9 @@ def test_a_table_added_to_the_publication_while_the_mirror_runs_is_copied_then_f
         conn.execute("CREATE TABLE late (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO late SELECT g, 'before ' || g FROM generate_series(1, 300) g")
         conn.execute("CREATE PUBLICATION late_pub FOR TABLE early")
-        stop = threading.Event()
-        errors: list[BaseException] = []
         lines: list[str] = []
-
-        def run() -> None:
-            try:
-                mirror(spark, config, stop=stop, progress=lines.append)
-            except BaseException as e:  # noqa: BLE001  (reported by the test thread)
-                errors.append(e)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread, stop, errors = _mirror_in_background(spark, config, log_dir, progress=lines.append)
         deadline = time.monotonic() + 180
-        while not log_dir.exists() or not any(log_dir.glob("*.json")):  # snapshot written
-            assert not errors and time.monotonic() < deadline, errors
-            time.sleep(0.2)
         for i in range(1, 40):
             conn.execute("INSERT INTO early VALUES (%s, 'e')", (i,))
             if i == 10:

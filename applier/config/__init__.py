@@ -146,6 +146,10 @@ class ApplySettings(_Model):
     optimize_every_commits: int = Field(
         0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
         "to it; 0: never (run OPTIMIZE yourself)")
+    overlap_groups: bool = Field(
+        False, description="decode and assemble the next group while the previous one is committed to Delta "
+        "(one group in flight; memory up to two groups). Positions are still confirmed only after the "
+        "commits exist, so exactly-once and crash safety are unchanged")
     max_group_seconds: float = Field(
         5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is "
         "applied (a group is applied sooner, as soon as the stream has nothing more buffered)")

@@ -102,13 +102,13 @@ class DeltaApplySink:
                 if isinstance(data, str):
                     data = bytes.fromhex(data)
                 pending.append((lsn, xid, data))
-                applied_before = loop.transactions + len(loop.group.transactions)
+                received_before = loop.received
                 try:
                     loop.feed(lsn, xid, data)
                 except ApplierError as e:
                     e.add_context(batch_id=batch_id)
                     raise
-                completed = loop.transactions + len(loop.group.transactions) > applied_before
+                completed = loop.received > received_before
                 if completed and not feeder.assembler.open_transactions():
                     pending = []
         loop.flush()
