@@ -38,7 +38,7 @@ from applier.values import RowConverter
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-STATE_KEY = "tables"
+STATE_KEY = "copied_tables"
 
 
 class TableSync:
