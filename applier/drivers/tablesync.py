@@ -11,7 +11,7 @@ before P (the mirror saw its effect before creating the slot), so every transact
 decoded with the table published.
 
 Known tables (copied by the snapshot or by a sync, with the position they were copied at) are kept
-in the state file ``tables``. A table is synced when it is published but not known: checked when
+in the state file ``copied_tables``. A table is synced when it is published but not known: checked when
 the mirror starts following the slot, and before each group is applied (the first change of a newly
 published table arrives with its Relation message).
 """
