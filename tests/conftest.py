@@ -150,3 +150,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         unavailable(str(e))
     yield session
     session.stop()
+
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting Spark is a failure here, not a slow pass (the CLI must fail before any JVM)."""
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr("applier.spark.session.build_spark_session_for", refuse)
+    monkeypatch.setattr("applier.spark.session.build_spark_session", refuse)

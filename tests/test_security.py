@@ -11,9 +11,9 @@ Delta log entry.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
+from pgroles import role_with_password
 from psycopg import sql
 
 from applier.checks.verify import verify_against_postgres
@@ -69,29 +69,20 @@ PASSWORD = "pw-Sup3r$ecret-9x"
 @pytest.fixture
 def password_role(pg):
     """A role with LOGIN, REPLICATION and SELECT on the published table only, that must give its password."""
-    role = f"sec_{pg.name}"
-    hba = Path(pg.cluster.datadir) / "pg_hba.conf"
-    original = hba.read_text()
     with pg.connect() as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
-            sql.Identifier(role), sql.Literal(PASSWORD)))
         conn.execute("CREATE TABLE acct (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO acct VALUES (1, 'one'), (2, 'two')")
         conn.execute("CREATE PUBLICATION sec FOR TABLE acct")
-        conn.execute(sql.SQL("GRANT SELECT ON acct TO {}").format(sql.Identifier(role)))
-        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n"
-                       f"host replication {role} 127.0.0.1/32 scram-sha-256\n" + original)
-        conn.execute("SELECT pg_reload_conf()")
-    try:
-        yield role
-    finally:
-        hba.write_text(original)
+    with role_with_password(pg, f"sec_{pg.name}", PASSWORD, replication=True) as role:
         with pg.connect() as conn:
-            conn.execute("SELECT pg_reload_conf()")
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                         "WHERE slot_name = 'sec' AND NOT active")
-            conn.execute(sql.SQL("REVOKE ALL ON acct FROM {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("GRANT SELECT ON acct TO {}").format(sql.Identifier(role)))
+        try:
+            yield role
+        finally:
+            with pg.connect() as conn:
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = 'sec' AND NOT active")
+                conn.execute(sql.SQL("REVOKE ALL ON acct FROM {}").format(sql.Identifier(role)))
 
 
 def test_password_never_appears_and_a_minimal_role_suffices(pg, spark, tmp_path, password_role, capsys,

@@ -20,15 +20,11 @@ from applier.sources.rawlog_writer import write_raw_log
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "pgoutput"
+pytestmark = pytest.mark.usefixtures("no_spark")
 
 
 @pytest.fixture(autouse=True)
-def no_spark(monkeypatch):
-    def refuse(*_a, **_k):
-        raise AssertionError("Spark was started")
-
-    monkeypatch.setattr("applier.spark.session.build_spark_session_for", refuse)
-    monkeypatch.setattr("applier.spark.session.build_spark_session", refuse)
+def no_dsn_from_the_environment(monkeypatch):
     monkeypatch.delenv("APPLIER_DSN", raising=False)
     for var in ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT"):
         monkeypatch.delenv(var, raising=False)

@@ -3,44 +3,21 @@ no part of the DSN (not even the user or port libpq quotes); the DSN's sslmode r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from psycopg import sql
+from pgroles import role_with_password
 
 from applier.cli import main
 from applier.commands.exitcodes import ExitCode
 from applier.sources.dsn import check_connection
 
 PASSWORD = "hunter-2secret-Xy9"
-
-
-@pytest.fixture(autouse=True)
-def no_spark(monkeypatch):
-    def refuse(*_a, **_k):
-        raise AssertionError("Spark was started")
-
-    monkeypatch.setattr("applier.spark.session.build_spark_session_for", refuse)
-    monkeypatch.setattr("applier.spark.session.build_spark_session", refuse)
+pytestmark = pytest.mark.usefixtures("no_spark")
 
 
 @pytest.fixture
 def password_role(pg):
-    role = f"pw_{pg.name}"
-    hba = Path(pg.cluster.datadir) / "pg_hba.conf"
-    original = hba.read_text()
-    with pg.connect() as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
-            sql.Identifier(role), sql.Literal(PASSWORD)))
-        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
-        conn.execute("SELECT pg_reload_conf()")
-    try:
+    with role_with_password(pg, f"pw_{pg.name}", PASSWORD) as role:
         yield role
-    finally:
-        hba.write_text(original)
-        with pg.connect() as conn:
-            conn.execute("SELECT pg_reload_conf()")
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_wrong_password_is_one_line_exit_3_without_retries(pg, password_role, tmp_path, capsys, monkeypatch):
