@@ -1,5 +1,6 @@
 # The two commands the README starts with. Both run scripts/setup first (idempotent, fast when done).
-.PHONY: setup demo test lint
+# `make test` (what CI runs) checks the code first: ruff, then mypy (strict, see pyproject.toml).
+.PHONY: setup demo test lint check
 
 setup:
 	@scripts/setup
@@ -7,8 +8,11 @@ setup:
 demo: setup
 	.venv/bin/applier demo
 
-test: setup
+test: setup check
 	.venv/bin/python -m pytest
 
-lint: setup
+lint: setup check
+
+check:
 	.venv/bin/ruff check applier tests bench jobs scripts
+	.venv/bin/mypy
