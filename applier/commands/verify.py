@@ -33,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def mirrored_tables(target: Path) -> list[tuple[str, str]]:
     """(schema, table) of each Delta table in the TARGET/<schema>/<table> layout."""
-    from applier.sink.naming import mirrored_table_dirs
+    from applier.sink.naming import mirrored_table_dirs, source_name_of
 
-    return [(d.parent.name, d.name) for d in mirrored_table_dirs(target)]
+    return [source_name_of(d) for d in mirrored_table_dirs(target)]
 
 
 def run(args: argparse.Namespace) -> int:
