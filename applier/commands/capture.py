@@ -45,9 +45,13 @@ def run(args: argparse.Namespace) -> int:
     if args.log:
         updates["log_path"] = args.log
     cfg = cfg.model_copy(update=updates)
-    spark = build_spark_session_for(cfg.spark)
-    summary = capture(spark, cfg, once=not args.follow,
-                      progress=lambda m: print(f"capture: {m}", file=sys.stderr, flush=True))
+    from applier.infra.lock import writer_lock
+
+    # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)
+    with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
+        spark = build_spark_session_for(cfg.spark)
+        summary = capture(spark, cfg, once=not args.follow,
+                          progress=lambda m: print(f"capture: {m}", file=sys.stderr, flush=True))
     for line in summary.lines():
         print(line)
     return 0

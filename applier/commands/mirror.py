@@ -75,11 +75,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         stop.set()
 
+    from applier.infra.lock import target_writer
+
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        spark = build_spark_session_for(cfg.spark)
-        summary = mirror(spark, cfg, once=args.once, stop=stop,
-                         progress=lambda m: print(f"mirror: {m}", file=sys.stderr, flush=True))
+        with target_writer(cfg.target.path, cfg.target.state_dir):
+            spark = build_spark_session_for(cfg.spark)
+            summary = mirror(spark, cfg, once=args.once, stop=stop,
+                             progress=lambda m: print(f"mirror: {m}", file=sys.stderr, flush=True))
     finally:
         signal.signal(signal.SIGINT, previous)
     if stop.is_set():

@@ -48,9 +48,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         cfg = ReplayConfig(source_log=args.source, target=TargetSettings(path=args.target))
     cfg = cfg.model_copy(update={"apply": with_skips(cfg.apply, args)})
-    spark = build_spark_session_for(cfg.spark)
-    summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
-                         dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
+    from applier.infra.lock import target_writer
+
+    with target_writer(cfg.target.path, cfg.target.state_dir, dry_run=args.dry_run):
+        spark = build_spark_session_for(cfg.spark)
+        summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
+                             dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():
         print(line)
     return 0
