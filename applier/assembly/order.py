@@ -17,7 +17,9 @@ detectable without a catalog:
 * Begin's ``final_lsn`` equals its Commit's ``commit_lsn``.
 
 Only headers are read (type byte, xid, LSN fields), so a full pass over a log is cheap; damaged or
-unknown messages are left to the decoder, which reports them with their offset. A new decoding
+unknown messages are left to the decoder, which reports them with their offset. LSN 0 means
+"not known" (the replication protocol frames a transaction's changes without their WAL
+position): such changes are checked only through their transaction's Begin and Commit. A new decoding
 session re-sends what was not confirmed: the caller says so with :meth:`OrderChecker.session_start`.
 """
 
@@ -155,6 +157,8 @@ class OrderChecker:
             if self.structure:
                 return self._problem("change outside a transaction (its Begin is missing, or it came "
                                      "after its Commit)", kind, lsn, row)
+            return []
+        if lsn == 0:  # the replication protocol sends in-transaction messages without their WAL position
             return []
         out: list[OrderProblem] = []
         if lsn < txn.last_lsn:

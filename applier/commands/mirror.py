@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        with target_writer(cfg.target.path, cfg.target.state_dir):
+        with target_writer(cfg.target.path, cfg.target.state_dir, command='mirror'):
             spark = build_spark_session_for(cfg.spark)
             summary = mirror(spark, cfg, once=args.once, stop=stop,
                              progress=lambda m: print(f"mirror: {m}", file=sys.stderr, flush=True))

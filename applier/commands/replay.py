@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = cfg.model_copy(update={"apply": with_skips(cfg.apply, args)})
     from applier.infra.lock import target_writer
 
-    with target_writer(cfg.target.path, cfg.target.state_dir, dry_run=args.dry_run):
+    with target_writer(cfg.target.path, cfg.target.state_dir, command='replay', dry_run=args.dry_run):
         spark = build_spark_session_for(cfg.spark)
         summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
                              dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)

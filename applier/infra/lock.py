@@ -69,11 +69,13 @@ def clear_stale_spill(spill_dir: str | Path) -> int:
 
 
 @contextmanager
-def target_writer(target_path: str | Path, state_dir: str | None = None, *,
+def target_writer(target_path: str | Path, state_dir: str | None = None, *, command: str,
                   dry_run: bool = False) -> Iterator[None]:
     """Be the only writer of a target (``replay``, ``mirror``): hold the lock in its state
-    directory and remove the spill files a killed run left there. A dry run writes nothing and
-    takes no lock."""
+    directory, remove the spill files a killed run left there, and check that every table earlier
+    runs wrote is still there and still the same Delta table (sink/registry.py); the tables are
+    remembered again when the body ends, even by an error. A dry run writes nothing and takes no lock."""
+    from applier.sink.registry import TargetRegistry
     from applier.state import StateDir
 
     if dry_run:
@@ -83,4 +85,10 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *,
     with writer_lock(state.root, "target"):
         if removed := clear_stale_spill(state.spill_dir):
             print(f"applier: removed {removed} spill file(s) left by a killed run", file=sys.stderr, flush=True)
-        yield
+        registry = TargetRegistry(state, target_path)
+        registry.check(command)
+        registry.record()
+        try:
+            yield
+        finally:
+            registry.record()
