@@ -286,3 +286,22 @@ def test_raw_log_with_wrong_column_types_is_a_clean_error(cap, tmp_path, capsys)
         assert f"raw log column {column}" in err and "Traceback" not in err, err
     captured = [(m.lsn, m.data) for m in read_raw_log(cap.log) if m.data[:1] != b"R"]
     assert captured == [(r[0], r[2]) for r in rows if r[2][:1] != b"R"]  # the Delta log, in seq order
+
+
+def test_an_applied_position_that_does_not_fit_the_log_is_reported_not_skipped(cap, spark, tmp_path, capsys):
+    """A target ahead of the log, or holding a transaction the log lacks, stops `replay` with exit 2
+    instead of "already applied"; the target is left as it was."""
+    a, b, c, d, e = (of(cap.rows, x) for x in cap.xids)
+    target = tmp_path / "delta"
+    logs = {"abc": a + b + c, "ab": a + b, "abde": a + b + d + e}
+    for name, rows in logs.items():
+        write_raw_log(tmp_path / f"{name}.parquet", rows)
+    assert cli_main(["replay", "--source", str(tmp_path / "abc.parquet"), "--target", str(target)]) == 0
+    before = tables(spark, target)
+    assert before["t"] == [(1, "c")]
+    capsys.readouterr()
+    assert cli_main(["replay", "--source", str(tmp_path / "ab.parquet"), "--target", str(target)]) == 2
+    assert "the target is ahead of the log" in capsys.readouterr().err
+    assert cli_main(["replay", "--source", str(tmp_path / "abde.parquet"), "--target", str(target)]) == 2
+    assert "no transaction of this log ends there" in capsys.readouterr().err
+    assert tables(spark, target) == before

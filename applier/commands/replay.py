@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from applier.infra.lock import target_writer
 
     with target_writer(cfg.target.path, cfg.target.state_dir, command='replay', dry_run=args.dry_run):
+        from applier.checks.position import check_log_continues_target
+
+        for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
+            print(f"applier replay: warning: {warning}", file=sys.stderr)
         spark = build_spark_session_for(cfg.spark)
         summary = replay_log(spark, cfg, progress=lambda m: print(f"replay: {m}", file=sys.stderr, flush=True),
                              dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
