@@ -305,3 +305,29 @@ def test_an_applied_position_that_does_not_fit_the_log_is_reported_not_skipped(c
     assert cli_main(["replay", "--source", str(tmp_path / "abde.parquet"), "--target", str(target)]) == 2
     assert "no transaction of this log ends there" in capsys.readouterr().err
     assert tables(spark, target) == before
+
+
+def test_bench_decode_conversion_pass_takes_infinity(pg, tmp_path):
+    """bench/decode.py's conversion pass over a real capture holding timestamptz 'infinity' and a BC
+    date clamps them (it crashed there); with --special-values error it stops with the policy hint."""
+    import importlib.util
+
+    from applier.errors import ValueConversionError
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE z (id int PRIMARY KEY, ts timestamptz, d date)")
+        conn.execute("CREATE PUBLICATION zp FOR TABLE z")
+        create_slot(conn, "zs")
+        conn.execute("INSERT INTO z VALUES (1, 'infinity', '0044-03-15 BC'), (2, '-infinity', '2020-01-01')")
+        rows = [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "zs", pgoutput_options("zp"))]
+    log = tmp_path / "inf.parquet"
+    write_raw_log(log, rows)
+    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).parent.parent / "bench" / "decode.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    messages = [m.data for m in read_raw_log(log)]
+    bench.ours_with_conversion(messages)  # default: clamp, no crash
+    bench.ours_with_conversion(messages, "null")
+    with pytest.raises(ValueConversionError, match="special_values"):
+        bench.ours_with_conversion(messages, "error")
