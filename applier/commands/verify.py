@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import psycopg
 
@@ -28,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--dsn", help="libpq connection string (default: $APPLIER_DSN)")
     p.add_argument("--target", help="directory of the mirrored Delta tables")
     p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
+    p.add_argument("--special-values", choices=["error", "clamp", "null"],
+                   help="the special-value policy the mirror was written with (default: the config's "
+                   "apply.special_values, else error); Postgres values are converted under it before comparing")
     p.set_defaults(func=run)
 
 
@@ -41,15 +45,17 @@ def mirrored_tables(target: Path) -> list[tuple[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from applier.checks.verify import verify_against_postgres
     from applier.spark.session import build_spark_session
+    from applier.values import SpecialValuePolicy
 
     settings, publication = None, None
+    policy: SpecialValuePolicy = "error"
     if args.config:
         from applier.config import MirrorConfig, load_config
 
         cfg: MirrorConfig = load_config(args.config, MirrorConfig)
         dsn = args.dsn or cfg.source.resolved_dsn()
         target = Path(args.target or cfg.target.path)
-        settings, publication = cfg.tables, cfg.source.publication
+        settings, publication, policy = cfg.tables, cfg.source.publication, cfg.apply.special_values
     else:
         dsn = args.dsn or os.environ.get("APPLIER_DSN")
         if not dsn:
@@ -69,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         if not tables:
             raise ConfigError("no mirrored Delta tables found", target=str(target))
         spark = build_spark_session()
-        results = verify_against_postgres(spark, conn, str(target), tables, settings, publication)
+        results = verify_against_postgres(spark, conn, str(target), tables, settings, publication,
+                                          policy=cast("SpecialValuePolicy", args.special_values or policy))
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"
