@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from applier.checks.verify import TableComparison
     from applier.drivers.mirror import MirrorSummary
     from applier.drivers.replay import ReplaySummary
+    from applier.values.special import SpecialValuePolicy
 
 M = TypeVar("M", bound=BaseModel)
 ConfigLike = BaseModel | str | Path | Mapping[str, Any]
@@ -89,17 +90,21 @@ class VerifyPlan:
     settings: TablesSettings | None = None
     publication: str | None = None
     only: tuple[str, ...] = ()
+    policy: SpecialValuePolicy = "error"  # the mirror's apply.special_values: Postgres values are read under it
 
 
 def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = None, *, dsn: str | None = None,
-                target: str | Path | None = None, tables: Sequence[str] = ()) -> VerifyPlan:
-    """The DSN, target and table selection from a mirror config and/or explicit values, the DSN checked."""
+                target: str | Path | None = None, tables: Sequence[str] = (),
+                special_values: SpecialValuePolicy | None = None) -> VerifyPlan:
+    """The DSN, target, table selection and value policy from a mirror config and/or explicit values
+    (``special_values`` over the config's ``apply.special_values``), the DSN checked."""
     from applier.sources.dsn import check_connection
 
     if config is not None:
         cfg = as_config(config, MirrorConfig)
         dsn = cfg.source.resolved_dsn() if dsn is None else dsn
-        plan = VerifyPlan(dsn, Path(target or cfg.target.path), cfg.tables, cfg.source.publication, tuple(tables))
+        plan = VerifyPlan(dsn, Path(target or cfg.target.path), cfg.tables, cfg.source.publication, tuple(tables),
+                          special_values or cfg.apply.special_values)
     else:
         if dsn is None:
             dsn = os.environ.get("APPLIER_DSN") or ("" if libpq_env_given() else None)
@@ -108,7 +113,7 @@ def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = N
                               "give --config")
         if not target:
             raise ConfigError("no target: pass --target or --config")
-        plan = VerifyPlan(dsn, Path(target), only=tuple(tables))
+        plan = VerifyPlan(dsn, Path(target), only=tuple(tables), policy=special_values or "error")
     check_connection(plan.dsn)
     return plan
 
@@ -118,7 +123,7 @@ def verify_plan(spark: SparkSession, plan: VerifyPlan) -> list[TableComparison]:
     import psycopg
 
     from applier.checks.verify import verify_against_postgres
-    from applier.sink.naming import mirrored_table_dirs
+    from applier.sink.naming import mirrored_table_dirs, source_name_of
 
     with psycopg.connect(plan.dsn, autocommit=True) as conn:
         if plan.publication is not None:  # the config's tables, wherever its rules put them
@@ -127,20 +132,23 @@ def verify_plan(spark: SparkSession, plan: VerifyPlan) -> list[TableComparison]:
             names = [(t.namespace, t.name) for t in published_selection(conn, plan.publication,
                                                                  plan.settings or TablesSettings())]
         else:
-            names = [(d.parent.name, d.name) for d in mirrored_table_dirs(plan.target)]
+            names = [source_name_of(d) for d in mirrored_table_dirs(plan.target)]  # path escapes decoded
         if plan.only:
             names = [t for t in names if f"{t[0]}.{t[1]}" in set(plan.only)]
         if not names:
             raise ConfigError("no mirrored Delta tables found", target=str(plan.target))
-        return verify_against_postgres(spark, conn, str(plan.target), names, plan.settings, plan.publication)
+        return verify_against_postgres(spark, conn, str(plan.target), names, plan.settings, plan.publication,
+                                       policy=plan.policy)
 
 
 def verify(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str, Any] | None = None, *,
            dsn: str | None = None, target: str | Path | None = None,
-           tables: Sequence[str] = ()) -> list[TableComparison]:
+           tables: Sequence[str] = (), special_values: SpecialValuePolicy | None = None) -> list[TableComparison]:
     """Compare mirrored Delta tables with Postgres, row by row (``applier verify``).
 
     Give a mirror config (its DSN, target, table selection and rules), or ``dsn`` and ``target`` (every
     Delta table under ``target/<schema>/<table>``); ``tables`` limits it to these ``schema.table`` names.
+    ``special_values`` is the policy the mirror was written with (default: the config's).
     Returns one comparison per table: ``.equal``, row counts, and the rows found on one side only."""
-    return verify_plan(spark, plan_verify(config, dsn=dsn, target=target, tables=tables))
+    return verify_plan(spark, plan_verify(config, dsn=dsn, target=target, tables=tables,
+                                          special_values=special_values))

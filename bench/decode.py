@@ -35,6 +35,7 @@ from applier.catalog import RelationCache  # noqa: E402
 from applier.protocol import MessageDecoder  # noqa: E402
 from applier.protocol.messages import Delete, Insert, Relation, Update  # noqa: E402
 from applier.sources.rawlog import read_raw_log  # noqa: E402
+from applier.values import SpecialValuePolicy  # noqa: E402
 from applier.values.convert import RowConverter  # noqa: E402
 
 PYPGOUTPUT_KINDS = frozenset(b"BCRIUDT")
@@ -46,8 +47,10 @@ def ours(messages: list[bytes]) -> None:
         decode(data)
 
 
-def ours_with_conversion(messages: list[bytes]) -> None:
-    """Decode, keep the catalog, and convert every row image to typed values."""
+def ours_with_conversion(messages: list[bytes], policy: SpecialValuePolicy = "clamp") -> None:
+    """Decode, keep the catalog, and convert every row image to typed values. Values Spark cannot
+    hold (``timestamptz 'infinity'``, BC dates) are clamped by default, as ``apply.special_values:
+    clamp`` does: the benchmark measures conversion, it must not stop on them (``--special-values``)."""
     decode = MessageDecoder().decode
     relations = RelationCache()
     converters: dict[int, RowConverter] = {}
@@ -62,7 +65,7 @@ def ours_with_conversion(messages: list[bytes]) -> None:
         elif isinstance(msg, Delete):
             converters[msg.relation_oid].convert(msg.old)
         elif isinstance(msg, Relation):
-            converters[msg.oid] = RowConverter(relations.update(msg), relations.types)
+            converters[msg.oid] = RowConverter(relations.update(msg), relations.types, policy)
 
 
 def pypgoutput_decoder() -> Callable[[list[bytes]], None]:
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="raw log (Parquet file or directory, or Delta table)")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--special-values", choices=["clamp", "null", "error"], default="clamp",
+                        help="policy for values Spark cannot hold in the conversion pass (default: clamp)")
     args = parser.parse_args(argv)
     everything = [m.data for m in read_raw_log(args.path)]
     messages = [d for d in everything if d[0] in PYPGOUTPUT_KINDS]
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = []
     for i in range(args.repeat):
         t_ours, t_theirs = seconds(ours, messages), seconds(theirs_fn, messages)
-        t_conv = seconds(ours_with_conversion, messages)
+        t_conv = seconds(lambda m: ours_with_conversion(m, args.special_values), messages)
         runs["ours"].append(n / t_ours)
         runs["pypgoutput"].append(n / t_theirs)
         runs["converted"].append(n / t_conv)

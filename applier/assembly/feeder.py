@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
+from applier.assembly.order import OrderChecker
 from applier.assembly.rowchanges import row_changes
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
 from applier.changes import SkippedTransaction, TableBatch, TableChange
@@ -36,6 +37,8 @@ class TransactionFeeder:
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped_by_origin = 0
         self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
+        self.order = OrderChecker()  # refuses swapped, reordered or doubled messages (order.py)
+        assembler.on_session_start = self.order.session_start
 
     @classmethod
     def from_state(cls, state: StateDir, settings: ApplySettings, *,
@@ -75,6 +78,8 @@ class TransactionFeeder:
         transaction (it stops the run at its commit, with its commit LSN, unless it aborts or is
         listed to skip) or raised at once when they break the stream's framing."""
         in_stream = decoder.in_stream
+        if problems := self.order.check(lsn, data):
+            raise problems[0].error()
         try:
             msg = decoder.decode(data, lsn)
         except DecodeError as e:

@@ -125,6 +125,8 @@ class TransactionAssembler:
         self._streams: dict[int, _Open] = {}
         self._stream_xid: int | None = None  # top-level xid of the open stream block
         self._last_seen_origin: str | None = None
+        #: called by :meth:`session_start` (the feeder's order checker forgets the old session there)
+        self.on_session_start: Callable[[], None] | None = None
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -138,6 +140,8 @@ class TransactionAssembler:
         self._regular = None
         self._regular_prepare = None
         self._stream_xid = None
+        if self.on_session_start is not None:
+            self.on_session_start()
 
     def feed(self, lsn: int, msg: Message) -> list[CommittedTransaction]:
         handler = _DISPATCH.get(type(msg))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from applier.assembly.order import OrderChecker, OrderProblem
 from applier.lsn import format_lsn
 from applier.protocol import MessageDecoder
 from applier.protocol.messages import KIND_NAMES, Relation, StreamAbort, StreamStart
@@ -36,6 +37,11 @@ class InspectReport:
     relations: dict[int, str] = field(default_factory=dict)  # OID -> "schema.name" (latest seen)
     first_lsn: int | None = None
     last_lsn: int | None = None
+    problems: tuple[OrderProblem, ...] = ()  # order, duplicate and framing problems (see assembly/order.py)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -46,14 +52,20 @@ class InspectReport:
             "relations": [{"oid": oid, "name": name} for oid, name in sorted(self.relations.items())],
             "lsn_range": None if self.first_lsn is None else
             {"first": format_lsn(self.first_lsn), "last": format_lsn(self.last_lsn or 0)},
+            "problems": [{"problem": p.message, "kind": p.kind, "lsn": format_lsn(p.lsn), "row": p.row,
+                          "xid": p.xid} for p in self.problems],
         }
 
 
 def inspect_messages(messages: Iterable[RawMessage], *, progress: Callable[[int, int], None] | None = None,
                      progress_every: int = 100_000) -> InspectReport:
-    """Decode every message (raising DecodeError with LSN and offset on the first bad one) and count.
+    """Decode every message (raising DecodeError with LSN and offset on the first bad one), count,
+    and collect every order, duplicate and framing problem (a Commit without its Begin, a change
+    outside a transaction, transactions or changes out of LSN order, a message seen twice).
     ``progress(count, lsn)`` is called every ``progress_every`` messages."""
     decoder = MessageDecoder()
+    checker = OrderChecker(structure=True)
+    problems: list[OrderProblem] = []
     counts = dict.fromkeys(KIND_NAMES, 0)
     streamed: set[int] = set()
     relations: dict[int, str] = {}
@@ -61,6 +73,7 @@ def inspect_messages(messages: Iterable[RawMessage], *, progress: Callable[[int,
     first = last = None
     n = 0
     for raw in messages:
+        problems += checker.check(raw.lsn, raw.data)
         msg = decoder.decode(raw.data, lsn=raw.lsn)
         kind = chr(raw.data[0])
         counts[kind] += 1
@@ -92,6 +105,7 @@ def inspect_messages(messages: Iterable[RawMessage], *, progress: Callable[[int,
         relations=relations,
         first_lsn=first,
         last_lsn=last,
+        problems=tuple(problems),
     )
 
 
@@ -108,4 +122,11 @@ def format_report(report: InspectReport) -> str:
     lines.append(f"relations: {len(report.relations)}")
     for oid, name in sorted(report.relations.items()):
         lines.append(f"  {name} (oid {oid})")
+    if report.problems:
+        lines.append(f"problems: {len(report.problems)} (replay stops at each of them)")
+        for p in report.problems[:50]:
+            xid = f", xid {p.xid}" if p.xid is not None else ""
+            lines.append(f"  row {p.row}, {p.kind} at {format_lsn(p.lsn)}{xid}: {p.message}")
+    else:
+        lines.append("problems: none (in order, nothing seen twice)")
     return "\n".join(lines)

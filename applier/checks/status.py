@@ -15,6 +15,7 @@ import psycopg
 
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.naming import source_name_of
 from applier.sink.schema import PROP_SOURCE
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def table_status(spark: SparkSession, path: Path) -> TableStatus:
     table = DeltaTable.forPath(spark, str(path))
     detail = table.detail().first()
     properties = dict(detail["properties"]) if detail is not None else {}
-    source = properties.get(PROP_SOURCE) or f"{path.parent.name}.{path.name}"
+    source = properties.get(PROP_SOURCE) or ".".join(source_name_of(path))
     last = table.history(1).select("timestamp").first()
     return TableStatus(source, str(path), applied_version(spark, str(path), app_id_for(source)),
                        last["timestamp"].isoformat() if last is not None else None,

@@ -24,6 +24,7 @@ from psycopg.adapt import Loader
 
 from applier.sink.naming import quote_identifier
 from applier.sources.sql_slot import pin_session
+from applier.values import SpecialValuePolicy
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,18 +121,26 @@ def _pg_ident(name: str) -> str:
 
 
 def delta_rows(spark: SparkSession, path: str, columns: list[str]) -> Iterator[tuple[Any, ...]]:
+    from datetime import datetime, timedelta
+
+    from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampType
 
     df = spark.read.format("delta").load(path).select(*[quote_identifier(c) for c in columns])
-    # PySpark hands TimestampType values back as naive datetimes in this process's local time zone;
-    # make them aware so they compare as instants.
+    # PySpark hands TimestampType values back as naive datetimes in this process's local time zone,
+    # which fails for the earliest instants (a clamped '-infinity' is 0001-01-01 UTC: year 0 in a
+    # zone west of UTC). Read them as microseconds since the epoch and build UTC datetimes instead.
     instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
-    for row in df.toLocalIterator():
-        if any(instants):
-            yield tuple(v.astimezone(UTC) if flag and v is not None else v
-                        for v, flag in zip(row, instants, strict=True))
-        else:
+    if not any(instants):
+        for row in df.toLocalIterator():
             yield tuple(row)
+        return
+    df = df.select(*[F.unix_micros(F.col(quote_identifier(c))).alias(c) if flag else F.col(quote_identifier(c))
+                     for c, flag in zip(columns, instants, strict=True)])
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    for row in df.toLocalIterator():
+        yield tuple(epoch + timedelta(microseconds=v) if flag and v is not None else v
+                    for v, flag in zip(row, instants, strict=True))
 
 
 def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterator[tuple[Any, ...]],
@@ -172,9 +181,11 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
 
 
 def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
-                        keep: Callable[[str], bool] | None = None) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+                        keep: Callable[[str], bool] | None = None,
+                        policy: SpecialValuePolicy = "error") -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     """Column names and rows of a Postgres table as the mirror's Python values (through the values
-    layer); ``keep`` chooses the columns (default: all live ones)."""
+    layer, under the mirror's special-value ``policy``); ``keep`` chooses the columns (default: all
+    live ones)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
@@ -182,25 +193,28 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
 
     cols = [c for c in postgres_columns(conn, namespace, table) if keep is None or keep(c[0])]
     types = _type_cache_from_postgres(conn)
-    converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name)
-                  for name, oid, typmod in cols]
+    converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name,
+                          policy=policy) for name, oid, typmod in cols]
     return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters)
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
                  *, detail: bool = True, exclude: Iterable[str] = (),
-                 only: Iterable[str] | None = None) -> TableComparison:
+                 only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error") -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
-    the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column list)."""
+    the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
+    list), with Postgres' values converted under the mirror's special-value ``policy`` (a mirror that
+    clamps ``infinity`` holds the clamped value: verify compares with exactly that)."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
-                                      lambda c: c not in excluded and (kept is None or c in kept))
+                                      lambda c: c not in excluded and (kept is None or c in kept), policy)
     return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names), detail=detail)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
                             tables: Iterable[tuple[str, str]], settings: TablesSettings | None = None,
-                            publication: str | None = None) -> list[TableComparison]:
+                            publication: str | None = None,
+                            policy: SpecialValuePolicy = "error") -> list[TableComparison]:
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
     config's tables section) and the publication's column lists say the mirror writes it."""
     from applier.config import TablesSettings
@@ -213,5 +227,6 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
         column_lists = {(t.namespace, t.name): t.columns
                         for t in published_selection(conn, publication, targets.tables)}
     return [verify_table(spark, conn, targets.path_for(ns, name), ns, name,
-                         exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)))
+                         exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)),
+                         policy=policy)
             for ns, name in sorted(tables)]

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from applier.drivers.capture import capture
+    from applier.infra.lock import writer_lock
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
@@ -43,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
         "log_path": (args.log, "--log"),
     })
     check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
-    spark = build_spark_session_for(cfg.spark)
-    summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
+    # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)
+    with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
+        spark = build_spark_session_for(cfg.spark)
+        summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
     for line in summary.lines():
         print(line)
     return 0

@@ -84,10 +84,13 @@ def run(args: argparse.Namespace) -> int:
             "stopping after the transactions received so far (Ctrl-C again to quit now)")
         stop.set()
 
+    from applier.infra.lock import target_writer
+
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        spark = build_spark_session_for(cfg.spark)
-        summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
+        with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):
+            spark = build_spark_session_for(cfg.spark)
+            summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:
         signal.signal(signal.SIGINT, previous)
     if stop.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from applier.commands.logsetup import progress
 from applier.commands.skip import add_skip_argument
@@ -43,13 +44,18 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from applier.checks.position import check_log_continues_target
     from applier.drivers.replay import replay_log
+    from applier.infra.lock import target_writer
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)
-    spark = build_spark_session_for(cfg.spark)
-    summary = replay_log(spark, cfg, progress=progress("replay"),
-                         dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="replay", dry_run=args.dry_run):
+        for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
+            logging.getLogger("applier.replay").warning("%s", warning)
+        spark = build_spark_session_for(cfg.spark)
+        summary = replay_log(spark, cfg, progress=progress("replay"),
+                             dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():
         print(line)
     return 0

@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
     p.add_argument("--target", help="directory of the mirrored Delta tables")
     p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
+    p.add_argument("--special-values", choices=["error", "clamp", "null"],
+                   help="the special-value policy the mirror was written with (default: the config's "
+                   "apply.special_values, else error); Postgres values are converted under it before comparing")
     p.set_defaults(func=run)
 
 
@@ -33,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from applier.spark.session import build_spark_session
 
     # DSN parsed and connected before Spark starts: unreachable or unparsable -> exit 3 or 2, one line.
-    plan = plan_verify(args.config, dsn=args.dsn, target=args.target, tables=args.table or ())
+    plan = plan_verify(args.config, dsn=args.dsn, target=args.target, tables=args.table or (),
+                       special_values=args.special_values)
     results = verify_plan(build_spark_session(), plan)
     bad = 0
     for r in results:

@@ -26,16 +26,25 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-OP_COL = "__applier_op"
-IMG_COL = "__applier_img"
+#: Prefix of the MERGE source's own columns. Longer than any PostgreSQL identifier can be (63
+#: bytes, NAMEDATALEN - 1), so no source column can share a name with them: a user column named
+#: ``__applier_op`` made every later MERGE ambiguous. Never written to a table.
+_INTERNAL = "__applier_internal_column_longer_than_any_postgresql_identifier_"
+assert len(_INTERNAL.encode()) > 63
+OP_COL = _INTERNAL + "op"
+IMG_COL = _INTERNAL + "img"
 
 
 def _u_col(i: int) -> str:
-    return f"__applier_u{i}"
+    return f"{_INTERNAL}u{i}"
 
 
 def _lk_col(j: int) -> str:
-    return f"__applier_lk{j}"
+    return f"{_INTERNAL}lk{j}"
+
+
+def _t_col(i: int) -> str:
+    return f"{_INTERNAL}t{i}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +207,7 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
     if bounds is not None:  # lets Delta skip the files whose key statistics lie outside the batch
         first = F.col(f"t.{q(key_names[0])}")
         cond = first.between(F.lit(bounds[0]), F.lit(bounds[1])) & cond
-    assignments = {q(n): F.col(f"s.{q(n)}") for n in names}
+    assignments: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}
     with idempotent_write(spark, app_id, version, description):
         (target.merge(src.alias("s"), cond)
          .whenMatchedDelete(condition=F.col(f"s.{OP_COL}") == "D")
@@ -230,20 +239,21 @@ def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: lis
 
     key_names = [names[p] for p in plan.key_positions]
     tgt = spark.read.format("delta").load(path)
-    tgt = tgt.select(*[F.col(q(n)).alias(f"__applier_t{i}") for i, n in enumerate(names)])
+    tgt = tgt.select(*[F.col(q(n)).alias(_t_col(i)) for i, n in enumerate(names)])
     join_cond = None
     for j, p in enumerate(plan.key_positions):
-        c = F.col(_lk_col(j)).eqNullSafe(F.col(f"__applier_t{p}"))
+        c = F.col(_lk_col(j)).eqNullSafe(F.col(_t_col(p)))
         join_cond = c if join_cond is None else join_cond & c
     joined = src.join(tgt, on=join_cond, how="left")
-    any_u = None
+    any_u: Column | None = None
     for i in lookup_cols:
         c = F.col(_u_col(i))
         any_u = c if any_u is None else any_u | c
-    key_missing = None
+    key_missing: Column | None = None
     for p in plan.key_positions:
-        c = F.col(f"__applier_t{p}").isNull()
+        c = F.col(_t_col(p)).isNull()
         key_missing = c if key_missing is None else key_missing & c
+    assert any_u is not None and key_missing is not None  # called with unresolved columns of a keyed table
     joined = joined.cache()
     missing = joined.filter(any_u & key_missing).count()
     if missing:
@@ -255,7 +265,7 @@ def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: lis
     out_cols = []
     for i, n in enumerate(names):
         if i in lookup_cols:
-            out_cols.append(F.when(F.col(_u_col(i)), F.col(f"__applier_t{i}"))
+            out_cols.append(F.when(F.col(_u_col(i)), F.col(_t_col(i)))
                             .otherwise(F.col(q(n))).alias(n))
         else:
             out_cols.append(F.col(q(n)))
@@ -296,7 +306,7 @@ def _merge_multiset(spark: SparkSession, path: str, schema: StructType, plan: Ta
         deleted += max(have - want, 0)
     src = _source_frame(spark, rows, src_schema)
     cond = _null_safe_all("t", "s", names) & (F.col(f"s.{OP_COL}") == "D")
-    values = {q(n): F.col(f"s.{q(n)}") for n in names}
+    values: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}
     with idempotent_write(spark, app_id, version, description):
         (DeltaTable.forPath(spark, path).alias("t").merge(src.alias("s"), cond)
          .whenMatchedDelete()

@@ -27,16 +27,36 @@ def needs_column_mapping(column_names: list[str] | tuple[str, ...]) -> bool:
     return any(_NEEDS_COLUMN_MAPPING.search(name) for name in column_names)
 
 
-def _path_component(name: str) -> str:
-    """A schema or table name as one path component: kept exactly, except '/' and NUL which cannot be."""
+#: Directory names a schema or table must not take as they are: ``_delta_log`` would make the
+#: directory above it look like a Delta table (every later run fails on it), and the default state
+#: directory ``_applier`` (its ``spill``, ``prepared``, ``skipped_transactions``) sits beside the
+#: schema directories. Such a name is stored with its leading underscore escaped (``%5F``), which
+#: no other name produces because every literal ``%`` is escaped too.
+RESERVED_SCHEMA_DIRS = frozenset({"_applier", "_delta_log"})
+RESERVED_TABLE_DIRS = frozenset({"_delta_log"})
+
+
+def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
+    """A schema or table name as one path component: kept exactly, except '/' and NUL which cannot
+    be, '.' and '..', and the reserved names above. :func:`decode_path_component` undoes it."""
     if name in (".", ".."):
         return f"%2E{name[1:]}"
-    return name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    out = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    return "%5F" + out[1:] if name in reserved else out
+
+
+def decode_path_component(component: str) -> str:
+    """The schema or table name a directory name stands for (the inverse of the escaping above)."""
+    from urllib.parse import unquote
+
+    return unquote(component)
 
 
 def table_location(target_dir: str | Path, namespace: str, table: str) -> Path:
-    """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends '')."""
-    return Path(target_dir) / _path_component(namespace or "pg_catalog") / _path_component(table)
+    """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends ''),
+    except the escapes of :func:`_path_component`."""
+    return (Path(target_dir) / _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS)
+            / _path_component(table))
 
 
 def sql_string_literal(value: str) -> str:
@@ -48,5 +68,19 @@ def sql_string_literal(value: str) -> str:
 
 
 def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
-    """The Delta tables in the ``DIR/<schema>/<table>`` layout (the ``_applier`` state directory excluded)."""
-    return sorted(d.parent for d in Path(target_dir).glob("*/*/_delta_log") if d.parent.parent.name != "_applier")
+    """The Delta tables in the ``DIR/<schema>/<table>`` layout (the ``_applier`` state directory
+    excluded; names starting with a dot included). Their source names: :func:`source_name_of`."""
+    root = Path(target_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for schema in root.iterdir():
+        if not schema.is_dir() or schema.name in RESERVED_SCHEMA_DIRS:
+            continue
+        out += [t for t in schema.iterdir() if (t / "_delta_log").is_dir()]
+    return sorted(out)
+
+
+def source_name_of(table_dir: Path) -> tuple[str, str]:
+    """(schema, table) of a directory in the ``DIR/<schema>/<table>`` layout, escapes decoded."""
+    return decode_path_component(table_dir.parent.name), decode_path_component(table_dir.name)

@@ -1,31 +1,38 @@
 """Read a stored raw log: rows ``(lsn, xid, data)`` of pgoutput messages, in log order.
 
 A raw log is what ``pg_logical_slot_peek_binary_changes`` returned, stored for replay or
-inspection (``rawlog_writer.py`` writes it). Accepted layouts:
+inspection (``rawlog_writer.py`` and ``applier capture`` write it). Accepted layouts:
 
-* a Parquet file;
-* a directory of Parquet files, read in file-name order (name the parts so they sort);
-* a Delta table (a directory with ``_delta_log/``). Read WITHOUT Spark: the JSON commit files are
-  replayed (add/remove) to find the live data files, which are then read with pyarrow in commit
-  order, in the order each commit lists them. Why no Spark: a Spark read has no row order, while a
-  raw log is only meaningful in order. The replay supports what an append-only log needs; a
-  table whose early commits were removed after a checkpoint, or that uses deletion vectors,
-  column mapping or partitioning, is refused with a SourceError rather than read wrongly.
+* a Parquet file, or a directory of Parquet files;
+* a Delta table (a directory with ``_delta_log/``), read through delta-rs (``deltalake``): no JVM,
+  and checkpoints, cleaned-up JSON commits and compacted (OPTIMIZE) files are all fine.
 
-Columns: ``lsn`` (text like ``0/16B3748`` or int64), ``xid`` (int64), ``data`` (binary). Reading
-streams in record batches, so a log larger than memory is fine.
+Log order: when the rows carry ``seq`` (``applier capture`` writes it), they are read in ``seq``
+order whatever the file layout - files are ordered by their ``seq`` range and a file whose rows
+are not in ``seq`` order (OPTIMIZE may write them so) is sorted; a ``seq`` seen twice or a gap
+between two rows is refused (rows lost or doubled). Without ``seq`` the order is the file order:
+a Parquet directory's part names, a Delta table's commit order (each version's new files; a
+compacted table without ``seq`` has lost that order and is refused).
+
+Then, before anything is yielded, the whole log is checked for transaction order and duplicates
+(:mod:`applier.assembly.order`): a log whose parts were concatenated in the wrong order, whose
+transactions or changes were swapped, or that holds a message or transaction twice is refused
+with a SourceError naming the row and LSN. That costs one more pass over the headers, and it is
+what makes a replay stop before it writes anything from such a log instead of after.
+
+Columns: ``lsn`` (text like ``0/16B3748``, or an integer), ``xid`` (integer), ``data`` (binary),
+optional ``seq`` (integer). A column of any other type is a SourceError naming it. Reading streams
+in record batches per file, so a log larger than memory is fine.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from applier.errors import ApplierError, SourceError
@@ -34,7 +41,7 @@ from applier.lsn import parse_lsn
 __all__ = ["RawMessage", "read_raw_log", "raw_log_files"]
 
 _COLUMNS = ("lsn", "xid", "data")
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+_EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +52,7 @@ class RawMessage:
 
 
 def raw_log_files(path: str | Path) -> list[Path]:
-    """The Parquet files of a raw log, in log order."""
+    """The data files of a raw log, in file order (Parquet names, or Delta commit order)."""
     root = Path(path)
     if root.is_file():
         return [root]
@@ -60,62 +67,174 @@ def raw_log_files(path: str | Path) -> list[Path]:
     return parts
 
 
+def _delta_table(table: Path, version: int | None = None):  # type: ignore[no-untyped-def]  # deltalake is untyped here
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(str(table), version=version)
+    except Exception as e:  # noqa: BLE001  # delta-rs raises its own classes; say which table
+        raise SourceError(f"cannot open Delta raw log: {type(e).__name__}: {str(e).splitlines()[0]}",
+                          path=str(table), version=version) from None
+
+
 def _delta_files(table: Path) -> list[Path]:
-    log = table / "_delta_log"
-    versions = sorted((int(m.group(1)), p) for p in log.iterdir() if (m := _COMMIT_FILE.match(p.name)))
-    if not versions or [v for v, _ in versions] != list(range(len(versions))):
-        raise SourceError("Delta raw log: commit files are not complete from version 0 (log cleaned up "
-                          "after a checkpoint?); cannot recover the append order", path=str(table))
-    live: dict[str, None] = {}  # insertion-ordered set: add order = log order
-    for version, commit in versions:
-        for line in commit.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "metaData" in action:
-                meta = action["metaData"]
-                if meta.get("partitionColumns"):
-                    raise SourceError("Delta raw log is partitioned; unsupported", path=str(table))
-                if meta.get("configuration", {}).get("delta.columnMapping.mode", "none") != "none":
-                    raise SourceError("Delta raw log uses column mapping; unsupported", path=str(table))
-            elif "add" in action:
-                if action["add"].get("deletionVector"):
-                    raise SourceError("Delta raw log has deletion vectors; unsupported", path=str(table),
-                                      version=version)
-                live[unquote(action["add"]["path"])] = None
-            elif "remove" in action:
-                live.pop(unquote(action["remove"]["path"]), None)
-    return [table / rel for rel in live]
+    """The live files of a Delta raw log. With ``seq`` their order does not matter (rows are merged
+    by it); without, it is the commit order, recovered version by version through delta-rs."""
+    dt = _delta_table(table)
+    if dt.metadata().partition_columns:
+        raise SourceError("Delta raw log is partitioned; unsupported", path=str(table))
+    config = dt.metadata().configuration or {}
+    if config.get("delta.columnMapping.mode", "none") != "none":
+        raise SourceError("Delta raw log uses column mapping; unsupported", path=str(table))
+    if "deletionVectors" in (dt.protocol().reader_features or []):
+        raise SourceError("Delta raw log has deletion vectors enabled; unsupported", path=str(table))
+    live = [_local(table, uri) for uri in dt.file_uris()]
+    if "seq" in {f.name for f in dt.schema().fields}:
+        return live
+    ordered: list[Path] = []
+    seen: set[Path] = set()
+    for version in range(dt.version() + 1):
+        files = {_local(table, uri) for uri in _delta_table(table, version).file_uris()}
+        if not seen <= files:
+            raise SourceError("Delta raw log without a seq column was compacted or rewritten: its "
+                              "row order is lost; write it with `applier capture` (which adds seq)",
+                              path=str(table), version=version)
+        ordered += sorted(files - seen)  # one commit's files: a commit appends them in name order
+        seen = files
+    return ordered
 
 
-def read_raw_log(path: str | Path, *, batch_rows: int = 8192) -> Iterator[RawMessage]:
-    """Every message of the raw log at ``path``, in log order, read ``batch_rows`` at a time."""
-    for file in raw_log_files(path):
-        yield from _read_parquet(file, batch_rows)
+def _local(table: Path, uri: str) -> Path:
+    from urllib.parse import unquote, urlparse
+
+    if uri.startswith("file:"):
+        return Path(unquote(urlparse(uri).path))
+    p = Path(uri)
+    return p if p.is_absolute() else table / p
+
+
+def read_raw_log(path: str | Path, *, batch_rows: int = 8192, check_order: bool = True) -> Iterator[RawMessage]:
+    """Every message of the raw log at ``path``, in log order, read ``batch_rows`` at a time.
+
+    ``check_order`` (the default) first reads the whole log once and refuses one that is out of
+    order or holds duplicates (see the module docstring); ``inspect`` turns it off and reports
+    every such problem itself."""
+    files = raw_log_files(path)
+    if check_order:
+        from applier.assembly.order import OrderChecker
+
+        checker = OrderChecker()
+        for msg in _messages(files, batch_rows):
+            problems = checker.check(msg.lsn, msg.data)
+            if problems:
+                err = problems[0].error()
+                err.add_context(path=str(path))
+                raise err
+    yield from _messages(files, batch_rows)
+
+
+def _messages(files: list[Path], batch_rows: int) -> Iterator[RawMessage]:
+    if not any(_has_seq(f) for f in files):
+        for file in files:
+            yield from _read_parquet(file, batch_rows)
+        return
+    yield from _by_seq(files, batch_rows)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def _open(file: Path) -> pq.ParquetFile:
+    try:
+        pf = pq.ParquetFile(str(file))
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
+    schema = pf.schema_arrow
+    missing = [c for c in _COLUMNS if c not in schema.names]
+    if missing:
+        raise SourceError(f"raw log file lacks column(s) {', '.join(missing)}", path=str(file))
+    for name in (*_COLUMNS, "seq"):
+        if name in schema.names and not _type_ok(name, schema.field(name).type):
+            raise SourceError(f"raw log column {name} has type {schema.field(name).type}, expected "
+                              f"{_EXPECTED[name]}", path=str(file), column=name)
+    return pf
+
+
+def _type_ok(name: str, t: pa.DataType) -> bool:
+    if name == "lsn":
+        return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t))
+    if name == "data":
+        return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+    return bool(pa.types.is_integer(t))
+
+
+def _has_seq(file: Path) -> bool:
+    return "seq" in _open(file).schema_arrow.names
 
 
 def _read_parquet(file: Path, batch_rows: int) -> Iterator[RawMessage]:
     try:
-        pf = pq.ParquetFile(str(file))
-        names = set(pf.schema_arrow.names)
-        missing = [c for c in _COLUMNS if c not in names]
-        if missing:
-            raise SourceError(f"raw log file lacks column(s) {', '.join(missing)}", path=str(file))
-        batches = pf.iter_batches(batch_size=batch_rows, columns=list(_COLUMNS))
+        pf = _open(file)
         row = 0
-        for batch in batches:
-            lsns = batch.column(0).to_pylist()
-            xids = batch.column(1).to_pylist()
-            datas = batch.column(2).to_pylist()
-            text_lsn = pa.types.is_string(batch.column(0).type) or pa.types.is_large_string(batch.column(0).type)
-            for i in range(len(lsns)):
-                lsn, xid, data = lsns[i], xids[i], datas[i]
-                if lsn is None or xid is None or data is None:
-                    raise SourceError("raw log row has a NULL lsn, xid or data", path=str(file), row=row + i)
-                try:
-                    yield RawMessage(parse_lsn(lsn) if text_lsn else int(lsn), int(xid), data)
-                except ApplierError as e:
-                    raise SourceError("raw log row has an invalid LSN", path=str(file), row=row + i) from e
-            row += len(lsns)
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=list(_COLUMNS)):
+            yield from _rows(batch, file, row)
+            row += batch.num_rows
     except (OSError, pa.ArrowException) as e:
         raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
+
+
+def _rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Iterator[RawMessage]:
+    lsns = batch.column(0).to_pylist()
+    xids = batch.column(1).to_pylist()
+    datas = batch.column(2).to_pylist()
+    text_lsn = pa.types.is_string(batch.column(0).type) or pa.types.is_large_string(batch.column(0).type)
+    for i in range(len(lsns)):
+        lsn, xid, data = lsns[i], xids[i], datas[i]
+        if lsn is None or xid is None or data is None:
+            raise SourceError("raw log row has a NULL lsn, xid or data", path=str(file), row=first_row + i)
+        try:
+            yield RawMessage(parse_lsn(lsn) if text_lsn else int(lsn), int(xid), data)
+        except ApplierError as e:
+            raise SourceError("raw log row has an invalid LSN", path=str(file), row=first_row + i) from e
+
+
+def _by_seq(files: list[Path], batch_rows: int) -> Iterator[RawMessage]:
+    """Rows of files that carry ``seq``, in ``seq`` order: files ordered by their ``seq`` range,
+    files whose ranges overlap read together and sorted, a duplicate or a gap refused."""
+    ranges: list[tuple[int, int, Path]] = []
+    for file in files:
+        try:
+            seqs = _open(file).read(columns=["seq"]).column(0)
+        except (OSError, pa.ArrowException) as e:
+            raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
+        if seqs.null_count:
+            raise SourceError("raw log row has a NULL seq", path=str(file))
+        if len(seqs):
+            bounds = pc.min_max(seqs)
+            ranges.append((bounds["min"].as_py(), bounds["max"].as_py(), file))
+    ranges.sort(key=lambda r: (r[0], r[1]))
+    clusters: list[list[Path]] = []
+    top: int | None = None
+    for low, high, file in ranges:
+        if top is not None and low <= top:
+            clusters[-1].append(file)
+        else:
+            clusters.append([file])
+        top = high if top is None else max(top, high)
+    previous: int | None = None
+    for cluster in clusters:
+        try:
+            table = pa.concat_tables([_open(f).read(columns=[*_COLUMNS, "seq"]) for f in cluster],
+                                     promote_options="permissive")
+        except (OSError, pa.ArrowException) as e:
+            raise SourceError(f"cannot read raw log file: {e}", path=str(cluster[0])) from e
+        table = table.sort_by("seq")
+        seqs = table.column("seq").to_pylist()
+        for seq in seqs:
+            if previous is not None and seq != previous + 1:
+                what = "seen twice" if seq == previous else f"missing after {previous}"
+                raise SourceError(f"raw log rows out of sequence: seq {seq} {what} (rows lost or "
+                                  f"doubled)", path=str(cluster[0]), seq=seq)
+            previous = seq
+        for start in range(0, table.num_rows, batch_rows):
+            yield from _rows(table.slice(start, batch_rows), cluster[0], start)

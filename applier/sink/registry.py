@@ -1,0 +1,89 @@
+"""Which Delta tables this target's runs wrote, by path and Delta table id (``<state>/tables.json``).
+
+Why: the Delta tables are the record of what is applied. A table directory deleted between two
+runs made the next run recreate it from the later changes only (1 of 100 rows, exit 0), and a
+directory replaced by another Delta table (a restore from the wrong backup, another job's table)
+would be merged into as if it were ours. Both are caught by remembering, per table, the Delta
+table id (``metaData.id``, fixed when a table is created) when a run first sees it, and checking
+every remembered table before a run writes anything. The id is read with delta-rs from the Delta
+log alone, without Spark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from applier.errors import ApplierError
+from applier.sink.naming import mirrored_table_dirs, source_name_of
+from applier.state import StateDir
+
+__all__ = ["TargetRegistry", "TargetMissingError", "delta_table_id"]
+
+_FILE = "tables"
+
+
+class TargetMissingError(ApplierError):
+    """A table this target's runs wrote is gone, or is no longer the same Delta table."""
+
+
+def delta_table_id(path: Path) -> str | None:
+    """The Delta table id of ``path`` (None when it is no Delta table or delta-rs cannot read it)."""
+    if not (path / "_delta_log").is_dir():
+        return None
+    try:
+        from deltalake import DeltaTable
+
+        return str(DeltaTable(str(path)).metadata().id)
+    except Exception:  # noqa: BLE001  # an unreadable log is Spark's to report when it writes
+        return None
+
+
+def _rebuild_advice(command: str, state: StateDir, name: str) -> str:
+    if command == "mirror":
+        how = ("re-copy it: stop the mirror, drop its slot (SELECT pg_drop_replication_slot('<slot>')), "
+               "and run `applier mirror` again: it takes a new snapshot and copies every table")
+    else:
+        how = ("rebuild it: delete this table's directory and run `applier replay` with a log that starts "
+               "before the table's first change (the other tables skip what they have)")
+    return (f"{how}; or, to accept the table as it is now, remove the entry \"{name}\" from "
+            f"{state.root / (_FILE + '.json')}")
+
+
+class TargetRegistry:
+    """``{path: {"table": "schema.name", "id": "<Delta table id>"}}`` for every table of the target."""
+
+    def __init__(self, state: StateDir, target_dir: str | Path) -> None:
+        self.state = state
+        self.target_dir = Path(target_dir)
+        self.entries: dict[str, dict[str, str | None]] = state.load(_FILE) or {}
+
+    def check(self, command: str) -> None:
+        """Raise TargetMissingError for the first remembered table that is gone or was replaced."""
+        for path, entry in sorted(self.entries.items()):
+            name = str(entry.get("table"))
+            if not (Path(path) / "_delta_log").is_dir():
+                raise TargetMissingError(
+                    f"table {name} was written by an earlier run but its directory is gone; its rows "
+                    f"cannot come back from later changes alone. To {_rebuild_advice(command, self.state, name)}",
+                    path=path)
+            found = delta_table_id(Path(path))
+            if entry.get("id") and found and found != entry["id"]:
+                raise TargetMissingError(
+                    f"table {name} is no longer the Delta table earlier runs wrote (its table id changed "
+                    f"from {entry['id']} to {found}). To {_rebuild_advice(command, self.state, name)}",
+                    path=path)
+
+    def record(self, extra: list[Path] | None = None) -> None:
+        """Remember every table now under the target (and ``extra`` paths), with its id."""
+        changed = False
+        for path in [*mirrored_table_dirs(self.target_dir), *(extra or [])]:
+            key = str(path)
+            table_id = delta_table_id(path)
+            if table_id is None:
+                continue
+            entry = self.entries.get(key)
+            if entry is None or entry.get("id") != table_id:
+                self.entries[key] = {"table": ".".join(source_name_of(path)), "id": table_id}
+                changed = True
+        if changed:
+            self.state.save(_FILE, self.entries)
