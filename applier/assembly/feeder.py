@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
-from applier.assembly.order import OrderChecker
 from applier.assembly.rowchanges import row_changes
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
 from applier.changes import SkippedTransaction, TableBatch, TableChange
@@ -21,6 +20,7 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, Message, TupleData
+from applier.protocol.order import OrderChecker
 from applier.state import StateDir
 from applier.values import RowConverter
 

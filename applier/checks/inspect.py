@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from applier.assembly.order import OrderChecker, OrderProblem
 from applier.lsn import format_lsn
 from applier.protocol import MessageDecoder
 from applier.protocol.messages import KIND_NAMES, Relation, StreamAbort, StreamStart
+from applier.protocol.order import OrderChecker, OrderProblem
 from applier.sources.rawlog import RawMessage
 
 __all__ = ["InspectReport", "inspect_messages", "format_report"]
@@ -37,7 +37,7 @@ class InspectReport:
     relations: dict[int, str] = field(default_factory=dict)  # OID -> "schema.name" (latest seen)
     first_lsn: int | None = None
     last_lsn: int | None = None
-    problems: tuple[OrderProblem, ...] = ()  # order, duplicate and framing problems (see assembly/order.py)
+    problems: tuple[OrderProblem, ...] = ()  # order, duplicate and framing problems (see protocol/order.py)
 
     @property
     def healthy(self) -> bool:

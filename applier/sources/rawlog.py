@@ -15,7 +15,7 @@ a Parquet directory's part names, a Delta table's commit order (each version's n
 compacted table without ``seq`` has lost that order and is refused).
 
 Then, before anything is yielded, the whole log is checked for transaction order and duplicates
-(:mod:`applier.assembly.order`): a log whose parts were concatenated in the wrong order, whose
+(:mod:`applier.protocol.order`): a log whose parts were concatenated in the wrong order, whose
 transactions or changes were swapped, or that holds a message or transaction twice is refused
 with a SourceError naming the row and LSN. That costs one more pass over the headers, and it is
 what makes a replay stop before it writes anything from such a log instead of after.
@@ -121,7 +121,7 @@ def read_raw_log(path: str | Path, *, batch_rows: int = 8192, check_order: bool 
     every such problem itself."""
     files = raw_log_files(path)
     if check_order:
-        from applier.assembly.order import OrderChecker
+        from applier.protocol.order import OrderChecker
 
         checker = OrderChecker()
         for msg in _messages(files, batch_rows):

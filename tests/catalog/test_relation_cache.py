@@ -35,7 +35,7 @@ def test_versions_and_changes():
     assert v3.change.renamed_relation == ("public.t", "public.t2")
     with pytest.raises(CatalogError) as e:
         cache.get(7)
-    assert e.value.relation_oid == 7
+    assert e.value.context["relation_oid"] == 7
 
 
 def test_json_round_trip_keeps_relations_versions_and_types():

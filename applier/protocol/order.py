@@ -91,6 +91,14 @@ class OrderChecker:
         if not data:
             return []
         kind = data[0]
+        # The common case first, without calls: a change of the open regular transaction at a later
+        # LSN than the one before it and not past its commit record (it checks what _change checks).
+        txn = self.current
+        if (txn is not None and kind in _CHANGES and self.in_stream is None and lsn > txn.last_lsn
+                and (txn.final_lsn is None or lsn <= txn.final_lsn)):
+            txn.last_lsn, txn.last_kind = lsn, kind
+            txn.last_data = data if kind == 0x49 else b""
+            return []
         try:
             return self._check(kind, lsn, data, row)
         except (IndexError, ValueError):  # a damaged header: the decoder reports it with its offset
