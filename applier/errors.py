@@ -107,6 +107,12 @@ class ConfigError(ApplierError):
         return self.context.get("line")
 
 
+class InputError(ApplierError):
+    """What the command was given does not fit, and a person must act (a restart will not help): a
+    file that is not a raw log, a target whose tables are not the ones applier wrote, or a target
+    that is ahead of the log replayed into it."""
+
+
 class EnvironmentSetupError(ApplierError):
     """Something the engine needs on this machine (Java, Delta jars, PostgreSQL binaries) is missing."""
 

@@ -47,7 +47,7 @@ def test_second_writer_is_refused_for_replay_mirror_and_capture(tmp_path, capsys
         }
         for name, argv in commands.items():
             started = time.monotonic()
-            assert cli_main(argv) == 2, name
+            assert cli_main(argv) == 3, name  # another writer holds it: may cure itself, like an outage
             err = capsys.readouterr().err
             assert "another applier run is writing to this" in err and "pid " in err, (name, err)
             assert "Traceback" not in err and "nonexistent" not in err, err

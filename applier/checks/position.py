@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from applier.errors import ApplierError
+from applier.errors import InputError
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
@@ -33,7 +33,7 @@ __all__ = ["PositionError", "check_log_continues_target"]
 _ENDS = frozenset(b"CcKPpr")
 
 
-class PositionError(ApplierError):
+class PositionError(InputError):
     """The target's applied position does not fit the raw log about to be replayed into it."""
 
 

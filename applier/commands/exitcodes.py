@@ -28,11 +28,14 @@ MEANING: dict[ExitCode, str] = {
     ExitCode.OK: "done",
     ExitCode.DIFFERENCES: "`verify` (or `demo`) ran and found tables that differ from Postgres",
     ExitCode.USAGE: "usage or config error: a flag, the config file or the DSN is wrong or missing (also "
-    "an invalid sslmode), or Java / the Delta jars are missing; fix it, a restart will not help",
+    "an invalid sslmode), Java / the Delta jars are missing, the raw log is not one, or the target's tables are "
+    "not the ones applier wrote (gone, replaced, ahead of the log); fix it, a restart will not help",
     ExitCode.UNAVAILABLE: "source or target unavailable: no connection or login refused, the connection "
-    "lost for longer than the retries, the slot gone, Delta refused a commit, the disk full",
-    ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly; every table "
-    "is as after the transaction before it; fix the source, or `--skip-transaction LSN`",
+    "lost for longer than the retries, the slot gone, Delta refused a commit, the disk full, another "
+    "writer holds the target",
+    ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly (every table "
+    "is as after the transaction before it; fix the source, or `--skip-transaction LSN`), or a raw log is "
+    "out of order or holds a message twice (fix the log)",
     ExitCode.INTERNAL: "internal error (a bug): the traceback is printed, with secrets removed",
     ExitCode.INTERRUPTED: "stopped by a second Ctrl-C (128 + SIGINT)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (`applier inspect --json | head`): 128 + SIGPIPE, "
@@ -42,11 +45,12 @@ MEANING: dict[ExitCode, str] = {
 
 def for_exception(error: BaseException) -> ExitCode:
     """The exit code for an error that ended a command."""
-    from applier.errors import ApplierError, ConfigError, DataError, EnvironmentSetupError
+    from applier.errors import ApplierError, ConfigError, DataError, EnvironmentSetupError, InputError
+    from applier.protocol.order import LogOrderError
 
-    if isinstance(error, ConfigError | EnvironmentSetupError):
+    if isinstance(error, ConfigError | EnvironmentSetupError | InputError):
         return ExitCode.USAGE
-    if isinstance(error, DataError):
+    if isinstance(error, DataError | LogOrderError):
         return ExitCode.BAD_DATA
     if isinstance(error, ApplierError):
         return ExitCode.UNAVAILABLE

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from applier.errors import ApplierError
+from applier.errors import InputError
 from applier.sink.naming import mirrored_table_dirs, source_name_of
 from applier.state import StateDir
 
@@ -22,7 +22,7 @@ __all__ = ["TargetRegistry", "TargetMissingError", "delta_table_id"]
 _FILE = "tables"
 
 
-class TargetMissingError(ApplierError):
+class TargetMissingError(InputError):
     """A table this target's runs wrote is gone, or is no longer the same Delta table."""
 
 

@@ -35,13 +35,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from applier.errors import ApplierError, SourceError
+from applier.errors import ApplierError, InputError, SourceError
 from applier.lsn import parse_lsn
 
 __all__ = ["RawMessage", "read_raw_log", "raw_log_files"]
 
 _COLUMNS = ("lsn", "xid", "data")
 _EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
+
+
+class RawLogFormatError(SourceError, InputError):
+    """The file or table given as a raw log is not one (columns, types, layout): fix the path."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ def raw_log_files(path: str | Path) -> list[Path]:
     parts = sorted(p for p in root.iterdir()
                    if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_")))
     if not parts:
-        raise SourceError("no .parquet files in the raw log directory", path=str(root))
+        raise RawLogFormatError("no .parquet files in the raw log directory", path=str(root))
     return parts
 
 
@@ -82,12 +86,12 @@ def _delta_files(table: Path) -> list[Path]:
     by it); without, it is the commit order, recovered version by version through delta-rs."""
     dt = _delta_table(table)
     if dt.metadata().partition_columns:
-        raise SourceError("Delta raw log is partitioned; unsupported", path=str(table))
+        raise RawLogFormatError("Delta raw log is partitioned; unsupported", path=str(table))
     config = dt.metadata().configuration or {}
     if config.get("delta.columnMapping.mode", "none") != "none":
-        raise SourceError("Delta raw log uses column mapping; unsupported", path=str(table))
+        raise RawLogFormatError("Delta raw log uses column mapping; unsupported", path=str(table))
     if "deletionVectors" in (dt.protocol().reader_features or []):
-        raise SourceError("Delta raw log has deletion vectors enabled; unsupported", path=str(table))
+        raise RawLogFormatError("Delta raw log has deletion vectors enabled; unsupported", path=str(table))
     live = [_local(table, uri) for uri in dt.file_uris()]
     if "seq" in {f.name for f in dt.schema().fields}:
         return live
@@ -152,10 +156,10 @@ def _open(file: Path) -> pq.ParquetFile:
     schema = pf.schema_arrow
     missing = [c for c in _COLUMNS if c not in schema.names]
     if missing:
-        raise SourceError(f"raw log file lacks column(s) {', '.join(missing)}", path=str(file))
+        raise RawLogFormatError(f"raw log file lacks column(s) {', '.join(missing)}", path=str(file))
     for name in (*_COLUMNS, "seq"):
         if name in schema.names and not _type_ok(name, schema.field(name).type):
-            raise SourceError(f"raw log column {name} has type {schema.field(name).type}, expected "
+            raise RawLogFormatError(f"raw log column {name} has type {schema.field(name).type}, expected "
                               f"{_EXPECTED[name]}", path=str(file), column=name)
     return pf
 

@@ -192,3 +192,9 @@ def test_help_shows_the_exit_code_table(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "exit codes:" in out and "source or target unavailable" in out and "bad data" in out
+
+
+def test_the_readme_shows_the_exit_code_table_of_the_code():
+    from applier.commands.exitcodes import table_markdown
+
+    assert table_markdown() in (REPO / "README.md").read_text(encoding="utf-8")
