@@ -107,6 +107,9 @@ class ApplyLoop:
     ``save_catalog_each_group``: save the catalog with every group (a live source resumes from the
     slot's confirmed position, where the Relation messages before it are not re-sent); a stored log
     is read from its start and saves once at the end (``save()``).
+    ``check_order``: check each message's place in the sequence (protocol/order.py) as it is fed; for
+    sources that do not guarantee it and were not checked whole (the streaming sink passes its own
+    feeder, which checks).
     ``on_applied``: what to do with a transaction once its commits exist (default: let the assembler
     drop its staged prepared copy; the streaming sink defers that by one batch).
     ``apply.overlap_groups``: a full group's Delta commits (and its message and skip records) run on
@@ -117,14 +120,14 @@ class ApplyLoop:
 
     def __init__(self, spark: SparkSession, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
                  state: StateDir, feeder: TransactionFeeder | None = None, progress: Progress | None = None,
-                 dry_run: Progress | None = None, save_catalog_each_group: bool = False,
+                 dry_run: Progress | None = None, save_catalog_each_group: bool = False, check_order: bool = False,
                  on_applied: Callable[[CommittedTransaction], None] | None = None) -> None:
         self.spark = spark
         self.settings = apply
         self.state = state
         self.progress: Progress = progress or (lambda _m: None)
         self.dry_run = dry_run
-        self.feeder = feeder or TransactionFeeder.from_state(state, apply)
+        self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
         self.applier = DeltaApplier(spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run)
         self.decoder = MessageDecoder()
