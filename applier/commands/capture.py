@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
         "source.slot": (args.slot, "--slot"),
         "log_path": (args.log, "--log"),
     })
-    check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
     # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)
     with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
+        check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
         spark = build_spark_session_for(cfg.spark)
         summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
     for line in summary.lines():

@@ -71,10 +71,6 @@ def run(args: argparse.Namespace) -> int:
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)
-    # Before Spark (and maybe a jar download) starts: a DSN that does not parse, a bad sslmode, a wrong
-    # password or a server that is not there fails here, once, with exit 2 or 3. Reconnecting with
-    # backoff is for outages after this first connection succeeded.
-    check_connection(cfg.source.resolved_dsn())
     stop = threading.Event()
 
     def on_sigint(_signum: int, _frame: FrameType | None) -> None:
@@ -88,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        # One writer per target first (a local check), then the server, then Spark.
         with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):
+            # Before Spark (and maybe a jar download) starts: a DSN that does not parse, a bad sslmode, a
+            # wrong password or a server that is not there fails here, once, with exit 2 or 3.
+            # Reconnecting with backoff is for outages after this first connection succeeded.
+            check_connection(cfg.source.resolved_dsn())
             spark = build_spark_session_for(cfg.spark)
             summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:
