@@ -15,6 +15,7 @@ Order of events and why:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,21 +26,23 @@ import psycopg
 
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import MirrorConfig
+from applier.drivers.initial_copy import CopyJob, InitialCopy
 from applier.drivers.replay import PendingGroup
 from applier.errors import ApplierError, SourceError, TransientSourceError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.gcpolicy import after_group, collect_between_groups
-from applier.lsn import format_lsn
+from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.replication import PrimaryKeepalive, pg_now
 from applier.sink.engine import DeltaApplier, record_messages
 from applier.sources import sql_slot
+from applier.sources.copy import arrow_types, plan_table
 from applier.sources.failures import is_transient
-from applier.sources.publication import published_tables
-from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
+from applier.sources.publication import PublishedTable, published_tables
+from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
-from applier.values import RowConverter
+from applier.values import RowConverter, spark_schema_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,9 +123,16 @@ class Mirror:
     # --- snapshot -------------------------------------------------------------------------------
 
     def ensure_snapshot(self) -> None:
-        """Create the slot and copy the tables, unless this target already follows the slot."""
+        """Create the slot and copy the tables, unless this target already follows the slot.
+
+        A copy that died part-way is resumed when the slot is still at the point the copy was taken
+        at: the tables whose final commit carries that point are kept; the others are copied again
+        under a temporary slot's snapshot of their own, tagged with that slot's point, and the stream
+        (from the main slot's point) skips for them every transaction that snapshot already holds,
+        as PostgreSQL's table sync does with its per-table slots."""
         src = self.config.source
         saved = self.state.load("mirror") or {}
+        resume_at: int | None = None
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             tables = [t for t in published_tables(conn, src.publication)
                       if self.config.tables.selected(t.qualified_name)]
@@ -136,9 +146,15 @@ class Mirror:
                               "position cannot be read any more; taking a new snapshot with a new slot (the "
                               "tables are replaced)")
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "snapshot":
-                self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the slot "
-                              "and starting over")
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+                taken_at = saved.get("snapshot_lsn")
+                if taken_at and slot[1] is not None and parse_lsn(slot[1]) == parse_lsn(taken_at):
+                    resume_at = parse_lsn(taken_at)
+                    self.progress(f"slot {src.slot}: the copy taken at {taken_at} did not finish; keeping the "
+                                  "tables it finished and copying the others again")
+                else:
+                    self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the "
+                                  "slot and starting over")
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
             elif slot is not None:
                 raise SourceError(
                     f"slot {src.slot!r} exists, but this target has no snapshot taken with it, so the Delta "
@@ -147,32 +163,58 @@ class Mirror:
                     "tables, or use another slot name", slot=src.slot, target=self.config.target.path)
             if src.two_phase and conn.info.server_version < 150000:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
-        self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
+        if resume_at is None:
+            self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
         walsender = WalSenderStream(self.dsn)
         try:
-            created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+            if resume_at is None:
+                created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+                # from here on a crash keeps the tables whose copy finished (see the docstring)
+                self.state.save("mirror", {"slot": src.slot, "phase": "snapshot",
+                                           "snapshot_lsn": format_lsn(created.consistent_point)})
+                self.progress(f"slot {src.slot} created at {format_lsn(created.consistent_point)}; copying "
+                              f"{len(tables)} tables under its snapshot")
+                point = created.consistent_point
+            else:
+                point = resume_at
+                created = walsender.create_slot(f"{src.slot[:50]}_copy_{os.getpid()}", two_phase=False,
+                                                export_snapshot=True, temporary=True)
             assert created.snapshot_name is not None
-            self.progress(f"slot {src.slot} created at {format_lsn(created.consistent_point)}; copying "
-                          f"{len(tables)} tables under its snapshot")
-            with psycopg.connect(self.dsn, autocommit=True) as snap:
-                open_snapshot(snap, created.snapshot_name)
-                for table in tables:
-                    relation, types = describe_relation(snap, table)
-                    for typ in types:
-                        self.feeder.catalog.update_type(typ)
-                    schema = self.feeder.catalog.update(relation)
-                    converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
-                    chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
-                    n = self.applier.load_snapshot(schema, chunks, created.consistent_point)
-                    self.summary.snapshot_rows[table.qualified_name] = n
-                    self.progress(f"snapshot: {table.qualified_name}: {n} rows")
-                snap.execute("COMMIT")
+            self._copy_tables(tables, created.snapshot_name, created.consistent_point, resume_at)
         finally:
             walsender.close()
         self.feeder.save(self.state)
-        self.state.save("mirror", {"slot": src.slot, "phase": "streaming",
-                                   "snapshot_lsn": format_lsn(created.consistent_point)})
-        self.summary.snapshot_lsn = created.consistent_point
+        self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
+        self.summary.snapshot_lsn = point
+
+    def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, lsn: int,
+                     resume_at: int | None) -> None:
+        """Describe every table under the snapshot and copy the ones that need it (all, or on a resumed
+        copy those without a finished copy at ``resume_at``) on ``snapshot.parallelism`` connections."""
+        settings = self.config.snapshot
+        jobs: list[CopyJob] = []
+        with psycopg.connect(self.dsn, autocommit=True) as snap:
+            open_snapshot(snap, snapshot_name)
+            for table in tables:
+                relation, types = describe_relation(snap, table)
+                for typ in types:
+                    self.feeder.catalog.update_type(typ)
+                schema = self.feeder.catalog.update(relation)
+                if resume_at is not None:
+                    done = self.applier.snapshot_version(table.namespace, table.name)
+                    if done is not None and done >= resume_at:
+                        self.progress(f"snapshot: {table.qualified_name}: copied before, kept")
+                        continue
+                    self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
+                converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
+                loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20)
+                plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
+                fast = arrow_types(relation, self.feeder.types, spark_schema_for(schema, self.feeder.types))
+                jobs.append(CopyJob(table, relation, plan, loader, converter, fast))
+            snap.execute("COMMIT")
+        copier = InitialCopy(self.dsn, snapshot_name, workers=settings.workers(), progress=self.progress,
+                             progress_every=min(self.progress_every, 5.0))
+        self.summary.snapshot_rows.update(copier.run(jobs))
 
     # --- applying -------------------------------------------------------------------------------
 

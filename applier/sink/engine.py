@@ -23,7 +23,7 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import CommitResult, apply_plan, write_rows
+from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import OP_TRUNCATE, TablePlan, fold_changes
 from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
@@ -31,6 +31,8 @@ from applier.sink.targets import TableTargets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from applier.sink.bulkload import SnapshotLoader
 
 log = logging.getLogger(__name__)
 
@@ -221,38 +223,42 @@ class DeltaApplier:
             set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
         return result
 
-    def load_snapshot(self, schema_version: Any, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
-        """Replace the table's contents with an initial copy taken at ``lsn`` (the slot's consistent
-        point); returns the rows written. The last chunk's commit carries ``lsn`` as the table's applied
-        version, so the stream's transactions (all ending after it) apply and nothing before it does.
-        A crash part-way leaves no version recorded, and the next attempt overwrites from scratch."""
+    def snapshot_loader(self, schema_version: Any, lsn: int, *, commit_bytes: int) -> SnapshotLoader:
+        """A writer for the table's initial copy taken at ``lsn`` (the slot's consistent point, or a
+        table's own copy slot's when a copy is resumed). Its first commit replaces the table, its last
+        carries ``lsn`` as the table's applied version, so the stream's transactions ending after it
+        apply and nothing before it does. A crash part-way leaves no version recorded, and the next
+        attempt overwrites from scratch."""
+        from applier.sink.bulkload import SnapshotLoader
+
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
         self._ensure(path, spec, schema_version)
-        description = f"{spec.source_name} snapshot at {format_lsn(lsn)}"
-        tag = (app_id_for(spec.source_name), lsn, description)
-        names = spec.column_names
-        if names != schema_version.column_names:  # excluded columns
-            index = [schema_version.column_names.index(n) for n in names]
-            chunks = ([tuple(row[i] for i in index) for row in chunk] for chunk in chunks)
-        written = 0
-        pending: list[tuple[Any, ...]] | None = None
-        first = True
+
+        def done(rows: int) -> None:
+            self._applied[path] = lsn
+            if rows:
+                self._written.add(path)
+            self.stats.rows[spec.source_name] += rows
+            self.stats.tables.add((batch.namespace, batch.name))
+
+        tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
+        return SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
+                              commit_bytes=commit_bytes, on_done=done)
+
+    def snapshot_version(self, namespace: str, name: str) -> int | None:
+        """The applied version a finished copy (or a later commit) recorded on the table; None when the
+        table has none (never copied, or a copy that did not finish)."""
+        return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
+
+    def load_snapshot(self, schema_version: Any, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
+        """The whole copy of one table from converted rows, through ``snapshot_loader``."""
+        loader = self.snapshot_loader(schema_version, lsn, commit_bytes=128 << 20)
         for chunk in chunks:
-            if pending is not None:
-                write_rows(self.spark, path, spec.schema, pending, replace=first, tag=None)
-                first = False
-            pending = chunk
-            written += len(chunk)
-        write_rows(self.spark, path, spec.schema, pending or [], replace=first, tag=tag)
-        self._applied[path] = lsn
-        if written:
-            self._written.add(path)
-        self.stats.rows[spec.source_name] += written
-        self.stats.tables.add((batch.namespace, batch.name))
-        return written
+            loader.add_rows(chunk)
+        return loader.finish()
 
     def _maybe_optimize(self, spark: SparkSession, path: str, source_name: str) -> None:
         """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few

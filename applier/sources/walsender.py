@@ -69,13 +69,16 @@ class WalSenderStream:
                                self.pgconn.status == pq.ConnStatus.BAD, command=sql.split(" (")[0])
         return res
 
-    def create_slot(self, slot: str, *, two_phase: bool, export_snapshot: bool) -> CreatedSlot:
+    def create_slot(self, slot: str, *, two_phase: bool, export_snapshot: bool,
+                    temporary: bool = False) -> CreatedSlot:
         """Create the pgoutput slot. With ``export_snapshot`` the snapshot stays usable (``SET
-        TRANSACTION SNAPSHOT``) until this connection runs its next command."""
+        TRANSACTION SNAPSHOT``) until this connection runs its next command. A ``temporary`` slot is
+        dropped by the server when this connection ends (a resumed copy's own snapshot)."""
         options = [f"SNAPSHOT {_literal('export' if export_snapshot else 'nothing')}"]
         if two_phase:
             options.append("TWO_PHASE true")
-        res = self._command(f"CREATE_REPLICATION_SLOT {_ident(slot)} LOGICAL pgoutput ({', '.join(options)})")
+        kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+        res = self._command(f"CREATE_REPLICATION_SLOT {_ident(slot)} {kind} pgoutput ({', '.join(options)})")
         values = [res.get_value(0, i) for i in range(res.nfields)]
         point = parse_lsn((values[1] or b"").decode())
         snapshot = values[2].decode() if values[2] else None
