@@ -8,7 +8,8 @@ Setup (not timed): a throw-away server started by the script, ``pgbench -i -s SC
 a database ``replica`` with the same (empty) tables.
 
 Timed, one after the other so they do not share the cores:
-- PostgreSQL: from ``CREATE SUBSCRIPTION ... (copy_data = true)`` in ``replica`` until every table
+- PostgreSQL: from enabling a subscription (``copy_data = true``, created disabled over a slot made
+  beforehand: one to the same server cannot create its slot itself) in ``replica`` until every table
   of the subscription is ready (``pg_subscription_rel.srsubstate = 'r'``);
 - applier: ``applier mirror --once`` into a fresh target for each ``--parallelism`` (the
   ``snapshot.parallelism`` setting), in a process whose Spark session is already up (its start-up
@@ -137,9 +138,13 @@ def main() -> None:
         conn.execute("CHECKPOINT")
 
         with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
-            started = time.monotonic()
+            # a subscription to the same server cannot create its slot in the same command (it would wait
+            # for itself): the slot first, then enabling the subscription starts the copy
+            conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
             rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION bench_pub "
-                        "WITH (copy_data = true)")
+                        "WITH (create_slot = false, slot_name = 'pgsub', copy_data = true, enabled = false)")
+            started = time.monotonic()
+            rep.execute("ALTER SUBSCRIPTION pgsub ENABLE")
             while True:
                 (ready, total) = rep.execute(  # type: ignore[misc]
                     "SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) FROM pg_subscription_rel r "

@@ -207,8 +207,9 @@ class Mirror:
                         continue
                     self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
                 converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
-                loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20)
                 plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
+                loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
+                                                      large=plan.bytes >= settings.commit_mb << 20)
                 fast = arrow_types(relation, self.feeder.types, spark_schema_for(schema, self.feeder.types))
                 jobs.append(CopyJob(table, relation, plan, loader, converter, fast))
             snap.execute("COMMIT")

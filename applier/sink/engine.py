@@ -223,19 +223,29 @@ class DeltaApplier:
             set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
         return result
 
-    def snapshot_loader(self, schema_version: Any, lsn: int, *, commit_bytes: int) -> SnapshotLoader:
+    def snapshot_loader(self, schema_version: Any, lsn: int, *, commit_bytes: int,
+                        large: bool = True) -> SnapshotLoader:
         """A writer for the table's initial copy taken at ``lsn`` (the slot's consistent point, or a
         table's own copy slot's when a copy is resumed). Its first commit replaces the table, its last
         carries ``lsn`` as the table's applied version, so the stream's transactions ending after it
         apply and nothing before it does. A crash part-way leaves no version recorded, and the next
-        attempt overwrites from scratch."""
-        from applier.sink.bulkload import SnapshotLoader
+        attempt overwrites from scratch. A table that is not ``large`` (less than one commit) is
+        written by Spark in one commit, which saves the delta-rs path's extra Spark commit."""
+        from delta.tables import DeltaTable
+
+        from applier.sink.bulkload import SnapshotLoader, deltars_can_write
+        from applier.sink.naming import needs_column_mapping
+        from applier.sink.schema import create_table
 
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
+        bulk = large and not needs_column_mapping(spec.column_names)
+        if bulk and not DeltaTable.isDeltaTable(self.spark, path):
+            create_table(self.spark, path, spec, type_widening=False)  # delta-rs writes the data (bulkload.py)
         self._ensure(path, spec, schema_version)
+        deltars = bulk and deltars_can_write(path)
 
         def done(rows: int) -> None:
             self._applied[path] = lsn
@@ -246,7 +256,7 @@ class DeltaApplier:
 
         tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
         return SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
-                              commit_bytes=commit_bytes, on_done=done)
+                              commit_bytes=commit_bytes, on_done=done, deltars=deltars)
 
     def snapshot_version(self, namespace: str, name: str) -> int | None:
         """The applied version a finished copy (or a later commit) recorded on the table; None when the

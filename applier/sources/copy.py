@@ -43,6 +43,7 @@ class TablePlan:
     row_filter: str | None
     chunks: tuple[str, ...]  # ctid conditions ('' for the whole table)
     estimated_rows: int  # pg_class.reltuples (-1 when never analysed: unknown)
+    bytes: int = 0  # heap size by pg_class.relpages (0 for a partitioned table: its leaves hold the pages)
 
 
 def plan_table(conn: psycopg.Connection, table: PublishedTable, relation: Relation, *,
@@ -59,11 +60,11 @@ def plan_table(conn: psycopg.Connection, table: PublishedTable, relation: Relati
         return TablePlan(name, table.row_filter, ("",), leaf_tuples)
     per_chunk = max(chunk_mb * 1024 * 1024 // _PAGE, 1)
     if conn.info.server_version < 140000 or pages <= per_chunk:
-        return TablePlan(f"ONLY {name}", table.row_filter, ("",), tuples)
+        return TablePlan(f"ONLY {name}", table.row_filter, ("",), tuples, pages * _PAGE)
     bounds = list(range(0, pages, per_chunk))
     chunks = [f"ctid >= '({lo},0)'::tid AND ctid < '({hi},0)'::tid" for lo, hi in zip(bounds, bounds[1:], strict=False)]
     chunks.append(f"ctid >= '({bounds[-1]},0)'::tid")  # open-ended: relpages is only an estimate
-    return TablePlan(f"ONLY {name}", table.row_filter, tuple(chunks), tuples)
+    return TablePlan(f"ONLY {name}", table.row_filter, tuple(chunks), tuples, pages * _PAGE)
 
 
 def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
