@@ -4,8 +4,8 @@ Order of events and why:
 
 1. The slot is created on a replication connection with an exported snapshot, the tables are copied
    under that snapshot (applier.sources.snapshot) and each copy is tagged with the slot's consistent point;
-   only then does the state say "streaming". A crash before that drops the slot (nothing consumed
-   it) and starts over.
+   only then does the state say "streaming". A crash before that keeps the tables whose copy
+   finished and copies the others again under a temporary slot's snapshot (``ensure_snapshot``).
 2. Changes stream in (START_REPLICATION, or SQL peek in ``read_mode: sql``), are assembled into
    committed transactions and applied in groups, exactly like ``replay``.
 3. The server is told a position (standby status update, or ``pg_replication_slot_advance``) only
