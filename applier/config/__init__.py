@@ -225,12 +225,28 @@ class ReplayConfig(_Model):
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 
 
+class SnapshotSettings(_Model):
+    """The initial copy: chunks of each table read on several connections under the slot's snapshot."""
+
+    parallelism: int | None = Field(
+        None, ge=1, description="connections copying chunks at the same time (default: the number of cores)")
+    chunk_mb: int = Field(
+        32, ge=1, description="heap pages per chunk, in MB (ctid ranges on PostgreSQL 14+; one chunk before)")
+    commit_mb: int = Field(
+        128, ge=1, description="rows gathered (Arrow size) per Delta commit of a table's copy")
+
+    def workers(self) -> int:
+        return self.parallelism or os.cpu_count() or 1
+
+
 class MirrorConfig(_Model):
     """``applier mirror``: snapshot the published tables, then follow the slot."""
 
     source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
     target: TargetSettings = Field(description=_TARGET)
     tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
+    snapshot: SnapshotSettings = Field(default_factory=SnapshotSettings, description="the initial copy of the "
+                                       "published tables (how many connections, chunk and commit sizes)")
     apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
 

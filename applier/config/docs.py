@@ -22,6 +22,7 @@ from applier.config import (
     CaptureConfig,
     MirrorConfig,
     ReplayConfig,
+    SnapshotSettings,
     SourceSettings,
     SparkConfig,
     TableRule,
@@ -36,7 +37,7 @@ JOBS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("applier mirror", MirrorConfig), ("applier replay", ReplayConfig), ("applier capture", CaptureConfig))
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
-    ("tables.rules[]", TableRule), ("apply", ApplySettings), ("spark", SparkConfig))
+    ("tables.rules[]", TableRule), ("snapshot", SnapshotSettings), ("apply", ApplySettings), ("spark", SparkConfig))
 
 HEADER = """\
 # Config reference

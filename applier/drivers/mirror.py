@@ -4,8 +4,8 @@ Order of events and why:
 
 1. The slot is created on a replication connection with an exported snapshot, the tables are copied
    under that snapshot (applier.sources.snapshot) and each copy is tagged with the slot's consistent point;
-   only then does the state say "streaming". A crash before that drops the slot (nothing consumed
-   it) and starts over.
+   only then does the state say "streaming". A crash before that keeps the tables whose copy
+   finished and copies the others again under a temporary slot's snapshot (``ensure_snapshot``).
 2. Changes stream in (START_REPLICATION, or SQL peek in ``read_mode: sql``), are assembled into
    committed transactions and applied in groups, exactly like ``replay``.
 3. The server is told a position (standby status update, or ``pg_replication_slot_advance``) only
@@ -15,6 +15,7 @@ Order of events and why:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,17 +26,19 @@ import psycopg
 
 from applier.config import MirrorConfig
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
+from applier.drivers.initial_copy import CopyJob, InitialCopy
 from applier.drivers.tablesync import TableSync
 from applier.errors import SourceError, TransientSourceError
 from applier.loop import ApplyLoop
-from applier.lsn import format_lsn
+from applier.lsn import format_lsn, parse_lsn
+from applier.sources.copy import arrow_types, plan_table
 from applier.sources.failures import is_transient
-from applier.sources.publication import published_tables
+from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slots import slot_info
-from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
+from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
-from applier.values import RowConverter
+from applier.values import RowConverter, spark_schema_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,13 +96,21 @@ class Mirror:
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
         self._snapshot_recorded = False
+        self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
 
     # --- snapshot -------------------------------------------------------------------------------
 
     def ensure_snapshot(self) -> None:
-        """Create the slot and copy the tables, unless this target already follows the slot."""
+        """Create the slot and copy the tables, unless this target already follows the slot.
+
+        A copy that died part-way is resumed when the slot is still at the point the copy was taken
+        at: the tables whose final commit carries that point are kept; the others are copied again
+        under a temporary slot's snapshot of their own, tagged with that slot's point, and the stream
+        (from the main slot's point) skips for them every transaction that snapshot already holds,
+        as PostgreSQL's table sync does with its per-table slots."""
         src = self.config.source
         saved = self.state.load("mirror") or {}
+        resume_at: int | None = None
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             tables = [t for t in published_tables(conn, src.publication)
                       if self.config.tables.selected(t.qualified_name)]
@@ -113,9 +124,15 @@ class Mirror:
                               "position cannot be read any more; taking a new snapshot with a new slot (the "
                               "tables are replaced)")
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "snapshot":
-                self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the slot "
-                              "and starting over")
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
+                taken_at = saved.get("snapshot_lsn")
+                if taken_at and slot.confirmed_flush_lsn == parse_lsn(taken_at):
+                    resume_at = parse_lsn(taken_at)
+                    self.progress(f"slot {src.slot}: the copy taken at {taken_at} did not finish; keeping the "
+                                  "tables it finished and copying the others again")
+                else:
+                    self.progress(f"slot {src.slot}: the snapshot taken with it did not finish; dropping the "
+                                  "slot and starting over")
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
             elif slot is not None:
                 raise SourceError(
                     f"slot {src.slot!r} exists, but this target has no snapshot taken with it, so the Delta "
@@ -124,32 +141,60 @@ class Mirror:
                     "tables, or use another slot name", slot=src.slot, target=self.config.target.path)
             if src.two_phase and conn.info.server_version < 150000:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
-        self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
+        if resume_at is None:
+            self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
         walsender = WalSenderStream(self.dsn)
         try:
-            created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+            if resume_at is None:
+                created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+                # from here on a crash keeps the tables whose copy finished (see the docstring)
+                self.state.save("mirror", {"slot": src.slot, "phase": "snapshot",
+                                           "snapshot_lsn": format_lsn(created.consistent_point)})
+                self.progress(f"slot {src.slot} created at {format_lsn(created.consistent_point)}; copying "
+                              f"{len(tables)} tables under its snapshot")
+                point = created.consistent_point
+            else:
+                point = resume_at
+                created = walsender.create_slot(f"{src.slot[:50]}_copy_{os.getpid()}", two_phase=False,
+                                                export_snapshot=True, temporary=True)
             assert created.snapshot_name is not None
-            self.progress(f"slot {src.slot} created at {format_lsn(created.consistent_point)}; copying "
-                          f"{len(tables)} tables under its snapshot")
-            with psycopg.connect(self.dsn, autocommit=True) as snap:
-                open_snapshot(snap, created.snapshot_name)
-                for table in tables:
-                    relation, types = describe_relation(snap, table)
-                    for typ in types:
-                        self.feeder.catalog.update_type(typ)
-                    schema = self.feeder.catalog.update(relation)
-                    converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
-                    chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
-                    n = self.applier.load_snapshot(schema, chunks, created.consistent_point)
-                    self.summary.snapshot_rows[table.qualified_name] = n
-                    self.progress(f"snapshot: {table.qualified_name}: {n} rows")
-                snap.execute("COMMIT")
+            self._copy_tables(tables, created.snapshot_name, created.consistent_point, resume_at)
         finally:
             walsender.close()
         self.feeder.save(self.state)
-        self.state.save("mirror", {"slot": src.slot, "phase": "streaming",
-                                   "snapshot_lsn": format_lsn(created.consistent_point)})
-        self.summary.snapshot_lsn = created.consistent_point
+        self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
+        self.summary.snapshot_lsn = point
+        self._snapshot_tables = [t.qualified_name for t in tables]
+
+    def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, lsn: int,
+                     resume_at: int | None) -> None:
+        """Describe every table under the snapshot and copy the ones that need it (all, or on a resumed
+        copy those without a finished copy at ``resume_at``) on ``snapshot.parallelism`` connections."""
+        settings = self.config.snapshot
+        jobs: list[CopyJob] = []
+        with psycopg.connect(self.dsn, autocommit=True) as snap:
+            open_snapshot(snap, snapshot_name)
+            for table in tables:
+                relation, types = describe_relation(snap, table)
+                for typ in types:
+                    self.feeder.catalog.update_type(typ)
+                schema = self.feeder.catalog.update(relation)
+                if resume_at is not None:
+                    done = self.applier.snapshot_version(table.namespace, table.name)
+                    if done is not None and done >= resume_at:
+                        self.progress(f"snapshot: {table.qualified_name}: copied before, kept")
+                        continue
+                    self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
+                converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
+                plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
+                loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
+                                                      large=plan.bytes >= settings.commit_mb << 20)
+                fast = arrow_types(relation, self.feeder.types, spark_schema_for(schema, self.feeder.types))
+                jobs.append(CopyJob(table, relation, plan, loader, converter, fast))
+            snap.execute("COMMIT")
+        copier = InitialCopy(self.dsn, snapshot_name, workers=settings.workers(), progress=self.progress,
+                             progress_every=min(self.progress_every, 5.0))
+        self.summary.snapshot_rows.update(copier.run(jobs))
 
     # --- streaming ------------------------------------------------------------------------------
 
@@ -206,7 +251,7 @@ class Mirror:
     def _follow_publication(self) -> None:
         """Record what the snapshot copied (once), then copy tables published since (tablesync)."""
         if self.summary.snapshot_lsn is not None and not self._snapshot_recorded:
-            self.tablesync.record_snapshot(list(self.summary.snapshot_rows), self.summary.snapshot_lsn)
+            self.tablesync.record_snapshot(self._snapshot_tables, self.summary.snapshot_lsn)
             self._snapshot_recorded = True
         self.tablesync.check_publication()
         self.summary.synced_rows = dict(self.tablesync.synced)

@@ -23,17 +23,27 @@ from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
+from applier.sink.bulkload import SnapshotLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import CommitResult, apply_plan, write_rows
+from applier.sink.merge import CommitResult, apply_plan
+from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
-from applier.sink.schema import PROP_RESTART_IDENTITY, SchemaEvolution, TableSpec, ensure_table, set_table_property
+from applier.sink.schema import (
+    PROP_RESTART_IDENTITY,
+    SchemaEvolution,
+    TableSpec,
+    create_table,
+    ensure_table,
+    set_table_property,
+)
 from applier.sink.targets import TableTargets
 from applier.values import UNCHANGED_TOAST, spark_schema_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
 
 log = logging.getLogger(__name__)
 
@@ -197,38 +207,48 @@ class DeltaApplier:
             set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
         return result
 
-    def load_snapshot(self, schema_version: SchemaVersion, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
-        """Replace the table's contents with an initial copy taken at ``lsn`` (the slot's consistent
-        point); returns the rows written. The last chunk's commit carries ``lsn`` as the table's applied
-        version, so the stream's transactions (all ending after it) apply and nothing before it does.
-        A crash part-way leaves no version recorded, and the next attempt overwrites from scratch."""
+    def snapshot_loader(self, schema_version: SchemaVersion, lsn: int, *, commit_bytes: int,
+                        large: bool = True) -> SnapshotLoader:
+        """A writer for the table's initial copy taken at ``lsn`` (the slot's consistent point, or a
+        table's own copy slot's when a copy is resumed). Its first commit replaces the table, its last
+        carries ``lsn`` as the table's applied version, so the stream's transactions ending after it
+        apply and nothing before it does. A crash part-way leaves no version recorded, and the next
+        attempt overwrites from scratch. A table that is not ``large`` (less than one commit) is
+        written by Spark in one commit, which saves the delta-rs path's extra Spark commit."""
+        from delta.tables import DeltaTable
+
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
+        bulk = large and not needs_column_mapping(spec.column_names)
+        if bulk and not DeltaTable.isDeltaTable(self.spark, path):
+            create_table(self.spark, path, spec, type_widening=False)  # delta-rs writes the data (bulkload.py)
         self._ensure(path, spec, schema_version)
-        description = f"{spec.source_name} snapshot at {format_lsn(lsn)}"
-        tag = (app_id_for(spec.source_name), lsn, description)
-        names = spec.column_names
-        if names != schema_version.column_names:  # excluded columns
-            index = [schema_version.column_names.index(n) for n in names]
-            chunks = ([tuple(row[i] for i in index) for row in chunk] for chunk in chunks)
-        written = 0
-        pending: list[tuple[Any, ...]] | None = None
-        first = True
+        deltars = bulk and deltars_can_write(path)
+
+        def done(rows: int) -> None:
+            self._applied[path] = lsn
+            if rows:
+                self._written.add(path)
+            self.stats.rows[spec.source_name] += rows
+            self.stats.tables.add((batch.namespace, batch.name))
+
+        tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
+        return SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
+                              commit_bytes=commit_bytes, on_done=done, deltars=deltars)
+
+    def snapshot_version(self, namespace: str, name: str) -> int | None:
+        """The applied version a finished copy (or a later commit) recorded on the table; None when the
+        table has none (never copied, or a copy that did not finish)."""
+        return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
+
+    def load_snapshot(self, schema_version: SchemaVersion, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
+        """The whole copy of one table from converted rows, through ``snapshot_loader``."""
+        loader = self.snapshot_loader(schema_version, lsn, commit_bytes=128 << 20)
         for chunk in chunks:
-            if pending is not None:
-                write_rows(self.spark, path, spec.schema, pending, replace=first, tag=None)
-                first = False
-            pending = chunk
-            written += len(chunk)
-        write_rows(self.spark, path, spec.schema, pending or [], replace=first, tag=tag)
-        self._applied[path] = lsn
-        if written:
-            self._written.add(path)
-        self.stats.rows[spec.source_name] += written
-        self.stats.tables.add((batch.namespace, batch.name))
-        return written
+            loader.add_rows(chunk)
+        return loader.finish()
 
     def _maybe_optimize(self, spark: SparkSession, path: str, source_name: str) -> None:
         """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few

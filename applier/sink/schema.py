@@ -26,7 +26,8 @@ PROP_SOURCE = "applier.source"
 PROP_KEYS = "applier.keyColumns"
 PROP_IDENTITY = "applier.replicaIdentity"
 PROP_DROPPED = "applier.droppedColumns"
-PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
+PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"
+PROP_TYPE_WIDENING = "delta.enableTypeWidening"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +61,17 @@ def _table_exists(spark: SparkSession, path: str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, path))
 
 
-def create_table(spark: SparkSession, path: str, spec: TableSpec) -> None:
+def create_table(spark: SparkSession, path: str, spec: TableSpec, *, type_widening: bool = True) -> None:
     """Create the Delta table for ``spec`` at ``path`` (no-op if it exists).
 
     SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
-    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it. Without
+    ``type_widening`` (the initial copy's data is written by delta-rs, which cannot write that table
+    feature) the copy's final commit turns it on (``PROP_TYPE_WIDENING``)."""
     properties = {PROP_SOURCE: spec.source_name, PROP_KEYS: json.dumps(list(spec.key_columns)),
-                  PROP_IDENTITY: spec.replica_identity, "delta.enableTypeWidening": "true"}
+                  PROP_IDENTITY: spec.replica_identity}
+    if type_widening:
+        properties[PROP_TYPE_WIDENING] = "true"
     if needs_column_mapping(spec.column_names):
         properties |= {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "2",
                        "delta.minWriterVersion": "5"}

@@ -69,17 +69,20 @@ def describe_relation(conn: psycopg.Connection, table: PublishedTable) -> tuple[
 
 
 def copy_rows(conn: psycopg.Connection, table: PublishedTable, relation: Relation, *,
-              batch_rows: int = 10_000) -> Iterator[list[TupleData]]:
+              batch_rows: int = 10_000, select: str | None = None) -> Iterator[list[TupleData]]:
     """The table's rows as text TupleData (what pgoutput would send), ``batch_rows`` at a time.
 
     Runs inside the caller's transaction (the one that set the exported snapshot), through a
-    server-side cursor so a big table never sits in memory whole.
+    server-side cursor so a big table never sits in memory whole. ``select`` (one chunk's query,
+    selecting the relation's columns) replaces the whole-table query.
     """
-    cols = ", ".join(quote_ident(c.name) for c in relation.columns) or "NULL"
-    relkind = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
-    only = "" if relkind and relkind[0] == "p" else "ONLY "
-    where = f" WHERE {table.row_filter}" if table.row_filter else ""
-    sql = f"SELECT {cols} FROM {only}{quote_ident(table.namespace)}.{quote_ident(table.name)}{where}"
+    if select is None:
+        cols = ", ".join(quote_ident(c.name) for c in relation.columns) or "NULL"
+        relkind = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (relation.oid,)).fetchone()
+        only = "" if relkind and relkind[0] == "p" else "ONLY "
+        where = f" WHERE {table.row_filter}" if table.row_filter else ""
+        select = f"SELECT {cols} FROM {only}{quote_ident(table.namespace)}.{quote_ident(table.name)}{where}"
+    sql = select
     pgconn = conn.pgconn
     _exec(pgconn, f"DECLARE applier_snapshot NO SCROLL CURSOR FOR {sql}", table)
     try:

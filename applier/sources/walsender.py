@@ -73,7 +73,8 @@ class WalSenderStream:
                     temporary: bool = False) -> CreatedSlot:
         """Create the pgoutput slot. With ``export_snapshot`` the snapshot stays usable (``SET
         TRANSACTION SNAPSHOT``) until this connection runs its next command. A ``temporary`` slot is
-        dropped by the server when this connection closes (table sync uses one for its snapshot)."""
+        dropped by the server when this connection closes (table sync and a resumed copy use one for
+        their snapshot)."""
         options = [f"SNAPSHOT {_literal('export' if export_snapshot else 'nothing')}"]
         if two_phase:
             options.append("TWO_PHASE true")

@@ -1,0 +1,152 @@
+"""The initial copy of many tables: chunks read on N connections under one exported snapshot.
+
+Every worker opens its own connection and imports the snapshot (``SET TRANSACTION SNAPSHOT``) before
+it reads anything; the exporting replication connection stays open and idle meanwhile (the caller
+holds it), which is what keeps the snapshot importable. The chunks of all tables go into one queue in
+table order, so the workers spread over several tables at once when a table has fewer chunks than
+workers, and over the chunks of one table when it is big. A worker reads a chunk (COPY into Arrow, or
+the stream's per-value conversion for types pyarrow cannot give exactly) and hands it to the table's
+SnapshotLoader, which commits in large pieces; the worker that finishes a table's last chunk writes
+its final, tagged commit. The first error stops every worker and is raised: a table without its
+final commit is never presented as copied.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from applier.errors import ApplierError, SourceError
+from applier.sources.copy import TablePlan, read_arrow_chunk, select_sql
+from applier.sources.publication import PublishedTable
+from applier.sources.snapshot import copy_rows, open_snapshot
+
+if TYPE_CHECKING:
+    from applier.protocol.messages import Relation
+    from applier.sink.bulkload import SnapshotLoader
+    from applier.values import RowConverter
+
+
+@dataclass
+class CopyJob:
+    """One table's copy: where its rows come from, how they are converted and where they go."""
+
+    table: PublishedTable
+    relation: Relation
+    plan: TablePlan
+    loader: SnapshotLoader
+    converter: RowConverter
+    arrow_types: list[Any] | None  # None: every chunk takes the per-value path
+    chunks_left: int = 0
+    started: float | None = None
+    finished: float | None = None
+    rows: int = field(default=0)
+
+
+class InitialCopy:
+    """Copies ``jobs`` under ``snapshot_name`` with ``workers`` connections; reports progress."""
+
+    def __init__(self, dsn: str, snapshot_name: str, *, workers: int, progress: Callable[[str], None],
+                 progress_every: float = 10.0) -> None:
+        self.dsn = dsn
+        self.snapshot_name = snapshot_name
+        self.workers = workers
+        self.progress = progress
+        self.progress_every = progress_every
+        self._lock = threading.Lock()
+        self._last_report = time.monotonic()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+
+    def run(self, jobs: list[CopyJob]) -> dict[str, int]:
+        """Copy every job; returns rows per table. Raises the first error of any worker."""
+        todo: queue.SimpleQueue[tuple[CopyJob, str]] = queue.SimpleQueue()
+        for job in jobs:
+            job.chunks_left = len(job.plan.chunks)
+            for chunk in job.plan.chunks:
+                todo.put((job, chunk))
+        threads = [threading.Thread(target=self._worker, args=(todo,), name=f"applier-copy-{i}", daemon=True)
+                   for i in range(min(self.workers, sum(len(j.plan.chunks) for j in jobs)) or 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self._error is not None:
+            raise self._error
+        return {j.table.qualified_name: j.rows for j in jobs}
+
+    def _worker(self, todo: queue.SimpleQueue[tuple[CopyJob, str]]) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                open_snapshot(conn, self.snapshot_name)
+                while not self._stop.is_set():
+                    try:
+                        job, chunk = todo.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._copy_chunk(conn, job, chunk)
+                conn.execute("COMMIT")
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+            with self._lock:
+                if self._error is None:
+                    if not isinstance(e, ApplierError):
+                        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+                        wrapped = SourceError(f"the initial copy failed: {reason}")
+                        wrapped.__cause__ = e
+                        e = wrapped
+                    self._error = e
+            self._stop.set()
+
+    def _copy_chunk(self, conn: psycopg.Connection, job: CopyJob, chunk: str) -> None:
+        with self._lock:
+            if job.started is None:
+                job.started = time.monotonic()
+        names = [c.name for c in job.relation.columns]
+        sql = select_sql(job.plan, names, chunk)
+        if job.arrow_types is not None:
+            piece = read_arrow_chunk(conn, sql, names, job.arrow_types, job.table)
+            job.loader.add_arrow(piece)
+            self._count(job, piece.num_rows)
+        else:
+            for batch in copy_rows(conn, job.table, job.relation, select=sql):
+                if self._stop.is_set():
+                    return
+                job.loader.add_rows([job.converter.convert(t) for t in batch])
+                self._count(job, len(batch))
+        with self._lock:
+            job.chunks_left -= 1
+            last = job.chunks_left == 0
+        if last:
+            job.loader.finish()
+            job.finished = time.monotonic()
+            seconds = job.finished - (job.started or job.finished)
+            rate = f", {job.rows / seconds:,.0f} rows/s" if seconds > 0 else ""
+            self.progress(f"snapshot: {job.table.qualified_name}: {job.rows} rows in {seconds:.1f}s{rate}")
+
+    def _count(self, job: CopyJob, rows: int) -> None:
+        with self._lock:
+            job.rows += rows
+            now = time.monotonic()
+            if now - self._last_report < self.progress_every:
+                return
+            self._last_report = now
+        self.progress(progress_line(job.table.qualified_name, job.rows, job.plan.estimated_rows,
+                                    now - (job.started or now)))
+
+
+def progress_line(name: str, rows: int, estimated: int, seconds: float) -> str:
+    """``name: rows of ~estimate (pct), rows/s, ETA`` (the estimate is pg_class.reltuples)."""
+    rate = rows / seconds if seconds > 0 else 0.0
+    line = f"snapshot: {name}: {rows:,} rows"
+    if estimated > 0:
+        line += f" of ~{estimated:,} ({min(rows / estimated, 1.0):.0%})"
+    line += f", {rate:,.0f} rows/s"
+    if estimated > rows and rate > 0:
+        line += f", ETA {(estimated - rows) / rate:.0f}s"
+    return line

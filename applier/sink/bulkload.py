@@ -1,0 +1,151 @@
+"""Writing one table's initial copy to Delta in few, large commits, from several threads.
+
+Why delta-rs for the data: writing Arrow through Spark costs a JVM round trip and a Spark job per
+commit (bench/RESULTS.md: about ten times the copy's own time on the 2-core machine), while delta-rs
+writes Parquet from Arrow directly. It cannot write a table with Delta's type-widening feature, so
+such a copy's table is created without it, and the final commit - through Spark, so the table stays
+exactly what the stream expects - turns it on and records the applied version. A table delta-rs
+cannot write (column mapping, or a feature already on from an earlier attempt) is written through
+Spark from Arrow instead.
+
+Why large commits: a Delta commit costs about a second whatever its size, so the copy gathers Arrow
+batches (from any chunk, in any order: the copy is a multiset until the stream starts) up to
+``commit_bytes`` before it writes one. The first commit overwrites (a table left part-way by an
+earlier attempt is replaced), the others append, and the last one carries the snapshot's LSN as the
+table's applied version (``txnAppId``/``txnVersion``), so a table without that version is known to be
+unfinished. The version goes in as writer options, not session settings: several tables are written
+at the same time through one SparkSession.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from applier.infra.crashpoints import crashpoint
+from applier.sink.conflicts import retry_on_conflict
+from applier.sink.merge import arrow_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.sink.schema import TableSpec
+
+
+class SnapshotLoader:
+    """Gathers one table's copied rows (Arrow tables or converted rows, in the source's column order)
+    and writes them in commits of about ``commit_bytes``; thread-safe."""
+
+    def __init__(self, spark: SparkSession, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
+                 tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
+                 deltars: bool = False) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.spark = spark
+        self.path = path
+        self.spec = spec
+        self.tag = tag
+        self.commit_bytes = commit_bytes
+        self.rows = 0
+        self._names = list(spec.column_names)
+        self._index = None if spec.column_names == source_columns else \
+            [source_columns.index(n) for n in spec.column_names]  # excluded columns are left out
+        self._arrow_schema = to_arrow_schema(spec.schema, timezone="UTC")
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._pending: list[Any] = []
+        self._pending_bytes = 0
+        self._first = True
+        self._finished = False
+        self.deltars = deltars
+
+    def add_arrow(self, table: Any) -> None:
+        """One piece of the copy as a pyarrow Table with the source's columns (by name)."""
+        piece = table.select(self._names).cast(self._arrow_schema)
+        with self._lock:
+            self._pending.append(piece)
+            self._pending_bytes += piece.nbytes
+            self.rows += piece.num_rows
+            if self._pending_bytes >= self.commit_bytes:
+                self._write_pending(final=False)
+
+    def add_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """Converted rows (the stream's Python values) in the source's column order."""
+        if self._index is not None:
+            index = self._index
+            rows = [tuple(row[i] for i in index) for row in rows]
+        table = arrow_table(rows, self.spec.schema)
+        if table is not None:
+            self.add_arrow(table)
+            return
+        with self._lock:  # a value Arrow cannot take as it is: this piece goes row by row, on its own
+            self.rows += len(rows)
+            self._write_pending(final=False)  # what is pending first (delta-rs overwrites on its first write)
+            self._write(self.spark.createDataFrame(rows, self.spec.schema), tagged=False)
+
+    def finish(self) -> int:
+        """Write what is left with the applied version; returns the table's rows."""
+        with self._lock:
+            self._write_pending(final=True)
+            self._finished = True
+        self._on_done(self.rows)
+        return self.rows
+
+    def _write_pending(self, *, final: bool) -> None:
+        import pyarrow as pa
+
+        pieces, self._pending, self._pending_bytes = self._pending, [], 0
+        if not pieces and not final:
+            return
+        table = pa.concat_tables(pieces) if pieces else self._arrow_schema.empty_table()
+        del pieces
+        if self.deltars:
+            if table.num_rows:
+                from deltalake import write_deltalake
+
+                write_deltalake(self.path, table, mode="overwrite" if self._first else "append")
+                self._first = False
+                del table
+                if not final:
+                    crashpoint("snapshot_chunk")
+            if final:  # through Spark: the type-widening feature, then the applied version
+                from applier.sink.schema import PROP_TYPE_WIDENING, set_table_property
+
+                set_table_property(self.spark, self.path, PROP_TYPE_WIDENING, "true")
+                self._write(self.spark.createDataFrame([], self.spec.schema), tagged=True)
+            return
+        frame = self.spark.createDataFrame(table, self.spec.schema) if table.num_rows else \
+            self.spark.createDataFrame([], self.spec.schema)
+        del table
+        self._write(frame, tagged=final)
+
+    def _write(self, frame: Any, *, tagged: bool) -> None:
+        writer = frame.write.format("delta").mode("overwrite" if self._first else "append")
+        if tagged:
+            app_id, version, description = self.tag
+            writer = (writer.option("txnAppId", app_id).option("txnVersion", str(version))
+                      .option("userMetadata", description))
+        retry_on_conflict(lambda: writer.save(self.path), table=self.spec.source_name)
+        self._first = False
+        if not tagged:
+            crashpoint("snapshot_chunk")
+
+
+#: writer features delta-rs writes (a table with any other takes the Spark path)
+_DELTARS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
+
+
+def deltars_can_write(path: str) -> bool:
+    """Whether delta-rs can append to the Delta table at ``path`` (its protocol asks nothing more)."""
+    try:
+        from deltalake import DeltaTable
+    except ImportError:
+        return False
+    protocol = DeltaTable(path).protocol()
+    if protocol.min_writer_version > 7 or protocol.min_reader_version > 3:
+        return False
+    writer = set(protocol.writer_features or ())
+    reader = set(protocol.reader_features or ())
+    return writer <= _DELTARS_WRITER_FEATURES and reader <= {"timestampNtz"} and \
+        (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)

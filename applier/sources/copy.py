@@ -1,0 +1,119 @@
+"""Reading one table's initial copy in chunks, on any connection that imported the slot's snapshot.
+
+Why chunks and COPY: the copy of a big table is the first thing a user waits for. Each table is cut
+into ctid ranges (a TID Range Scan on PostgreSQL 14+, from ``pg_class.relpages``; the last range is
+open-ended so pages added after the estimate are read too), and every range is read with one
+``COPY (SELECT ...) TO STDOUT (FORMAT csv)`` on any of several connections that all ``SET
+TRANSACTION SNAPSHOT`` the exported snapshot, so every chunk sees exactly the slot's starting point.
+
+Why CSV into pyarrow: pyarrow's CSV reader builds the columns in C without a Python object per value.
+It is used only for columns whose exact value it produces itself: integers, booleans and every
+column the stream keeps as PostgreSQL's own text (text, varchar, char(n), uuid, json, time, interval,
+enums, ...), with SQL NULL (unquoted empty) kept apart from '' (quoted empty). A chunk of a table with
+any other column (dates, timestamps, numeric, floats, bytea, arrays) goes through the stream's own
+per-value conversion (``copy_rows`` + RowConverter), so special values and the policy are exactly
+the stream's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from applier.errors import SourceError
+from applier.protocol.messages import Relation
+from applier.sources.publication import PublishedTable, quote_ident
+from applier.values import scalars
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from applier.catalog import TypeCache
+
+_PAGE = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class TablePlan:
+    """Where a table's rows come from and how it is cut."""
+
+    source_sql: str  # "ONLY s.t" or "s.t" (partitioned tables are read through their root)
+    row_filter: str | None
+    chunks: tuple[str, ...]  # ctid conditions ('' for the whole table)
+    estimated_rows: int  # pg_class.reltuples (-1 when never analysed: unknown)
+    bytes: int = 0  # heap size by pg_class.relpages (0 for a partitioned table: its leaves hold the pages)
+
+
+def plan_table(conn: psycopg.Connection, table: PublishedTable, relation: Relation, *,
+               chunk_mb: int) -> TablePlan:
+    row = conn.execute(
+        "SELECT c.relkind, c.relpages::int8, c.reltuples::int8, "
+        "(SELECT coalesce(sum(p.reltuples), -1)::int8 FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid "
+        " WHERE i.inhparent = c.oid) FROM pg_class c WHERE c.oid = %s", (relation.oid,)).fetchone()
+    if row is None:
+        raise SourceError("published table not found (dropped during the copy?)", table=table.qualified_name)
+    relkind, pages, tuples, leaf_tuples = str(row[0]), int(row[1]), int(row[2]), int(row[3])
+    name = f"{quote_ident(table.namespace)}.{quote_ident(table.name)}"
+    if relkind == "p":
+        return TablePlan(name, table.row_filter, ("",), leaf_tuples)
+    per_chunk = max(chunk_mb * 1024 * 1024 // _PAGE, 1)
+    if conn.info.server_version < 140000 or pages <= per_chunk:
+        return TablePlan(f"ONLY {name}", table.row_filter, ("",), tuples, pages * _PAGE)
+    bounds = list(range(0, pages, per_chunk))
+    chunks = [f"ctid >= '({lo},0)'::tid AND ctid < '({hi},0)'::tid" for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    chunks.append(f"ctid >= '({bounds[-1]},0)'::tid")  # open-ended: relpages is only an estimate
+    return TablePlan(f"ONLY {name}", table.row_filter, tuple(chunks), tuples, pages * _PAGE)
+
+
+def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
+    cols = ", ".join(quote_ident(c) for c in columns) or "NULL"
+    conds = [f"({c})" for c in (plan.row_filter, chunk) if c]
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    return f"SELECT {cols} FROM {plan.source_sql}{where}"
+
+
+def arrow_types(relation: Relation, types: TypeCache | None, schema: StructType) -> list[Any] | None:
+    """The Arrow type of every column when pyarrow's CSV reader gives exactly the stream's values for
+    all of them, else None (the table takes the per-value path)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from applier.values.registry import handler_for
+
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    out = []
+    for col, field in zip(relation.columns, arrow, strict=True):
+        text = handler_for(col.type_oid, col.type_modifier, types).text
+        if text is scalars.text_str or text is scalars.int_text or text is scalars.bool_text:
+            out.append(field.type)
+        else:
+            return None
+    return out
+
+
+def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], types: list[Any],
+                     table: PublishedTable) -> Any:
+    """One chunk as a pyarrow Table (``COPY ... (FORMAT csv)`` parsed by pyarrow, no per-value Python)."""
+    import pyarrow as pa
+    from pyarrow import csv
+
+    data = bytearray()
+    try:
+        with conn.cursor().copy(f"COPY ({sql}) TO STDOUT (FORMAT csv)") as copy:
+            for block in copy:
+                data += block
+    except psycopg.Error as e:
+        raise SourceError(f"copying the table failed: {str(e).splitlines()[0] if str(e) else e!r}",
+                          table=table.qualified_name, sqlstate=e.sqlstate) from None
+    fields = [pa.field(f"c{i}", t) for i, t in enumerate(types)]  # positional: any column name is safe
+    if not data:
+        return pa.schema([pa.field(n, t) for n, t in zip(names, types, strict=True)]).empty_table()
+    result = csv.read_csv(
+        pa.py_buffer(data),
+        read_options=csv.ReadOptions(column_names=[f.name for f in fields], block_size=16 << 20),
+        parse_options=csv.ParseOptions(newlines_in_values=True),
+        convert_options=csv.ConvertOptions(
+            column_types={f.name: f.type for f in fields}, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
+    return result.rename_columns(names)

@@ -1,0 +1,211 @@
+"""Benchmark: the initial copy of a pgbench database, applier vs PostgreSQL's own table sync vs a
+plain delta-rs copy.
+
+    .venv/bin/python bench/snapshot.py [--scale 20] [--parallelism 1,2]
+
+Setup (not timed): a throw-away server started by the script, ``pgbench -i -s SCALE`` (SCALE x 100,000
+``pgbench_accounts`` rows, plus branches, tellers and the empty history), the four tables published;
+a database ``replica`` with the same (empty) tables.
+
+Timed, one after the other so they do not share the cores:
+- PostgreSQL: from enabling a subscription (``copy_data = true``, created disabled over a slot made
+  beforehand: one to the same server cannot create its slot itself) in ``replica`` until every table
+  of the subscription is ready (``pg_subscription_rel.srsubstate = 'r'``);
+- applier: ``applier mirror --once`` into a fresh target for each ``--parallelism`` (the
+  ``snapshot.parallelism`` setting), in a process whose Spark session is already up (its start-up
+  time is reported separately, and the whole process time too); the result is verified against
+  Postgres row by row (count and checksum per table);
+- delta-rs: ``COPY ... TO STDOUT (FORMAT csv)`` -> ``pyarrow.csv`` -> ``deltalake.write_deltalake``,
+  one table after another, in this process.
+
+The applier's process reports its peak RSS (bench/memory.py). The last line is one JSON object with
+each time and the ratios (PostgreSQL's seconds / applier's: >= 1.0 means applier is no slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+
+TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
+
+
+def log(msg: str) -> None:
+    print(f"bench/snapshot: {msg}", file=sys.stderr, flush=True)
+
+
+def run_mirror(args: argparse.Namespace) -> None:
+    """(child process) mirror --once with the Spark session already started."""
+    from applier.cli import main
+    from applier.spark.session import build_spark_session
+
+    os.environ["APPLIER_DSN"] = args.dsn
+    started = time.monotonic()
+    spark = build_spark_session()
+    startup = time.monotonic() - started
+    started = time.monotonic()
+    code = main(["mirror", "--config", args.config, "--once"])
+    seconds = time.monotonic() - started
+    print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
+                      "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
+
+
+def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
+    import yaml
+
+    config = work / f"mirror-{parallelism}.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"slot": f"bench_{parallelism}", "publication": "bench_pub"},
+        "target": {"path": str(work / f"delta-{parallelism}")},
+        "snapshot": {"parallelism": parallelism},
+    }))
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, __file__, "--child", "--config", str(config), "--dsn", dsn],
+                         capture_output=True, text=True)
+    process_seconds = time.monotonic() - started
+    if out.returncode != 0:
+        raise SystemExit(f"bench/snapshot: mirror failed:\n{out.stderr[-3000:]}")
+    for line in out.stderr.splitlines():
+        if "snapshot:" in line:
+            log(line)
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = process_seconds
+    return result
+
+
+def deltars_copy(conn: object, target: Path) -> float:
+    """The plain copy a user could write: COPY csv -> pyarrow -> write_deltalake, table by table."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from pyarrow import csv
+
+    started = time.monotonic()
+    for table in TABLES:
+        data = bytearray()
+        with conn.cursor().copy(f"COPY {table} TO STDOUT (FORMAT csv, HEADER)") as copy:  # type: ignore[attr-defined]
+            for block in copy:
+                data += block
+        frame = csv.read_csv(pa.py_buffer(data), convert_options=csv.ConvertOptions(
+            strings_can_be_null=True, quoted_strings_can_be_null=False))
+        write_deltalake(str(target / table), frame, mode="overwrite")
+    return time.monotonic() - started
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=int, default=20)
+    p.add_argument("--parallelism", default=f"1,{os.cpu_count() or 1}",
+                   help="snapshot.parallelism values to run applier with (comma list)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--dsn", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run_mirror(args)
+        return
+
+    import psycopg
+
+    from applier.checks.verify import verify_against_postgres
+    from applier.devtools.pgcluster import start_cluster
+
+    levels = sorted({int(x) for x in args.parallelism.split(",") if x})
+    with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, start_cluster() as cluster, \
+            psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        work = Path(tmp)
+        pgbench = cluster.installation.binary("pgbench")
+        if not Path(pgbench).exists():
+            pgbench = shutil.which("pgbench") or "pgbench"
+        started = time.monotonic()
+        subprocess.run([pgbench, "-i", "-q", "-s", str(args.scale), cluster.dsn()], check=True,
+                       capture_output=True)
+        (rows,) = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()  # type: ignore[misc]
+        log(f"pgbench -i -s {args.scale}: {rows} accounts in {time.monotonic() - started:.1f} s")
+        conn.execute(f"CREATE PUBLICATION bench_pub FOR TABLE {', '.join(TABLES)}")
+        conn.execute("CREATE DATABASE replica")
+        subprocess.run([pgbench, "-i", "-q", "-I", "dtp", "-s", str(args.scale), cluster.dsn("replica")],
+                       check=True, capture_output=True)
+        conn.execute("CHECKPOINT")
+
+        with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+            # a subscription to the same server cannot create its slot in the same command (it would wait
+            # for itself): the slot first, then enabling the subscription starts the copy
+            conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
+            rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION bench_pub "
+                        "WITH (create_slot = false, slot_name = 'pgsub', copy_data = true, enabled = false)")
+            started = time.monotonic()
+            rep.execute("ALTER SUBSCRIPTION pgsub ENABLE")
+            while True:
+                (ready, total) = rep.execute(  # type: ignore[misc]
+                    "SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) FROM pg_subscription_rel r "
+                    "JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = 'pgsub'").fetchone()
+                if total == len(TABLES) and ready == total:
+                    break
+                time.sleep(0.05)
+            postgres_seconds = time.monotonic() - started
+            (rep_rows,) = rep.execute("SELECT count(*) FROM pgbench_accounts").fetchone()  # type: ignore[misc]
+            rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
+            rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
+            rep.execute("DROP SUBSCRIPTION pgsub")
+        conn.execute("SELECT pg_drop_replication_slot('pgsub')")
+        log(f"PostgreSQL's subscription copied every table in {postgres_seconds:.1f} s ({rep_rows} accounts)")
+        if rep_rows != rows:
+            raise SystemExit(f"bench/snapshot: the subscription copied {rep_rows} accounts of {rows}")
+
+        runs: dict[int, dict[str, object]] = {}
+        for level in levels:
+            runs[level] = applier_copy(work, cluster.dsn(), level)
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (f"bench_{level}",))
+            log(f"applier (parallelism {level}): {float(runs[level]['seconds']):.1f} s "  # type: ignore[arg-type]
+                f"({json.dumps(runs[level])})")
+
+        deltars_seconds = deltars_copy(conn, work / "deltars")
+        log(f"delta-rs plain copy: {deltars_seconds:.1f} s")
+
+        from applier.spark.session import build_spark_session
+
+        spark = build_spark_session()
+        for level in levels:
+            results = verify_against_postgres(spark, conn, str(work / f"delta-{level}"),
+                                              [("public", t) for t in TABLES])
+            bad = [r.source_name for r in results if not r.equal]
+            if bad:
+                raise SystemExit(f"bench/snapshot: applier (parallelism {level}) differs from Postgres: {bad}")
+        deltars_rows = spark.read.format("delta").load(str(work / "deltars" / "pgbench_accounts")).count()
+        if deltars_rows != rows:
+            raise SystemExit(f"bench/snapshot: the delta-rs copy has {deltars_rows} accounts of {rows}")
+        spark.stop()
+
+    best = min(levels, key=lambda lv: float(runs[lv]["seconds"]))  # type: ignore[arg-type]
+    best_seconds = float(runs[best]["seconds"])  # type: ignore[arg-type]
+    print(json.dumps({
+        "scale": args.scale, "accounts": rows, "cores": os.cpu_count(),
+        "postgres_subscription_seconds": round(postgres_seconds, 1),
+        "deltars_seconds": round(deltars_seconds, 1),
+        "applier": {str(lv): {
+            "seconds": round(float(r["seconds"]), 1),  # type: ignore[arg-type]
+            "rows_per_s": round(rows / float(r["seconds"])),  # type: ignore[arg-type]
+            "process_seconds": round(float(r["process_seconds"]), 1),  # type: ignore[arg-type]
+            "spark_startup_seconds": round(float(r["spark_startup_seconds"]), 1),  # type: ignore[arg-type]
+            "python_peak_rss_mb": r["python_peak_rss_mb"], "jvm_peak_heap_mb": r["jvm_peak_heap_mb"]}
+            for lv, r in runs.items()},
+        "applier_vs_postgres": round(postgres_seconds / best_seconds, 2),
+        "applier_process_vs_postgres": round(postgres_seconds / float(runs[best]["process_seconds"]), 2),  # type: ignore[arg-type]
+        "applier_vs_deltars": round(deltars_seconds / best_seconds, 2),
+        "best_parallelism": best,
+        "verified_equal": True,
+    }))
+
+
+if __name__ == "__main__":
+    main()
