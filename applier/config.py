@@ -149,9 +149,15 @@ class ApplySettings(_Model):
 
 
 class SparkConfig(_Model):
-    """The SparkSession the job runs on (ignored when the job is given a session, e.g. under spark-submit)."""
+    """The SparkSession the job runs on (ignored when the job is given a session).
 
-    master: str = "local[2]"
+    ``master`` is a fallback: a master that spark-submit (``--master``), ``PYSPARK_SUBMIT_ARGS``, the
+    ``MASTER`` environment variable or ``spark-defaults.conf`` already set wins, so
+    ``spark-submit --master spark://host:7077 jobs/mirror.py ...`` runs on that cluster."""
+
+    master: str | None = Field(
+        None, description="Spark master used only when spark-submit, PYSPARK_SUBMIT_ARGS, $MASTER or "
+        "spark-defaults.conf set none (then 'local[2]' when unset here too)")
     app_name: str = "applier"
     shuffle_partitions: int = Field(2, ge=1)
     driver_memory: str = "2g"
