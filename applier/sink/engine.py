@@ -22,7 +22,7 @@ from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.idempotence import app_id_for, applied_version, is_delta_table
 from applier.sink.merge import CommitResult, apply_plan, write_rows
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import OP_TRUNCATE, TablePlan, fold_changes
@@ -283,9 +283,7 @@ class DeltaApplier:
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""
         if path not in self._applied:
-            from delta.tables import DeltaTable
-
-            if not DeltaTable.isDeltaTable(self.spark, path):
+            if not is_delta_table(path):
                 return None
             version = applied_version(self.spark, path, app_id_for(source_name))
             if version is None:
