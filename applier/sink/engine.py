@@ -26,7 +26,7 @@ from applier.sink.idempotence import app_id_for, applied_version, is_delta_table
 from applier.sink.merge import CommitResult, apply_plan, write_rows
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import OP_TRUNCATE, TablePlan, fold_changes
-from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property
+from applier.sink.schema import PROP_RESTART_IDENTITY, TableSpec, ensure_table, set_table_property, table_options
 from applier.sink.targets import TableTargets
 
 if TYPE_CHECKING:
@@ -274,7 +274,8 @@ class DeltaApplier:
         if path in self._schema_seen and self.settings.schema_changes == "stop":
             raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
                             table=spec.source_name)
-        evolution = ensure_table(self.spark, path, spec)
+        options = table_options(self.tables.rule_for(spec.source_name))
+        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen)
         self.targets.created(path)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
