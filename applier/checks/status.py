@@ -1,25 +1,24 @@
 """``status``: where each mirrored table is (applied LSN, last commit, rows) and how far the slot lags.
 
 Everything shown is read from the authoritative places: each Delta table's log (its recorded
-idempotent-write version is the end LSN it has applied) and the server's slot view.
+idempotent-write version is the end LSN it has applied) and the server's slot view. The log is read
+with delta-rs, so ``status`` needs no JVM: rows are counted from the log's per-file statistics.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.idempotence import app_id_for, delta_table
 from applier.sink.naming import source_name_of
-from applier.sink.schema import PROP_SOURCE
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from applier.sink.schema import PROP_SOURCE, PROP_WIDENED
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +27,16 @@ class TableStatus:
     path: str
     applied_lsn: int | None
     last_commit: str | None  # ISO timestamp of the newest Delta commit
-    rows: int
+    rows: int | None  # None when a writer left no row counts in the log
+    widened: tuple[str, ...] = ()  # columns whose type was widened in place (the table needs type widening)
+    reader_features: tuple[str, ...] = ()  # Delta reader features: a reader must support each to open it
+    option_mismatches: tuple[str, ...] = ()  # configured table options the existing table does not have
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.source_name, "path": self.path, "rows": self.rows, "last_commit": self.last_commit,
-                "applied_lsn": format_lsn(self.applied_lsn) if self.applied_lsn is not None else None}
+                "applied_lsn": format_lsn(self.applied_lsn) if self.applied_lsn is not None else None,
+                "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
+                "option_mismatches": list(self.option_mismatches)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +59,46 @@ class SlotStatus:
                 "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None}
 
 
-def table_status(spark: SparkSession, path: Path) -> TableStatus:
-    from delta.tables import DeltaTable
+def table_status(path: Path, *, expected_options: Any = None) -> TableStatus:
+    """One table's status from its Delta log alone (delta-rs; no JVM, no data files read).
 
-    table = DeltaTable.forPath(spark, str(path))
-    detail = table.detail().first()
-    properties = dict(detail["properties"]) if detail is not None else {}
+    ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table
+    lacks: they are applied only when a table is created, so a later config change shows up here."""
+    table = delta_table(str(path))
+    properties = dict(table.metadata().configuration)
     source = properties.get(PROP_SOURCE) or ".".join(source_name_of(path))
-    last = table.history(1).select("timestamp").first()
-    return TableStatus(source, str(path), applied_version(spark, str(path), app_id_for(source)),
-                       last["timestamp"].isoformat() if last is not None else None,
-                       spark.read.format("delta").load(str(path)).count())
+    history = table.history(1)
+    last = history[0].get("timestamp") if history else None
+    last_commit = (datetime.fromtimestamp(int(last) / 1000, tz=UTC).isoformat() if last is not None else None)
+    widened = tuple(json.loads(properties[PROP_WIDENED])) if PROP_WIDENED in properties else ()
+    mismatches: tuple[str, ...] = ()
+    if expected_options is not None:
+        from applier.sink.schema import option_mismatches
+
+        found = option_mismatches(properties, list(table.metadata().partition_columns), expected_options)
+        if expected_options.cluster_by and "clustering" not in (table.protocol().writer_features or []):
+            found.append(f"cluster_by {list(expected_options.cluster_by)} configured, table is not clustered")
+        mismatches = tuple(found)
+    return TableStatus(source, str(path), table.transaction_version(app_id_for(source)), last_commit,
+                       _row_count(table), widened, tuple(table.protocol().reader_features or ()), mismatches)
+
+
+def _row_count(table: Any) -> int | None:
+    """Rows of the newest version from the add actions' ``numRecords`` (minus deletion-vector rows)."""
+    actions = table.get_add_actions(flatten=True)
+    names = list(actions.schema.names)
+    if "num_records" not in names:
+        return None
+    import pyarrow as pa
+
+    columns = pa.table(actions)
+    counts = columns.column("num_records").to_pylist()
+    if any(c is None for c in counts):
+        return None
+    deleted = 0
+    if "deletionVector.cardinality" in names:
+        deleted = sum(c or 0 for c in columns.column("deletionVector.cardinality").to_pylist())
+    return int(sum(counts)) - int(deleted)
 
 
 def slot_status(dsn: str, slot: str) -> SlotStatus:

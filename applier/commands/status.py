@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from applier.errors import ConfigError
 
@@ -14,8 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "status",
         help="show each mirrored table's applied LSN, last commit and rows, and the slot's lag",
         description="For every Delta table under TARGET/<schema>/<table>: the end LSN it has applied (the "
-        "idempotent-write version in its Delta log), the time of its newest Delta commit and its row "
-        "count. With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
+        "idempotent-write version in its Delta log), the time of its newest Delta commit, its row count, "
+        "columns widened in place (Delta type widening, which delta-rs cannot read) and, with --config, "
+        "the rule's table options an existing table lacks. Reads the Delta logs with delta-rs: no JVM. "
+        "With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
         "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): target, DSN and slot")
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.lsn import format_lsn
     from applier.sink.naming import mirrored_table_dirs
     from applier.sources.dsn import check_connection
-    from applier.spark.session import build_spark_session
+    from applier.spark.session import build_spark_session_for
 
     dsn, slot, target = args.dsn, args.slot, args.target
     if args.config:
@@ -48,29 +51,42 @@ def run(args: argparse.Namespace) -> int:
     if not target:
         raise ConfigError("no target: pass --target or --config")
     if dsn is not None:
-        check_connection(dsn)  # before Spark starts; a bad DSN or an unreachable server exits 2 or 3
-    spark = build_spark_session()
+        check_connection(dsn)  # a bad DSN or an unreachable server exits 2 or 3, one line
     paths = mirrored_table_dirs(target)
-    if args.config and dsn is not None:  # also the tables the config's rules put elsewhere
+    options: dict[Path, Any] = {}
+    if args.config and dsn is not None:  # also the tables the config's rules put elsewhere, and their options
         import psycopg
-        from delta.tables import DeltaTable
 
+        from applier.sink.idempotence import is_delta_table
+        from applier.sink.schema import table_options
         from applier.sink.targets import TableTargets
         from applier.sources.publication import published_selection
 
+        # A catalog name (a rule's `table:`) is resolved in Spark's catalog; everything else needs no JVM.
+        needs_catalog = any(rule.table for rule in cfg.tables.rules)
+        spark = build_spark_session_for(cfg.spark) if needs_catalog else None
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:
             selected = published_selection(conn, cfg.source.publication, cfg.tables)
-        extra = {Path(targets.path_for(t.namespace, t.name)) for t in selected}
-        paths = sorted(set(paths) | {p for p in extra if DeltaTable.isDeltaTable(spark, str(p))})
-    tables = [table_status(spark, p) for p in paths]
+        located = {Path(targets.path_for(t.namespace, t.name)): f"{t.namespace}.{t.name}" for t in selected}
+        options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
+        paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
+    tables = [table_status(p, expected_options=options.get(p)) for p in paths]
     slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))
         return 0
     for t in tables:
         applied = format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-"
-        print(f"{t.source_name}: applied {applied}, last commit {t.last_commit or '-'}, {t.rows} rows")
+        rows = t.rows if t.rows is not None else "?"
+        print(f"{t.source_name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows")
+        if t.widened:
+            print(f"  widened in place: {', '.join(t.widened)} (Delta type widening is on; readers without it, "
+                  "such as delta-rs, cannot read this table)")
+        elif t.reader_features:
+            print(f"  Delta reader features: {', '.join(t.reader_features)}")
+        for mismatch in t.option_mismatches:
+            print(f"  table option differs from its rule (options apply only at creation): {mismatch}")
     if not tables:
         print(f"no mirrored tables under {target}")
     if slot_info is not None:

@@ -111,6 +111,32 @@ class TableRule(_Model):
     key_columns: list[str] | None = Field(
         None, description="key to merge on for tables without a primary key (else the replica identity)")
     exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
+    # Delta table options: applied when the table is created and never to an existing table (a mismatch is
+    # a warning and shows in `applier status`). Each may add a Delta table feature; see the README's
+    # "Delta table features" for which of them readers outside Spark (delta-rs) can open.
+    type_widening: bool = Field(
+        False, description="create the table with Delta type widening enabled (otherwise it is enabled only when "
+        "a source column is actually widened); adds the 'typeWidening' reader feature, which delta-rs cannot read")
+    change_data_feed: bool = Field(
+        False, description="create the table with Delta's change data feed (delta.enableChangeDataFeed); "
+        "adds the 'changeDataFeed' writer feature (delta-rs reads such tables)")
+    partition_by: list[str] = Field(
+        default_factory=list, description="partition columns of a new table (source column names)")
+    cluster_by: list[str] = Field(
+        default_factory=list, description="liquid clustering columns of a new table (CLUSTER BY); adds the "
+        "'clustering' and 'domainMetadata' writer features; not together with partition_by")
+    table_properties: dict[str, str] = Field(
+        default_factory=dict, description="free Delta table properties of a new table (e.g. "
+        "'delta.logRetentionDuration': 'interval 60 days'); 'applier.*' keys are reserved")
+
+    @model_validator(mode="after")
+    def _options_consistent(self) -> TableRule:
+        if self.partition_by and self.cluster_by:
+            raise ValueError("partition_by and cluster_by cannot be combined (Delta allows one or the other)")
+        reserved = [k for k in self.table_properties if k.startswith("applier.")]
+        if reserved:
+            raise ValueError(f"table_properties may not set applier's own properties: {', '.join(reserved)}")
+        return self
 
 
 class TablesSettings(_Model):
@@ -183,9 +209,15 @@ class ApplySettings(_Model):
 
 
 class SparkConfig(_Model):
-    """The SparkSession the job runs on (ignored when the job is given a session, e.g. under spark-submit)."""
+    """The SparkSession the job runs on (ignored when the job is given a session).
 
-    master: str = Field("local[2]", description="Spark master URL (spark.master), e.g. local[4] or yarn")
+    ``master`` is a fallback: a master that spark-submit (``--master``), ``PYSPARK_SUBMIT_ARGS``, the
+    ``MASTER`` environment variable or ``spark-defaults.conf`` already set wins, so
+    ``spark-submit --master spark://host:7077 jobs/mirror.py ...`` runs on that cluster."""
+
+    master: str | None = Field(
+        None, description="Spark master used only when spark-submit, PYSPARK_SUBMIT_ARGS, $MASTER or "
+        "spark-defaults.conf set none (then 'local[2]' when unset here too), e.g. local[4] or yarn")
     app_name: str = Field("applier", description="application name shown in the Spark UI (spark.app.name)")
     shuffle_partitions: int = Field(
         2, ge=1, description="spark.sql.shuffle.partitions: small, because a MERGE source holds one row per key")

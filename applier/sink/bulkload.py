@@ -2,11 +2,10 @@
 
 Why delta-rs for the data: writing Arrow through Spark costs a JVM round trip and a Spark job per
 commit (bench/RESULTS.md: about ten times the copy's own time on the 2-core machine), while delta-rs
-writes Parquet from Arrow directly. It cannot write a table with Delta's type-widening feature, so
-such a copy's table is created without it, and the final commit - through Spark, so the table stays
-exactly what the stream expects - turns it on and records the applied version. A table delta-rs
-cannot write (column mapping, or a feature already on from an earlier attempt) is written through
-Spark from Arrow instead.
+writes Parquet from Arrow directly. Tables are created with the lowest protocol they need (no type
+widening unless a rule asks for it), which delta-rs writes; the final commit goes through Spark and
+records the applied version exactly as the stream's commits do. A table delta-rs cannot write
+(column mapping, type widening asked for by a rule) is written through Spark from Arrow instead.
 
 Why large commits: a Delta commit costs about a second whatever its size, so the copy gathers Arrow
 batches (from any chunk, in any order: the copy is a multiset until the stream starts) up to
@@ -109,10 +108,7 @@ class SnapshotLoader:
                 del table
                 if not final:
                     crashpoint("snapshot_chunk")
-            if final:  # through Spark: the type-widening feature, then the applied version
-                from applier.sink.schema import PROP_TYPE_WIDENING, set_table_property
-
-                set_table_property(self.spark, self.path, PROP_TYPE_WIDENING, "true")
+            if final:  # through Spark: the applied version, exactly as the stream's commits record it
                 self._write(self.spark.createDataFrame([], self.spec.schema), tagged=True)
             return
         frame = self.spark.createDataFrame(table, self.spec.schema) if table.num_rows else \

@@ -25,7 +25,7 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.idempotence import app_id_for, applied_version, is_delta_table
 from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
@@ -34,9 +34,9 @@ from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
     TableSpec,
-    create_table,
     ensure_table,
     set_table_property,
+    table_options,
 )
 from applier.sink.targets import TableTargets
 from applier.values import UNCHANGED_TOAST, spark_schema_for
@@ -215,16 +215,12 @@ class DeltaApplier:
         apply and nothing before it does. A crash part-way leaves no version recorded, and the next
         attempt overwrites from scratch. A table that is not ``large`` (less than one commit) is
         written by Spark in one commit, which saves the delta-rs path's extra Spark commit."""
-        from delta.tables import DeltaTable
-
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
         bulk = large and not needs_column_mapping(spec.column_names)
-        if bulk and not DeltaTable.isDeltaTable(self.spark, path):
-            create_table(self.spark, path, spec, type_widening=False)  # delta-rs writes the data (bulkload.py)
-        self._ensure(path, spec, schema_version)
+        self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
         deltars = bulk and deltars_can_write(path)
 
         def done(rows: int) -> None:
@@ -270,7 +266,8 @@ class DeltaApplier:
         if path in self._schema_seen and self.settings.schema_changes == "stop":
             raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
                             table=spec.source_name)
-        evolution = ensure_table(self.spark, path, spec)
+        options = table_options(self.tables.rule_for(spec.source_name))
+        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen)
         self.targets.created(path)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
@@ -279,9 +276,7 @@ class DeltaApplier:
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""
         if path not in self._applied:
-            from delta.tables import DeltaTable
-
-            if not DeltaTable.isDeltaTable(self.spark, path):
+            if not is_delta_table(path):
                 return None
             version = applied_version(self.spark, path, app_id_for(source_name))
             if version is None:

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from applier.errors import SinkError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -40,25 +42,43 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int, user_metada
         conf.unset(USER_METADATA)
 
 
-def applied_version(spark: SparkSession, table_path: str, app_id: str) -> int | None:
+def applied_version(spark: SparkSession | None, table_path: str, app_id: str) -> int | None:
     """The last ``txnVersion`` Delta recorded for ``app_id`` on the table at ``table_path`` (None if never).
 
-    Read through the JVM DeltaLog (the Python API does not expose SetTransaction actions); this is the
-    authoritative record of what has been applied, independent of any state file of ours.
+    Read with delta-rs (``deltalake.DeltaTable.transaction_version``), a public reader of the Delta log's
+    ``txn`` actions that follows checkpoints like Spark does: no JVM internals, so ``applier status``
+    runs without a JVM and the sink works on a Spark session without ``_jvm`` (Spark Connect). It only
+    reads the log, so tables with reader features delta-rs cannot scan (type widening) still answer.
+    This is the authoritative record of what has been applied, independent of any state file of ours.
+    ``spark`` is unused and kept so that callers need not care which reader answers.
     """
-    txn = latest_snapshot(spark, table_path).transactions().get(app_id)
-    if txn.isEmpty():
-        return None
-    return int(txn.get())
+    del spark
+    version = delta_table(table_path).transaction_version(app_id)
+    return int(version) if version is not None else None
 
 
-def latest_snapshot(spark: SparkSession, table_path: str) -> Any:
-    """The table's newest Delta snapshot, as the JVM object (its log is read up to the last commit)."""
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_path)  # type: ignore[attr-defined]
-    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+def delta_table(table_path: str) -> Any:
+    """The table's newest version as a ``deltalake.DeltaTable`` (its log read up to the last commit).
+
+    Object stores are reached with delta-rs's own settings (``AWS_*``, ``AZURE_*``, ``GOOGLE_*``
+    environment variables), not Spark's Hadoop configuration."""
+    from deltalake import DeltaTable
+
+    try:
+        return DeltaTable(table_path)
+    except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
+        raise SinkError("cannot read the Delta log of a target table", path=table_path,
+                        error=f"{type(e).__name__}: {e}"[:500]) from e
 
 
-def holds_no_files(spark: SparkSession, table_path: str) -> bool:
+def holds_no_files(spark: SparkSession | None, table_path: str) -> bool:
     """True when the table's newest version has no data files at all (so it has no rows)."""
-    return int(latest_snapshot(spark, table_path).numOfFiles()) == 0
+    del spark
+    return len(delta_table(table_path).file_uris()) == 0
+
+
+def is_delta_table(table_path: str) -> bool:
+    """True when ``table_path`` holds a Delta table (read with delta-rs, no JVM)."""
+    from deltalake import DeltaTable
+
+    return bool(DeltaTable.is_deltatable(table_path))

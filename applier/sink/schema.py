@@ -4,13 +4,22 @@ Rules (issue: Delta sink): added columns are added; dropped columns stay in Delt
 and are reported; widened types use Delta type widening; any other retype stops with an error
 that says what to do. Key columns and the source relation are recorded in table properties so that
 a restart (or a human) can see what a table mirrors.
+
+A table is created with the lowest Delta protocol its columns need, so that readers outside Spark
+(delta-rs and what is built on it: Polars, pandas, DuckDB's delta extension) can open it: column
+mapping only when a column name needs it (delta-rs reads it with its DataFusion engine), type widening (a reader feature
+delta-rs cannot read) only when a source column is actually widened or a rule opts in. A rule's
+table options (change data feed, partitioning, liquid clustering, free properties) are applied when
+the table is created and never to an existing table: a mismatch is a warning and shows in status.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
@@ -20,14 +29,47 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import DataType, StructType
 
+    from applier.config import TableRule
+
 log = logging.getLogger(__name__)
 
 PROP_SOURCE = "applier.source"
 PROP_KEYS = "applier.keyColumns"
 PROP_IDENTITY = "applier.replicaIdentity"
 PROP_DROPPED = "applier.droppedColumns"
-PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"
-PROP_TYPE_WIDENING = "delta.enableTypeWidening"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
+PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
+PROP_WIDENED = "applier.widenedColumns"  # JSON list of the columns whose type was widened in place
+TYPE_WIDENING = "delta.enableTypeWidening"
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+# Column mapping as a named reader feature (protocol 3/7), not the legacy reader version 2: delta-rs's
+# pyarrow path (to_pyarrow_table) then refuses the table loudly, where on a version-2 table it returned
+# every column as NULL; its DataFusion path (deltalake.QueryBuilder) reads either correctly.
+COLUMN_MAPPING = {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "3", "delta.minWriterVersion": "7"}
+
+
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    """A rule's Delta table options (config ``tables.rules[]``): used only when a table is created."""
+
+    type_widening: bool = False
+    change_data_feed: bool = False
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+    properties: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.type_widening or self.change_data_feed or self.partition_by or self.cluster_by
+                    or self.properties)
+
+    def table_properties(self) -> dict[str, str]:
+        """The Delta properties these options set (each one checked against an existing table)."""
+        props = dict(self.properties)
+        if self.type_widening:
+            props[TYPE_WIDENING] = "true"
+        if self.change_data_feed:
+            props[CHANGE_DATA_FEED] = "true"
+        return props
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,24 +103,68 @@ def _table_exists(spark: SparkSession, path: str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, path))
 
 
-def create_table(spark: SparkSession, path: str, spec: TableSpec, *, type_widening: bool = True) -> None:
-    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists).
+def create_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
+    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists), with the lowest protocol it needs.
 
     SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
-    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it. Without
-    ``type_widening`` (the initial copy's data is written by delta-rs, which cannot write that table
-    feature) the copy's final commit turns it on (``PROP_TYPE_WIDENING``)."""
+    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+    options = options or TableOptions()
+    names = set(spec.column_names)
+    unknown = [c for c in (*options.partition_by, *options.cluster_by) if c not in names]
+    if unknown:
+        raise SinkError("partition_by/cluster_by names columns the table does not have (or excludes); fix the "
+                        "table's rule", table=spec.source_name, columns=", ".join(unknown))
     properties = {PROP_SOURCE: spec.source_name, PROP_KEYS: json.dumps(list(spec.key_columns)),
-                  PROP_IDENTITY: spec.replica_identity}
-    if type_widening:
-        properties[PROP_TYPE_WIDENING] = "true"
+                  PROP_IDENTITY: spec.replica_identity} | options.table_properties()
     if needs_column_mapping(spec.column_names):
-        properties |= {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "2",
-                       "delta.minWriterVersion": "5"}
+        properties |= COLUMN_MAPPING
     columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
                         for f in spec.schema.fields)
+    layout = ""
+    if options.partition_by:
+        layout = f" PARTITIONED BY ({', '.join(quote_identifier(c) for c in options.partition_by)})"
+    elif options.cluster_by:
+        layout = f" CLUSTER BY ({', '.join(quote_identifier(c) for c in options.cluster_by)})"
     props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta TBLPROPERTIES ({props})")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta{layout} "
+              f"TBLPROPERTIES ({props})")
+
+
+def table_options(rule: TableRule | None) -> TableOptions | None:
+    """The Delta table options of a config rule (None without a rule: nothing to create with or compare)."""
+    if rule is None:
+        return None
+    return TableOptions(rule.type_widening, rule.change_data_feed, tuple(rule.partition_by), tuple(rule.cluster_by),
+                        dict(rule.table_properties))
+
+
+def option_mismatches(properties: Mapping[str, str], partition_columns: list[str],
+                      options: TableOptions) -> list[str]:
+    """What an existing table lacks of ``options`` (its properties and partition columns), one line each.
+
+    Clustering columns are not in the table's properties (Delta keeps them in domain metadata); the
+    callers check them. ``type_widening`` is not a mismatch: it is switched on when first needed."""
+    out = [f"{key}={value!r} configured, table has {properties.get(key)!r}"
+           for key, value in options.table_properties().items()
+           if properties.get(key, "").lower() != value.lower() and key != TYPE_WIDENING]
+    if options.partition_by and tuple(partition_columns) != options.partition_by:
+        out.append(f"partition_by {list(options.partition_by)} configured, table has {partition_columns}")
+    return out
+
+
+def _warn_option_mismatches(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions) -> None:
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
+    properties = dict(detail["properties"] or {})
+    mismatches = option_mismatches(properties, list(detail["partitionColumns"] or []), options)
+    if options.cluster_by and list(detail["clusteringColumns"] or []) != list(options.cluster_by):
+        mismatches.append(f"cluster_by {list(options.cluster_by)} configured, table has "
+                          f"{list(detail['clusteringColumns'] or [])}")
+    if mismatches:
+        log.warning("%s: the existing Delta table differs from its rule's table options, which apply only when a "
+                    "table is created (change it with ALTER TABLE, or rebuild the table): %s",
+                    spec.source_name, "; ".join(mismatches))
 
 
 def _widenable(old: DataType, new: DataType) -> bool:
@@ -140,9 +226,19 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
         cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
                          for f in spec.schema.fields if f.name in added)
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
+    if widened:
+        # Type widening is a reader feature delta-rs cannot read, so a table gains it only now, when a source
+        # column is actually widened; the property names the columns for `applier status`.
+        if (_get_property(spark, path, TYPE_WIDENING) or "").lower() != "true":
+            log.warning("%s: enabling Delta type widening to widen %s; readers without type widening support "
+                        "(delta-rs) cannot read this table from now on", spec.source_name, ", ".join(widened))
+            set_table_property(spark, path, TYPE_WIDENING, "true")
     for name in widened:
         new_type = next(f.dataType for f in spec.schema.fields if f.name == name)
         spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
+    if widened:
+        earlier = json.loads(_get_property(spark, path, PROP_WIDENED) or "[]")
+        set_table_property(spark, path, PROP_WIDENED, json.dumps(sorted(set(earlier) | set(widened))))
     if dropped:
         log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
                     spec.source_name, ", ".join(dropped))
@@ -153,10 +249,14 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
-def ensure_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolution:
+def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None,
+                 *, check_options: bool = True) -> SchemaEvolution:
+    """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed."""
     if not _table_exists(spark, path):
-        create_table(spark, path, spec)
+        create_table(spark, path, spec, options)
         return SchemaEvolution(added=spec.column_names)
+    if options is not None and options.any and check_options:
+        _warn_option_mismatches(spark, path, spec, options)
     return evolve_table(spark, path, spec)
 
 
@@ -179,5 +279,5 @@ def set_table_property(spark: SparkSession, path: str, key: str, value: str) -> 
 def _enable_column_mapping(spark: SparkSession, path: str) -> None:
     if _get_property(spark, path, "delta.columnMapping.mode") == "name":
         return
-    spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ("
-              "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
+    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in COLUMN_MAPPING.items())
+    spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")

@@ -2,11 +2,18 @@
 
 The session is always passed in to the layers that need it (no global state); this is the one place
 that decides how it is configured.
+
+The master is set only when nobody else chose one: PySpark applies builder options over
+spark-submit's, so an unconditional ``builder.master(...)`` made ``spark-submit --master spark://...``
+run locally. A master already chosen by spark-submit (the driver JVM's ``spark.master``),
+``PYSPARK_SUBMIT_ARGS`` (``--master`` or ``--conf spark.master=``), the ``MASTER`` environment
+variable or ``spark-defaults.conf`` wins; ``spark.master`` of the config is the fallback.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class SparkSettings:
-    master: str = "local[2]"
+    master: str | None = None  # used only when no master is set already (see preset_master); default local[2]
     app_name: str = "applier"
     shuffle_partitions: int = 2
     driver_memory: str = "2g"
@@ -33,6 +40,68 @@ class SparkSettings:
     ui: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
     cache_dir: Path | None = None
+
+
+DEFAULT_MASTER = "local[2]"
+
+
+def _jvm_conf() -> object | None:
+    """The driver JVM's SparkConf when a JVM is already running (under spark-submit), else None.
+
+    Never starts a JVM: launching it here would fix the driver's memory and options before the
+    builder's settings could reach it."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    SparkContext._ensure_initialized()  # attaches to spark-submit's gateway
+    return SparkConf()  # loads the JVM's spark.* system properties (what spark-submit set)
+
+
+def preset_master() -> str | None:
+    """The master chosen outside applier's config, or None when nobody chose one (see the module docstring)."""
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return str(active.master)
+    conf = _jvm_conf()
+    if conf is not None and conf.contains("spark.master"):  # type: ignore[attr-defined]
+        return str(conf.get("spark.master"))  # type: ignore[attr-defined]
+    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    for i, arg in enumerate(args):
+        if arg == "--master" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--master="):
+            return arg.removeprefix("--master=")
+        if arg == "--conf" and i + 1 < len(args) and args[i + 1].startswith("spark.master="):
+            return args[i + 1].removeprefix("spark.master=")
+    if os.environ.get("MASTER"):
+        return os.environ["MASTER"]
+    return _defaults_file_master()
+
+
+def _defaults_file_master() -> str | None:
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)
+    if conf_dir is None:
+        return None
+    path = Path(conf_dir) / "spark-defaults.conf"
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and parts[0] == "spark.master":
+            return parts[1].strip()
+    return None
+
+
+def _merged_jars(jars: list[Path]) -> str:
+    """``spark.jars`` with the Delta jars added to what spark-submit's ``--jars`` already set (not replacing it)."""
+    conf = _jvm_conf()
+    existing = [j for j in (conf.get("spark.jars", "") if conf is not None else "").split(",") if j]  # type: ignore[attr-defined]
+    names = {Path(j).name for j in existing}
+    return ",".join([*existing, *(str(j) for j in jars if j.name not in names)])
 
 
 def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
@@ -46,9 +115,12 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    preset = preset_master()
+    builder = SparkSession.builder
+    if preset is None:
+        builder = builder.master(settings.master or DEFAULT_MASTER)
     builder = (
-        SparkSession.builder.master(settings.master)
-        .appName(settings.app_name)
+        builder.appName(settings.app_name)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
@@ -65,7 +137,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
     )
     if jars:
-        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+        builder = builder.config("spark.jars", _merged_jars(jars))
     if settings.warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", settings.warehouse_dir)
     for key, value in settings.extra.items():
@@ -79,7 +151,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
 
 
 def build_spark_session_for(config: SparkConfig) -> SparkSession:
-    """The session a job's ``spark:`` config section describes."""
+    """The session a job's ``spark:`` config section describes (its master only when none is set already)."""
     return build_spark_session(SparkSettings(
         master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
         driver_memory=config.driver_memory, extra=dict(config.conf)))

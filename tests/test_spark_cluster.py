@@ -1,0 +1,145 @@
+"""`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
+(a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
+`jobs/replay.py` and `jobs/mirror.py --once`; the tables equal Postgres and the master's JSON shows
+the applications ran there (the session must not override spark-submit's master with local[2])."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from applier.checks.verify import verify_against_postgres
+from applier.devtools.sample import create_schema, run_workload
+from applier.infra.cache import default_cache_dir
+from applier.sources.rawlog_writer import write_raw_log
+from applier.sources.sql_slot import create_slot, peek, pgoutput_options
+from applier.spark.jars import delta_jars
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop", "events")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def _master_json(webui_port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{webui_port}/json", timeout=10) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+class StandaloneCluster:
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.webui_port = _free_port(), _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.env = dict(os.environ, SPARK_HOME=str(_spark_home()), SPARK_LOCAL_IP="127.0.0.1",
+                        SPARK_DAEMON_MEMORY="512m", SPARK_WORKER_DIR=str(workdir / "work"),
+                        SPARK_LOG_DIR=str(workdir / "logs"), PYSPARK_PYTHON=sys.executable)
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _daemon(self, name: str, *args: str) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen([str(_spark_home() / "bin" / "spark-class"), *args], env=self.env,
+                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def start(self) -> None:
+        self._daemon("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--webui-port", str(self.webui_port))
+        self._daemon("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
+                     "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir", str(self.workdir / "work"),
+                     self.url)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if [w for w in _master_json(self.webui_port).get("workers", []) if w.get("state") == "ALIVE"]:
+                    return
+            except OSError:
+                pass
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(1)
+        logs = "\n".join((self.workdir / f"{n}.log").read_text(errors="replace")[-1500:] for n in ("master", "worker"))
+        raise AssertionError(f"the standalone cluster did not come up:\n{logs}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
+    (tmp_path / "cluster").mkdir()
+    running = StandaloneCluster(tmp_path / "cluster")
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = None) -> str:
+    jars = delta_jars(default_cache_dir(), fetch=False)
+    env = dict(cluster.env, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               APPLIER_DELTA_JARS="provided")  # the jars come with --jars, as on a cluster that ships them
+    if dsn is not None:
+        env["APPLIER_DSN"] = dsn
+    out = subprocess.run(
+        [str(_spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
+         "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
+         "--conf", "spark.cores.max=2", str(REPO / "jobs" / job), *args],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    return out.stdout
+
+
+def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_path):
+    with pg.connect() as conn:
+        create_schema(conn, "pub")
+        create_slot(conn, "s")
+        run_workload(conn, transactions=20, seed=9)
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+
+        submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "replayed"))
+        submit(cluster, "mirror.py", "--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"),
+               "--once", dsn=pg.dsn)
+
+        for target in (tmp_path / "replayed", tmp_path / "mirrored"):
+            results = verify_against_postgres(spark, conn, str(target), SHOP)
+            assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
+            assert sum(r.source_rows for r in results) > 0
+
+    state = _master_json(cluster.webui_port)
+    apps = state.get("completedapps", []) + state.get("activeapps", [])
+    assert len(apps) == 2, apps  # both jobs registered with the cluster's master, not a local engine
+    assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps
+    for app in apps:  # and the worker launched executors for each (their work directories)
+        assert list((cluster.workdir / "work" / app["id"]).glob("*/stderr")), app["id"]
