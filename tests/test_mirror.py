@@ -285,3 +285,37 @@ def test_a_table_added_to_the_publication_while_the_mirror_runs_is_copied_then_f
         assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:3], r.only_in_target[:3])
                                                for r in results]
         assert any(r.source_name == "public.late" and r.source_rows == 300 for r in results)
+
+
+def test_the_lag_line_of_an_idle_mirror_is_measured_from_the_confirmed_position(pg, spark, tmp_path):
+    """Issue 21 row 16: a caught-up continuous mirror used to report the whole WAL since its start as
+    lag ("lag 79864664 bytes") while the slot was fully confirmed. Other databases write WAL meanwhile."""
+    from applier.drivers.mirror import Mirror
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE idle_t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION idle_pub FOR TABLE idle_t")
+        conn.execute("DROP DATABASE IF EXISTS lag_other")
+        conn.execute("CREATE DATABASE lag_other")
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication="idle_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")))
+    mirror(spark, config, once=True)  # the snapshot
+    lines: list[str] = []
+    stop = threading.Event()
+    runner = Mirror(spark, config, progress=lines.append, stop=stop, progress_every=1.0)
+    thread = threading.Thread(target=lambda: runner.run(once=False), daemon=True)
+    thread.start()
+    with psycopg.connect(pg.cluster.dsn("lag_other"), autocommit=True) as other:
+        other.execute("CREATE TABLE filler (v text)")
+        for _ in range(6):
+            other.execute("INSERT INTO filler SELECT repeat('x', 200) FROM generate_series(1, 5000)")
+            time.sleep(1)
+    time.sleep(3)
+    stop.set()
+    thread.join(timeout=60)
+    lags = [line for line in lines if "lag " in line]
+    assert lags, lines
+    behind = int(lags[-1].split("lag ")[1].split(" bytes")[0])
+    assert behind < 1 << 20, lags[-3:]  # the filler alone wrote ~6 MB of WAL
+    with pg.connect() as conn:
+        conn.execute("DROP DATABASE lag_other WITH (FORCE)")
