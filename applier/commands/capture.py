@@ -8,7 +8,7 @@ from applier.commands.logsetup import progress
 from applier.config import CaptureConfig, load_config
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "capture",
         help="drain a slot into a stored raw log (a Delta table) for replay",

@@ -22,7 +22,7 @@ PUBLICATION = "applier_demo"
 SLOT = "applier_demo"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo",
         help="mirror a sample Postgres workload into local Delta tables and verify them",

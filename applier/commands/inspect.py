@@ -12,7 +12,7 @@ from applier.lsn import format_lsn
 from applier.sources.rawlog import read_raw_log
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "inspect",
         help="summarise a stored raw log of pgoutput messages",

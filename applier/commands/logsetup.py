@@ -49,7 +49,7 @@ def level_from(args: argparse.Namespace) -> int:
     return logging.INFO
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # its stream changes (pytest capture)
     """Writes to whatever ``sys.stderr`` is at the time (pytest's capture, a redirected stream)."""
 
     def __init__(self) -> None:

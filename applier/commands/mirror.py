@@ -13,7 +13,7 @@ from applier.commands.skip import add_skip_argument
 from applier.config import MirrorConfig, load_config
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "mirror",
         help="mirror a publication's tables into Delta and keep them up to date",

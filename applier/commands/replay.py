@@ -10,7 +10,7 @@ from applier.commands.skip import add_skip_argument
 from applier.config import ReplayConfig, load_config
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="apply a stored raw log (lsn, xid, data) to Delta tables",

@@ -9,7 +9,7 @@ from applier.infra.cache import default_cache_dir
 from applier.spark.jars import check_java, delta_jars
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "setup",
         help="check Java, fetch the Delta jars into the local cache, list PostgreSQL servers",

@@ -10,7 +10,7 @@ from typing import Any
 from applier.errors import ConfigError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
         help="show each mirrored table's applied LSN, last commit and rows, and the slot's lag",

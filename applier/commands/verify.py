@@ -8,7 +8,7 @@ import logging
 from applier.commands.exitcodes import ExitCode
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "verify",
         help="compare each mirrored Delta table with Postgres; exit 1 when any differs",

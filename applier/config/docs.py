@@ -94,7 +94,7 @@ def default_text(model: type[BaseModel], name: str) -> str:
     if field.is_required():
         return "**required**"
     if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
+        value = field.default_factory()  # type: ignore[call-arg]  # our factories take no arguments
         return f"`{_yaml(value)}`" if not isinstance(value, BaseModel) else "(section defaults)"
     if field.default is PydanticUndefined:
         return ""

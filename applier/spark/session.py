@@ -66,8 +66,8 @@ def preset_master() -> str | None:
     if active is not None:
         return str(active.master)
     conf = _jvm_conf()
-    if conf is not None and conf.contains("spark.master"):  # type: ignore[attr-defined]
-        return str(conf.get("spark.master"))  # type: ignore[attr-defined]
+    if conf is not None and conf.contains("spark.master"):  # type: ignore[attr-defined]  # a py4j JVM object
+        return str(conf.get("spark.master"))  # type: ignore[attr-defined]  # a py4j JVM object
     args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
     for i, arg in enumerate(args):
         if arg == "--master" and i + 1 < len(args):
@@ -99,7 +99,8 @@ def _defaults_file_master() -> str | None:
 def _merged_jars(jars: list[Path]) -> str:
     """``spark.jars`` with the Delta jars added to what spark-submit's ``--jars`` already set (not replacing it)."""
     conf = _jvm_conf()
-    existing = [j for j in (conf.get("spark.jars", "") if conf is not None else "").split(",") if j]  # type: ignore[attr-defined]
+    jars_set = conf.get("spark.jars", "") if conf is not None else ""  # type: ignore[attr-defined]  # py4j object
+    existing = [j for j in jars_set.split(",") if j]
     names = {Path(j).name for j in existing}
     return ",".join([*existing, *(str(j) for j in jars if j.name not in names)])
 
