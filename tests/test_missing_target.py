@@ -54,3 +54,17 @@ def test_deleted_or_replaced_target_table_stops_the_mirror(pg, spark, tmp_path, 
     assert cli_main(argv) == 0, capsys.readouterr().err
     assert spark.read.format("delta").load(str(table)).count() == 101
     assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == 0
+
+    # The advice's per-table re-copy: directory and both entries gone, the next run copies t alone.
+    shutil.rmtree(table)
+    with pg.connect() as conn:
+        conn.execute("INSERT INTO t VALUES (102, 'while gone')")
+    for name in ("tables.json", "copied_tables.json"):
+        path = target / "_applier" / name
+        entries = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in entries.items() if k not in (str(table), "public.t")}))
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    assert "table sync: public.t" in capsys.readouterr().err
+    assert spark.read.format("delta").load(str(table)).count() == 102
+    assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == 0

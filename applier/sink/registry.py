@@ -40,8 +40,10 @@ def delta_table_id(path: Path) -> str | None:
 
 def _rebuild_advice(command: str, state: StateDir, name: str) -> str:
     if command == "mirror":
-        how = ("re-copy it: stop the mirror, drop its slot (SELECT pg_drop_replication_slot('<slot>')), "
-               "and run `applier mirror` again: it takes a new snapshot and copies every table")
+        how = ("re-copy just this table: delete its directory, remove its entries from this file and from "
+               f"{state.root / 'copied_tables.json'}, and run `applier mirror` again (it copies the table alone "
+               "under a snapshot of its own and follows it from the stream); or re-copy every table: stop the "
+               "mirror, drop its slot (SELECT pg_drop_replication_slot('<slot>')) and run `applier mirror` again")
     else:
         how = ("rebuild it: delete this table's directory and run `applier replay` with a log that starts "
                "before the table's first change (the other tables skip what they have)")
