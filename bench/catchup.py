@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import mirror_once_measured  # noqa: E402  (bench/memory.py)
 
 SCHEMA = """
 CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text);
@@ -67,22 +67,9 @@ def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool) -> P
 
 def run_mirror(args: argparse.Namespace) -> None:
     """(child process) mirror --once with the Spark session already started."""
-    import os
-
-    from applier.cli import main
-    from applier.spark.session import build_spark_session
-
-    os.environ["APPLIER_DSN"] = args.dsn
-    started = time.monotonic()
-    spark = build_spark_session()
-    startup = time.monotonic() - started
-    started = time.monotonic()
-    code = main(["mirror", "--config", args.config, "--once"])
-    seconds = time.monotonic() - started
+    result = mirror_once_measured(args.config, args.dsn)
     log_dir = Path(args.config).parent / "delta" / "public" / "cu_items" / "_delta_log"
-    print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
-                      "delta_commits": len(list(log_dir.glob("*.json"))),
-                      "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
+    print(json.dumps({**result, "delta_commits": len(list(log_dir.glob("*.json")))}))
 
 
 def child(config: Path, dsn: str) -> dict[str, object]:

@@ -32,3 +32,23 @@ def jvm_peak_heap_mb(spark: Any) -> float:
     pools = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
     heap = sum(p.getPeakUsage().getUsed() for p in pools if str(p.getType().toString()) == "Heap memory")
     return round(heap / 2**20, 1)
+
+
+def mirror_once_measured(config: str, dsn: str) -> dict[str, object]:
+    """(In a benchmark's child process) ``applier mirror --config CONFIG --once`` in a process whose
+    Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory."""
+    import os
+    import time
+
+    from applier.cli import main
+    from applier.spark.session import build_spark_session
+
+    os.environ["APPLIER_DSN"] = dsn
+    started = time.monotonic()
+    spark = build_spark_session()
+    startup = time.monotonic() - started
+    started = time.monotonic()
+    code = main(["mirror", "--config", config, "--once"])
+    seconds = time.monotonic() - started
+    return {"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
+            "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import mirror_once_measured  # noqa: E402  (bench/memory.py)
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
 
@@ -46,18 +46,7 @@ def log(msg: str) -> None:
 
 def run_mirror(args: argparse.Namespace) -> None:
     """(child process) mirror --once with the Spark session already started."""
-    from applier.cli import main
-    from applier.spark.session import build_spark_session
-
-    os.environ["APPLIER_DSN"] = args.dsn
-    started = time.monotonic()
-    spark = build_spark_session()
-    startup = time.monotonic() - started
-    started = time.monotonic()
-    code = main(["mirror", "--config", args.config, "--once"])
-    seconds = time.monotonic() - started
-    print(json.dumps({"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
-                      "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
+    print(json.dumps(mirror_once_measured(args.config, args.dsn)))
 
 
 def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
