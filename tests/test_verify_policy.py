@@ -46,7 +46,7 @@ def test_a_clamped_or_nulled_mirror_verifies_equal_under_its_config(pg, spark, t
         other = "null" if policy == "clamp" else "clamp"
         assert cli_main(["verify", "--config", str(config), "--special-values", other]) == 1
         # without any policy: the old behaviour, a clear error naming the setting
-        assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == 2
+        assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == 4  # a data error: exit 4
         assert "special_values" in capsys.readouterr().err
     finally:
         del os.environ["APPLIER_TEST_DSN"]

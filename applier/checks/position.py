@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from applier.errors import InputError
+from applier.infra.deltars import deltars_path
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
@@ -51,7 +52,7 @@ def table_positions(target_dir: str | Path) -> list[TablePosition]:
     out = []
     for path in mirrored_table_dirs(target_dir):
         try:
-            dt = DeltaTable(str(path))
+            dt = DeltaTable(deltars_path(path))
             source = (dt.metadata().configuration or {}).get("applier.source") or ".".join(source_name_of(path))
             version = dt.transaction_version(app_id_for(source))
         except Exception:  # noqa: BLE001  # unreadable here: Spark reports it when it writes

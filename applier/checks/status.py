@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.idempotence import app_id_for, delta_table
 from applier.sink.naming import source_name_of
@@ -64,6 +65,10 @@ def table_status(path: Path, *, expected_options: Any = None) -> TableStatus:
 
     ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table
     lacks: they are applied only when a table is created, so a later config change shows up here."""
+    if not deltars_can_open(path):  # an escaped name ('%' in the path): delta-rs cannot open it
+        return TableStatus(".".join(source_name_of(path)), str(path), _logged_txn_version(path), None, None,
+                           option_mismatches=("applied LSN read from the JSON log only; delta-rs cannot open a "
+                                              "path holding '%'",))
     table = delta_table(str(path))
     properties = dict(table.metadata().configuration)
     source = properties.get(PROP_SOURCE) or ".".join(source_name_of(path))
@@ -112,3 +117,16 @@ def slot_status(dsn: str, slot: str) -> SlotStatus:
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:
     return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None})
+
+
+def _logged_txn_version(path: Path) -> int | None:
+    """The highest ``txnVersion`` of applier's app id in the table's JSON commits (no checkpoint read)."""
+    best: int | None = None
+    log = path / "_delta_log"
+    source = ".".join(source_name_of(path))
+    for commit in sorted(log.glob("*.json")):
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            txn = json.loads(line).get("txn") if line.strip() else None
+            if txn and txn.get("appId") == app_id_for(source):
+                best = max(best or 0, int(txn["version"]))
+    return best

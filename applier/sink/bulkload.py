@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from applier.infra.crashpoints import crashpoint
+from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.merge import arrow_table
 
@@ -103,7 +104,7 @@ class SnapshotLoader:
             if table.num_rows:
                 from deltalake import write_deltalake
 
-                write_deltalake(self.path, table, mode="overwrite" if self._first else "append")
+                write_deltalake(deltars_path(self.path), table, mode="overwrite" if self._first else "append")
                 self._first = False
                 del table
                 if not final:
@@ -134,11 +135,13 @@ _DELTARS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "tim
 
 def deltars_can_write(path: str) -> bool:
     """Whether delta-rs can append to the Delta table at ``path`` (its protocol asks nothing more)."""
+    if not deltars_can_open(path):
+        return False
     try:
         from deltalake import DeltaTable
     except ImportError:
         return False
-    protocol = DeltaTable(path).protocol()
+    protocol = DeltaTable(deltars_path(path)).protocol()
     if protocol.min_writer_version > 7 or protocol.min_reader_version > 3:
         return False
     writer = set(protocol.writer_features or ())

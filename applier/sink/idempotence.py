@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
+from applier.infra.deltars import deltars_can_open, deltars_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,7 +54,8 @@ def applied_version(spark: SparkSession | None, table_path: str, app_id: str) ->
     This is the authoritative record of what has been applied, independent of any state file of ours.
     ``spark`` is unused and kept so that callers need not care which reader answers.
     """
-    del spark
+    if not deltars_can_open(table_path):
+        return _jvm_applied_version(spark, table_path, app_id)
     version = delta_table(table_path).transaction_version(app_id)
     return int(version) if version is not None else None
 
@@ -65,7 +68,7 @@ def delta_table(table_path: str) -> Any:
     from deltalake import DeltaTable
 
     try:
-        return DeltaTable(table_path)
+        return DeltaTable(deltars_path(table_path))
     except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
         raise SinkError("cannot read the Delta log of a target table", path=table_path,
                         error=f"{type(e).__name__}: {e}"[:500]) from e
@@ -73,7 +76,10 @@ def delta_table(table_path: str) -> Any:
 
 def holds_no_files(spark: SparkSession | None, table_path: str) -> bool:
     """True when the table's newest version has no data files at all (so it has no rows)."""
-    del spark
+    if not deltars_can_open(table_path):
+        if spark is None:
+            return False  # unknown: the caller then takes the path that works either way
+        return int(_jvm_snapshot(spark, table_path).numOfFiles()) == 0
     return len(delta_table(table_path).file_uris()) == 0
 
 
@@ -81,4 +87,24 @@ def is_delta_table(table_path: str) -> bool:
     """True when ``table_path`` holds a Delta table (read with delta-rs, no JVM)."""
     from deltalake import DeltaTable
 
-    return bool(DeltaTable.is_deltatable(table_path))
+    if not deltars_can_open(table_path):
+        log = Path(table_path) / "_delta_log"
+        return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
+    return bool(DeltaTable.is_deltatable(deltars_path(table_path)))
+
+
+def _jvm_snapshot(spark: SparkSession, table_path: str) -> Any:
+    """The table's newest snapshot through Delta's JVM classes: only for the paths delta-rs cannot
+    open (see applier.infra.deltars), on a classic Spark session."""
+    jvm: Any = spark._jvm  # py4j gateway of a classic session
+    session: Any = spark._jsparkSession
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, table_path)
+    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+
+def _jvm_applied_version(spark: SparkSession | None, table_path: str, app_id: str) -> int | None:
+    if spark is None:
+        raise SinkError("this table's path holds '%' (an escaped name), which delta-rs cannot open; "
+                        "its applied version needs a Spark session", path=table_path)
+    txn = _jvm_snapshot(spark, table_path).transactions().get(app_id)
+    return None if txn.isEmpty() else int(txn.get())
