@@ -3,9 +3,10 @@
 Why delta-rs for the data: writing Arrow through Spark costs a JVM round trip and a Spark job per
 commit (bench/RESULTS.md: about ten times the copy's own time on the 2-core machine), while delta-rs
 writes Parquet from Arrow directly. Tables are created with the lowest protocol they need (no type
-widening unless a rule asks for it), which delta-rs writes; the final commit goes through Spark and
-records the applied version exactly as the stream's commits do. A table delta-rs cannot write
-(column mapping, type widening asked for by a rule) is written through Spark from Arrow instead.
+widening unless a rule asks for it), which delta-rs writes; the final commit records the applied
+version as a Delta ``txn`` action, the same action Spark's idempotent writes (and the stream's
+commits) record. A table delta-rs cannot write (column mapping, type widening asked for by a rule)
+is written through Spark from Arrow instead.
 
 Why large commits: a Delta commit costs about a second whatever its size, so the copy gathers Arrow
 batches (from any chunk, in any order: the copy is a multiset until the stream starts) up to
@@ -101,21 +102,29 @@ class SnapshotLoader:
         table = pa.concat_tables(pieces) if pieces else self._arrow_schema.empty_table()
         del pieces
         if self.deltars:
-            if table.num_rows:
-                from deltalake import write_deltalake
-
-                write_deltalake(deltars_path(self.path), table, mode="overwrite" if self._first else "append")
-                self._first = False
-                del table
-                if not final:
-                    crashpoint("snapshot_chunk")
-            if final:  # through Spark: the applied version, exactly as the stream's commits record it
-                self._write(self.spark.createDataFrame([], self.spec.schema), tagged=True)
+            if table.num_rows or final:
+                self._write_deltars(table, tagged=final)
             return
         frame = self.spark.createDataFrame(table, self.spec.schema) if table.num_rows else \
             self.spark.createDataFrame([], self.spec.schema)
         del table
         self._write(frame, tagged=final)
+
+    def _write_deltars(self, table: Any, *, tagged: bool) -> None:
+        """One delta-rs commit; the last carries the applied version as a ``txn`` action (what Spark's
+        ``txnAppId``/``txnVersion`` write) and the description as the commit's ``userMetadata``."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        properties = None
+        if tagged:
+            app_id, version, description = self.tag
+            properties = CommitProperties(app_transactions=[Transaction(app_id, version)],
+                                          custom_metadata={"userMetadata": description})
+        write_deltalake(deltars_path(self.path), table, mode="overwrite" if self._first else "append",
+                        commit_properties=properties)
+        self._first = False
+        if not tagged:
+            crashpoint("snapshot_chunk")
 
     def _write(self, frame: Any, *, tagged: bool) -> None:
         writer = frame.write.format("delta").mode("overwrite" if self._first else "append")

@@ -34,6 +34,8 @@ from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
     TableSpec,
+    create_table_deltars,
+    deltars_can_create,
     ensure_table,
     set_table_property,
     table_options,
@@ -213,15 +215,23 @@ class DeltaApplier:
         table's own copy slot's when a copy is resumed). Its first commit replaces the table, its last
         carries ``lsn`` as the table's applied version, so the stream's transactions ending after it
         apply and nothing before it does. A crash part-way leaves no version recorded, and the next
-        attempt overwrites from scratch. A table that is not ``large`` (less than one commit) is
-        written by Spark in one commit, which saves the delta-rs path's extra Spark commit."""
+        attempt overwrites from scratch. A new table that delta-rs can create is created and written by
+        delta-rs alone, its last commit carrying the applied version as a ``txn`` action, exactly as
+        Spark's idempotent writes record it; any other is created (or evolved) through Spark, and then a
+        table that is not ``large`` (less than one commit) is written by Spark in one commit."""
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
-        bulk = large and not needs_column_mapping(spec.column_names)
-        self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
-        deltars = bulk and deltars_can_write(path)
+        options = table_options(self.tables.rule_for(spec.source_name))
+        if self._schema_seen.get(path) is None and deltars_can_create(path, spec, options) and not is_delta_table(path):
+            create_table_deltars(path, spec, options)  # no Spark job: a copy of many small tables is quick
+            self.targets.created(path)
+            self._schema_seen[path] = schema_version
+            deltars = True
+        else:
+            self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
+            deltars = large and not needs_column_mapping(spec.column_names) and deltars_can_write(path)
 
         def done(rows: int) -> None:
             self._applied[path] = lsn

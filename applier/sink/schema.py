@@ -23,6 +23,7 @@ from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
+from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
 
 if TYPE_CHECKING:
@@ -103,12 +104,8 @@ def _table_exists(spark: SparkSession, path: str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, path))
 
 
-def create_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
-    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists), with the lowest protocol it needs.
-
-    SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
-    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
-    options = options or TableOptions()
+def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, str]:
+    """The properties a new table is created with (and the check that its layout names real columns)."""
     names = set(spec.column_names)
     unknown = [c for c in (*options.partition_by, *options.cluster_by) if c not in names]
     if unknown:
@@ -118,6 +115,16 @@ def create_table(spark: SparkSession, path: str, spec: TableSpec, options: Table
                   PROP_IDENTITY: spec.replica_identity} | options.table_properties()
     if needs_column_mapping(spec.column_names):
         properties |= COLUMN_MAPPING
+    return properties
+
+
+def create_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
+    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists), with the lowest protocol it needs.
+
+    SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
+    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+    options = options or TableOptions()
+    properties = _creation_properties(spec, options)
     columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
                         for f in spec.schema.fields)
     layout = ""
@@ -128,6 +135,38 @@ def create_table(spark: SparkSession, path: str, spec: TableSpec, options: Table
     props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
     spark.sql(f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta{layout} "
               f"TBLPROPERTIES ({props})")
+
+
+def deltars_can_create(path: str, spec: TableSpec, options: TableOptions | None) -> bool:
+    """Whether delta-rs creates this table exactly as ``create_table`` would (same schema as Spark reads
+    it, same properties): not for column mapping, liquid clustering, type widening, change data feed or
+    Delta properties of the user's (features delta-rs may enable differently), nor for a path it cannot
+    open. Creating without Spark saves the copy a Spark job per table (bench/RESULTS.md)."""
+    if not deltars_can_open(path) or needs_column_mapping(spec.column_names):
+        return False
+    options = options or TableOptions()
+    return not (options.type_widening or options.change_data_feed or options.cluster_by
+                or any(k.startswith("delta.") for k in options.properties))
+
+
+def create_table_deltars(path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
+    """``create_table`` through delta-rs, for a table ``deltars_can_create`` accepts.
+
+    A NOT NULL column on a table that needs named features (timestamp without time zone) gets the
+    ``invariants`` feature listed too: delta-rs leaves it out, and Spark then refuses the table
+    ("features enabled in metadata but not listed in protocol")."""
+    from deltalake import DeltaTable, TableFeatures
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    options = options or TableOptions()
+    properties = _creation_properties(spec, options)
+    table = DeltaTable.create(deltars_path(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
+                              partition_by=list(options.partition_by) or None, configuration=properties,
+                              raise_if_key_not_exists=False)
+    protocol = table.protocol()
+    if protocol.min_writer_version >= 7 and any(not f.nullable for f in spec.schema.fields) \
+            and "invariants" not in (protocol.writer_features or ()):
+        table.alter.add_feature(TableFeatures.Invariants, allow_protocol_versions_increase=True)
 
 
 def table_options(rule: TableRule | None) -> TableOptions | None:
