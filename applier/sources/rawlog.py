@@ -129,21 +129,34 @@ def read_raw_log(path: str | Path, *, batch_rows: int = 8192, check_order: bool 
         from applier.protocol.order import OrderChecker
 
         checker = OrderChecker()
-        for msg in _messages(files, batch_rows):
-            problems = checker.check(msg.lsn, msg.data)
-            if problems:
-                err = problems[0].error()
-                err.add_context(path=str(path))
-                raise err
-    yield from _messages(files, batch_rows)
+        check = checker.check
+        for batch, _file, _first in _batches(files, batch_rows):  # columns only: no message objects
+            lsns = batch.column(0).to_pylist()
+            if _text_lsn(batch):
+                lsns = [None if v is None else parse_lsn(v) for v in lsns]
+            for lsn, data in zip(lsns, batch.column(2).to_pylist(), strict=True):
+                problems = check(lsn, data) if lsn is not None and data is not None else None
+                if problems:
+                    err = problems[0].error()
+                    err.add_context(path=str(path))
+                    raise err
+    for batch, file, first in _batches(files, batch_rows):
+        yield from _rows(batch, file, first)
 
 
-def _messages(files: list[Path], batch_rows: int) -> Iterator[RawMessage]:
+def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pa.Table, Path, int]]:
+    """The log's rows in log order as (batch, file, first row's number in it): the order check reads
+    the columns, the messages are built from them once, only on the second pass."""
     if not any(_has_seq(f) for f in files):
         for file in files:
             yield from _read_parquet(file, batch_rows)
         return
     yield from _by_seq(files, batch_rows)
+
+
+def _text_lsn(batch: pa.RecordBatch | pa.Table) -> bool:
+    t = batch.column(0).type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -177,12 +190,12 @@ def _has_seq(file: Path) -> bool:
     return "seq" in _open(file).schema_arrow.names
 
 
-def _read_parquet(file: Path, batch_rows: int) -> Iterator[RawMessage]:
+def _read_parquet(file: Path, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, Path, int]]:
     try:
         pf = _open(file)
         row = 0
         for batch in pf.iter_batches(batch_size=batch_rows, columns=list(_COLUMNS)):
-            yield from _rows(batch, file, row)
+            yield batch, file, row
             row += batch.num_rows
     except (OSError, pa.ArrowException) as e:
         raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
@@ -192,7 +205,7 @@ def _rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Itera
     lsns = batch.column(0).to_pylist()
     xids = batch.column(1).to_pylist()
     datas = batch.column(2).to_pylist()
-    text_lsn = pa.types.is_string(batch.column(0).type) or pa.types.is_large_string(batch.column(0).type)
+    text_lsn = _text_lsn(batch)
     for i in range(len(lsns)):
         lsn, xid, data = lsns[i], xids[i], datas[i]
         if lsn is None or xid is None or data is None:
@@ -203,7 +216,7 @@ def _rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Itera
             raise SourceError("raw log row has an invalid LSN", path=str(file), row=first_row + i) from e
 
 
-def _by_seq(files: list[Path], batch_rows: int) -> Iterator[RawMessage]:
+def _by_seq(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.Table, Path, int]]:
     """Rows of files that carry ``seq``, in ``seq`` order: files ordered by their ``seq`` range,
     files whose ranges overlap read together and sorted, a duplicate or a gap refused."""
     ranges: list[tuple[int, int, Path]] = []
@@ -242,4 +255,4 @@ def _by_seq(files: list[Path], batch_rows: int) -> Iterator[RawMessage]:
                                   f"doubled)", path=str(cluster[0]), seq=seq)
             previous = seq
         for start in range(0, table.num_rows, batch_rows):
-            yield from _rows(table.slice(start, batch_rows), cluster[0], start)
+            yield table.slice(start, batch_rows), cluster[0], start
