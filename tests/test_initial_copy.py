@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deltalake import DeltaTable
 
 from applier.checks.verify import verify_against_postgres
 from applier.config import MirrorConfig, SnapshotSettings, SourceSettings, TargetSettings
@@ -35,10 +36,11 @@ INSERT INTO big SELECT i, i::bigint * 1000003, (i % 30000)::smallint, CASE i % 3
     md5(i::text)::uuid, jsonb_build_object('i', i, 's', 'a,b'), repeat('filler ', 10)
 FROM generate_series(1, 40000) i;
 CREATE TABLE typed (id int PRIMARY KEY, n numeric(10,2), f float8, d date, ts timestamptz, arr int[],
-                    nb numeric, iv interval);
+                    nb numeric, iv interval, tsn timestamp);
 INSERT INTO typed SELECT i, i / 7.0, CASE i % 10 WHEN 0 THEN 'NaN' WHEN 1 THEN '-Infinity' ELSE i / 3.0 END,
     date '2020-01-01' + i, timestamptz '2021-03-04 05:06:07.123456+02' + i * interval '1 minute',
-    ARRAY[i, NULL, -i], 10::numeric ^ 40 + i, i * interval '1 day 3 seconds'
+    ARRAY[i, NULL, -i], 10::numeric ^ 40 + i, i * interval '1 day 3 seconds',
+    timestamp '1999-12-31 23:59:59.5' + i * interval '1 hour'
 FROM generate_series(1, 3000) i;
 CREATE TABLE bag (a int, b text);
 ALTER TABLE bag REPLICA IDENTITY FULL;
@@ -110,6 +112,12 @@ def test_parallel_chunked_copy_of_every_kind_of_table_equals_postgres_then_strea
         after = mirror(spark, cfg, once=True)
         assert after.snapshot_lsn is None and after.transactions >= 1
         _assert_all_equal(spark, conn, target)
+        # created and copied by delta-rs alone (with the timestampNtz feature a timestamp without time
+        # zone needs), then merged by Spark
+        typed = DeltaTable(str(target / "public" / "typed"))
+        assert typed.history()[-1]["clientVersion"].startswith("delta-rs")
+        assert typed.protocol().writer_features == ["timestampNtz"]
+        assert typed.to_pyarrow_table().num_rows == 3000
 
 
 def test_copy_killed_after_some_chunks_of_a_table_resumes_without_copying_finished_tables(pg, spark, tmp_path):

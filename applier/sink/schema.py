@@ -144,29 +144,24 @@ def deltars_can_create(path: str, spec: TableSpec, options: TableOptions | None)
     open. Creating without Spark saves the copy a Spark job per table (bench/RESULTS.md)."""
     if not deltars_can_open(path) or needs_column_mapping(spec.column_names):
         return False
+    if any(not f.nullable for f in spec.schema.fields):
+        # delta-rs leaves the invariants feature out of the protocol of a table with named features
+        # (e.g. timestamp without time zone) and a NOT NULL column, and Spark then refuses the table
+        return False
     options = options or TableOptions()
     return not (options.type_widening or options.change_data_feed or options.cluster_by
                 or any(k.startswith("delta.") for k in options.properties))
 
 
 def create_table_deltars(path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
-    """``create_table`` through delta-rs, for a table ``deltars_can_create`` accepts.
-
-    A NOT NULL column on a table that needs named features (timestamp without time zone) gets the
-    ``invariants`` feature listed too: delta-rs leaves it out, and Spark then refuses the table
-    ("features enabled in metadata but not listed in protocol")."""
-    from deltalake import DeltaTable, TableFeatures
+    """``create_table`` through delta-rs, for a table ``deltars_can_create`` accepts."""
+    from deltalake import DeltaTable
     from pyspark.sql.pandas.types import to_arrow_schema
 
     options = options or TableOptions()
-    properties = _creation_properties(spec, options)
-    table = DeltaTable.create(deltars_path(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
-                              partition_by=list(options.partition_by) or None, configuration=properties,
-                              raise_if_key_not_exists=False)
-    protocol = table.protocol()
-    if protocol.min_writer_version >= 7 and any(not f.nullable for f in spec.schema.fields) \
-            and "invariants" not in (protocol.writer_features or ()):
-        table.alter.add_feature(TableFeatures.Invariants, allow_protocol_versions_increase=True)
+    DeltaTable.create(deltars_path(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
+                      partition_by=list(options.partition_by) or None,
+                      configuration=_creation_properties(spec, options), raise_if_key_not_exists=False)
 
 
 def table_options(rule: TableRule | None) -> TableOptions | None:
