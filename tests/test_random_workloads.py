@@ -62,9 +62,11 @@ def test_random_history_equals_postgres_in_delta_and_reference_sink(pg, spark, t
             assert res.equal, (name, res.only_in_source[:3], res.only_in_target[:3])
 
         # The Delta sink, grouped, must equal Postgres too; every other case with the next group
-        # decoded while the previous one commits (apply.overlap_groups).
+        # decoded while the previous one commits (apply.overlap_groups), and seeds 3 and 4 with every
+        # commit a Spark MERGE (apply.merge_engine), the others with delta-rs where it can.
         target = tmp_path / "delta"
-        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
-                                       apply=ApplySettings(max_group_transactions=7, overlap_groups=seed % 2 == 1)))
+        apply = ApplySettings(max_group_transactions=7, overlap_groups=seed % 2 == 1,
+                              merge_engine="spark" if seed % 4 in (0, 3) else "auto")
+        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)), apply=apply))
         for r in verify_against_postgres(spark, conn, str(target), TABLES):
             assert r.equal, (r.source_name, r.only_in_source[:3], r.only_in_target[:3])

@@ -172,6 +172,11 @@ class ApplySettings(_Model):
     optimize_every_commits: int = Field(
         0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
         "to it; 0: never (run OPTIMIZE yourself)")
+    merge_engine: Literal["auto", "spark"] = Field(
+        "auto", description="auto: a keyed table's commit is written by delta-rs from the fold's Arrow table "
+        "when that is the same commit (no unchanged-TOAST value to read from the target, a table delta-rs "
+        "can write, not a key-less table), else by a Spark MERGE; spark: every commit by Spark (e.g. where "
+        "delta-rs cannot reach the storage with its own credentials)")
     overlap_groups: bool = Field(
         False, description="decode and assemble the next group while the previous one is committed to Delta "
         "(one group in flight; memory up to two groups). Positions are still confirmed only after the "

@@ -30,6 +30,7 @@ from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
+from applier.sink.rsmerge import apply_plan_deltars, deltars_plan_ok
 from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
@@ -100,6 +101,7 @@ class DeltaApplier:
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(spark, self.settings.parallel_tables)
         self._written: set[str] = set()  # table paths this run has written rows to
+        self._deltars_writable: dict[str, bool] = {}  # table path -> delta-rs can write its protocol
 
     def path_for(self, namespace: str, name: str) -> str:
         return self.targets.path_for(namespace, name)
@@ -194,10 +196,16 @@ class DeltaApplier:
                 description: str) -> CommitResult:
         """One table's commit of a group (run side by side with the other tables', in ``spark``, a
         session of its own)."""
-        result = retry_on_conflict(
-            partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id_for(spec.source_name),
-                    version=version, description=description, may_be_empty=path not in self._written),
-            table=spec.source_name)
+        app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
+        result = None
+        if self._merges_with_deltars(path, spec, plan):
+            result = apply_plan_deltars(path, spec.schema, plan, app_id=app_id, version=version,
+                                        description=description, may_be_empty=may_be_empty)
+        if result is None:
+            result = retry_on_conflict(
+                partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id, version=version,
+                        description=description, may_be_empty=may_be_empty),
+                table=spec.source_name)
         self._applied[path] = version
         if result.rows_upserted:
             self._written.add(path)  # it has data files now (a later delete of every row only costs a MERGE)
@@ -208,6 +216,21 @@ class DeltaApplier:
             # that sequences owned by a consumer can follow it.
             set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
         return result
+
+    def _merges_with_deltars(self, path: str, spec: TableSpec, plan: TablePlan) -> bool:
+        """Whether this commit goes through delta-rs (applier.sink.rsmerge): the setting allows it, the
+        table's protocol is one delta-rs writes (checked once per schema version), its keys are not
+        floating point (NaN and -0.0 compare differently in SQL engines) and the plan needs no lookup."""
+        if self.settings.merge_engine != "auto":
+            return False
+        writable = self._deltars_writable.get(path)
+        if writable is None:
+            writable = deltars_can_write(path)
+            self._deltars_writable[path] = writable
+        if not writable:
+            return False
+        key_types = {spec.schema[k].dataType.typeName() for k in spec.key_columns}
+        return not key_types & {"float", "double"} and deltars_plan_ok(plan)
 
     def snapshot_loader(self, schema_version: SchemaVersion, lsn: int, *, commit_bytes: int,
                         large: bool = True) -> SnapshotLoader:
@@ -282,6 +305,7 @@ class DeltaApplier:
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
+        self._deltars_writable.pop(path, None)  # a new schema may have brought a feature delta-rs cannot write
 
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""

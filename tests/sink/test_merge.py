@@ -131,3 +131,43 @@ def test_a_keyed_fold_into_a_table_without_rows_is_one_append_and_then_merges_ag
     assert operations()[-1] == "WRITE"
     assert rows(spark, path) == [(1, "back", None)]
     assert applied_version(spark, path, app_id_for("t")) == 400
+
+
+def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, tmp_path):
+    """The same folds through delta-rs (applier.sink.rsmerge) and through Spark give the same table;
+    a delta-rs commit's version stops a Spark re-apply and the other way round."""
+    from deltalake import DeltaTable
+
+    from applier.sink.rsmerge import apply_plan_deltars, deltars_plan_ok
+
+    groups = [
+        [Ch("I", (1, "a", ["x", None])), Ch("I", (2, "b", None)), Ch("I", (3, "ü€𝄞", []))],  # into empty: append
+        [Ch("U", (1, "a2", None)), Ch("D", old_key=(2,)), Ch("I", (4, "", ["y"])),
+         Ch("U", (30, "moved", None), old_key=(3,))],  # a key change: old key deleted, new inserted
+        [Ch("I", (2, "back", None)), Ch("U", (4, None, None)), Ch("D", old_key=(99,))],
+        [Ch("I", (5, "gone", None)), Ch("T"), Ch("I", (6, "after", ["z"]))],  # truncated: overwrite
+        [Ch("I", (7, "seven", None)), Ch("U", (6, "six", None))],
+    ]
+    rs, sp = str(tmp_path / "rs"), str(tmp_path / "sp")
+    for path in (rs, sp):
+        ensure_table(spark, path, TableSpec("public.t", SCHEMA, ("id",), "d"))
+    for n, changes in enumerate(groups, start=1):
+        plan = fold_changes(changes, COLS, (0,), unchanged_marker=U)
+        assert deltars_plan_ok(plan)
+        res = apply_plan_deltars(rs, SCHEMA, plan, app_id=app_id_for("t"), version=n * 10, description="public.t")
+        assert res is not None
+        run(spark, sp, changes, n * 10)
+        assert rows(spark, rs) == rows(spark, sp), n
+        assert DeltaTable(rs).history(1)[0]["clientVersion"].startswith("delta-rs")
+        assert applied_version(spark, rs, app_id_for("t")) == n * 10
+    assert rows(spark, rs) == [(6, "six", None), (7, "seven", None)]
+    before = DeltaTable(rs).version()
+    run(spark, rs, [Ch("I", (8, "late", None))], 50)  # Spark sees delta-rs's txn action: nothing written
+    plan = fold_changes([Ch("I", (8, "late", None))], COLS, (0,), unchanged_marker=U)
+    assert apply_plan_deltars(rs, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x") is not None
+    apply_plan_deltars(sp, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x")  # and the other way
+    assert DeltaTable(rs).version() == before
+    assert rows(spark, rs) == rows(spark, sp) == [(6, "six", None), (7, "seven", None)]
+    # what delta-rs does not take: a value to read from the target (unchanged TOAST), a key-less table
+    assert not deltars_plan_ok(fold_changes([Ch("U", (7, U, None))], COLS, (0,), unchanged_marker=U))
+    assert not deltars_plan_ok(fold_changes([Ch("I", (7, "x", None))], COLS, (), unchanged_marker=U))
