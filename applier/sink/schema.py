@@ -99,6 +99,11 @@ class SchemaEvolution:
 
 
 def _table_exists(spark: SparkSession, path: str) -> bool:
+    """Read with delta-rs where it can open the path (no JVM round trip), else through Spark."""
+    if deltars_can_open(path):
+        from deltalake import DeltaTable as RsTable
+
+        return bool(RsTable.is_deltatable(deltars_path(path)))
     from delta.tables import DeltaTable
 
     return bool(DeltaTable.isDeltaTable(spark, path))
@@ -291,7 +296,26 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: Table
         return SchemaEvolution(added=spec.column_names)
     if options is not None and options.any and check_options:
         _warn_option_mismatches(spark, path, spec, options)
+    if _unchanged(path, spec):
+        return SchemaEvolution()
     return evolve_table(spark, path, spec)
+
+
+def _unchanged(path: str, spec: TableSpec) -> bool:
+    """True when the table already has exactly ``spec``'s columns and types and key columns, read from
+    its log with delta-rs: evolve_table would change nothing, and reading the same through Spark costs
+    the JVM's first Delta log read (seconds in a fresh process, bench/RESULTS.md). Anything else (a
+    path delta-rs cannot open, a type written differently) is left to evolve_table."""
+    if not deltars_can_open(path):
+        return False
+    from deltalake import DeltaTable
+
+    table = DeltaTable(deltars_path(path))
+    have = {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+    if have != {f.name: f.dataType.jsonValue() for f in spec.schema.fields}:
+        return False
+    keys = table.metadata().configuration.get(PROP_KEYS)
+    return keys is None or json.loads(keys) == list(spec.key_columns)
 
 
 def _get_property(spark: SparkSession, path: str, key: str) -> str | None:
