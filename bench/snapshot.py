@@ -49,6 +49,20 @@ def run_mirror(args: argparse.Namespace) -> None:
     print(json.dumps(mirror_once_measured(args.config, args.dsn)))
 
 
+def drop_slot(conn: object, slot: str) -> None:
+    """Drop ``slot`` once its walsender has gone (a dropped subscription's lingers for a moment)."""
+    for _ in range(200):
+        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",  # type: ignore[attr-defined]
+                           (slot,)).fetchone()
+        if row is None:
+            return
+        if not row[0]:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))  # type: ignore[attr-defined]
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"bench/snapshot: slot {slot} stayed active")
+
+
 def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
     import yaml
 
@@ -146,7 +160,7 @@ def main() -> None:
             rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
             rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
             rep.execute("DROP SUBSCRIPTION pgsub")
-        conn.execute("SELECT pg_drop_replication_slot('pgsub')")
+        drop_slot(conn, "pgsub")
         log(f"PostgreSQL's subscription copied every table in {postgres_seconds:.1f} s ({rep_rows} accounts)")
         if rep_rows != rows:
             raise SystemExit(f"bench/snapshot: the subscription copied {rep_rows} accounts of {rows}")
@@ -154,7 +168,7 @@ def main() -> None:
         runs: dict[int, dict[str, object]] = {}
         for level in levels:
             runs[level] = applier_copy(work, cluster.dsn(), level)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (f"bench_{level}",))
+            drop_slot(conn, f"bench_{level}")
             log(f"applier (parallelism {level}): {float(runs[level]['seconds']):.1f} s "  # type: ignore[arg-type]
                 f"({json.dumps(runs[level])})")
 
