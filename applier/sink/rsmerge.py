@@ -46,7 +46,8 @@ def deltars_plan_ok(plan: TablePlan) -> bool:
 def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
                        description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when a value does not convert to
-    Arrow exactly (the caller then takes the Spark path, which takes every value)."""
+    Arrow exactly or the table has columns the source no longer has (the caller then takes the Spark
+    path, which takes every value and fills such columns with NULL)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from pyspark.sql.types import StringType, StructField
     from pyspark.sql.types import StructType as SparkStruct
@@ -55,6 +56,9 @@ def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id
     done = table.transaction_version(app_id)
     if done is not None and int(done) >= version:  # what Spark's idempotent write does: nothing
         return CommitResult(0, 0, plan.truncated)
+    names = [f.name for f in schema.fields]
+    if [f.name for f in table.schema().fields] != names:
+        return None  # columns dropped in the source stay in Delta: Spark fills them with NULL, delta-rs refuses
     properties = CommitProperties(app_transactions=[Transaction(app_id, version)],
                                   custom_metadata={"userMetadata": description})
     upserts = [e.row for e in plan.keyed.values() if e.row is not None]
@@ -66,7 +70,6 @@ def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id
                         commit_properties=properties)
         return CommitResult(len(upserts), 0, plan.truncated)
 
-    names = [f.name for f in schema.fields]
     ncols = len(names)
     rows: list[tuple[Any, ...]] = []
     deletes = 0
