@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from applier.infra.deltars import deltars_path
-from applier.sink.merge import OP_COL, CommitResult, arrow_table
+from applier.sink.merge import OP_COL, CommitResult, arrow_table, key_range
 from applier.sink.plan import TablePlan
 
 if TYPE_CHECKING:
@@ -87,6 +87,12 @@ def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id
         return None
     keys = [names[p] for p in plan.key_positions]
     predicate = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    bounds = key_range([r[plan.key_positions[0]] for r in rows])
+    if bounds is not None and all(type(b) is int for b in bounds):
+        # lets delta-rs skip the files whose key statistics lie outside the batch (a catch-up's
+        # changes touch recent keys: 0.4 s instead of 1.0-1.6 s for 1M rows into a 4M-row table)
+        first = f"t.{_q(keys[0])}"
+        predicate = f"{first} >= {bounds[0]} AND {first} <= {bounds[1]} AND {predicate}"
     assignments = {_q(n): f"s.{_q(n)}" for n in names}
     op = f"s.{_q(OP_COL)}"
     (table.merge(source, predicate=predicate, source_alias="s", target_alias="t", commit_properties=properties)
