@@ -105,12 +105,14 @@ def cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
         running.stop()
 
 
-def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = None) -> str:
+def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = None,
+           extra_env: dict[str, str] | None = None) -> str:
     jars = delta_jars(default_cache_dir(), fetch=False)
     env = dict(cluster.env, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                APPLIER_DELTA_JARS="provided")  # the jars come with --jars, as on a cluster that ships them
     if dsn is not None:
         env["APPLIER_DSN"] = dsn
+    env.update(extra_env or {})
     out = subprocess.run(
         [str(_spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
          "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
@@ -129,8 +131,9 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
 
         submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "replayed"))
+        # the mirror as the README advises on a cluster: every commit a Spark MERGE, run by the executors
         submit(cluster, "mirror.py", "--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"),
-               "--once", dsn=pg.dsn)
+               "--once", dsn=pg.dsn, extra_env={"APPLIER_APPLY__MERGE_ENGINE": "spark"})
 
         for target in (tmp_path / "replayed", tmp_path / "mirrored"):
             results = verify_against_postgres(spark, conn, str(target), SHOP)
