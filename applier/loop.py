@@ -191,6 +191,12 @@ class ApplyLoop:
         pending)."""
         return self._dispatch(wait=True)
 
+    def dispatch(self) -> int | None:
+        """Hand the pending group to the Delta side and return at once (``apply.overlap_groups``; without
+        it this is ``flush``): a live source keeps reading while the group commits. What it returns
+        and confirms is the previous group's end, once that group's commits are done."""
+        return self._dispatch(wait=False)
+
     def _dispatch(self, *, wait: bool) -> int | None:
         finished = self._finish_in_flight()
         group = self.group

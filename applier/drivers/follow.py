@@ -47,9 +47,10 @@ class SlotFollower:
     def run(self, once: bool) -> None:
         raise NotImplementedError
 
-    def flush(self) -> int | None:
-        """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any."""
-        end = self.loop.flush()
+    def flush(self, *, wait: bool = True) -> int | None:
+        """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any.
+        ``wait=False``: with ``apply.overlap_groups``, only hand it over and keep reading."""
+        end = self.loop.flush() if wait else self.loop.dispatch()
         self.stats.transactions = self.loop.transactions
         if end is not None:
             self.stats.confirmed_lsn = end
@@ -110,8 +111,8 @@ class ReplicationFollower(SlotFollower):
                     frame = stream.read(0.0 if pending else 0.5)
                     if frame is not None and not isinstance(frame, PrimaryKeepalive):
                         self._feed(frame.wal_start, frame.payload)
-                        if self.loop.group.due():
-                            self.flush()
+                        if self.loop.group.due():  # held long enough while more keeps arriving
+                            self.flush(wait=False)
                         continue
                     at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
                                  and frame.wal_end >= target)

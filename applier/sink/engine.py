@@ -30,7 +30,7 @@ from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
-from applier.sink.rsmerge import apply_plan_deltars, deltars_plan_ok
+from applier.sink.rsmerge import apply_plan_deltars
 from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
@@ -220,7 +220,8 @@ class DeltaApplier:
     def _merges_with_deltars(self, path: str, spec: TableSpec, plan: TablePlan) -> bool:
         """Whether this commit goes through delta-rs (applier.sink.rsmerge): the setting allows it, the
         table's protocol is one delta-rs writes (checked once per schema version), its keys are not
-        floating point (NaN and -0.0 compare differently in SQL engines) and the plan needs no lookup."""
+        floating point (NaN and -0.0 compare differently in SQL engines); the plan itself is checked by
+        apply_plan_deltars, which declines what it cannot do the same way."""
         if self.settings.merge_engine != "auto":
             return False
         writable = self._deltars_writable.get(path)
@@ -230,7 +231,7 @@ class DeltaApplier:
         if not writable:
             return False
         key_types = {spec.schema[k].dataType.typeName() for k in spec.key_columns}
-        return not key_types & {"float", "double"} and deltars_plan_ok(plan)
+        return not key_types & {"float", "double"}
 
     def snapshot_loader(self, schema_version: SchemaVersion, lsn: int, *, commit_bytes: int,
                         large: bool = True) -> SnapshotLoader:
