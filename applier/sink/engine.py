@@ -248,14 +248,16 @@ class DeltaApplier:
         spec = self._spec(batch)
         path = self.path_for(batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
-        if self._schema_seen.get(path) is None and deltars_can_create(path, spec, options) and not is_delta_table(path):
+        allowed = self.settings.merge_engine == "auto"  # 'spark': every write through Spark, the copy's too
+        if allowed and self._schema_seen.get(path) is None and deltars_can_create(path, spec, options) \
+                and not is_delta_table(path):
             create_table_deltars(path, spec, options)  # no Spark job: a copy of many small tables is quick
             self.targets.created(path)
             self._schema_seen[path] = schema_version
             deltars = True
         else:
             self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
-            deltars = large and not needs_column_mapping(spec.column_names) and deltars_can_write(path)
+            deltars = allowed and large and not needs_column_mapping(spec.column_names) and deltars_can_write(path)
 
         def done(rows: int) -> None:
             self._applied[path] = lsn
