@@ -20,7 +20,7 @@ from workloads import SCHEMA, TABLES, random_workload
 
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
-from applier.drivers.mirror import mirror
+from applier.drivers.mirror import Mirror, mirror
 from applier.errors import SourceError
 from applier.lsn import parse_lsn
 
@@ -319,3 +319,41 @@ def test_the_lag_line_of_an_idle_mirror_is_measured_from_the_confirmed_position(
     assert behind < 1 << 20, lags[-3:]  # the filler alone wrote ~6 MB of WAL
     with pg.connect() as conn:
         conn.execute("DROP DATABASE lag_other WITH (FORCE)")
+
+
+def test_a_column_added_with_a_default_gives_existing_rows_postgres_values_not_null(pg, spark, tmp_path):
+    """ADD COLUMN ... DEFAULT sends no row changes: the rows that existed show the default (a
+    constant: attmissingval; a volatile one: values the table rewrite computed). The mirror copies
+    such a table again at a known position; a column added without a default stays NULL as it is
+    in Postgres, with no copy."""
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ac", publication="ac_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")),
+                          apply=ApplySettings(max_group_transactions=3))
+    tables = [("public", "plain"), ("public", "constant"), ("public", "volatile")]
+    with pg.connect() as conn:
+        for name in ("plain", "constant", "volatile"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
+            conn.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION ac_pub FOR TABLE plain, constant, volatile")
+        first = mirror(spark, config, once=True)
+        assert first.snapshot_rows == {"public.plain": 50, "public.constant": 50, "public.volatile": 50}
+        conn.execute("UPDATE constant SET v = 'before' WHERE id = 1")
+        conn.execute("ALTER TABLE plain ADD COLUMN n int")
+        conn.execute("ALTER TABLE constant ADD COLUMN d int DEFAULT 42, ADD COLUMN t text DEFAULT 'x'")
+        conn.execute("ALTER TABLE volatile ADD COLUMN r float8 DEFAULT random()")
+        for name in ("plain", "constant", "volatile"):  # the next change brings the new Relation
+            conn.execute(f"INSERT INTO {name} (id, v) VALUES (100, 'after')")
+            conn.execute(f"UPDATE {name} SET v = 'changed' WHERE id = 2")
+        lines: list[str] = []
+        summary = Mirror(spark, config, progress=lines.append).run(once=True)
+        assert set(summary.synced_rows) == {"public.constant", "public.volatile"}, lines
+        results = verify_against_postgres(spark, conn, str(tmp_path / "delta"), tables)
+        assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:3], r.only_in_target[:3])
+                                               for r in results]
+        rows = spark.read.format("delta").load(str(tmp_path / "delta" / "public" / "constant"))
+        assert rows.filter("d = 42 AND t = 'x'").count() == 51  # every row, the ones from before too
+        conn.execute("INSERT INTO constant (id, v, d) VALUES (101, 'later', 7)")
+        again = mirror(spark, config, once=True)
+        assert again.synced_rows == {}  # the columns are known now: no second copy
+        results = verify_against_postgres(spark, conn, str(tmp_path / "delta"), tables)
+        assert all(r.equal for r in results)

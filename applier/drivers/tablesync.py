@@ -52,6 +52,7 @@ class TableSync:
         self.state = state
         self.progress = progress
         self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
+        self._columns: dict[tuple[str, str], set[str]] = {}  # (schema, table) -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
 
     # --- what is known --------------------------------------------------------------------------
@@ -95,12 +96,58 @@ class TableSync:
     def before_apply(self, transactions: GroupedTransactions) -> None:
         """Called with each group before it is applied (one catalog query): a table the group
         touches that the mirror does not know joined the publication while the mirror ran, and is
-        copied first; a table no longer published is forgotten."""
+        copied first; a table no longer published is forgotten; a table that gained a column whose
+        existing rows are not NULL in Postgres is copied again (see ``_recopy_for_added_columns``)."""
         self.check_publication()
+        self._recopy_for_added_columns(transactions)
+
+    def _recopy_for_added_columns(self, transactions: GroupedTransactions) -> None:
+        """``ALTER TABLE ... ADD COLUMN`` with a default (or identity, or generated) sends no row
+        changes: the next Relation just has the column, and the rows that existed show the default
+        (``attmissingval``) or, for a volatile default, values the table rewrite computed and the
+        stream never shows. Applying the rest of the stream would leave NULL there. So a table whose
+        changes bring a column its Delta table lacks is checked in the current catalog, and when the
+        column has any of those (or is no longer there to ask) the table is copied again at a new
+        position, exactly like a table that joined the publication; the group's changes to it up to
+        that position are in the copy and left out of the apply."""
+        new: dict[tuple[str, str], tuple[int, set[str]]] = {}
+        for _end, batches in transactions:
+            for batch in batches:
+                key = (batch.namespace, batch.name)
+                have = self._columns.get(key)
+                if have is None:
+                    current = self.applier.target_columns(*key)
+                    if current is None:
+                        continue  # no Delta table yet: created with the column, from the stream's rows
+                    have = self._columns[key] = set(current)
+                added = set(batch.schema.column_names) - have - self.applier.targets.excluded_columns(*key)
+                if added:
+                    new.setdefault(key, (batch.relation_oid, set()))[1].update(added)
+                    have.update(added)
+        if not new:
+            return
+        recopy: list[tuple[str, str]] = []
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            for key, (oid, added) in new.items():
+                rows = conn.execute(
+                    "SELECT attname, atthasdef OR atthasmissing OR attidentity <> '' OR attgenerated <> '' "
+                    "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+                    "AND attname = ANY(%s)", (oid, sorted(added))).fetchall()
+                filled = {str(r[0]) for r in rows if r[1]}
+                unknown = added - {str(r[0]) for r in rows}
+                if filled or unknown:
+                    self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(added))} whose "
+                                  "existing rows are not NULL in Postgres (a default, identity or generated "
+                                  "value, or dropped since); copying the table again")
+                    recopy.append(key)
+            published = published_selection(conn, self.config.source.publication, self.config.tables)
+        tables = [t for t in published if (t.namespace, t.name) in recopy]
+        if tables:
+            self.sync(tables, reason="gained a column with values the stream does not send")
 
     # --- the copy -------------------------------------------------------------------------------
 
-    def sync(self, tables: list[PublishedTable]) -> None:
+    def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication") -> None:
         src = self.config.source
         names = ", ".join(t.qualified_name for t in tables)
         slot = f"{src.slot}_sync_{os.getpid()}"[:63]
@@ -109,7 +156,7 @@ class TableSync:
             created = walsender.create_slot(slot, two_phase=False, export_snapshot=True, temporary=True)
             assert created.snapshot_name is not None  # asked for with export_snapshot
             point = created.consistent_point
-            self.progress(f"table sync: {names} joined the publication; copying at {format_lsn(point)}, then "
+            self.progress(f"table sync: {names} {reason}; copying at {format_lsn(point)}, then "
                           "following them from the stream")
             with psycopg.connect(self.dsn, autocommit=True) as snap:
                 open_snapshot(snap, created.snapshot_name)

@@ -22,10 +22,11 @@ from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableC
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
+from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.idempotence import app_id_for, applied_version, is_delta_table
+from applier.sink.idempotence import app_id_for, applied_version, delta_table, is_delta_table
 from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
@@ -269,6 +270,15 @@ class DeltaApplier:
         tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
         return SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
                               commit_bytes=commit_bytes, on_done=done, deltars=deltars)
+
+    def target_columns(self, namespace: str, name: str) -> tuple[str, ...] | None:
+        """The columns the table's Delta table has now (None: no table yet), read from its log."""
+        path = self.path_for(namespace, name)
+        if not is_delta_table(path):
+            return None
+        if not deltars_can_open(path):
+            return tuple(self.spark.read.format("delta").load(path).columns)
+        return tuple(f.name for f in delta_table(path).schema().fields)
 
     def snapshot_version(self, namespace: str, name: str) -> int | None:
         """The applied version a finished copy (or a later commit) recorded on the table; None when the
