@@ -200,8 +200,10 @@ class DeltaApplier:
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
         result = None
         if self._merges_with_deltars(path, spec, plan):
-            result = apply_plan_deltars(path, spec.schema, plan, app_id=app_id, version=version,
-                                        description=description, may_be_empty=may_be_empty)
+            result = retry_on_conflict(
+                partial(apply_plan_deltars, path, spec.schema, plan, app_id=app_id, version=version,
+                        description=description, may_be_empty=may_be_empty),
+                table=spec.source_name)
         if result is None:
             result = retry_on_conflict(
                 partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id, version=version,
