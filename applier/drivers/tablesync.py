@@ -18,6 +18,7 @@ published table arrives with its Relation message).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -37,6 +38,8 @@ from applier.values import RowConverter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 STATE_KEY = "copied_tables"
 
@@ -107,9 +110,11 @@ class TableSync:
         (``attmissingval``) or, for a volatile default, values the table rewrite computed and the
         stream never shows. Applying the rest of the stream would leave NULL there. So a table whose
         changes bring a column its Delta table lacks is checked in the current catalog, and when the
-        column has any of those (or is no longer there to ask) the table is copied again at a new
-        position, exactly like a table that joined the publication; the group's changes to it up to
-        that position are in the copy and left out of the apply."""
+        column has any of those the table is copied again at a new position, exactly like a table
+        that joined the publication; the group's changes to it up to that position are in the copy
+        and left out of the apply. Like PostgreSQL's table sync, creating the copy's slot waits for
+        transactions open on the server, prepared ones too. A column dropped again before the
+        mirror asks is only reported: Postgres no longer has it to compare with."""
         new: dict[tuple[str, str], tuple[int, set[str]]] = {}
         for _end, batches in transactions:
             for batch in batches:
@@ -134,11 +139,15 @@ class TableSync:
                     "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
                     "AND attname = ANY(%s)", (oid, sorted(added))).fetchall()
                 filled = {str(r[0]) for r in rows if r[1]}
-                unknown = added - {str(r[0]) for r in rows}
-                if filled or unknown:
-                    self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(added))} whose "
-                                  "existing rows are not NULL in Postgres (a default, identity or generated "
-                                  "value, or dropped since); copying the table again")
+                gone = added - {str(r[0]) for r in rows}
+                if gone:  # dropped again since: Postgres no longer has it, the Delta table keeps it (NULL)
+                    log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
+                                "the rows that existed then keep NULL in them in Delta", key[0], key[1],
+                                ", ".join(sorted(gone)))
+                if filled:
+                    self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(filled))} "
+                                  "whose existing rows are not NULL in Postgres (a default, identity or generated "
+                                  "value); copying the table again")
                     recopy.append(key)
             published = published_selection(conn, self.config.source.publication, self.config.tables)
         tables = [t for t in published if (t.namespace, t.name) in recopy]
