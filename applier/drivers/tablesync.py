@@ -156,10 +156,21 @@ class TableSync:
 
     # --- the copy -------------------------------------------------------------------------------
 
+    def _report_prepared_transactions(self, names: str) -> None:
+        """Creating a slot waits until every transaction open on the server ends, prepared ones
+        too, and those wait for a user: without this line the mirror would look hung."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
+        if gids:
+            self.progress(f"table sync: {names}: creating the copy's slot waits for {len(gids)} prepared "
+                          f"transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}); "
+                          "COMMIT PREPARED or ROLLBACK PREPARED them to go on")
+
     def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication") -> None:
         src = self.config.source
         names = ", ".join(t.qualified_name for t in tables)
         slot = f"{src.slot}_sync_{os.getpid()}"[:63]
+        self._report_prepared_transactions(names)
         walsender = WalSenderStream(self.dsn)
         try:
             created = walsender.create_slot(slot, two_phase=False, export_snapshot=True, temporary=True)
