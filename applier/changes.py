@@ -76,6 +76,7 @@ class TableBatch:
     commit_lsn: int
     end_lsn: int
     changes: Sequence[TableChange]
+    commit_time: int | None = None  # microseconds since 2000-01-01 UTC, as pgoutput sends it
 
     @property
     def qualified_name(self) -> str:

@@ -151,8 +151,9 @@ def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],
     for version, row in rows:
         if version is not schema:
             out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn,
-                                  run))
+                                  run, txn.commit_time))
             run, schema = [], version
         run.append(row)
-    out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn, run))
+    out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn, run,
+                          txn.commit_time))
     return out

@@ -120,13 +120,19 @@ def _pg_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def delta_rows(spark: SparkSession, path: str, columns: list[str]) -> Iterator[tuple[Any, ...]]:
+def delta_rows(spark: SparkSession, path: str, columns: list[str],
+               soft_deleted: str | None = None) -> Iterator[tuple[Any, ...]]:
+    """The Delta table's rows in ``columns``; with ``soft_deleted`` (the flag column of a table that
+    keeps deleted rows) only the rows Postgres still has."""
     from datetime import datetime, timedelta
 
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampType
 
-    df = spark.read.format("delta").load(path).select(*[quote_identifier(c) for c in columns])
+    df = spark.read.format("delta").load(path)
+    if soft_deleted is not None:
+        df = df.filter(~F.coalesce(F.col(quote_identifier(soft_deleted)), F.lit(False)))
+    df = df.select(*[quote_identifier(c) for c in columns])
     # PySpark hands TimestampType values back as naive datetimes in this process's local time zone,
     # which fails for the earliest instants (a clamped '-infinity' is 0001-01-01 UTC: year 0 in a
     # zone west of UTC). Read them as microseconds since the epoch and build UTC datetimes instead.
@@ -200,7 +206,8 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
                  *, detail: bool = True, exclude: Iterable[str] = (),
-                 only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error") -> TableComparison:
+                 only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error",
+                 soft_deleted: str | None = None) -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
     the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
     list), with Postgres' values converted under the mirror's special-value ``policy`` (a mirror that
@@ -208,7 +215,7 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy)
-    return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names), detail=detail)
+    return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
@@ -218,6 +225,7 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
     config's tables section) and the publication's column lists say the mirror writes it."""
     from applier.config import TablesSettings
+    from applier.sink.extras import ExtraColumns
     from applier.sink.targets import TableTargets
     from applier.sources.publication import published_selection
 
@@ -226,7 +234,13 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
     if publication is not None:
         column_lists = {(t.namespace, t.name): t.columns
                         for t in published_selection(conn, publication, targets.tables)}
+    settings = targets.tables
+
+    def soft_deleted(ns: str, name: str) -> str | None:
+        extra = ExtraColumns.for_table(settings, f"{ns}.{name}")
+        return extra.deleted if extra is not None else None
+
     return [verify_table(spark, conn, targets.path_for(ns, name), ns, name,
                          exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)),
-                         policy=policy)
+                         policy=policy, soft_deleted=soft_deleted(ns, name))
             for ns, name in sorted(tables)]

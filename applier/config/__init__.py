@@ -19,7 +19,7 @@ from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
 
 __all__ = ["ApplySettings", "CaptureConfig", "MirrorConfig", "ReplayConfig", "SourceSettings", "SparkConfig",
-           "TableRule", "TablesSettings", "TargetSettings", "load_config"]
+           "MetadataNames", "TableRule", "TablesSettings", "TargetSettings", "load_config"]
 
 #: libpq variables that say which server to use: with one of them set, an empty DSN is a complete one.
 LIBPQ_SERVER_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT")
@@ -111,6 +111,12 @@ class TableRule(_Model):
     key_columns: list[str] | None = Field(
         None, description="key to merge on for tables without a primary key (else the replica identity)")
     exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
+    metadata_columns: bool | None = Field(
+        None, description="add the columns naming the change that last wrote each row (tables.metadata_names); "
+        "unset: tables.metadata_columns")
+    soft_delete: bool | None = Field(
+        None, description="keep deleted rows, flagged in the deleted column (tables.metadata_names.deleted); "
+        "unset: tables.soft_delete")
     # Delta table options: applied when the table is created and never to an existing table (a mismatch is
     # a warning and shows in `applier status`). Each may add a Delta table feature; see the README's
     # "Delta table features" for which of them readers outside Spark (delta-rs) can open.
@@ -139,12 +145,40 @@ class TableRule(_Model):
         return self
 
 
+class MetadataNames(_Model):
+    """Names of the columns applier adds to a table with metadata columns or soft deletes."""
+
+    commit_lsn: str = Field("_applier_commit_lsn", description="commit LSN (bigint: the pg_lsn as a number) of "
+                            "the transaction that last wrote the row; the initial copy's position for copied rows")
+    commit_time: str = Field("_applier_commit_time", description="commit timestamp (UTC) of that transaction; "
+                             "NULL for rows the initial copy wrote (Postgres does not keep it)")
+    op: str = Field("_applier_op", description="what last wrote the row: I insert, U update, D delete (soft "
+                    "deletes), R read by the initial copy")
+    deleted: str = Field("_applier_deleted", description="soft_delete: true on a row deleted in Postgres")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> MetadataNames:
+        names = [self.commit_lsn, self.commit_time, self.op, self.deleted]
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"metadata column names must be distinct and not empty: {names}")
+        return self
+
+
 class TablesSettings(_Model):
     """Which published tables are mirrored, and how."""
 
     include: list[str] = Field(default_factory=lambda: ["*"], description="globs over 'schema.table'")
     exclude: list[str] = Field(default_factory=list, description="globs over 'schema.table'")
     rules: list[TableRule] = Field(default_factory=list, description="first matching rule wins")
+    metadata_columns: bool = Field(
+        False, description="add to every keyed table the commit LSN, commit time and operation of the change "
+        "that last wrote each row (names: metadata_names); exact under grouping; a table without a key "
+        "cannot have them (set key_columns in a rule, or turn them off for it)")
+    soft_delete: bool = Field(
+        False, description="keep rows deleted in Postgres, with the deleted column true, instead of removing "
+        "them (a later insert of the key revives the row); a TRUNCATE still empties the table; keyed tables "
+        "only")
+    metadata_names: MetadataNames = Field(default_factory=MetadataNames, description="names of the added columns")
 
     def selected(self, qualified_name: str) -> bool:
         return any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include) and not any(
@@ -152,6 +186,14 @@ class TablesSettings(_Model):
 
     def rule_for(self, qualified_name: str) -> TableRule | None:
         return next((r for r in self.rules if fnmatch.fnmatchcase(qualified_name, r.match)), None)
+
+    def extra_columns_for(self, qualified_name: str) -> tuple[bool, bool]:
+        """(metadata columns, soft delete) for a table: its rule's choice, else the global one."""
+        rule = self.rule_for(qualified_name)
+        metadata = rule.metadata_columns if rule is not None and rule.metadata_columns is not None \
+            else self.metadata_columns
+        soft = rule.soft_delete if rule is not None and rule.soft_delete is not None else self.soft_delete
+        return metadata, soft
 
 
 class ApplySettings(_Model):

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 from applier.config import (
     ApplySettings,
     CaptureConfig,
+    MetadataNames,
     MirrorConfig,
     ReplayConfig,
     SnapshotSettings,
@@ -37,7 +38,8 @@ JOBS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("applier mirror", MirrorConfig), ("applier replay", ReplayConfig), ("applier capture", CaptureConfig))
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
-    ("tables.rules[]", TableRule), ("snapshot", SnapshotSettings), ("apply", ApplySettings), ("spark", SparkConfig))
+    ("tables.rules[]", TableRule), ("tables.metadata_names", MetadataNames), ("snapshot", SnapshotSettings),
+    ("apply", ApplySettings), ("spark", SparkConfig))
 
 HEADER = """\
 # Config reference

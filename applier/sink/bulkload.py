@@ -40,7 +40,8 @@ class SnapshotLoader:
 
     def __init__(self, spark: SparkSession, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
                  tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
-                 deltars: bool = False) -> None:
+                 deltars: bool = False, constants: tuple[Any, ...] = ()) -> None:
+        import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.spark = spark
@@ -49,10 +50,13 @@ class SnapshotLoader:
         self.tag = tag
         self.commit_bytes = commit_bytes
         self.rows = 0
-        self._names = list(spec.column_names)
-        self._index = None if spec.column_names == source_columns else \
-            [source_columns.index(n) for n in spec.column_names]  # excluded columns are left out
+        own = spec.source_column_names
+        self._names = list(own)
+        self._index = None if own == source_columns else \
+            [source_columns.index(n) for n in own]  # excluded columns are left out
         self._arrow_schema = to_arrow_schema(spec.schema, timezone="UTC")
+        self._own_schema = pa.schema(list(self._arrow_schema)[:len(own)])
+        self._constants = constants  # values of applier's added columns in every copied row (spec.extra)
         self._on_done = on_done
         self._lock = threading.Lock()
         self._pending: list[Any] = []
@@ -63,7 +67,14 @@ class SnapshotLoader:
 
     def add_arrow(self, table: Any) -> None:
         """One piece of the copy as a pyarrow Table with the source's columns (by name)."""
-        piece = table.select(self._names).cast(self._arrow_schema)
+        piece = table.select(self._names).cast(self._own_schema)
+        if self._constants:
+            import pyarrow as pa
+
+            n = piece.num_rows
+            added = [pa.array([v] * n, type=f.type) for v, f in
+                     zip(self._constants, list(self._arrow_schema)[len(self._names):], strict=True)]
+            piece = pa.Table.from_arrays(piece.columns + added, schema=self._arrow_schema)
         with self._lock:
             self._pending.append(piece)
             self._pending_bytes += piece.nbytes
@@ -76,6 +87,8 @@ class SnapshotLoader:
         if self._index is not None:
             index = self._index
             rows = [tuple(row[i] for i in index) for row in rows]
+        if self._constants:
+            rows = [(*row, *self._constants) for row in rows]
         table = arrow_table(rows, self.spec.schema)
         if table is not None:
             self.add_arrow(table)

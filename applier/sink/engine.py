@@ -26,6 +26,7 @@ from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
+from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
 from applier.sink.idempotence import app_id_for, applied_version, delta_table, is_delta_table
 from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
@@ -128,7 +129,20 @@ class DeltaApplier:
                 raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
                                 table=qualified, columns=", ".join(sorted(excluded & set(keys))))
             schema = StructType([f for f in schema.fields if f.name not in excluded])
-        return TableSpec(qualified, schema, keys, rel.replica_identity)
+        extra = ExtraColumns.for_table(self.tables, qualified)
+        if extra is not None:
+            from pyspark.sql.types import StructType
+
+            if not keys:
+                raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
+                                "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
+                                "metadata_columns/soft_delete: false in a rule for it", table=qualified)
+            clash = set(extra.names) & set(schema.fieldNames())
+            if clash:
+                raise SinkError("the table has a column named like one applier adds; choose other names in "
+                                "tables.metadata_names", table=qualified, columns=", ".join(sorted(clash)))
+            schema = StructType(list(schema.fields) + extra.fields())
+        return TableSpec(qualified, schema, keys, rel.replica_identity, extra)
 
     def apply_group(self, transactions: GroupedTransactions) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.
@@ -166,10 +180,14 @@ class DeltaApplier:
             if self._dry_run is None:
                 self._ensure(path, spec, last_batch.schema)
             names = spec.column_names
-            layouts = _Layouts(names)
-            changes = chain.from_iterable(layouts.aligned(b) for _lsn, b in todo)
+            layouts = _Layouts(spec.source_column_names)
             key_positions = tuple(names.index(k) for k in spec.key_columns)
-            plan = fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST)
+            extra, ncols = spec.extra, len(spec.source_column_names)
+            changes = chain.from_iterable(layouts.aligned(b) for _lsn, b in todo) if extra is None else \
+                chain.from_iterable(with_extra_values(layouts.aligned(b), b, extra, key_positions, ncols,
+                                                      UNCHANGED_TOAST) for _lsn, b in todo)
+            soft = extra.soft_delete_positions(ncols) if extra is not None else None
+            plan = fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
             if plan.empty:
                 self._applied[path] = group_end
                 continue
@@ -270,8 +288,9 @@ class DeltaApplier:
             self.stats.tables.add((batch.namespace, batch.name))
 
         tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
+        constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else ()
         return SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
-                              commit_bytes=commit_bytes, on_done=done, deltars=deltars)
+                              commit_bytes=commit_bytes, on_done=done, deltars=deltars, constants=constants)
 
     def target_columns(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The columns the table's Delta table has now (None: no table yet), read from its log."""

@@ -41,6 +41,18 @@ class KeyedRow:
     lookup_key: tuple[object, ...] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SoftDelete:
+    """Where a soft-deleting table's rows hold applier's added columns (applier.sink.extras): a row a
+    delete or a key change removes is kept, with the flag at ``deleted`` set, ``op`` (when present)
+    'D', and the ``copied`` positions (commit LSN and time) taken from the change that removed it."""
+
+    source_columns: int  # positions below this are the table's own columns
+    deleted: int
+    op: int | None
+    copied: tuple[int, ...]
+
+
 @dataclass(slots=True)
 class TablePlan:
     """What one Delta commit must do to one table."""
@@ -54,6 +66,7 @@ class TablePlan:
     counts: Counter[object] = field(default_factory=Counter)  # by frozen row image
     images: dict[object, tuple[object, ...]] = field(default_factory=dict)  # frozen image -> row
     changes: int = 0
+    soft_delete: SoftDelete | None = None
 
     @property
     def multiset(self) -> bool:
@@ -98,9 +111,13 @@ def fold_changes(
     key_positions: Sequence[int],
     *,
     unchanged_marker: object,
+    soft_delete: SoftDelete | None = None,
 ) -> TablePlan:
-    """Fold ``changes`` (in commit order, one table) into a :class:`TablePlan`."""
-    plan = TablePlan(tuple(columns), tuple(key_positions))
+    """Fold ``changes`` (in commit order, one table) into a :class:`TablePlan`; with ``soft_delete``
+    a delete carries the row to keep (applier.sink.extras) and a key change keeps the old key's row."""
+    if soft_delete is not None and not key_positions:
+        raise SinkError("soft deletes need a key (a table without one is matched on every column)")
+    plan = TablePlan(tuple(columns), tuple(key_positions), soft_delete=soft_delete)
     for change in changes:
         plan.changes += 1
         if change.op == OP_TRUNCATE:
@@ -136,7 +153,7 @@ def _freeze_key(key: tuple[object, ...]) -> object:
 
 def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
     op = change.op
-    if op == OP_DELETE:
+    if op == OP_DELETE and change.new_row is None:
         key = change.old_key
         if key is None and change.old_row is not None:
             key = _key_of(change.old_row, plan.key_positions)
@@ -156,7 +173,7 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
     new_frozen = _freeze_key(new_key)
     if marker not in new:  # the common case: a full new row (``in`` compares by identity first)
         if old_frozen != new_frozen:
-            plan.keyed[old_frozen] = KeyedRow(None, lookup_key=old_key)
+            plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
         plan.keyed[new_frozen] = KeyedRow(tuple(new), _NO_COLUMNS, None)
         return
     unresolved = {i for i, v in enumerate(new) if _is_unchanged(v, marker)}
@@ -189,8 +206,37 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
         else:
             lookup = old_key  # read from the target's row of the OLD key
     if old_frozen != new_frozen:
-        plan.keyed[old_frozen] = KeyedRow(None, lookup_key=old_key)
+        plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
     plan.keyed[new_frozen] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
+
+
+def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], old_frozen: object,
+             new: Sequence[object]) -> KeyedRow:
+    """The old key's state after a key change: gone, or with soft deletes its last row, flagged."""
+    soft = plan.soft_delete
+    if soft is None:
+        return KeyedRow(None, lookup_key=old_key)
+    previous = plan.keyed.get(old_frozen)
+    unresolved: frozenset[int] = _NO_COLUMNS
+    lookup: tuple[object, ...] | None = None
+    if change.old_row is not None:  # 'O': every value of the old row
+        row = list(change.old_row)
+    elif previous is not None and previous.row is not None:
+        row, unresolved, lookup = list(previous.row), previous.unresolved, previous.lookup_key
+    elif plan.truncated or previous is not None:
+        raise SinkError("a key change refers to a row that is gone earlier in the same batch", op=change.op)
+    else:  # read every other column from the target's row of the old key
+        row = [None] * len(new)
+        for p, v in zip(plan.key_positions, old_key, strict=True):
+            row[p] = v
+        unresolved = frozenset(i for i in range(soft.source_columns) if i not in plan.key_positions)
+        lookup = old_key
+    for p in soft.copied:
+        row[p] = new[p]
+    if soft.op is not None:
+        row[soft.op] = OP_DELETE
+    row[soft.deleted] = True
+    return KeyedRow(tuple(row), unresolved, lookup)
 
 
 def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None:

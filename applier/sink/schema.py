@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
     from applier.config import TableRule
+    from applier.sink.extras import ExtraColumns
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,17 @@ class TableSpec:
     schema: StructType  # Spark types per the documented mapping, columns in source order
     key_columns: tuple[str, ...]  # replica identity key; empty for FULL identity without a key
     replica_identity: str  # 'd', 'i', 'f' or 'n'
+    extra: ExtraColumns | None = None  # applier's added columns, last in ``schema``
 
     @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.schema.fields)
+
+    @property
+    def source_column_names(self) -> tuple[str, ...]:
+        """The table's own columns (those the stream's rows hold), without applier's added ones."""
+        names = self.column_names
+        return names[:len(names) - len(self.extra.names)] if self.extra is not None else names
 
 
 @dataclass(frozen=True, slots=True)
