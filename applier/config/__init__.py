@@ -117,6 +117,15 @@ class TableRule(_Model):
     soft_delete: bool | None = Field(
         None, description="keep deleted rows, flagged in the deleted column (tables.metadata_names.deleted); "
         "unset: tables.soft_delete")
+    history: bool = Field(
+        False, description="SCD type 2: also keep a history table with one row per version of each key "
+        "(__start_lsn/__end_lsn, __start_at/__end_at; an open version ends NULL); keyed tables only")
+    history_columns: list[str] | None = Field(
+        None, description="history: the columns whose change starts a new version (unset: every column); a "
+        "change to the others updates the open version in place")
+    history_target: str | None = Field(
+        None, json_schema_extra=PATH, description="history: Delta path of the history table (default "
+        "<target>/_history/<schema>/<table>)")
     # Delta table options: applied when the table is created and never to an existing table (a mismatch is
     # a warning and shows in `applier status`). Each may add a Delta table feature; see the README's
     # "Delta table features" for which of them readers outside Spark (delta-rs) can open.

@@ -29,7 +29,7 @@ from applier.sources.snapshot import copy_rows, open_snapshot
 
 if TYPE_CHECKING:
     from applier.protocol.messages import Relation
-    from applier.sink.bulkload import SnapshotLoader
+    from applier.sink.bulkload import SnapshotLoader, TeeLoader
     from applier.values import RowConverter
 
 
@@ -40,7 +40,7 @@ class CopyJob:
     table: PublishedTable
     relation: Relation
     plan: TablePlan
-    loader: SnapshotLoader
+    loader: SnapshotLoader | TeeLoader
     converter: RowConverter
     arrow_types: list[Any] | None  # None: every chunk takes the per-value path
     chunks_left: int = 0

@@ -151,6 +151,31 @@ class SnapshotLoader:
             crashpoint("snapshot_chunk")
 
 
+class TeeLoader:
+    """One table's copy written to two tables: the mirror table and its history table. The history
+    finishes first, so a crash in between leaves the mirror table unfinished and the whole copy is
+    done again (the history's first commit overwrites too)."""
+
+    def __init__(self, primary: SnapshotLoader, history: SnapshotLoader) -> None:
+        self.primary, self.history = primary, history
+
+    @property
+    def rows(self) -> int:
+        return self.primary.rows
+
+    def add_arrow(self, table: Any) -> None:
+        self.history.add_arrow(table)
+        self.primary.add_arrow(table)
+
+    def add_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        self.history.add_rows(rows)
+        self.primary.add_rows(rows)
+
+    def finish(self) -> int:
+        self.history.finish()
+        return self.primary.finish()
+
+
 #: writer features delta-rs writes (a table with any other takes the Spark path)
 _DELTARS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
 

@@ -82,7 +82,8 @@ class TableSpec:
     schema: StructType  # Spark types per the documented mapping, columns in source order
     key_columns: tuple[str, ...]  # replica identity key; empty for FULL identity without a key
     replica_identity: str  # 'd', 'i', 'f' or 'n'
-    extra: ExtraColumns | None = None  # applier's added columns, last in ``schema``
+    extra: ExtraColumns | None = None  # metadata / soft-delete columns, last in ``schema``
+    added: int = 0  # how many columns at the end of ``schema`` applier adds (extra's, or a history table's)
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -92,7 +93,7 @@ class TableSpec:
     def source_column_names(self) -> tuple[str, ...]:
         """The table's own columns (those the stream's rows hold), without applier's added ones."""
         names = self.column_names
-        return names[:len(names) - len(self.extra.names)] if self.extra is not None else names
+        return names[:len(names) - self.added]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,274 @@
+"""SCD type 2 history tables: one row per version of each key, with the commits that opened and closed it.
+
+Why a plan of its own: the mirror table (SCD1) keeps the last image per key, which loses exactly what
+a history needs, the images in between and when each ended. So the history walks a group's changes in
+commit order and keeps, per key, the open version: an insert opens one; an update closes it and opens
+the next (or, when none of the tracked columns changed, updates it in place); a key change closes the
+old key's and opens the new key's; a delete closes it; a TRUNCATE closes every open version. A version
+opened and closed by the same transaction never was one at a commit boundary and is dropped. Unchanged
+TOAST values come from the version they continue, which holds every value (the target's open version is
+read for the keys the group continues, before the walk).
+
+The commit is one idempotent MERGE: versions the target holds and the group changes or closes are
+matched on key and start LSN, new versions are inserted, and after a TRUNCATE every other open version
+is closed (WHEN NOT MATCHED BY SOURCE). The history table records its own applied version (its own Delta
+app id), so a re-run writes nothing and a crash between the mirror table's commit and the history's
+leaves the history to catch up from the log like any table behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, TableChange
+from applier.errors import SinkError
+from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_table
+from applier.sink.naming import quote_identifier as q
+from applier.sink.plan import freeze
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
+    from applier.sink.schema import TableSpec
+
+START_LSN, END_LSN, START_AT, END_AT = "__start_lsn", "__end_lsn", "__start_at", "__end_at"
+HISTORY_COLUMNS = (START_LSN, END_LSN, START_AT, END_AT)
+_KIND = "__applier_kind"
+
+#: One change of the group with its transaction's commit LSN and time.
+Event = tuple[int, datetime | None, TableChange]
+
+
+def history_app_id(source_name: str) -> str:
+    return app_id_for(f"history:{source_name}")
+
+
+def history_spec(table: TableSpec) -> TableSpec:
+    """The history table of ``table``: its columns, then the four version columns."""
+    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+    clash = set(HISTORY_COLUMNS) & set(table.column_names)
+    if clash:
+        raise SinkError("the table has a column named like a history column; it cannot have a history table",
+                        table=table.source_name, columns=", ".join(sorted(clash)))
+    fields = [StructField(START_LSN, LongType(), True), StructField(END_LSN, LongType(), True),
+              StructField(START_AT, TimestampType(), True), StructField(END_AT, TimestampType(), True)]
+    from applier.sink.schema import TableSpec
+
+    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
+                     table.replica_identity, None, len(fields))
+
+
+@dataclass(slots=True)
+class _Version:
+    start_lsn: int
+    start_at: datetime | None
+    row: list[Any]
+    in_target: bool  # the target holds it (opened by an earlier commit)
+    changed: bool = False  # in place: its values changed since it was read from the target
+
+
+@dataclass(slots=True)
+class HistoryPlan:
+    """What one history commit does."""
+
+    updates: list[tuple[Any, ...]] = field(default_factory=list)  # target versions, new values and end
+    inserts: list[tuple[Any, ...]] = field(default_factory=list)  # versions opened by the group
+    truncate: tuple[int, datetime | None] | None = None  # every other open version ends here
+
+    @property
+    def empty(self) -> bool:
+        return not (self.updates or self.inserts or self.truncate)
+
+
+def _key(row: tuple[Any, ...] | list[Any], positions: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(row[i] for i in positions)
+
+
+def keys_continued(events: Iterable[Event], key_positions: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """Keys whose version before the group (if the target has one) an update or delete continues:
+    those changed before the group's first TRUNCATE and not inserted by it first."""
+    seen: set[object] = set()
+    out: list[tuple[Any, ...]] = []
+    for _lsn, _at, change in events:
+        if change.op == OP_TRUNCATE:
+            break
+        if change.op == OP_INSERT:
+            assert change.new_row is not None
+            seen.add(freeze(_key(change.new_row, key_positions)))
+            continue
+        old = change.old_key if change.old_key is not None else (
+            _key(change.old_row, key_positions) if change.old_row is not None else
+            _key(change.new_row, key_positions) if change.new_row is not None else None)
+        if old is None:
+            continue
+        frozen = freeze(old)
+        if frozen not in seen:
+            seen.add(frozen)
+            out.append(tuple(old))
+        if change.new_row is not None:
+            seen.add(freeze(_key(change.new_row, key_positions)))
+    return out
+
+
+def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracked: tuple[int, ...],
+                 target_versions: dict[object, tuple[int, datetime | None, list[Any]]],
+                 marker: object) -> HistoryPlan:
+    """Walk the group's changes (one table, commit order) into a :class:`HistoryPlan`;
+    ``target_versions`` are the target's open versions of :func:`keys_continued`, by frozen key.
+
+    Versions are what each key holds at commit boundaries: a transaction's changes to a key are
+    gathered first, and only its result is compared with the open version (so a transaction that
+    deletes and re-inserts a row unchanged, or changes a column and back, makes no version)."""
+    plan = HistoryPlan()
+    current: dict[object, _Version | None] = {}  # None: closed in this group, nothing open
+    target_gone = False  # after a TRUNCATE the target's open versions are all closed
+    txn: tuple[int, datetime | None] | None = None
+    after: dict[object, list[Any] | None] = {}  # this transaction's rows so far (None: gone)
+
+    def lookup(frozen: object) -> _Version | None:
+        if frozen in current:
+            return current[frozen]
+        found = None if target_gone else target_versions.get(frozen)
+        version = None if found is None else _Version(found[0], found[1], list(found[2]), True)
+        current[frozen] = version
+        return version
+
+    def close(frozen: object, lsn: int, at: datetime | None) -> None:
+        version = lookup(frozen)
+        if version is None:
+            return
+        if version.in_target:
+            plan.updates.append((*version.row, version.start_lsn, lsn, version.start_at, at))
+        elif version.start_lsn != lsn:
+            plan.inserts.append((*version.row, version.start_lsn, lsn, version.start_at, at))
+        current[frozen] = None
+
+    def end_transaction() -> None:
+        assert txn is not None
+        lsn, at = txn
+        for frozen, row in after.items():
+            version = lookup(frozen)
+            if row is None:
+                close(frozen, lsn, at)
+            elif version is not None and all(freeze(row[i]) == freeze(version.row[i]) for i in tracked):
+                if freeze(row) != freeze(version.row):  # only untracked columns changed: in place
+                    version.row, version.changed = row, True
+            else:
+                close(frozen, lsn, at)
+                current[frozen] = _Version(lsn, at, row, False)
+        after.clear()
+
+    for lsn, at, change in events:
+        if txn is None or txn[0] != lsn:
+            if txn is not None:
+                end_transaction()
+            txn = (lsn, at)
+        op = change.op
+        if op == OP_TRUNCATE:
+            after.clear()  # what the transaction did before is gone too
+            for frozen in list(current):
+                close(frozen, lsn, at)
+            target_gone = True
+            plan.truncate = plan.truncate or (lsn, at)
+            continue
+        if op == OP_DELETE:
+            old = change.old_key if change.old_key is not None else (
+                _key(change.old_row, key_positions) if change.old_row is not None else None)
+            if old is None:
+                raise SinkError("delete without an old key", op=op)
+            after[freeze(old)] = None
+            continue
+        new = change.new_row
+        if new is None:
+            raise SinkError("insert/update without a new row", op=op)
+        new_key = _key(new, key_positions)
+        old_key = change.old_key if change.old_key is not None else (
+            _key(change.old_row, key_positions) if change.old_row is not None else new_key)
+        old_frozen, new_frozen = freeze(old_key), freeze(new_key)
+        row = list(new)
+        if change.new_partial:
+            previous: list[Any] | None = None
+            if old_frozen in after:
+                previous = after[old_frozen]
+            else:
+                version = lookup(old_frozen)
+                previous = version.row if version is not None else None
+            for i, v in enumerate(row):
+                if v is marker:
+                    if change.old_row is not None:
+                        row[i] = change.old_row[i]
+                    elif previous is not None:
+                        row[i] = previous[i]
+                    else:
+                        raise SinkError("an unchanged TOAST value has no version to come from (was the "
+                                        "history table created after the table's first copy?)", op=op)
+        if old_frozen != new_frozen:
+            after[old_frozen] = None
+        after[new_frozen] = row
+    if txn is not None:
+        end_transaction()
+    for version in current.values():
+        if version is None:
+            continue
+        if not version.in_target:
+            plan.inserts.append((*version.row, version.start_lsn, None, version.start_at, None))
+        elif version.changed:
+            plan.updates.append((*version.row, version.start_lsn, None, version.start_at, None))
+    return plan
+
+
+def read_open_versions(spark: SparkSession, path: str, spec: TableSpec,
+                       keys: list[tuple[Any, ...]]) -> dict[object, tuple[int, datetime | None, list[Any]]]:
+    """The target's open versions of ``keys`` (start LSN, start time, the table's own values)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    if not keys or not is_delta_table(path):
+        return {}
+    names = list(spec.source_column_names)
+    key_names = list(spec.key_columns)
+    key_schema = StructType([spec.schema[k] for k in key_names])
+    wanted = spark.createDataFrame(keys, key_schema)
+    opened = spark.read.format("delta").load(path).filter(F.col(END_LSN).isNull())
+    rows = opened.join(wanted, on=key_names, how="left_semi").select(
+        *[F.col(q(n)) for n in names], F.col(START_LSN), F.col(START_AT)).collect()
+    positions = tuple(names.index(k) for k in key_names)
+    out: dict[object, tuple[int, datetime | None, list[Any]]] = {}
+    for r in rows:
+        values = list(r)[:len(names)]
+        out[freeze(_key(values, positions))] = (int(r[START_LSN]), r[START_AT], values)
+    return out
+
+
+def commit_history(spark: SparkSession, path: str, spec: TableSpec, plan: HistoryPlan, *, version: int,
+                   description: str) -> int:
+    """Write ``plan`` in one idempotent commit; returns the versions it wrote or changed."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from applier.sink.merge import _null_safe_all, _source_frame
+
+    app_id = history_app_id(spec.source_name)
+    names = list(spec.column_names)
+    rows = [(*r, "U") for r in plan.updates] + [(*r, "I") for r in plan.inserts]
+    source = _source_frame(spark, rows, StructType(list(spec.schema.fields) + [StructField(_KIND, StringType())]))
+    key_names = list(spec.key_columns)
+    cond = (F.col(f"s.{_KIND}") == "U") & F.col(f"t.{END_LSN}").isNull() & \
+        (F.col(f"t.{START_LSN}") == F.col(f"s.{START_LSN}")) & _null_safe_all("t", "s", key_names)
+    values: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}
+    merge = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), cond)
+             .whenMatchedUpdate(set=values)
+             .whenNotMatchedInsert(condition=F.col(f"s.{_KIND}") == "I", values=values))
+    if plan.truncate is not None:
+        lsn, at = plan.truncate
+        merge = merge.whenNotMatchedBySourceUpdate(
+            condition=F.col(f"t.{END_LSN}").isNull(),
+            set={END_LSN: F.lit(lsn), END_AT: F.lit(at).cast("timestamp")})
+    with idempotent_write(spark, app_id, version, description):
+        merge.execute()
+    return len(rows)
