@@ -19,10 +19,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the demo and tests can start. Set APPLIER_DELTA_JARS=provided when your cluster already has "
         "Delta, or to a directory of jars for offline machines.",
     )
+    p.add_argument("--print-jars", action="store_true",
+                   help="print only the Delta jars, comma-separated, for --jars of spark-submit or "
+                   "spark-pipelines (fetched first if needed; empty when APPLIER_DELTA_JARS=provided)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_jars:
+        print(",".join(str(j) for j in delta_jars(default_cache_dir())))
+        return 0
     print(f"java: {check_java()}")
     cache = default_cache_dir()
     jars = delta_jars(cache)

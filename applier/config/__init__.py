@@ -123,6 +123,13 @@ class TableRule(_Model):
     history_columns: list[str] | None = Field(
         None, description="history: the columns whose change starts a new version (unset: every column); a "
         "change to the others updates the open version in place")
+    changes: bool = Field(
+        False, description="also keep a change feed table: one row per change with every column (unchanged TOAST "
+        "resolved), __op (I/U/D; R for the initial copy), __commit_lsn, __ordinal, __commit_time; a key change is "
+        "D + U, a TRUNCATE a D per row; the source for create_auto_cdc_flow; keyed tables only")
+    changes_target: str | None = Field(
+        None, json_schema_extra=PATH, description="changes: Delta path of the feed table (default "
+        "<target>/_changes/<schema>/<table>)")
     history_target: str | None = Field(
         None, json_schema_extra=PATH, description="history: Delta path of the history table (default "
         "<target>/_history/<schema>/<table>)")

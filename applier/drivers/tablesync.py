@@ -95,10 +95,10 @@ class TableSync:
         missing = [t for t in published if t.qualified_name not in known]
         if missing:
             self.sync(missing)
-        no_history = [t for t in published if t.qualified_name in known
-                      and self.applier.history_missing(t.namespace, t.name)]
-        if no_history:  # history turned on for a table copied before: its versions start at a new copy
-            self.sync(no_history, reason="has history on but no history table yet")
+        underived = [t for t in published if t.qualified_name in known
+                     and self.applier.derived.missing(t.namespace, t.name)]
+        if underived:  # history or changes turned on for a table copied before: they start at a new copy
+            self.sync(underived, reason="has history or changes on but no such table yet")
 
     def before_apply(self, transactions: GroupedTransactions) -> None:
         """Called with each group before it is applied (one catalog query): a table the group

@@ -152,27 +152,30 @@ class SnapshotLoader:
 
 
 class TeeLoader:
-    """One table's copy written to two tables: the mirror table and its history table. The history
-    finishes first, so a crash in between leaves the mirror table unfinished and the whole copy is
-    done again (the history's first commit overwrites too)."""
+    """One table's copy written to several tables: the mirror table and its history or change feed
+    tables. Those finish first, so a crash in between leaves the mirror table unfinished and the
+    whole copy is done again (their first commits overwrite too)."""
 
-    def __init__(self, primary: SnapshotLoader, history: SnapshotLoader) -> None:
-        self.primary, self.history = primary, history
+    def __init__(self, primary: SnapshotLoader, others: list[SnapshotLoader]) -> None:
+        self.primary, self.others = primary, others
 
     @property
     def rows(self) -> int:
         return self.primary.rows
 
     def add_arrow(self, table: Any) -> None:
-        self.history.add_arrow(table)
+        for other in self.others:
+            other.add_arrow(table)
         self.primary.add_arrow(table)
 
     def add_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        self.history.add_rows(rows)
+        for other in self.others:
+            other.add_rows(rows)
         self.primary.add_rows(rows)
 
     def finish(self) -> int:
-        self.history.finish()
+        for other in self.others:
+            other.finish()
         return self.primary.finish()
 
 

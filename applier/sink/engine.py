@@ -11,36 +11,27 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from applier.catalog import PerSchemaVersion, SchemaVersion, TypeCache
-from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
-from applier.config import ApplySettings, TableRule, TablesSettings
+from applier.catalog import SchemaVersion, TypeCache
+from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch
+from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
-from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, TeeLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
+from applier.sink.derived import DerivedTables, HistoryJob
 from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
-from applier.sink.history import (
-    HistoryPlan,
-    commit_history,
-    history_app_id,
-    history_spec,
-    keys_continued,
-    plan_history,
-    read_open_versions,
-)
 from applier.sink.idempotence import app_id_for, applied_version, delta_table, is_delta_table
+from applier.sink.layouts import Layouts
 from applier.sink.merge import CommitResult, apply_plan
-from applier.sink.naming import HISTORY_DIR, needs_column_mapping, table_location
+from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
 from applier.sink.rsmerge import apply_plan_deltars
@@ -93,9 +84,6 @@ class ApplyStats:
     commits: int = 0
 
 
-_HISTORY = "history:"  # prefix of a history table's path in the per-path bookkeeping
-
-
 class DeltaApplier:
     """Applies transactions to the Delta tables under ``target_dir``."""
 
@@ -118,7 +106,7 @@ class DeltaApplier:
         self._sessions = SessionPool(spark, self.settings.parallel_tables)
         self._written: set[str] = set()  # table paths this run has written rows to
         self._deltars_writable: dict[str, bool] = {}  # table path -> delta-rs can write its protocol
-        self._history_seen: set[str] = set()  # history table paths known to exist
+        self.derived = DerivedTables(spark, target_dir, self.tables, self._mirror_version, self.path_for)
 
     def path_for(self, namespace: str, name: str) -> str:
         return self.targets.path_for(namespace, name)
@@ -185,12 +173,12 @@ class DeltaApplier:
                 entry[1].append((end_lsn, batch))
                 per_table[path] = (batch, entry[1])  # remember the newest schema
         commits: list[tuple[str, TableSpec, TablePlan, str]] = []
-        histories: list[tuple[str, TableSpec, HistoryPlan, str]] = []
+        histories: list[HistoryJob] = []
         for path, (last_batch, parts) in per_table.items():
             spec = self._spec(last_batch)
             self.stats.tables.add((last_batch.namespace, last_batch.name))
-            if self._dry_run is None and self._history_rule(spec.source_name) is not None:
-                history = self._history_plan(spec, last_batch, parts, group_end)
+            if self._dry_run is None and self.derived.kinds(spec.source_name):
+                history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
                 if history is not None:
                     histories.append(history)
             done = self._applied_version(path, spec.source_name)
@@ -200,7 +188,7 @@ class DeltaApplier:
             if self._dry_run is None:
                 self._ensure(path, spec, last_batch.schema)
             names = spec.column_names
-            layouts = _Layouts(spec.source_column_names)
+            layouts = Layouts(spec.source_column_names)
             key_positions = tuple(names.index(k) for k in spec.key_columns)
             extra, ncols = spec.extra, len(spec.source_column_names)
             changes = chain.from_iterable(layouts.aligned(b) for _lsn, b in todo) if extra is None else \
@@ -225,95 +213,12 @@ class DeltaApplier:
         for (_path, spec, _plan, _description), result in zip(commits, results, strict=True):
             self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
             self.stats.commits += 1
-        for hpath, hspec, hplan, description in histories:  # after the tables: a crash leaves them behind
-            if not hplan.empty:
-                retry_on_conflict(partial(commit_history, self.spark, hpath, hspec, hplan, version=group_end,
-                                          description=description), table=hspec.source_name)
-                self.stats.commits += 1
-            self._applied[_HISTORY + hpath] = group_end
+        self.stats.commits += self.derived.after_mirror_commits(histories, group_end)  # behind: they catch up
         applied_any = bool(commits)
         self.stats.transactions += len(transactions)
         if applied_any:
             self.stats.applied += len(transactions)
         self.stats.last_end_lsn = group_end
-
-    # --- SCD type 2 history tables (applier.sink.history) ---------------------------------------
-
-    def _history_rule(self, qualified: str) -> TableRule | None:
-        rule = self.tables.rule_for(qualified)
-        return rule if rule is not None and rule.history else None
-
-    def history_path(self, namespace: str, name: str) -> str:
-        rule = self._history_rule(f"{namespace}.{name}")
-        if rule is not None and rule.history_target:
-            return rule.history_target
-        return str(table_location(Path(self.target_dir) / HISTORY_DIR, namespace, name))
-
-    def history_missing(self, namespace: str, name: str) -> bool:
-        """The table has history on and no history table (turned on after its copy, or deleted)."""
-        if self._history_rule(f"{namespace}.{name}") is None:
-            return False
-        path = self.history_path(namespace, name)
-        if path in self._history_seen:
-            return False
-        if is_delta_table(path):
-            self._history_seen.add(path)
-            return False
-        return True
-
-    def _history_spec(self, spec: TableSpec) -> TableSpec:
-        """The history table's spec: the table's own columns (no metadata columns) and the version ones."""
-        from pyspark.sql.types import StructType
-
-        if not spec.key_columns:
-            raise SinkError("a history table needs a key: this table has none (set key_columns in its rule)",
-                            table=spec.source_name)
-        own = TableSpec(spec.source_name, StructType(spec.schema.fields[:len(spec.source_column_names)]),
-                        spec.key_columns, spec.replica_identity)
-        return history_spec(own)
-
-    def _history_plan(self, spec: TableSpec, last_batch: TableBatch, parts: list[tuple[int, TableBatch]],
-                      group_end: int) -> tuple[str, TableSpec, HistoryPlan, str] | None:
-        rule = self._history_rule(spec.source_name)
-        assert rule is not None
-        hspec = self._history_spec(spec)
-        hpath = self.history_path(last_batch.namespace, last_batch.name)
-        done = self._applied.get(_HISTORY + hpath)
-        if done is None and is_delta_table(hpath):
-            done = applied_version(self.spark, hpath, history_app_id(spec.source_name))
-        elif done is None and self._applied_version(self.path_for(last_batch.namespace, last_batch.name),
-                                                    spec.source_name) is not None:
-            raise SinkError("history is on but the table has no history table (history was turned on after "
-                            "the table was copied, or its history table was deleted); the mirror copies such "
-                            "a table again and starts its history there; a replay needs a new target",
-                            table=spec.source_name, history=hpath)
-        todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
-        if not todo:
-            return None
-        self._ensure_history(hpath, hspec, last_batch.schema)
-        names = hspec.source_column_names
-        key_positions = tuple(names.index(k) for k in hspec.key_columns)
-        if rule.history_columns is not None:
-            unknown = set(rule.history_columns) - set(names)
-            if unknown:
-                raise SinkError("history_columns names columns the table does not have", table=spec.source_name,
-                                columns=", ".join(sorted(unknown)))
-            tracked = tuple(names.index(c) for c in rule.history_columns)
-        else:
-            tracked = tuple(range(len(names)))
-        layouts = _Layouts(names)
-        events = [(b.commit_lsn, pg_time_to_datetime(b.commit_time) if b.commit_time is not None else None, c)
-                  for _lsn, b in todo for c in layouts.aligned(b)]
-        target = read_open_versions(self.spark, hpath, hspec, keys_continued(events, key_positions))
-        plan = plan_history(events, key_positions, tracked, target, UNCHANGED_TOAST)
-        description = f"{spec.source_name} history end_lsn={format_lsn(group_end)} transactions={len(todo)}"
-        return hpath, hspec, plan, description
-
-    def _ensure_history(self, hpath: str, hspec: TableSpec, schema_version: SchemaVersion) -> None:
-        if self._schema_seen.get(_HISTORY + hpath) is schema_version:
-            return
-        ensure_table(self.spark, hpath, hspec, None)
-        self._schema_seen[_HISTORY + hpath] = schema_version
 
     def _commit(self, spark: SparkSession, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
                 description: str) -> CommitResult:
@@ -395,22 +300,12 @@ class DeltaApplier:
         constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else ()
         loader = SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
                                 commit_bytes=commit_bytes, on_done=done, deltars=deltars, constants=constants)
-        if self._history_rule(spec.source_name) is None:
-            return loader
-        hspec = self._history_spec(spec)
-        hpath = self.history_path(batch.namespace, batch.name)
-        self._ensure_history(hpath, hspec, schema_version)
-        htag = (history_app_id(spec.source_name), lsn, f"{spec.source_name} history snapshot at {format_lsn(lsn)}")
-        history = SnapshotLoader(self.spark, hpath, hspec, schema_version.column_names, tag=htag,
-                                 commit_bytes=commit_bytes, on_done=lambda _rows: None,
-                                 deltars=allowed and not needs_column_mapping(hspec.column_names)
-                                 and deltars_can_write(hpath),
-                                 constants=(lsn, None, None, None))  # open versions from the copy's position
+        others = self.derived.snapshot_loaders(spec, schema_version, schema_version.column_names, lsn,
+                                               commit_bytes=commit_bytes, deltars_allowed=allowed)
+        return TeeLoader(loader, others) if others else loader
 
-        def recorded(_rows: int) -> None:
-            self._applied[_HISTORY + hpath] = lsn
-        history._on_done = recorded
-        return TeeLoader(loader, history)
+    def _mirror_version(self, namespace: str, name: str) -> int | None:
+        return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
 
     def target_columns(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The columns the table's Delta table has now (None: no table yet), read from its log."""
@@ -471,30 +366,6 @@ class DeltaApplier:
                 return None
             self._applied[path] = version
         return self._applied[path]
-
-
-class _Layouts:
-    """Lays batches out in the columns of the group's newest schema version (``names``).
-
-    Whether a schema version already has that layout is decided once per version, not once per
-    batch: a group of 100 k small transactions holds 100 k batches per table, nearly all of one
-    version."""
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-        self._same: PerSchemaVersion[bool] = PerSchemaVersion(lambda schema: schema.column_names == names)
-
-    def aligned(self, batch: TableBatch) -> Sequence[TableChange]:
-        return batch.changes if self._same[batch.schema] else _remapped(batch, self.names)
-
-
-def _remapped(batch: TableBatch, names: tuple[str, ...]) -> list[TableChange]:
-    index = {c.name: i for i, c in enumerate(batch.schema.relation.columns)}
-
-    def remap(row: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-        return None if row is None else tuple(row[index[n]] if n in index else None for n in names)
-
-    return [replace(c, old_row=remap(c.old_row), new_row=remap(c.new_row)) for c in batch.changes]
 
 
 def truncate_clause(plan: TablePlan) -> str:

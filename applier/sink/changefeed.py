@@ -1,0 +1,200 @@
+"""Change feed tables: one row per change, with the full row image, op, commit LSN and ordinal.
+
+Why: a downstream pipeline (Spark Declarative Pipelines' ``create_auto_cdc_flow(keys=...,
+sequence_by=struct(__commit_lsn, __ordinal), apply_as_deletes="__op = 'D'")``, or any streaming job)
+wants the changes themselves, each with every column. pgoutput does not send every column: an
+unchanged TOAST value arrives as 'u'. So the feed resolves them like the mirror table does: from the
+old FULL image, an earlier image in the group, or the mirror table's row. Deletes carry the deleted
+row's last values, a key change is a delete of the old key and an update of the new one, and a
+TRUNCATE is a delete of every row the table held (a feed consumer has no other way to see it).
+
+Consistency: the feed reads the mirror table's rows, so it must never be behind it. The feed's commit
+of a group goes in before the mirror table's, and the walk starts at the mirror table's applied
+version (older or equal), emitting only the transactions after the feed's own: after a crash between
+the two commits the state it reads is still exact. Each commit is an idempotent append (its own Delta
+app id), so a re-run adds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
+from applier.errors import SinkError
+from applier.sink.idempotence import app_id_for, is_delta_table
+from applier.sink.naming import quote_identifier as q
+from applier.sink.plan import freeze
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.sink.schema import TableSpec
+
+OP, COMMIT_LSN, ORDINAL, COMMIT_TIME = "__op", "__commit_lsn", "__ordinal", "__commit_time"
+FEED_COLUMNS = (OP, COMMIT_LSN, ORDINAL, COMMIT_TIME)
+
+#: One change with its transaction's commit LSN and time, and whether the feed still needs it.
+FeedEvent = tuple[int, datetime | None, TableChange, bool]
+
+
+def feed_app_id(source_name: str) -> str:
+    return app_id_for(f"changes:{source_name}")
+
+
+def feed_spec(table: TableSpec) -> TableSpec:
+    """The feed table of ``table`` (its own columns): those columns, then op, commit LSN, ordinal, time."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+    clash = set(FEED_COLUMNS) & set(table.column_names)
+    if clash:
+        raise SinkError("the table has a column named like a change feed column; it cannot have a feed",
+                        table=table.source_name, columns=", ".join(sorted(clash)))
+    fields = [StructField(OP, StringType(), True), StructField(COMMIT_LSN, LongType(), True),
+              StructField(ORDINAL, IntegerType(), True), StructField(COMMIT_TIME, TimestampType(), True)]
+    from applier.sink.schema import TableSpec
+
+    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
+                     table.replica_identity, None, len(fields))
+
+
+@dataclass(slots=True)
+class MirrorRows:
+    """The mirror table's rows as they were before the walk's first transaction: read by key on
+    demand (one query for the keys the group continues), or all of them for a TRUNCATE."""
+
+    spark: SparkSession
+    path: str
+    names: list[str]
+    key_positions: tuple[int, ...]
+    live_filter: str | None  # soft deletes: the rows still in Postgres
+    rows: dict[object, list[Any]] | None = None
+    everything: bool = False
+
+    def load(self, keys: list[tuple[Any, ...]], key_schema: Any) -> None:
+        self.rows = self._read(keys, key_schema)
+
+    def get(self, frozen: object) -> list[Any] | None:
+        return (self.rows or {}).get(frozen)
+
+    def all_keys(self) -> dict[object, list[Any]]:
+        if not self.everything:
+            self.rows = self._read(None, None)
+            self.everything = True
+        return dict(self.rows or {})
+
+    def _read(self, keys: list[tuple[Any, ...]] | None, key_schema: Any) -> dict[object, list[Any]]:
+        from pyspark.sql import functions as F
+
+        if (keys is not None and not keys) or not is_delta_table(self.path):
+            return {}
+        df = self.spark.read.format("delta").load(self.path)
+        if self.live_filter is not None:
+            df = df.filter(~F.coalesce(F.col(q(self.live_filter)), F.lit(False)))
+        df = df.select(*[F.col(q(n)) for n in self.names])
+        if keys is not None:
+            key_names = [self.names[i] for i in self.key_positions]
+            df = df.join(self.spark.createDataFrame(keys, key_schema), on=key_names, how="left_semi")
+        out: dict[object, list[Any]] = {}
+        for r in df.toLocalIterator():
+            values = list(r)
+            out[freeze(tuple(values[i] for i in self.key_positions))] = values
+        return out
+
+
+def _key(row: tuple[Any, ...] | list[Any], positions: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(row[i] for i in positions)
+
+
+def _key_only(key: tuple[Any, ...], positions: tuple[int, ...], ncols: int) -> list[Any]:
+    row: list[Any] = [None] * ncols
+    for p, v in zip(positions, key, strict=True):
+        row[p] = v
+    return row
+
+
+def continued_keys(events: list[FeedEvent], key_positions: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """Keys an update or delete refers to before the first TRUNCATE and before any insert of them."""
+    seen: set[object] = set()
+    out: list[tuple[Any, ...]] = []
+    for _lsn, _at, change, _emit in events:
+        if change.op == OP_TRUNCATE:
+            break
+        keys = []
+        if change.op != OP_INSERT:
+            old = change.old_key if change.old_key is not None else (
+                _key(change.old_row, key_positions) if change.old_row is not None else
+                _key(change.new_row, key_positions) if change.new_row is not None else None)
+            if old is not None:
+                keys.append(tuple(old))
+        for key in keys:
+            frozen = freeze(key)
+            if frozen not in seen:
+                seen.add(frozen)
+                out.append(key)
+        if change.new_row is not None:
+            seen.add(freeze(_key(change.new_row, key_positions)))
+    return out
+
+
+def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: int, mirror: MirrorRows,
+              marker: object) -> list[tuple[Any, ...]]:
+    """The feed's rows for the events flagged for it, walking every event for the state."""
+    state: dict[object, list[Any] | None] = {}
+    gone = False  # after a TRUNCATE nothing of the mirror table is alive
+    out: list[tuple[Any, ...]] = []
+
+    def current(frozen: object) -> list[Any] | None:
+        if frozen in state:
+            return state[frozen]
+        return None if gone else mirror.get(frozen)
+
+    for lsn, at, change, emit in events:
+        op, ordinal = change.op, change.ordinal
+        if op == OP_TRUNCATE:
+            alive: dict[object, list[Any] | None] = {} if gone else dict(mirror.all_keys())
+            alive.update(state)
+            if emit:
+                out.extend((*row, OP_DELETE, lsn, ordinal, at) for row in alive.values() if row is not None)
+            state, gone = {}, True
+            continue
+        if op == OP_DELETE:
+            old = change.old_key if change.old_key is not None else (
+                _key(change.old_row, key_positions) if change.old_row is not None else None)
+            if old is None:
+                raise SinkError("delete without an old key", op=op)
+            frozen = freeze(old)
+            row = list(change.old_row) if change.old_row is not None else current(frozen)
+            if row is None:  # a row the mirror never had: the key is all the feed can say
+                row = _key_only(old, key_positions, ncols)
+            if emit:
+                out.append((*row, OP_DELETE, lsn, ordinal, at))
+            state[frozen] = None
+            continue
+        new = change.new_row
+        if new is None:
+            raise SinkError("insert/update without a new row", op=op)
+        new_key = _key(new, key_positions)
+        old_key = change.old_key if change.old_key is not None else (
+            _key(change.old_row, key_positions) if change.old_row is not None else new_key)
+        old_frozen, new_frozen = freeze(old_key), freeze(new_key)
+        row = list(new)
+        before = list(change.old_row) if change.old_row is not None else (
+            current(old_frozen) if op != OP_INSERT else None)
+        if change.new_partial:
+            for i, v in enumerate(row):
+                if v is marker:
+                    if before is None:
+                        raise SinkError("an unchanged TOAST value has no row to come from (the mirror table "
+                                        "is missing a row Postgres has)", op=op)
+                    row[i] = before[i]
+        if old_frozen != new_frozen:
+            if emit:
+                out.append((*(before if before is not None else _key_only(old_key, key_positions, ncols)),
+                            OP_DELETE, lsn, ordinal, at))
+            state[old_frozen] = None
+        if emit:
+            out.append((*row, OP_INSERT if op == OP_INSERT else OP_UPDATE, lsn, ordinal, at))
+        state[new_frozen] = row
+    return out

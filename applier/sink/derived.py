@@ -1,0 +1,245 @@
+"""Tables derived from a mirrored table's changes: its SCD type 2 history and its change feed.
+
+Why one place: both are written from the same group as the mirror table, each with its own applied
+version (its own Delta app id), both get the initial copy's rows, and both must be created with the
+table's copy (a derived table started later would silently lack what happened before). The order of
+the commits is what keeps them exact after a crash: the change feed reads the mirror table's rows, so
+it commits before it (applier.sink.changefeed); the history reads only itself, and commits after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from applier.catalog import SchemaVersion
+from applier.changes import TableBatch
+from applier.config import TableRule, TablesSettings
+from applier.errors import SinkError
+from applier.lsn import format_lsn
+from applier.protocol.messages import pg_time_to_datetime
+from applier.sink.bulkload import SnapshotLoader, deltars_can_write
+from applier.sink.changefeed import MirrorRows, continued_keys, feed_app_id, feed_rows, feed_spec
+from applier.sink.conflicts import retry_on_conflict
+from applier.sink.history import (
+    HistoryPlan,
+    commit_history,
+    history_app_id,
+    history_spec,
+    keys_continued,
+    plan_history,
+    read_open_versions,
+)
+from applier.sink.idempotence import applied_version, is_delta_table
+from applier.sink.layouts import Layouts
+from applier.sink.merge import write_rows
+from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, needs_column_mapping, table_location
+from applier.sink.schema import TableSpec, ensure_table
+from applier.values import UNCHANGED_TOAST
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: (group end LSN, batch) of one table, in commit order
+Parts = list[tuple[int, TableBatch]]
+#: a history commit to make after the mirror table's: path, spec, plan, description
+HistoryJob = tuple[str, TableSpec, HistoryPlan, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    name: str  # 'history' or 'changes'
+    directory: str
+    app_id: Callable[[str], str]
+    spec: Callable[[TableSpec], TableSpec]
+
+    def wanted(self, rule: TableRule | None) -> bool:
+        return rule is not None and bool(rule.history if self.name == "history" else rule.changes)
+
+    def custom_path(self, rule: TableRule) -> str | None:
+        return rule.history_target if self.name == "history" else rule.changes_target
+
+
+HISTORY = _Kind("history", HISTORY_DIR, history_app_id, history_spec)
+CHANGES = _Kind("changes", CHANGES_DIR, feed_app_id, feed_spec)
+
+
+class DerivedTables:
+    """The history and change feed tables of a target's mirrored tables."""
+
+    def __init__(self, spark: SparkSession, target_dir: str, tables: TablesSettings,
+                 mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str]) -> None:
+        self.spark = spark
+        self.target_dir = target_dir
+        self.tables = tables
+        self._mirror_version = mirror_version  # (namespace, name) -> the mirror table's applied version
+        self._mirror_path = mirror_path
+        self._applied: dict[str, int] = {}  # derived table path -> applied end LSN
+        self._schema_seen: dict[str, SchemaVersion] = {}
+        self._exists: set[str] = set()
+
+    def kinds(self, qualified: str) -> list[_Kind]:
+        rule = self.tables.rule_for(qualified)
+        return [k for k in (CHANGES, HISTORY) if k.wanted(rule)]
+
+    def path(self, kind: _Kind, namespace: str, name: str) -> str:
+        rule = self.tables.rule_for(f"{namespace}.{name}")
+        custom = kind.custom_path(rule) if rule is not None else None
+        return custom or str(table_location(Path(self.target_dir) / kind.directory, namespace, name))
+
+    def missing(self, namespace: str, name: str) -> bool:
+        """A derived table the rules ask for does not exist (turned on after the copy, or deleted)."""
+        for kind in self.kinds(f"{namespace}.{name}"):
+            path = self.path(kind, namespace, name)
+            if path not in self._exists:
+                if not is_delta_table(path):
+                    return True
+                self._exists.add(path)
+        return False
+
+    def spec(self, kind: _Kind, table: TableSpec) -> TableSpec:
+        """The derived table's spec: the table's own columns (no metadata columns) and the kind's."""
+        from pyspark.sql.types import StructType
+
+        if not table.key_columns:
+            raise SinkError(f"a {kind.name} table needs a key: this table has none (set key_columns in its rule)",
+                            table=table.source_name)
+        own = TableSpec(table.source_name, StructType(table.schema.fields[:len(table.source_column_names)]),
+                        table.key_columns, table.replica_identity)
+        return kind.spec(own)
+
+    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+        if self._schema_seen.get(path) is schema_version:
+            return
+        ensure_table(self.spark, path, spec, None)
+        self._schema_seen[path] = schema_version
+        self._exists.add(path)
+
+    def _version(self, kind: _Kind, path: str, source_name: str, namespace: str, name: str) -> int | None:
+        """The derived table's applied version; a mirror table that has one while its derived table
+        does not exist stops the run (what happened before is not in the stream any more)."""
+        done = self._applied.get(path)
+        if done is None and is_delta_table(path):
+            done = applied_version(self.spark, path, kind.app_id(source_name))
+        elif done is None and self._mirror_version(namespace, name) is not None:
+            raise SinkError(f"{kind.name} is on but the table has no {kind.name} table (turned on after the table "
+                            f"was copied, or deleted); the mirror copies such a table again and starts its "
+                            f"{kind.name} there; a replay needs a new target", table=source_name, path=path)
+        return done
+
+    # --- per group ------------------------------------------------------------------------------
+
+    def before_mirror_commit(self, table: TableSpec, last_batch: TableBatch, parts: Parts,
+                             group_end: int) -> HistoryJob | None:
+        """Commit the table's change feed for the group (before the mirror table's commit) and plan
+        its history (committed after, by :meth:`after_mirror_commits`)."""
+        kinds = self.kinds(table.source_name)
+        if CHANGES in kinds:
+            self._commit_feed(table, last_batch, parts, group_end)
+        return self._plan_history(table, last_batch, parts, group_end) if HISTORY in kinds else None
+
+    def after_mirror_commits(self, histories: list[HistoryJob], group_end: int) -> int:
+        commits = 0
+        for path, spec, plan, description in histories:
+            if not plan.empty:
+                retry_on_conflict(partial(commit_history, self.spark, path, spec, plan, version=group_end,
+                                          description=description), table=spec.source_name)
+                commits += 1
+            self._applied[path] = group_end
+        return commits
+
+    def _events_layout(self, spec: TableSpec) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        names = spec.source_column_names
+        return names, tuple(names.index(k) for k in spec.key_columns)
+
+    def _plan_history(self, table: TableSpec, last_batch: TableBatch, parts: Parts,
+                      group_end: int) -> HistoryJob | None:
+        rule = self.tables.rule_for(table.source_name)
+        assert rule is not None
+        spec = self.spec(HISTORY, table)
+        path = self.path(HISTORY, last_batch.namespace, last_batch.name)
+        done = self._version(HISTORY, path, table.source_name, last_batch.namespace, last_batch.name)
+        todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
+        if not todo:
+            return None
+        self._ensure(path, spec, last_batch.schema)
+        names, key_positions = self._events_layout(spec)
+        if rule.history_columns is not None:
+            unknown = set(rule.history_columns) - set(names)
+            if unknown:
+                raise SinkError("history_columns names columns the table does not have", table=table.source_name,
+                                columns=", ".join(sorted(unknown)))
+            tracked = tuple(names.index(c) for c in rule.history_columns)
+        else:
+            tracked = tuple(range(len(names)))
+        layouts = Layouts(names)
+        events = [(b.commit_lsn, _time(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
+        target = read_open_versions(self.spark, path, spec, keys_continued(events, key_positions))
+        plan = plan_history(events, key_positions, tracked, target, UNCHANGED_TOAST)
+        description = f"{table.source_name} history end_lsn={format_lsn(group_end)} transactions={len(todo)}"
+        return path, spec, plan, description
+
+    def _commit_feed(self, table: TableSpec, last_batch: TableBatch, parts: Parts, group_end: int) -> None:
+        from pyspark.sql.types import StructType
+
+        ns, name = last_batch.namespace, last_batch.name
+        spec = self.spec(CHANGES, table)
+        path = self.path(CHANGES, ns, name)
+        done = self._version(CHANGES, path, table.source_name, ns, name)
+        mirrored = self._mirror_version(ns, name)
+        if done is not None and mirrored is not None and mirrored > done:
+            raise SinkError("the change feed table is behind the mirror table (it was replaced or restored "
+                            "from an older backup); copy the table again into both", table=table.source_name,
+                            path=path, feed_at=format_lsn(done), mirror_at=format_lsn(mirrored))
+        start = mirrored if mirrored is not None else done
+        walk = [(lsn, b) for lsn, b in parts if start is None or lsn > start]
+        todo = [lsn for lsn, _b in walk if done is None or lsn > done]
+        if not todo:
+            return
+        self._ensure(path, spec, last_batch.schema)
+        names, key_positions = self._events_layout(spec)
+        layouts = Layouts(names)
+        events = [(b.commit_lsn, _time(b), c, done is None or lsn > done)
+                  for lsn, b in walk for c in layouts.aligned(b)]
+        deleted = table.extra.deleted if table.extra is not None else None
+        mirror = MirrorRows(self.spark, self._mirror_path(ns, name), list(names), key_positions, deleted)
+        mirror.load(continued_keys(events, key_positions),
+                    StructType([spec.schema[k] for k in spec.key_columns]))
+        rows = feed_rows(events, key_positions, len(names), mirror, UNCHANGED_TOAST)
+        description = f"{table.source_name} changes end_lsn={format_lsn(group_end)} transactions={len(todo)}"
+        retry_on_conflict(partial(write_rows, self.spark, path, spec.schema, rows, replace=False,
+                                  tag=(feed_app_id(table.source_name), group_end, description)),
+                          table=table.source_name)
+        self._applied[path] = group_end
+
+    # --- the initial copy -----------------------------------------------------------------------
+
+    def snapshot_loaders(self, table: TableSpec, schema_version: SchemaVersion, source_columns: tuple[str, ...],
+                         lsn: int, *, commit_bytes: int, deltars_allowed: bool) -> list[SnapshotLoader]:
+        """Loaders writing the copy's rows into the derived tables: each row an open version, or an
+        'R' change, at the copy's position."""
+        loaders = []
+        ns, name = schema_version.namespace, schema_version.relation.name
+        for kind in self.kinds(table.source_name):
+            spec = self.spec(kind, table)
+            path = self.path(kind, ns, name)
+            self._ensure(path, spec, schema_version)
+            constants = (lsn, None, None, None) if kind is HISTORY else ("R", lsn, 0, None)
+            description = f"{table.source_name} {kind.name} snapshot at {format_lsn(lsn)}"
+            tag = (kind.app_id(table.source_name), lsn, description)
+            loaders.append(SnapshotLoader(
+                self.spark, path, spec, source_columns, tag=tag, commit_bytes=commit_bytes,
+                on_done=partial(self._copied, path, lsn), constants=constants,
+                deltars=deltars_allowed and not needs_column_mapping(spec.column_names) and deltars_can_write(path)))
+        return loaders
+
+    def _copied(self, path: str, lsn: int, _rows: int) -> None:
+        self._applied[path] = lsn
+
+
+def _time(batch: TableBatch) -> datetime | None:
+    return pg_time_to_datetime(batch.commit_time) if batch.commit_time is not None else None
