@@ -7,7 +7,9 @@ Points: ``decode`` (a message decoded, before the assembler sees it), ``between_
 table's Delta commit of a group done, the next not), ``before_confirm`` (every Delta commit of a
 group done, the slot not yet advanced), ``prepared_staged`` (a prepared transaction staged on
 disk, not yet committed); and, during the initial copy, ``snapshot_chunk`` (a commit of part of a
-table's copy done, the table not finished).
+table's copy done, the table not finished); with history or change feed tables, ``feed_committed``
+(a table's change feed committed, the mirror table not) and ``before_history`` (the mirror tables
+committed, their history tables not).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 
 POINTS = ("decode", "between_tables", "before_confirm", "prepared_staged")
 SNAPSHOT_POINTS = ("snapshot_chunk",)  # reached only while copying (the stream's crash test leaves them out)
+DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with history or change feed tables
 
 
 class _Counter:
@@ -24,8 +27,8 @@ class _Counter:
         self.point, self.remaining = None, 0
         if spec:
             point, _, n = spec.partition(":")
-            if point not in POINTS + SNAPSHOT_POINTS:
-                known = ", ".join(POINTS + SNAPSHOT_POINTS)
+            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS:
+                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS)
                 raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {known})")
             self.point, self.remaining = point, int(n or 1)
 

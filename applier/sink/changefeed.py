@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
 from applier.sink.idempotence import app_id_for, is_delta_table
+from applier.sink.merge import key_range
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
 
@@ -92,9 +93,13 @@ class MirrorRows:
         df = self.spark.read.format("delta").load(self.path)
         if self.live_filter is not None:
             df = df.filter(~F.coalesce(F.col(q(self.live_filter)), F.lit(False)))
-        df = df.select(*[F.col(q(n)) for n in self.names])
+        have = set(df.columns)  # a column the group adds is not in the mirror table yet: NULL there
+        df = df.select(*[F.col(q(n)) if n in have else F.lit(None).alias(n) for n in self.names])
         if keys is not None:
             key_names = [self.names[i] for i in self.key_positions]
+            bounds = key_range([k[0] for k in keys])
+            if bounds is not None:  # lets Delta skip the files outside the group's keys
+                df = df.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
             df = df.join(self.spark.createDataFrame(keys, key_schema), on=key_names, how="left_semi")
         out: dict[object, list[Any]] = {}
         for r in df.toLocalIterator():

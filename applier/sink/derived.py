@@ -20,6 +20,7 @@ from applier.catalog import SchemaVersion
 from applier.changes import TableBatch
 from applier.config import TableRule, TablesSettings
 from applier.errors import SinkError
+from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
@@ -143,6 +144,8 @@ class DerivedTables:
         return self._plan_history(table, last_batch, parts, group_end) if HISTORY in kinds else None
 
     def after_mirror_commits(self, histories: list[HistoryJob], group_end: int) -> int:
+        if histories:
+            crashpoint("before_history")
         commits = 0
         for path, spec, plan, description in histories:
             if not plan.empty:
@@ -215,6 +218,7 @@ class DerivedTables:
                                   tag=(feed_app_id(table.source_name), group_end, description)),
                           table=table.source_name)
         self._applied[path] = group_end
+        crashpoint("feed_committed")
 
     # --- the initial copy -----------------------------------------------------------------------
 

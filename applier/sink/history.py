@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, TableChange
 from applier.errors import SinkError
 from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_table
+from applier.sink.merge import key_range
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
 
@@ -234,6 +235,9 @@ def read_open_versions(spark: SparkSession, path: str, spec: TableSpec,
     key_schema = StructType([spec.schema[k] for k in key_names])
     wanted = spark.createDataFrame(keys, key_schema)
     opened = spark.read.format("delta").load(path).filter(F.col(END_LSN).isNull())
+    bounds = key_range([k[0] for k in keys])
+    if bounds is not None:  # lets Delta skip the files whose key statistics lie outside the group's keys
+        opened = opened.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
     rows = opened.join(wanted, on=key_names, how="left_semi").select(
         *[F.col(q(n)) for n in names], F.col(START_LSN), F.col(START_AT)).collect()
     positions = tuple(names.index(k) for k in key_names)
