@@ -27,6 +27,8 @@ from applier.sink.idempotence import app_id_for, is_delta_table
 from applier.sink.merge import key_range
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowkeys import key_of, key_only_row
+from applier.sink.schema import with_added_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,18 +48,11 @@ def feed_app_id(source_name: str) -> str:
 
 def feed_spec(table: TableSpec) -> TableSpec:
     """The feed table of ``table`` (its own columns): those columns, then op, commit LSN, ordinal, time."""
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, TimestampType
 
-    clash = set(FEED_COLUMNS) & set(table.column_names)
-    if clash:
-        raise SinkError("the table has a column named like a change feed column; it cannot have a feed",
-                        table=table.source_name, columns=", ".join(sorted(clash)))
-    fields = [StructField(OP, StringType(), True), StructField(COMMIT_LSN, LongType(), True),
-              StructField(ORDINAL, IntegerType(), True), StructField(COMMIT_TIME, TimestampType(), True)]
-    from applier.sink.schema import TableSpec
-
-    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
-                     table.replica_identity, None, len(fields))
+    return with_added_columns(table, [StructField(OP, StringType(), True), StructField(COMMIT_LSN, LongType(), True),
+                                      StructField(ORDINAL, IntegerType(), True),
+                                      StructField(COMMIT_TIME, TimestampType(), True)], "change feed")
 
 
 @dataclass(slots=True)
@@ -108,41 +103,6 @@ class MirrorRows:
         return out
 
 
-def _key(row: tuple[Any, ...] | list[Any], positions: tuple[int, ...]) -> tuple[Any, ...]:
-    return tuple(row[i] for i in positions)
-
-
-def _key_only(key: tuple[Any, ...], positions: tuple[int, ...], ncols: int) -> list[Any]:
-    row: list[Any] = [None] * ncols
-    for p, v in zip(positions, key, strict=True):
-        row[p] = v
-    return row
-
-
-def continued_keys(events: list[FeedEvent], key_positions: tuple[int, ...]) -> list[tuple[Any, ...]]:
-    """Keys an update or delete refers to before the first TRUNCATE and before any insert of them."""
-    seen: set[object] = set()
-    out: list[tuple[Any, ...]] = []
-    for _lsn, _at, change, _emit in events:
-        if change.op == OP_TRUNCATE:
-            break
-        keys = []
-        if change.op != OP_INSERT:
-            old = change.old_key if change.old_key is not None else (
-                _key(change.old_row, key_positions) if change.old_row is not None else
-                _key(change.new_row, key_positions) if change.new_row is not None else None)
-            if old is not None:
-                keys.append(tuple(old))
-        for key in keys:
-            frozen = freeze(key)
-            if frozen not in seen:
-                seen.add(frozen)
-                out.append(key)
-        if change.new_row is not None:
-            seen.add(freeze(_key(change.new_row, key_positions)))
-    return out
-
-
 def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: int, mirror: MirrorRows,
               marker: object) -> list[tuple[Any, ...]]:
     """The feed's rows for the events flagged for it, walking every event for the state."""
@@ -166,13 +126,13 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
             continue
         if op == OP_DELETE:
             old = change.old_key if change.old_key is not None else (
-                _key(change.old_row, key_positions) if change.old_row is not None else None)
+                key_of(change.old_row, key_positions) if change.old_row is not None else None)
             if old is None:
                 raise SinkError("delete without an old key", op=op)
             frozen = freeze(old)
             row = list(change.old_row) if change.old_row is not None else current(frozen)
             if row is None:  # a row the mirror never had: the key is all the feed can say
-                row = _key_only(old, key_positions, ncols)
+                row = key_only_row(old, key_positions, ncols)
             if emit:
                 out.append((*row, OP_DELETE, lsn, ordinal, at))
             state[frozen] = None
@@ -180,9 +140,9 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         new = change.new_row
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
-        new_key = _key(new, key_positions)
+        new_key = key_of(new, key_positions)
         old_key = change.old_key if change.old_key is not None else (
-            _key(change.old_row, key_positions) if change.old_row is not None else new_key)
+            key_of(change.old_row, key_positions) if change.old_row is not None else new_key)
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
         row = list(new)
         before = list(change.old_row) if change.old_row is not None else (
@@ -196,7 +156,7 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
                     row[i] = before[i]
         if old_frozen != new_frozen:
             if emit:
-                out.append((*(before if before is not None else _key_only(old_key, key_positions, ncols)),
+                out.append((*(before if before is not None else key_only_row(old_key, key_positions, ncols)),
                             OP_DELETE, lsn, ordinal, at))
             state[old_frozen] = None
         if emit:

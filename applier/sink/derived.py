@@ -24,14 +24,13 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
-from applier.sink.changefeed import MirrorRows, continued_keys, feed_app_id, feed_rows, feed_spec
+from applier.sink.changefeed import MirrorRows, feed_app_id, feed_rows, feed_spec
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.history import (
     HistoryPlan,
     commit_history,
     history_app_id,
     history_spec,
-    keys_continued,
     plan_history,
     read_open_versions,
 )
@@ -39,6 +38,7 @@ from applier.sink.idempotence import applied_version, is_delta_table
 from applier.sink.layouts import Layouts
 from applier.sink.merge import write_rows
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, needs_column_mapping, table_location
+from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.values import UNCHANGED_TOAST
 
@@ -181,7 +181,7 @@ class DerivedTables:
             tracked = tuple(range(len(names)))
         layouts = Layouts(names)
         events = [(b.commit_lsn, _time(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
-        target = read_open_versions(self.spark, path, spec, keys_continued(events, key_positions))
+        target = read_open_versions(self.spark, path, spec, keys_continued((e[2] for e in events), key_positions))
         plan = plan_history(events, key_positions, tracked, target, UNCHANGED_TOAST)
         description = f"{table.source_name} history end_lsn={format_lsn(group_end)} transactions={len(todo)}"
         return path, spec, plan, description
@@ -210,7 +210,7 @@ class DerivedTables:
                   for lsn, b in walk for c in layouts.aligned(b)]
         deleted = table.extra.deleted if table.extra is not None else None
         mirror = MirrorRows(self.spark, self._mirror_path(ns, name), list(names), key_positions, deleted)
-        mirror.load(continued_keys(events, key_positions),
+        mirror.load(keys_continued((e[2] for e in events), key_positions),
                     StructType([spec.schema[k] for k in spec.key_columns]))
         rows = feed_rows(events, key_positions, len(names), mirror, UNCHANGED_TOAST)
         description = f"{table.source_name} changes end_lsn={format_lsn(group_end)} transactions={len(todo)}"

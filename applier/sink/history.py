@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, TableChange
+from applier.changes import OP_DELETE, OP_TRUNCATE, TableChange
 from applier.errors import SinkError
 from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_table
 from applier.sink.merge import key_range
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowkeys import key_of
+from applier.sink.schema import with_added_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
@@ -49,18 +51,11 @@ def history_app_id(source_name: str) -> str:
 
 def history_spec(table: TableSpec) -> TableSpec:
     """The history table of ``table``: its columns, then the four version columns."""
-    from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+    from pyspark.sql.types import LongType, StructField, TimestampType
 
-    clash = set(HISTORY_COLUMNS) & set(table.column_names)
-    if clash:
-        raise SinkError("the table has a column named like a history column; it cannot have a history table",
-                        table=table.source_name, columns=", ".join(sorted(clash)))
-    fields = [StructField(START_LSN, LongType(), True), StructField(END_LSN, LongType(), True),
-              StructField(START_AT, TimestampType(), True), StructField(END_AT, TimestampType(), True)]
-    from applier.sink.schema import TableSpec
-
-    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
-                     table.replica_identity, None, len(fields))
+    return with_added_columns(table, [StructField(START_LSN, LongType(), True), StructField(END_LSN, LongType(), True),
+                                      StructField(START_AT, TimestampType(), True),
+                                      StructField(END_AT, TimestampType(), True)], "history")
 
 
 @dataclass(slots=True)
@@ -83,36 +78,6 @@ class HistoryPlan:
     @property
     def empty(self) -> bool:
         return not (self.updates or self.inserts or self.truncate)
-
-
-def _key(row: tuple[Any, ...] | list[Any], positions: tuple[int, ...]) -> tuple[Any, ...]:
-    return tuple(row[i] for i in positions)
-
-
-def keys_continued(events: Iterable[Event], key_positions: tuple[int, ...]) -> list[tuple[Any, ...]]:
-    """Keys whose version before the group (if the target has one) an update or delete continues:
-    those changed before the group's first TRUNCATE and not inserted by it first."""
-    seen: set[object] = set()
-    out: list[tuple[Any, ...]] = []
-    for _lsn, _at, change in events:
-        if change.op == OP_TRUNCATE:
-            break
-        if change.op == OP_INSERT:
-            assert change.new_row is not None
-            seen.add(freeze(_key(change.new_row, key_positions)))
-            continue
-        old = change.old_key if change.old_key is not None else (
-            _key(change.old_row, key_positions) if change.old_row is not None else
-            _key(change.new_row, key_positions) if change.new_row is not None else None)
-        if old is None:
-            continue
-        frozen = freeze(old)
-        if frozen not in seen:
-            seen.add(frozen)
-            out.append(tuple(old))
-        if change.new_row is not None:
-            seen.add(freeze(_key(change.new_row, key_positions)))
-    return out
 
 
 def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracked: tuple[int, ...],
@@ -178,7 +143,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
             continue
         if op == OP_DELETE:
             old = change.old_key if change.old_key is not None else (
-                _key(change.old_row, key_positions) if change.old_row is not None else None)
+                key_of(change.old_row, key_positions) if change.old_row is not None else None)
             if old is None:
                 raise SinkError("delete without an old key", op=op)
             after[freeze(old)] = None
@@ -186,9 +151,9 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
         new = change.new_row
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
-        new_key = _key(new, key_positions)
+        new_key = key_of(new, key_positions)
         old_key = change.old_key if change.old_key is not None else (
-            _key(change.old_row, key_positions) if change.old_row is not None else new_key)
+            key_of(change.old_row, key_positions) if change.old_row is not None else new_key)
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
         row = list(new)
         if change.new_partial:
@@ -244,7 +209,7 @@ def read_open_versions(spark: SparkSession, path: str, spec: TableSpec,
     out: dict[object, tuple[int, datetime | None, list[Any]]] = {}
     for r in rows:
         values = list(r)[:len(names)]
-        out[freeze(_key(values, positions))] = (int(r[START_LSN]), r[START_AT], values)
+        out[freeze(key_of(values, positions))] = (int(r[START_LSN]), r[START_AT], values)
     return out
 
 

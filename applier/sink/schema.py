@@ -28,7 +28,7 @@ from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_iden
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import DataType, StructField, StructType
 
     from applier.config import TableRule
     from applier.sink.extras import ExtraColumns
@@ -94,6 +94,18 @@ class TableSpec:
         """The table's own columns (those the stream's rows hold), without applier's added ones."""
         names = self.column_names
         return names[:len(names) - self.added]
+
+
+def with_added_columns(table: TableSpec, fields: list[StructField], what: str) -> TableSpec:
+    """``table``'s own columns followed by ``fields`` (a derived table's: history, change feed)."""
+    from pyspark.sql.types import StructType
+
+    clash = {f.name for f in fields} & set(table.column_names)
+    if clash:
+        raise SinkError(f"the table has a column named like a {what} column; it cannot have a {what} table",
+                        table=table.source_name, columns=", ".join(sorted(clash)))
+    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
+                     table.replica_identity, None, len(fields))
 
 
 @dataclass(frozen=True, slots=True)
