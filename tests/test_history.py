@@ -116,6 +116,14 @@ def test_history_table_holds_every_version_postgres_had_at_commit_boundaries(pg,
         mirror(spark, config, once=True)  # nothing new: the history is not written again
         assert deltalake.DeltaTable(str(history)).version() == version
 
+        from applier.checks.status import table_status
+        from applier.sink.naming import derived_table_dirs
+
+        (kind, path), = derived_table_dirs(target)
+        status = table_status(path, kind=kind)
+        assert (status.kind, status.source_name, status.rows) == ("history", "public.h", len(rows))
+        assert status.applied_lsn == table_status(target / "public" / "h").applied_lsn  # caught up
+
 
 def test_history_columns_must_exist_and_the_table_needs_a_key(pg, spark, tmp_path):
     config = MirrorConfig(

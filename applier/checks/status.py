@@ -32,9 +32,11 @@ class TableStatus:
     widened: tuple[str, ...] = ()  # columns whose type was widened in place (the table needs type widening)
     reader_features: tuple[str, ...] = ()  # Delta reader features: a reader must support each to open it
     option_mismatches: tuple[str, ...] = ()  # configured table options the existing table does not have
+    kind: str = "mirror"  # or 'history', 'changes': a table derived from the mirrored table's changes
 
     def as_dict(self) -> dict[str, Any]:
-        return {"table": self.source_name, "path": self.path, "rows": self.rows, "last_commit": self.last_commit,
+        return {"table": self.source_name, "kind": self.kind, "path": self.path, "rows": self.rows,
+                "last_commit": self.last_commit,
                 "applied_lsn": format_lsn(self.applied_lsn) if self.applied_lsn is not None else None,
                 "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
                 "option_mismatches": list(self.option_mismatches)}
@@ -60,7 +62,14 @@ class SlotStatus:
                 "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None}
 
 
-def table_status(path: Path, *, expected_options: Any = None) -> TableStatus:
+def _app_id(kind: str, source: str) -> str:
+    from applier.sink.changefeed import feed_app_id
+    from applier.sink.history import history_app_id
+
+    return {"history": history_app_id, "changes": feed_app_id}.get(kind, app_id_for)(source)
+
+
+def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirror") -> TableStatus:
     """One table's status from its Delta log alone (delta-rs; no JVM, no data files read).
 
     ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table
@@ -84,8 +93,8 @@ def table_status(path: Path, *, expected_options: Any = None) -> TableStatus:
         if expected_options.cluster_by and "clustering" not in (table.protocol().writer_features or []):
             found.append(f"cluster_by {list(expected_options.cluster_by)} configured, table is not clustered")
         mismatches = tuple(found)
-    return TableStatus(source, str(path), table.transaction_version(app_id_for(source)), last_commit,
-                       _row_count(table), widened, tuple(table.protocol().reader_features or ()), mismatches)
+    return TableStatus(source, str(path), table.transaction_version(_app_id(kind, source)), last_commit,
+                       _row_count(table), widened, tuple(table.protocol().reader_features or ()), mismatches, kind)
 
 
 def _row_count(table: Any) -> int | None:

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, table_status
     from applier.config import libpq_env_given
     from applier.lsn import format_lsn
-    from applier.sink.naming import mirrored_table_dirs
+    from applier.sink.naming import derived_table_dirs, mirrored_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
     tables = [table_status(p, expected_options=options.get(p)) for p in paths]
+    tables += [table_status(p, kind=kind) for kind, p in derived_table_dirs(target)]
     slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     for t in tables:
         applied = format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-"
         rows = t.rows if t.rows is not None else "?"
-        print(f"{t.source_name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows")
+        name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
+        print(f"{name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows")
         if t.widened:
             print(f"  widened in place: {', '.join(t.widened)} (Delta type widening is on; readers without it, "
                   "such as delta-rs, cannot read this table)")
