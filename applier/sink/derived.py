@@ -198,7 +198,7 @@ class DerivedTables:
             raise SinkError("the change feed table is behind the mirror table (it was replaced or restored "
                             "from an older backup); copy the table again into both", table=table.source_name,
                             path=path, feed_at=format_lsn(done), mirror_at=format_lsn(mirrored))
-        start = mirrored if mirrored is not None else done
+        start = mirrored  # None: the mirror table holds nothing yet, so walk the group from its start
         walk = [(lsn, b) for lsn, b in parts if start is None or lsn > start]
         todo = [lsn for lsn, _b in walk if done is None or lsn > done]
         if not todo:
