@@ -160,3 +160,24 @@ def test_history_turned_on_for_a_copied_table_starts_at_a_new_copy(pg, spark, tm
         opened = {tuple(r[c] for c in COLUMNS) for r in rows.to_pylist() if r["__end_lsn"] is None}
         assert opened == set(_state(conn).values())
         assert len(rows) == 11  # ten from the copy, the second version of key 2
+
+
+def test_a_column_with_a_default_on_a_table_with_history_stops_the_mirror_with_a_way_forward(pg, spark, tmp_path):
+    """Such a column needs the table copied again (its existing rows hold the default, which the
+    stream never sends); a copy would wipe what the history holds, so the mirror stops and says what
+    to do instead of overwriting it or leaving NULL there."""
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="hd", publication="hd_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")),
+                          tables=TablesSettings(rules=[TableRule(match="public.h", history=True)]))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v int)")
+        conn.execute("INSERT INTO h SELECT g, g FROM generate_series(1, 5) g")
+        conn.execute("CREATE PUBLICATION hd_pub FOR TABLE h")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TABLE h ADD COLUMN d int DEFAULT 7")
+        conn.execute("INSERT INTO h VALUES (6, 6, 6)")
+        history = tmp_path / "delta" / "_history" / "public" / "h"
+        version = deltalake.DeltaTable(str(history)).version()
+        with pytest.raises(ApplierError, match="cannot take a copy without losing what it holds"):
+            mirror(spark, config, once=True)
+        assert deltalake.DeltaTable(str(history)).version() == version  # untouched

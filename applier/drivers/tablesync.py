@@ -28,6 +28,7 @@ import psycopg
 from applier.catalog import RelationCache
 from applier.changes import GroupedTransactions
 from applier.config import MirrorConfig
+from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sources.publication import PublishedTable, published_selection
@@ -148,6 +149,14 @@ class TableSync:
                     log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
                                 "the rows that existed then keep NULL in them in Delta", key[0], key[1],
                                 ", ".join(sorted(gone)))
+                if filled and self.applier.derived.kinds(f"{key[0]}.{key[1]}"):
+                    raise SinkError(
+                        "the table gained a column whose existing rows are not NULL in Postgres (a default, "
+                        "identity or generated value), which the stream does not send; the mirror would copy "
+                        "the table again, but its history or change feed table cannot take a copy without "
+                        "losing what it holds. Delete those derived tables (the mirror then copies the table "
+                        "and starts them anew) or turn history/changes off for it",
+                        table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(filled)))
                 if filled:
                     self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(filled))} "
                                   "whose existing rows are not NULL in Postgres (a default, identity or generated "

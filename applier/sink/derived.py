@@ -231,6 +231,8 @@ class DerivedTables:
         for kind in self.kinds(table.source_name):
             spec = self.spec(kind, table)
             path = self.path(kind, ns, name)
+            if is_delta_table(path) and applied_version(self.spark, path, kind.app_id(table.source_name)) is not None:
+                continue  # it exists and follows the stream: a copy of the table (table sync) leaves it alone
             self._ensure(path, spec, schema_version)
             constants = (lsn, None, None, None) if kind is HISTORY else ("R", lsn, 0, None)
             description = f"{table.source_name} {kind.name} snapshot at {format_lsn(lsn)}"
