@@ -117,10 +117,10 @@ def test_history_table_holds_every_version_postgres_had_at_commit_boundaries(pg,
         assert deltalake.DeltaTable(str(history)).version() == version
 
         from applier.checks.status import table_status
-        from applier.sink.naming import derived_table_dirs
+        from applier.sink.derived import derived_table_dirs
 
         (kind, path), = derived_table_dirs(target)
-        status = table_status(path, kind=kind)
+        status = table_status(path, kind=kind.name)
         assert (status.kind, status.source_name, status.rows) == ("history", "public.h", len(rows))
         assert status.applied_lsn == table_status(target / "public" / "h").applied_lsn  # caught up
 

@@ -63,10 +63,9 @@ class SlotStatus:
 
 
 def _app_id(kind: str, source: str) -> str:
-    from applier.sink.changefeed import feed_app_id
-    from applier.sink.history import history_app_id
+    from applier.sink.derived import KINDS
 
-    return {"history": history_app_id, "changes": feed_app_id}.get(kind, app_id_for)(source)
+    return next((k.app_id for k in KINDS if k.name == kind), app_id_for)(source)
 
 
 def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirror") -> TableStatus:

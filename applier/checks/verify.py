@@ -131,7 +131,9 @@ def delta_rows(spark: SparkSession, path: str, columns: list[str],
 
     df = spark.read.format("delta").load(path)
     if soft_deleted is not None:
-        df = df.filter(~F.coalesce(F.col(quote_identifier(soft_deleted)), F.lit(False)))
+        from applier.sink.extras import live_rows
+
+        df = live_rows(df, soft_deleted)
     df = df.select(*[quote_identifier(c) for c in columns])
     # PySpark hands TimestampType values back as naive datetimes in this process's local time zone,
     # which fails for the earliest instants (a clamped '-infinity' is 0001-01-01 UTC: year 0 in a

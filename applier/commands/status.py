@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, table_status
     from applier.config import libpq_env_given
     from applier.lsn import format_lsn
-    from applier.sink.naming import derived_table_dirs, mirrored_table_dirs
+    from applier.sink.derived import derived_table_dirs
+    from applier.sink.naming import mirrored_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
     tables = [table_status(p, expected_options=options.get(p)) for p in paths]
-    tables += [table_status(p, kind=kind) for kind, p in derived_table_dirs(target)]
+    tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
     slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))

@@ -23,15 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
+from applier.sink.extras import live_rows
 from applier.sink.idempotence import app_id_for, is_delta_table
-from applier.sink.merge import key_range
+from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowkeys import key_of, key_only_row
+from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructField
 
     from applier.sink.schema import TableSpec
 
@@ -68,8 +70,8 @@ class MirrorRows:
     rows: dict[object, list[Any]] | None = None
     everything: bool = False
 
-    def load(self, keys: list[tuple[Any, ...]], key_schema: Any) -> None:
-        self.rows = self._read(keys, key_schema)
+    def load(self, keys: list[tuple[Any, ...]], key_fields: list[StructField]) -> None:
+        self.rows = self._read(keys, key_fields)
 
     def get(self, frozen: object) -> list[Any] | None:
         return (self.rows or {}).get(frozen)
@@ -80,22 +82,19 @@ class MirrorRows:
             self.everything = True
         return dict(self.rows or {})
 
-    def _read(self, keys: list[tuple[Any, ...]] | None, key_schema: Any) -> dict[object, list[Any]]:
+    def _read(self, keys: list[tuple[Any, ...]] | None,
+              key_fields: list[StructField] | None) -> dict[object, list[Any]]:
         from pyspark.sql import functions as F
 
         if (keys is not None and not keys) or not is_delta_table(self.path):
             return {}
         df = self.spark.read.format("delta").load(self.path)
         if self.live_filter is not None:
-            df = df.filter(~F.coalesce(F.col(q(self.live_filter)), F.lit(False)))
+            df = live_rows(df, self.live_filter)
         have = set(df.columns)  # a column the group adds is not in the mirror table yet: NULL there
         df = df.select(*[F.col(q(n)) if n in have else F.lit(None).alias(n) for n in self.names])
-        if keys is not None:
-            key_names = [self.names[i] for i in self.key_positions]
-            bounds = key_range([k[0] for k in keys])
-            if bounds is not None:  # lets Delta skip the files outside the group's keys
-                df = df.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
-            df = df.join(self.spark.createDataFrame(keys, key_schema), on=key_names, how="left_semi")
+        if keys is not None and key_fields is not None:
+            df = restrict_to_keys(self.spark, df, key_fields, keys)
         out: dict[object, list[Any]] = {}
         for r in df.toLocalIterator():
             values = list(r)
@@ -125,8 +124,7 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
             state, gone = {}, True
             continue
         if op == OP_DELETE:
-            old = change.old_key if change.old_key is not None else (
-                key_of(change.old_row, key_positions) if change.old_row is not None else None)
+            old = old_key_of(change, key_positions)  # a delete has no new row to fall back on
             if old is None:
                 raise SinkError("delete without an old key", op=op)
             frozen = freeze(old)
@@ -141,8 +139,8 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
-        old_key = change.old_key if change.old_key is not None else (
-            key_of(change.old_row, key_positions) if change.old_row is not None else new_key)
+        old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
+        assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
         row = list(new)
         before = list(change.old_row) if change.old_row is not None else (

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,10 +21,10 @@ from applier.config import TableRule, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
-from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, deltars_can_write
 from applier.sink.changefeed import MirrorRows, feed_app_id, feed_rows, feed_spec
 from applier.sink.conflicts import retry_on_conflict
+from applier.sink.extras import OP_READ, commit_datetime
 from applier.sink.history import (
     HistoryPlan,
     commit_history,
@@ -37,7 +36,7 @@ from applier.sink.history import (
 from applier.sink.idempotence import applied_version, is_delta_table
 from applier.sink.layouts import Layouts
 from applier.sink.merge import write_rows
-from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, needs_column_mapping, table_location
+from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, needs_column_mapping, table_location
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.values import UNCHANGED_TOAST
@@ -67,6 +66,12 @@ class _Kind:
 
 HISTORY = _Kind("history", HISTORY_DIR, history_app_id, history_spec)
 CHANGES = _Kind("changes", CHANGES_DIR, feed_app_id, feed_spec)
+KINDS = (CHANGES, HISTORY)  # in commit order: the feed before the mirror table, the history after
+
+
+def derived_table_dirs(target_dir: str | Path) -> list[tuple[_Kind, Path]]:
+    """(kind, path) of the history and change feed tables in their default places under the target."""
+    return [(kind, path) for kind in KINDS for path in mirrored_table_dirs(Path(target_dir) / kind.directory)]
 
 
 class DerivedTables:
@@ -85,7 +90,7 @@ class DerivedTables:
 
     def kinds(self, qualified: str) -> list[_Kind]:
         rule = self.tables.rule_for(qualified)
-        return [k for k in (CHANGES, HISTORY) if k.wanted(rule)]
+        return [k for k in KINDS if k.wanted(rule)]
 
     def path(self, kind: _Kind, namespace: str, name: str) -> str:
         rule = self.tables.rule_for(f"{namespace}.{name}")
@@ -180,15 +185,13 @@ class DerivedTables:
         else:
             tracked = tuple(range(len(names)))
         layouts = Layouts(names)
-        events = [(b.commit_lsn, _time(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
+        events = [(b.commit_lsn, commit_datetime(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
         target = read_open_versions(self.spark, path, spec, keys_continued((e[2] for e in events), key_positions))
         plan = plan_history(events, key_positions, tracked, target, UNCHANGED_TOAST)
         description = f"{table.source_name} history end_lsn={format_lsn(group_end)} transactions={len(todo)}"
         return path, spec, plan, description
 
     def _commit_feed(self, table: TableSpec, last_batch: TableBatch, parts: Parts, group_end: int) -> None:
-        from pyspark.sql.types import StructType
-
         ns, name = last_batch.namespace, last_batch.name
         spec = self.spec(CHANGES, table)
         path = self.path(CHANGES, ns, name)
@@ -206,12 +209,11 @@ class DerivedTables:
         self._ensure(path, spec, last_batch.schema)
         names, key_positions = self._events_layout(spec)
         layouts = Layouts(names)
-        events = [(b.commit_lsn, _time(b), c, done is None or lsn > done)
+        events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
         deleted = table.extra.deleted if table.extra is not None else None
         mirror = MirrorRows(self.spark, self._mirror_path(ns, name), list(names), key_positions, deleted)
-        mirror.load(keys_continued((e[2] for e in events), key_positions),
-                    StructType([spec.schema[k] for k in spec.key_columns]))
+        mirror.load(keys_continued((e[2] for e in events), key_positions), [spec.schema[k] for k in spec.key_columns])
         rows = feed_rows(events, key_positions, len(names), mirror, UNCHANGED_TOAST)
         description = f"{table.source_name} changes end_lsn={format_lsn(group_end)} transactions={len(todo)}"
         retry_on_conflict(partial(write_rows, self.spark, path, spec.schema, rows, replace=False,
@@ -234,7 +236,7 @@ class DerivedTables:
             if is_delta_table(path) and applied_version(self.spark, path, kind.app_id(table.source_name)) is not None:
                 continue  # it exists and follows the stream: a copy of the table (table sync) leaves it alone
             self._ensure(path, spec, schema_version)
-            constants = (lsn, None, None, None) if kind is HISTORY else ("R", lsn, 0, None)
+            constants = (lsn, None, None, None) if kind is HISTORY else (OP_READ, lsn, 0, None)
             description = f"{table.source_name} {kind.name} snapshot at {format_lsn(lsn)}"
             tag = (kind.app_id(table.source_name), lsn, description)
             loaders.append(SnapshotLoader(
@@ -246,6 +248,3 @@ class DerivedTables:
     def _copied(self, path: str, lsn: int, _rows: int) -> None:
         self._applied[path] = lsn
 
-
-def _time(batch: TableBatch) -> datetime | None:
-    return pg_time_to_datetime(batch.commit_time) if batch.commit_time is not None else None

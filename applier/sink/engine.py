@@ -44,6 +44,7 @@ from applier.sink.schema import (
     ensure_table,
     set_table_property,
     table_options,
+    with_added_columns,
 )
 from applier.sink.targets import TableTargets
 from applier.values import UNCHANGED_TOAST, spark_schema_for
@@ -132,20 +133,16 @@ class DeltaApplier:
                 raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
                                 table=qualified, columns=", ".join(sorted(excluded & set(keys))))
             schema = StructType([f for f in schema.fields if f.name not in excluded])
+        spec = TableSpec(qualified, schema, keys, rel.replica_identity)
         extra = ExtraColumns.for_table(self.tables, qualified)
-        if extra is not None:
-            from pyspark.sql.types import StructType
-
-            if not keys:
-                raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
-                                "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
-                                "metadata_columns/soft_delete: false in a rule for it", table=qualified)
-            clash = set(extra.names) & set(schema.fieldNames())
-            if clash:
-                raise SinkError("the table has a column named like one applier adds; choose other names in "
-                                "tables.metadata_names", table=qualified, columns=", ".join(sorted(clash)))
-            schema = StructType(list(schema.fields) + extra.fields())
-        return TableSpec(qualified, schema, keys, rel.replica_identity, extra, len(extra.names) if extra else 0)
+        if extra is None:
+            return spec
+        if not keys:
+            raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
+                            "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
+                            "metadata_columns/soft_delete: false in a rule for it", table=qualified)
+        return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
+                                  remedy="choose other names in tables.metadata_names")
 
     def apply_group(self, transactions: GroupedTransactions) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_TRUNCATE, TableBatch, TableChange
 from applier.protocol.messages import pg_time_to_datetime
+from applier.sink.rowkeys import old_key_of
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructField
 
     from applier.config import TablesSettings
@@ -89,7 +91,7 @@ def with_extra_values(changes: Iterable[TableChange], batch: TableBatch, extra: 
 
     Old images get NULLs there (they are only read for the table's own columns); with soft deletes a
     delete carries a new row: its key, the marker in every other column, and the flag set."""
-    when = pg_time_to_datetime(batch.commit_time) if batch.commit_time is not None else None
+    when = commit_datetime(batch)
     lsn = batch.commit_lsn
     pad = (None,) * len(extra.names)
     kept = extra.values("I", lsn, when, False), extra.values("U", lsn, when, False)
@@ -103,8 +105,7 @@ def with_extra_values(changes: Iterable[TableChange], batch: TableBatch, extra: 
         if op == OP_DELETE:
             new_row = None
             if extra.soft_delete:
-                key = change.old_key if change.old_key is not None else \
-                    tuple(change.old_row[i] for i in key_positions) if change.old_row is not None else None
+                key = old_key_of(change, key_positions)
                 if key is not None:  # else the fold stops on it as on any delete without a key
                     new_row = _deleted_image(key, key_positions, ncols, marker) + gone
             yield TableChange(op, change.old_key, old_row, new_row, change.ordinal, new_row is not None)
@@ -112,6 +113,20 @@ def with_extra_values(changes: Iterable[TableChange], batch: TableBatch, extra: 
         assert change.new_row is not None or op not in "IU"
         new_row = None if change.new_row is None else (*change.new_row, *kept[op != "I"])
         yield TableChange(op, change.old_key, old_row, new_row, change.ordinal, change.new_partial)
+
+
+def commit_datetime(batch: TableBatch) -> datetime | None:
+    """The batch's commit time as a UTC datetime (None when the source did not carry one)."""
+    return pg_time_to_datetime(batch.commit_time) if batch.commit_time is not None else None
+
+
+def live_rows(df: DataFrame, deleted: str) -> DataFrame:
+    """The rows of a soft-deleting table that Postgres still has (the flag off or NULL)."""
+    from pyspark.sql import functions as F
+
+    from applier.sink.naming import quote_identifier
+
+    return df.filter(~F.coalesce(F.col(quote_identifier(deleted)), F.lit(False)))
 
 
 def _deleted_image(key: tuple[Any, ...], key_positions: tuple[int, ...], ncols: int,

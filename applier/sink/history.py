@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from applier.changes import OP_DELETE, OP_TRUNCATE, TableChange
 from applier.errors import SinkError
 from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_table
-from applier.sink.merge import key_range
+from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowkeys import key_of
+from applier.sink.rowkeys import key_of, old_key_of
 from applier.sink.schema import with_added_columns
 
 if TYPE_CHECKING:
@@ -142,8 +142,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
             plan.truncate = plan.truncate or (lsn, at)
             continue
         if op == OP_DELETE:
-            old = change.old_key if change.old_key is not None else (
-                key_of(change.old_row, key_positions) if change.old_row is not None else None)
+            old = old_key_of(change, key_positions)  # a delete has no new row to fall back on
             if old is None:
                 raise SinkError("delete without an old key", op=op)
             after[freeze(old)] = None
@@ -152,8 +151,8 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
-        old_key = change.old_key if change.old_key is not None else (
-            key_of(change.old_row, key_positions) if change.old_row is not None else new_key)
+        old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
+        assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
         row = list(new)
         if change.new_partial:
@@ -191,19 +190,13 @@ def read_open_versions(spark: SparkSession, path: str, spec: TableSpec,
                        keys: list[tuple[Any, ...]]) -> dict[object, tuple[int, datetime | None, list[Any]]]:
     """The target's open versions of ``keys`` (start LSN, start time, the table's own values)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
 
     if not keys or not is_delta_table(path):
         return {}
     names = list(spec.source_column_names)
     key_names = list(spec.key_columns)
-    key_schema = StructType([spec.schema[k] for k in key_names])
-    wanted = spark.createDataFrame(keys, key_schema)
     opened = spark.read.format("delta").load(path).filter(F.col(END_LSN).isNull())
-    bounds = key_range([k[0] for k in keys])
-    if bounds is not None:  # lets Delta skip the files whose key statistics lie outside the group's keys
-        opened = opened.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
-    rows = opened.join(wanted, on=key_names, how="left_semi").select(
+    rows = restrict_to_keys(spark, opened, [spec.schema[k] for k in key_names], keys).select(
         *[F.col(q(n)) for n in names], F.col(START_LSN), F.col(START_AT)).collect()
     positions = tuple(names.index(k) for k in key_names)
     out: dict[object, tuple[int, datetime | None, list[Any]]] = {}

@@ -24,7 +24,7 @@ from applier.sink.plan import TablePlan
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
 #: Prefix of the MERGE source's own columns. Longer than any PostgreSQL identifier can be (63
 #: bytes, NAMEDATALEN - 1), so no source column can share a name with them: a user column named
@@ -144,6 +144,20 @@ def key_range(values: list[object]) -> tuple[object, object] | None:
     if any(isinstance(v, Decimal) and not v.is_finite() for v in values):
         return None
     return min(values), max(values)  # type: ignore[type-var]  # one comparable type, checked above
+
+
+def restrict_to_keys(spark: SparkSession, df: DataFrame, key_fields: list[StructField],
+                     keys: list[tuple[object, ...]]) -> DataFrame:
+    """``df``'s rows whose key is one of ``keys``: a semi join, after a filter on the first key
+    column's range that lets Delta skip the files whose statistics lie outside it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    key_names = [f.name for f in key_fields]
+    bounds = key_range([k[0] for k in keys])
+    if bounds is not None:
+        df = df.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
+    return df.join(spark.createDataFrame(keys, StructType(key_fields)), on=key_names, how="left_semi")
 
 
 def _null_safe_all(left: str, right: str, names: list[str]) -> Column:

@@ -83,12 +83,6 @@ def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
     return sorted(out)
 
 
-def derived_table_dirs(target_dir: str | Path) -> list[tuple[str, Path]]:
-    """(kind, path) of the history and change feed tables in their default places under the target."""
-    return [(kind, path) for kind, directory in (("history", HISTORY_DIR), ("changes", CHANGES_DIR))
-            for path in mirrored_table_dirs(Path(target_dir) / directory)]
-
-
 def source_name_of(table_dir: Path) -> tuple[str, str]:
     """(schema, table) of a directory in the ``DIR/<schema>/<table>`` layout, escapes decoded."""
     return decode_path_component(table_dir.parent.name), decode_path_component(table_dir.name)

@@ -96,16 +96,19 @@ class TableSpec:
         return names[:len(names) - self.added]
 
 
-def with_added_columns(table: TableSpec, fields: list[StructField], what: str) -> TableSpec:
-    """``table``'s own columns followed by ``fields`` (a derived table's: history, change feed)."""
+def with_added_columns(table: TableSpec, fields: list[StructField], what: str, *, remedy: str | None = None,
+                       extra: ExtraColumns | None = None) -> TableSpec:
+    """``table``'s own columns followed by the ``fields`` applier adds (metadata columns, or a derived
+    table's: history, change feed); a source column of the same name stops the run."""
     from pyspark.sql.types import StructType
 
     clash = {f.name for f in fields} & set(table.column_names)
     if clash:
-        raise SinkError(f"the table has a column named like a {what} column; it cannot have a {what} table",
+        raise SinkError(f"the table has a column named like a {what} column; "
+                        f"{remedy or f'it cannot have a {what} table'}",
                         table=table.source_name, columns=", ".join(sorted(clash)))
     return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
-                     table.replica_identity, None, len(fields))
+                     table.replica_identity, extra, len(fields))
 
 
 @dataclass(frozen=True, slots=True)
