@@ -135,3 +135,44 @@ def test_a_table_without_a_key_cannot_have_metadata_columns(pg, spark, tmp_path)
         conn.execute("CREATE PUBLICATION mk_pub FOR TABLE bag")
         with pytest.raises(ApplierError, match="need a key"):
             mirror(spark, config, once=True)
+
+
+def test_hostile_names_meet_the_added_and_derived_tables(pg, spark, tmp_path):
+    """A source schema named ``_history`` (with a table named ``public``) does not land inside the
+    history tables' directory, and source columns named like the added ones stop the run, naming the
+    column and what to do, instead of being overwritten."""
+    rules = [TableRule(match="public.h", history=True, changes=True, metadata_columns=True, soft_delete=True)]
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="hn", publication="hn_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")), tables=TablesSettings(rules=rules))
+    with pg.connect() as conn:
+        conn.execute('CREATE SCHEMA "_history"')
+        conn.execute('CREATE TABLE "_history"."public" (id int PRIMARY KEY, v text)')
+        conn.execute("CREATE TABLE public.h (id int PRIMARY KEY, v text)")
+        conn.execute('INSERT INTO "_history"."public" VALUES (1, \'x\')')
+        conn.execute("INSERT INTO public.h VALUES (1, 'a'), (2, 'b')")
+        conn.execute("CREATE PUBLICATION hn_pub FOR TABLE \"_history\".\"public\", public.h")
+        mirror(spark, config, once=True)
+        conn.execute('UPDATE "_history"."public" SET v = \'y\'')
+        conn.execute("DELETE FROM public.h WHERE id = 1")
+        mirror(spark, config, once=True)
+        tables = [("_history", "public"), ("public", "h")]
+        results = verify_against_postgres(spark, conn, str(tmp_path / "delta"), tables, config.tables)
+        assert all(r.equal for r in results), [(r.source_name, r.only_in_source, r.only_in_target) for r in results]
+        assert (tmp_path / "delta" / "%5Fhistory" / "public" / "_delta_log").is_dir()
+        versions = _rows(tmp_path / "delta" / "_history" / "public" / "h")
+        assert {r["id"] for r in versions.values()} == {1, 2}
+
+        for n, (column, rule, message) in enumerate([
+                ("_applier_op", TableRule(match="public.c", metadata_columns=True), "choose other names"),
+                ("__start_lsn", TableRule(match="public.c", history=True), "cannot have a history table"),
+                ("__op", TableRule(match="public.c", changes=True), "cannot have a change feed table")]):
+            conn.execute("DROP TABLE IF EXISTS public.c")
+            conn.execute(f'CREATE TABLE public.c (id int PRIMARY KEY, "{column}" text)')
+            conn.execute("DROP PUBLICATION IF EXISTS c_pub")
+            conn.execute("CREATE PUBLICATION c_pub FOR TABLE public.c")
+            slot = f"c{n}"
+            named = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot=slot, publication="c_pub"),
+                                 target=TargetSettings(path=str(tmp_path / slot)),
+                                 tables=TablesSettings(rules=[rule]))
+            with pytest.raises(ApplierError, match=message):
+                mirror(spark, named, once=True)
