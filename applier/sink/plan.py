@@ -67,6 +67,11 @@ class TablePlan:
     images: dict[object, tuple[object, ...]] = field(default_factory=dict)  # frozen image -> row
     changes: int = 0
     soft_delete: SoftDelete | None = None
+    #: Keys this fold read from "before it" (the target, or an earlier plan it is combined after):
+    #: an unchanged TOAST value or a soft-deleted row's other columns. applier.sink.combine checks
+    #: them against the earlier plan, which is how a fold of a later range refuses what the fold of
+    #: the whole range would have refused.
+    external: list[tuple[object, str]] = field(default_factory=list)
 
     @property
     def multiset(self) -> bool:
@@ -205,6 +210,7 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
                             op=op)
         else:
             lookup = old_key  # read from the target's row of the OLD key
+            plan.external.append((old_frozen, "toast"))
     if old_frozen != new_frozen:
         plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
     plan.keyed[new_frozen] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
@@ -231,6 +237,7 @@ def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], 
             row[p] = v
         unresolved = frozenset(i for i in range(soft.source_columns) if i not in plan.key_positions)
         lookup = old_key
+        plan.external.append((old_frozen, "key change"))
     for p in soft.copied:
         row[p] = new[p]
     if soft.op is not None:
