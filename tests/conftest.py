@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -161,3 +162,48 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("applier.spark.session.build_spark_session_for", refuse)
     monkeypatch.setattr("applier.spark.session.build_spark_session", refuse)
+
+
+@dataclass
+class ReplayPaths:
+    """What the replays of one test did: replays that went to executors (a failing range hands over to
+    the driver path, so such a replay may fold nothing there), and why a replay did not use them."""
+
+    name: str
+    attempts: int = 0
+    ranges: list[int] = field(default_factory=list)
+    driver_only: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(params=["driver", "executors"])
+def replay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReplayPaths]:
+    """Run a replay test twice: on the driver path, and with decoding and folding on Spark's executors
+    (applier.drivers.distributed) whenever the log allows it, cut into ranges of ~37 messages so that
+    transactions, TOAST chains and key changes cross ranges. Both must give the same tables; in the
+    second run, a replay that could use executors must have (checked at teardown)."""
+    seen = ReplayPaths(str(request.param))
+    if request.param == "executors":
+        import applier.drivers.replay as replay
+
+        def on_executors(_spark: Any, config: Any, state: Any) -> str | None:
+            why = replay.eligibility(config, state)
+            if why is not None:
+                seen.driver_only.append(why)
+            return why
+
+        monkeypatch.setattr(replay, "on_executors", on_executors)
+        survey = replay.survey_log
+        monkeypatch.setattr(replay, "survey_log",
+                            lambda path, catalog, partition_messages: survey(path, catalog, partition_messages=37))
+        run = replay.replay_on_executors
+
+        def replay_on_executors(*args: Any, **kwargs: Any) -> Any:
+            seen.attempts += 1
+            summary = run(*args, **kwargs)
+            seen.ranges.append(summary.ranges)
+            return summary
+
+        monkeypatch.setattr(replay, "replay_on_executors", replay_on_executors)
+    yield seen
+    if request.param == "executors":
+        assert seen.attempts or seen.driver_only, "no replay of this test folded a range on executors"

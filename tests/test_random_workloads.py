@@ -19,7 +19,7 @@ from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 from applier.state import StateDir
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.usefixtures("replay_path")]
 
 OPTION_SETS = {
     "proto1-text": dict(),

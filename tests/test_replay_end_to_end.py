@@ -20,7 +20,7 @@ from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.usefixtures("replay_path")]
 
 
 def capture(conn, slot: str, options: dict[str, str], path: Path) -> Path:

@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "in it are resolved from its folder")
     p.add_argument("--dry-run", action="store_true",
                    help="print, per group of transactions and table, what would be merged; write nothing")
+    p.add_argument("--distributed", choices=["auto", "on", "off"],
+                   help="decode and fold the log on Spark's executors (the driver surveys it, then combines "
+                   "and commits the folds; exact, same result as the driver path): auto (default) for logs of "
+                   "distributed.min_messages or more when Spark has several cores, on, or off "
+                   "(overrides distributed.mode)")
     add_skip_argument(p)
     p.set_defaults(func=run)
 
@@ -38,6 +43,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     cfg: ReplayConfig = load_config(args.config, ReplayConfig, overrides={
         "source_log": (args.source, "--source"),
         "target.path": (args.target, "--target"),
+        "distributed.mode": (args.distributed, "--distributed"),
         "apply.skip_transactions+": (args.skip_transaction, "--skip-transaction"),
     })
     return cfg

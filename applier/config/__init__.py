@@ -309,6 +309,21 @@ _APPLY = "how transactions are grouped and applied, and what stops the run"
 _SPARK = "the SparkSession applier starts when it is not given one"
 
 
+class DistributedSettings(_Model):
+    """Replay on Spark's executors (applier.drivers.distributed): the driver surveys the log, executors
+    decode and fold ranges of it, the driver combines and commits."""
+
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on executors when the log has at least min_messages messages and Spark has "
+        "more than one core (spark.default.parallelism); on: whenever the log allows it; off: the driver "
+        "path. A log that needs the driver path (history or change-feed tables, grouping 'transaction', "
+        "prepared transactions staged by an earlier run, files not in log order) takes it, with a log line")
+    min_messages: int = Field(2_000_000, ge=1, description="auto: the smallest log replayed on executors")
+    partition_messages: int = Field(
+        250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
+        "is open, so a range may be longer)")
+
+
 class ReplayConfig(_Model):
     """``applier replay``: apply a stored raw log (Parquet or Delta: lsn, xid, data) to Delta tables."""
 
@@ -319,6 +334,8 @@ class ReplayConfig(_Model):
     tables: TablesSettings = Field(default_factory=TablesSettings, description=_TABLES)
     apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
+    distributed: DistributedSettings = Field(
+        default_factory=DistributedSettings, description="decoding and folding on Spark's executors")
 
 
 class SnapshotSettings(_Model):

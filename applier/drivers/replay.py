@@ -8,19 +8,31 @@ versions: each table's Delta log records the end LSN of the last transaction app
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from applier.assembly.feeder import TransactionFeeder
 from applier.config import ReplayConfig
+from applier.drivers.distributed import (
+    LogRange,
+    eligibility,
+    log_messages,
+    range_messages,
+    replay_on_executors,
+    survey_log,
+)
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
-from applier.sources.rawlog import read_raw_log
+from applier.sources.rawlog import RawMessage, read_raw_log
 from applier.state import StateDir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,6 +46,7 @@ class ReplaySummary:
     last_end_lsn: int | None = None
     seconds: float = 0.0
     dry_run: bool = False
+    ranges: int = 0  # ranges of the log folded on executors (0: the driver path did it all)
 
     def lines(self) -> list[str]:
         applied = ("dry run: nothing written" if self.dry_run
@@ -41,20 +54,60 @@ class ReplaySummary:
         out = [f"messages: {self.messages}", f"transactions: {self.transactions} ({applied})",
                f"LSN reached: {format_lsn(self.last_end_lsn) if self.last_end_lsn is not None else '-'}",
                f"time: {self.seconds:.1f}s"]
+        if self.ranges:
+            out.append(f"folded on executors: {self.ranges} ranges of the log")
         out += [f"  {name}: {n} row changes" for name, n in sorted(self.rows.items())]
         return out
 
 
 def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
                progress_every: float = 10.0, dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
-    """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either)."""
+    """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either).
+
+    Large logs are decoded and folded on Spark's executors (``distributed``, see
+    applier.drivers.distributed); the rest, and every log that needs it, go through the driver path."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)
-    loop = ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
-                     progress=progress, dry_run=dry_run)
-    last_report = started
+    why_not = on_executors(spark, config, state) if dry_run is None else "--dry-run"
+    if why_not is None:
+        summary = _replay_on_executors(spark, config, state, progress=progress, progress_every=progress_every)
+    else:
+        if config.distributed.mode == "on":
+            log.warning("replaying on the driver, not on executors: %s", why_not)
+        loop = _loop(spark, config, state, progress=progress, dry_run=dry_run)
+        summary = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every)
+    summary.seconds = time.monotonic() - started
+    summary.dry_run = dry_run is not None
+    return summary
+
+
+def on_executors(spark: SparkSession, config: ReplayConfig, state: StateDir) -> str | None:
+    """None when the log is to be replayed on executors, else why not (for a log line)."""
+    settings = config.distributed
+    if settings.mode == "off":
+        return "distributed.mode is 'off'"
+    if settings.mode == "auto":
+        if spark.sparkContext.defaultParallelism < 2:
+            return "Spark has one core (distributed.mode 'on' uses executors anyway)"
+        if log_messages(config.source_log) < settings.min_messages:
+            return f"the log has fewer than distributed.min_messages ({settings.min_messages}) messages"
+    return eligibility(config, state)
+
+
+def _loop(spark: SparkSession, config: ReplayConfig, state: StateDir, *, progress: Callable[[str], None] | None,
+          dry_run: Callable[[str], None] | None = None, catalog: dict[str, Any] | None = None) -> ApplyLoop:
+    feeder = TransactionFeeder.from_state(state, config.apply, catalog_json=catalog, check_order=False) \
+        if catalog is not None else None
+    return ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
+                     progress=progress, dry_run=dry_run, feeder=feeder)
+
+
+def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callable[[str], None] | None,
+           progress_every: float) -> ReplaySummary:
+    """The driver path: every message through the one apply loop, the catalog saved at the end."""
+    last_report = time.monotonic()
     with loop.running():
-        for raw in read_raw_log(config.source_log):
+        for raw in messages:
             loop.feed(raw.lsn, raw.xid, raw.data)
             if progress is not None and time.monotonic() - last_report >= progress_every:
                 last_report = time.monotonic()
@@ -66,4 +119,25 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
     return ReplaySummary(
         messages=loop.messages, transactions=stats.transactions, applied=stats.applied,
         already_applied=stats.transactions - stats.applied, rows=dict(stats.rows), tables=set(stats.tables),
-        last_end_lsn=stats.last_end_lsn, seconds=time.monotonic() - started, dry_run=dry_run is not None)
+        last_end_lsn=stats.last_end_lsn)
+
+
+def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: StateDir, *,
+                         progress: Callable[[str], None] | None, progress_every: float) -> ReplaySummary:
+    if progress is not None:
+        progress("surveying the log (order check, catalog, ranges) before folding it on executors")
+    survey = survey_log(config.source_log, state.load("catalog"),
+                        partition_messages=config.distributed.partition_messages)
+    if progress is not None:
+        progress(f"{survey.messages} messages in {len(survey.ranges)} ranges for executors"
+                 + (f", {survey.tail.messages} at the end for the driver (a transaction is still open there)"
+                    if survey.tail is not None else ""))
+    loop = _loop(spark, config, state, progress=progress)
+
+    def drive(ranges: list[LogRange]) -> ReplaySummary:
+        rest = _loop(spark, config, state, progress=progress, catalog=ranges[0].catalog)
+        messages = (raw for r in ranges for raw in range_messages(r))
+        return _drive(rest, messages, progress=progress, progress_every=progress_every)
+
+    return replay_on_executors(spark, config, loop, survey, progress=progress, progress_every=progress_every,
+                               drive=drive)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -85,6 +85,52 @@ class ApplyStats:
     commits: int = 0
 
 
+def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | None) -> TableSpec:
+    """The Delta table a batch's source table maps to: columns and Spark types (rules' exclusions
+    applied), merge key, and the added metadata columns. Pure (no session): executors use it too."""
+    sv = batch.schema
+    rel = sv.relation
+    qualified = f"{batch.namespace}.{batch.name}"
+    names = [c.name for c in rel.columns]
+    rule = tables.rule_for(qualified)
+    if rule is not None and rule.key_columns:
+        keys = tuple(rule.key_columns)
+    elif rel.replica_identity == "f":
+        keys = ()  # whole-row identity: a multiset
+    else:
+        keys = tuple(names[i] for i in sv.key_indexes)
+    schema = spark_schema_for(sv, types)
+    excluded = set(rule.exclude_columns) if rule is not None else set()
+    if excluded:
+        from pyspark.sql.types import StructType
+
+        if excluded & set(keys):
+            raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
+                            table=qualified, columns=", ".join(sorted(excluded & set(keys))))
+        schema = StructType([f for f in schema.fields if f.name not in excluded])
+    spec = TableSpec(qualified, schema, keys, rel.replica_identity)
+    extra = ExtraColumns.for_table(tables, qualified)
+    if extra is None:
+        return spec
+    if not keys:
+        raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
+                        "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
+                        "metadata_columns/soft_delete: false in a rule for it", table=qualified)
+    return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
+                              remedy="choose other names in tables.metadata_names")
+
+
+@dataclass
+class FoldedTable:
+    """One table's fold of a range of transactions, made away from this applier (on an executor:
+    applier.drivers.distributed), with the spec and schema version it was folded for."""
+
+    path: str
+    spec: TableSpec
+    schema: SchemaVersion
+    plan: TablePlan
+
+
 class DeltaApplier:
     """Applies transactions to the Delta tables under ``target_dir``."""
 
@@ -113,36 +159,7 @@ class DeltaApplier:
         return self.targets.path_for(namespace, name)
 
     def _spec(self, batch: TableBatch) -> TableSpec:
-        sv = batch.schema
-        rel = sv.relation
-        qualified = f"{batch.namespace}.{batch.name}"
-        names = [c.name for c in rel.columns]
-        rule = self.tables.rule_for(qualified)
-        if rule is not None and rule.key_columns:
-            keys = tuple(rule.key_columns)
-        elif rel.replica_identity == "f":
-            keys = ()  # whole-row identity: a multiset
-        else:
-            keys = tuple(names[i] for i in sv.key_indexes)
-        schema = spark_schema_for(sv, self.types)
-        excluded = set(rule.exclude_columns) if rule is not None else set()
-        if excluded:
-            from pyspark.sql.types import StructType
-
-            if excluded & set(keys):
-                raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
-                                table=qualified, columns=", ".join(sorted(excluded & set(keys))))
-            schema = StructType([f for f in schema.fields if f.name not in excluded])
-        spec = TableSpec(qualified, schema, keys, rel.replica_identity)
-        extra = ExtraColumns.for_table(self.tables, qualified)
-        if extra is None:
-            return spec
-        if not keys:
-            raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
-                            "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
-                            "metadata_columns/soft_delete: false in a rule for it", table=qualified)
-        return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
-                                  remedy="choose other names in tables.metadata_names")
+        return table_spec(batch, self.tables, self.types)
 
     def apply_group(self, transactions: GroupedTransactions) -> None:
         """Apply consecutive committed transactions, one Delta commit per table they touch.
@@ -184,15 +201,7 @@ class DeltaApplier:
                 continue  # already applied: its schema may have moved on since, so touch nothing
             if self._dry_run is None:
                 self._ensure(path, spec, last_batch.schema)
-            names = spec.column_names
-            layouts = Layouts(spec.source_column_names)
-            key_positions = tuple(names.index(k) for k in spec.key_columns)
-            extra, ncols = spec.extra, len(spec.source_column_names)
-            changes = chain.from_iterable(layouts.aligned(b) for _lsn, b in todo) if extra is None else \
-                chain.from_iterable(with_extra_values(layouts.aligned(b), b, extra, key_positions, ncols,
-                                                      UNCHANGED_TOAST) for _lsn, b in todo)
-            soft = extra.soft_delete_positions(ncols) if extra is not None else None
-            plan = fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
+            plan = fold_table(spec, [b for _lsn, b in todo])
             if plan.empty:
                 self._applied[path] = group_end
                 continue
@@ -204,6 +213,26 @@ class DeltaApplier:
                 self._dry_run(describe_plan(description, plan))
                 continue
             commits.append((path, spec, plan, description))
+        self._run_commits(commits, group_end, len(transactions), histories)
+
+    def apply_folded(self, folded: Sequence[FoldedTable], group_end: int, transactions: int) -> None:
+        """Commit plans folded elsewhere (each already leaves out what its table had applied when the
+        fold was made) as one group ending at ``group_end``: what apply_group does after its fold."""
+        commits: list[tuple[str, TableSpec, TablePlan, str]] = []
+        for table in folded:
+            self.stats.tables.add((table.schema.namespace, table.schema.relation.name))
+            self._ensure(table.path, table.spec, table.schema)
+            if table.plan.empty:
+                self._applied[table.path] = group_end
+                continue
+            description = f"{table.spec.source_name} end_lsn={format_lsn(group_end)} transactions={transactions}"
+            if table.plan.truncated:
+                description += f" {truncate_clause(table.plan)}"
+            commits.append((table.path, table.spec, table.plan, description))
+        self._run_commits(commits, group_end, transactions, [])
+
+    def _run_commits(self, commits: list[tuple[str, TableSpec, TablePlan, str]], group_end: int, transactions: int,
+                     histories: list[HistoryJob]) -> None:
         results = self._sessions.run([partial(self._commit, path=path, spec=spec, plan=plan, version=group_end,
                                               description=description)
                                       for path, spec, plan, description in commits])
@@ -211,10 +240,9 @@ class DeltaApplier:
             self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
             self.stats.commits += 1
         self.stats.commits += self.derived.after_mirror_commits(histories, group_end)  # behind: they catch up
-        applied_any = bool(commits)
-        self.stats.transactions += len(transactions)
-        if applied_any:
-            self.stats.applied += len(transactions)
+        self.stats.transactions += transactions
+        if commits:
+            self.stats.applied += transactions
         self.stats.last_end_lsn = group_end
 
     def _commit(self, spark: SparkSession, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
@@ -363,6 +391,20 @@ class DeltaApplier:
                 return None
             self._applied[path] = version
         return self._applied[path]
+
+
+def fold_table(spec: TableSpec, batches: Sequence[TableBatch]) -> TablePlan:
+    """One table's batches (commit order) folded into one commit's plan, rows aligned to ``spec``'s
+    columns (batches of older schema versions remapped) and the metadata values added."""
+    names = spec.column_names
+    layouts = Layouts(spec.source_column_names)
+    key_positions = tuple(names.index(k) for k in spec.key_columns)
+    extra, ncols = spec.extra, len(spec.source_column_names)
+    changes = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \
+        chain.from_iterable(with_extra_values(layouts.aligned(b), b, extra, key_positions, ncols, UNCHANGED_TOAST)
+                            for b in batches)
+    soft = extra.soft_delete_positions(ncols) if extra is not None else None
+    return fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
 
 
 def truncate_clause(plan: TablePlan) -> str:

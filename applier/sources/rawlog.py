@@ -39,7 +39,7 @@ from applier.errors import ApplierError, InputError, SourceError
 from applier.infra.deltars import deltars_path
 from applier.lsn import parse_lsn
 
-__all__ = ["RawMessage", "read_raw_log", "raw_log_files"]
+__all__ = ["RawMessage", "read_raw_log", "raw_log_files", "log_batches", "read_file_rows", "file_order_is_log_order"]
 
 _COLUMNS = ("lsn", "xid", "data")
 _EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
@@ -142,6 +142,57 @@ def read_raw_log(path: str | Path, *, batch_rows: int = 8192, check_order: bool 
                     raise err
     for batch, file, first in _batches(files, batch_rows):
         yield from _rows(batch, file, first)
+
+
+def log_batches(path: str | Path, batch_rows: int = 65_536) -> Iterator[tuple[pa.RecordBatch | pa.Table, Path, int]]:
+    """The log's rows in log order, as Arrow batches with the file they come from and the first row's
+    number in it (in the sorted cluster when the rows carry ``seq``; see file_order_is_log_order)."""
+    return _batches(raw_log_files(path), batch_rows)
+
+
+def batch_rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Iterator[RawMessage]:
+    """The messages of one batch of log_batches, checked as read_raw_log checks them."""
+    return _rows(batch, file, first_row)
+
+
+def file_order_is_log_order(path: str | Path) -> str | None:
+    """None when every file's rows are in log order and the files follow each other (so rows
+    ``start:stop`` of a file are a piece of the log, read_file_rows reads them); otherwise why not.
+    Logs without ``seq`` always are; with it, each file must hold an ascending ``seq`` range of its own
+    (what ``applier capture`` writes; an OPTIMIZE may merge or reorder them)."""
+    files = raw_log_files(path)
+    if not any(_has_seq(f) for f in files):
+        return None
+    ranges: list[tuple[int, int]] = []
+    for file in files:
+        seqs = _open(file).read(columns=["seq"]).column(0)
+        if len(seqs) > 1 and not pc.all(pc.greater(seqs[1:], seqs[:-1])).as_py():
+            return f"the rows of {file.name} are not in seq order"
+        if len(seqs):
+            ranges.append((seqs[0].as_py(), seqs[-1].as_py()))
+    ranges.sort()
+    if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:], strict=False)):
+        return "files with overlapping seq ranges"
+    return None
+
+
+def read_file_rows(file: str | Path, start: int, stop: int) -> Iterator[RawMessage]:
+    """Rows ``start:stop`` of one raw log file, reading only the row groups that hold them."""
+    file = Path(file)
+    try:
+        pf = _open(file)
+        offset = 0
+        for group in range(pf.num_row_groups):
+            n = pf.metadata.row_group(group).num_rows
+            if offset < stop and offset + n > start:
+                lo, hi = max(start - offset, 0), min(stop - offset, n)
+                table = pf.read_row_group(group, columns=list(_COLUMNS)).slice(lo, hi - lo)
+                yield from _rows(table, file, offset + lo)
+            offset += n
+            if offset >= stop:
+                return
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
 
 
 def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pa.Table, Path, int]]:

@@ -1,0 +1,458 @@
+"""Replay of a stored raw log with decoding and folding on Spark's executors.
+
+The driver path (applier.drivers.replay) sends every message through one Python thread. Here:
+
+1. **Survey** (driver, one pass over the log's headers): the order check read_raw_log makes anyway,
+   the catalog timeline (every Relation and Type message, decoded and applied in order) and the
+   places where no transaction is open: no regular or two-phase transaction between its Begin and
+   its Commit/Prepare, no streamed transaction between its first Stream Start and its Stream
+   Commit/Abort, no prepared transaction waiting for its Commit/Rollback Prepared. The log is cut
+   there into ranges of about ``partition_messages`` messages, each with the catalog as it stood at
+   its start. A range therefore holds whole transactions, streamed and two-phase ones included.
+2. **Fold** (executors, one task per range): the same feeder as the driver path (decode, assemble,
+   convert, origin filter, configured skips) and the same per-table fold (applier.sink.engine's
+   ``table_spec`` and ``fold_table``), leaving out what a table already applied (its end LSN, read
+   by the driver before the run), gives per table one TablePlan for the range.
+3. **Combine and commit** (driver, ranges in log order): consecutive ranges' plans are combined
+   (applier.sink.combine, equal to folding the ranges in one pass) up to ``apply.max_group_rows``
+   keys or ``apply.max_group_transactions`` transactions, then committed exactly as a group of the
+   driver path is (same engines, same ``txn`` tag: the end LSN of the group's last transaction), so
+   a crash anywhere and a re-run are exact.
+
+What it does not do, it hands to the driver path, which is exact for everything: a log (or the
+rest of one) with a range that failed on an executor (bad bytes, a value that does not convert: the
+driver path then applies the transactions before the bad one and stops with the precise error), the
+tail after the last place where nothing is open (a prepared transaction the log leaves waiting is
+staged by the driver path, as always), and whole logs that need what only the driver path has:
+history or change-feed tables (they need every change, not a fold), ``grouping: transaction``,
+``--dry-run``, prepared transactions staged by an earlier run, or files whose rows are not in log
+order (``eligibility`` says which).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from applier.catalog import RelationCache, SchemaVersion
+from applier.changes import OP_TRUNCATE, SkippedTransaction
+from applier.config import ApplySettings, ReplayConfig, TablesSettings
+from applier.errors import ApplierError, SinkError
+from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.decoder import decode_message
+from applier.protocol.messages import LogicalMessage, Relation, Type
+from applier.protocol.order import OrderChecker
+from applier.sink.combine import combine_plans
+from applier.sink.engine import FoldedTable, fold_table, table_spec
+from applier.sources.rawlog import RawMessage, file_order_is_log_order, log_batches, read_file_rows
+from applier.state import StateDir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.drivers.replay import ReplaySummary
+    from applier.loop import ApplyLoop
+
+log = logging.getLogger(__name__)
+
+#: One piece of a range: rows ``start:stop`` of one log file.
+Segment = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRange:
+    """Consecutive messages of the log holding whole transactions, with the catalog at their start."""
+
+    index: int
+    segments: tuple[Segment, ...]
+    catalog: dict[str, Any]
+    messages: int
+    first_lsn: int
+    last_lsn: int
+
+
+@dataclass
+class LogSurvey:
+    """What the driver learns from one pass over the log's headers."""
+
+    ranges: list[LogRange] = field(default_factory=list)
+    tail: LogRange | None = None  # after the last place where nothing is open: the driver path's
+    catalog: RelationCache = field(default_factory=RelationCache)  # as at the end of the log
+    relations: set[tuple[str, str]] = field(default_factory=set)  # every (namespace, name) described
+    messages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FoldJob:
+    """What an executor needs to fold one range: everything is in it (no session, no state dir)."""
+
+    range: LogRange
+    apply: ApplySettings
+    tables: TablesSettings
+    paths: dict[tuple[str, str], str]
+    done: dict[str, int]  # table path -> end LSN it has applied
+
+
+@dataclass
+class RangeFold:
+    """An executor's result for one range."""
+
+    index: int
+    folded: list[FoldedTable] = field(default_factory=list)
+    transactions: int = 0
+    last_end_lsn: int | None = None
+    messages: list[tuple[int, LogicalMessage]] = field(default_factory=list)
+    skipped: list[SkippedTransaction] = field(default_factory=list)
+    error: str | None = None  # the range failed: the driver path takes over from its start
+    seconds: float = 0.0
+
+
+# -- eligibility -------------------------------------------------------------------------------------
+
+
+def eligibility(config: ReplayConfig, state: StateDir) -> str | None:
+    """None when the log may be replayed on executors; otherwise the reason it takes the driver path."""
+    if config.apply.grouping == "transaction":
+        return "apply.grouping is 'transaction' (one commit per source transaction)"
+    if any(rule.history or rule.changes for rule in config.tables.rules):
+        return "history or change-feed tables need every change, not a fold"
+    from applier.assembly.staging import PreparedStore
+
+    if PreparedStore(state.staging_dir).gids():
+        return "prepared transactions staged by an earlier run wait for their Commit Prepared"
+    return file_order_is_log_order(config.source_log)
+
+
+def log_messages(path: str) -> int:
+    """The number of messages in the log, from the files' footers (no data read)."""
+    import pyarrow.parquet as pq
+
+    from applier.sources.rawlog import raw_log_files
+
+    return sum(pq.ParquetFile(str(f)).metadata.num_rows for f in raw_log_files(path))
+
+
+# -- 1. survey -----------------------------------------------------------------------------------------
+
+_PASSED = frozenset(b"IUDTM")  # messages the survey only order-checks
+
+
+def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int) -> LogSurvey:
+    """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges."""
+    survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
+    survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
+                        for v in (catalog_json or {}).get("relations", [])}
+    checker = OrderChecker()
+    check = checker.check
+    prepared: set[int] = set()  # xids of prepared transactions not yet committed or rolled back
+    preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
+    segments: list[Segment] = []
+    start_catalog = survey.catalog.to_json()
+    first_lsn = last_lsn = 0
+    in_range = 0  # messages in the range being built
+    index = 0  # position of the message in the log
+    for batch, file, first in log_batches(path):
+        lsns = batch.column(0).to_pylist()
+        if pa.types.is_string(batch.column(0).type) or pa.types.is_large_string(batch.column(0).type):
+            lsns = [None if v is None else parse_lsn(v) for v in lsns]
+        datas = batch.column(2).to_pylist()
+        n = len(datas)
+        seg_start = first  # rows of this batch already given to a range
+        for i in range(n):
+            lsn, data = lsns[i], datas[i]
+            if lsn is None or data is None:
+                raise _row_error(file, first + i)
+            if problems := check(lsn, data):
+                err = problems[0].error()
+                err.add_context(path=str(path))
+                raise err
+            if in_range == 0:
+                first_lsn = lsn
+            in_range += 1
+            last_lsn = lsn
+            kind = data[0] if data else 0
+            if kind in _PASSED:
+                continue
+            if kind in (0x52, 0x59):  # R, Y: the catalog moves on
+                _follow_catalog(survey, data, checker.in_stream is not None)
+                continue
+            if kind == 0x62:  # b
+                preparing = checker.current.xid if checker.current is not None else None
+            elif kind == 0x50 and preparing is not None:  # P
+                prepared.add(preparing)
+                preparing = None
+            elif kind == 0x70:  # p: streamed prepare
+                prepared.add(int.from_bytes(data[26:30], "big"))
+            elif kind == 0x4B:  # K
+                prepared.discard(int.from_bytes(data[26:30], "big"))
+            elif kind == 0x72:  # r
+                prepared.discard(int.from_bytes(data[34:38], "big"))
+            elif kind == 0x42:  # B: a Begin while a two-phase one is open re-sends it (new session)
+                preparing = None
+            quiet = (checker.current is None and not checker.streams and checker.in_stream is None
+                     and not prepared)
+            if quiet and in_range >= partition_messages:
+                segments.append((str(file), seg_start, first + i + 1))
+                seg_start = first + i + 1
+                survey.ranges.append(LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog,
+                                              in_range, first_lsn, last_lsn))
+                segments, in_range = [], 0
+                start_catalog = survey.catalog.to_json()
+        index += n
+        if seg_start < first + n:
+            segments.append((str(file), seg_start, first + n))
+    survey.messages = index
+    if in_range:
+        tail = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn, last_lsn)
+        quiet = (checker.current is None and not checker.streams and checker.in_stream is None and not prepared)
+        if quiet:
+            survey.ranges.append(tail)
+        else:
+            survey.tail = tail
+    return survey
+
+
+def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool) -> None:
+    try:
+        msg = decode_message(data, in_stream=in_stream)
+    except ApplierError:
+        return  # the range holding it fails to decode it too, and the driver path reports it
+    if isinstance(msg, Relation):
+        survey.catalog.update(msg)
+        survey.relations.add((msg.namespace or "pg_catalog", msg.name))
+    elif isinstance(msg, Type):
+        survey.catalog.update_type(msg)
+
+
+def _merged(segments: list[Segment]) -> Iterator[Segment]:
+    """Adjacent pieces of one file as one."""
+    current: Segment | None = None
+    for file, start, stop in segments:
+        if current is not None and current[0] == file and current[2] == start:
+            current = (file, current[1], stop)
+            continue
+        if current is not None:
+            yield current
+        current = (file, start, stop)
+    if current is not None:
+        yield current
+
+
+def _row_error(file: Path, row: int) -> ApplierError:
+    from applier.errors import SourceError
+
+    return SourceError("raw log row has a NULL lsn, xid or data", path=str(file), row=row)
+
+
+def range_messages(log_range: LogRange) -> Iterator[RawMessage]:
+    for file, start, stop in log_range.segments:
+        yield from read_file_rows(file, start, stop)
+
+
+# -- 2. fold (on an executor) --------------------------------------------------------------------
+
+
+def fold_range(job: FoldJob) -> RangeFold:
+    """Decode, assemble and fold one range, exactly as the driver path would (see the module)."""
+    from applier.assembly.feeder import TransactionFeeder
+    from applier.protocol.decoder import MessageDecoder
+
+    started = time.monotonic()
+    result = RangeFold(job.range.index)
+    scratch = tempfile.mkdtemp(prefix="applier-fold-")
+    try:
+        feeder = TransactionFeeder.from_state(StateDir(scratch), job.apply, catalog_json=job.range.catalog,
+                                              check_order=False)
+        feeder.messages = result.messages
+        feeder.skipped = result.skipped
+        decoder = MessageDecoder()
+        per_path: dict[str, list[Any]] = {}
+        truncate_error = job.apply.truncate == "error"
+        tables = job.tables
+        for raw in range_messages(job.range):
+            for txn, batches in feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data):
+                result.transactions += 1
+                result.last_end_lsn = txn.end_lsn
+                for batch in batches:
+                    qualified = batch.qualified_name
+                    if not tables.selected(qualified):
+                        continue
+                    if truncate_error and any(c.op == OP_TRUNCATE for c in batch.changes):
+                        raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
+                                        end_lsn=txn.end_lsn)
+                    path = job.paths[(batch.namespace, batch.name)]
+                    done = job.done.get(path)
+                    if done is None or txn.end_lsn > done:
+                        per_path.setdefault(path, []).append(batch)
+                feeder.assembler.release(txn)
+                feeder.applied(txn)
+        types = feeder.types
+        for path, batches in per_path.items():
+            spec = table_spec(batches[-1], tables, types)
+            result.folded.append(FoldedTable(path, spec, batches[-1].schema, fold_table(spec, batches)))
+    except ApplierError as e:
+        result = RangeFold(job.range.index, error=str(e))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _fold_pickled(job: FoldJob) -> bytes:
+    return pickle.dumps(fold_range(job), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _collect(iterator: Iterable[bytes]) -> list[bytes]:
+    return list(iterator)
+
+
+# -- 3. combine and commit (driver) --------------------------------------------------------------
+
+
+def fold_on_executors(spark: SparkSession, jobs: Sequence[FoldJob]) -> Iterator[RangeFold]:
+    """The folds of ``jobs`` in log order, computed a wave of ``defaultParallelism`` ranges at a time,
+    the next wave running while the caller commits the one before."""
+    if not jobs:
+        return
+    sc = spark.sparkContext
+    width = max(1, sc.defaultParallelism)
+    rdd = sc.parallelize(list(jobs), len(jobs)).map(_fold_pickled)
+    waves = [list(range(i, min(i + width, len(jobs)))) for i in range(0, len(jobs), width)]
+    with ThreadPoolExecutor(1, thread_name_prefix="applier-fold") as pool:
+        ahead: Future[list[bytes]] = pool.submit(sc.runJob, rdd, _collect, waves[0])
+        for k in range(len(waves)):
+            results = ahead.result()
+            if k + 1 < len(waves):
+                ahead = pool.submit(sc.runJob, rdd, _collect, waves[k + 1])
+            for payload in results:
+                yield pickle.loads(payload)
+
+
+class _Group:
+    """Combined folds of consecutive ranges, per table, waiting for their commit."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, FoldedTable] = {}
+        self.transactions = 0
+        self.end: int | None = None
+        self.messages: list[tuple[int, LogicalMessage]] = []
+        self.skipped: list[SkippedTransaction] = []
+
+    def fits(self, fold: RangeFold) -> bool:
+        """Whether ``fold`` can join: the same table layouts (a schema change commits in between)."""
+        for t in fold.folded:
+            mine = self.tables.get(t.path)
+            if mine is not None and (mine.spec != t.spec or mine.schema.version != t.schema.version):
+                return False
+        return True
+
+    def add(self, fold: RangeFold) -> None:
+        for t in fold.folded:
+            mine = self.tables.get(t.path)
+            if mine is None:
+                self.tables[t.path] = t
+            else:
+                try:
+                    combine_plans(mine.plan, t.plan)
+                except SinkError as e:
+                    e.add_context(table=t.spec.source_name)
+                    raise
+        self.transactions += fold.transactions
+        self.end = fold.last_end_lsn if fold.last_end_lsn is not None else self.end
+        self.messages += fold.messages
+        self.skipped += fold.skipped
+
+    def size(self) -> int:
+        return sum(len(t.plan.keyed) + len(t.plan.counts) for t in self.tables.values())
+
+    def __bool__(self) -> bool:
+        return self.end is not None or bool(self.skipped) or bool(self.messages)
+
+
+def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, survey: LogSurvey, *,
+                        progress: Callable[[str], None] | None, progress_every: float,
+                        drive: Callable[[list[LogRange]], ReplaySummary]) -> ReplaySummary:
+    """Steps 2 and 3 over ``survey``; ``drive(ranges)`` replays ranges on the driver path, from the
+    catalog at the first one's start (the tail, or everything from a range an executor could not fold)."""
+    from applier.drivers.replay import ReplaySummary
+    from applier.sink.messages import record_messages
+
+    applier = loop.applier
+    state = loop.state
+    skip = sorted({*config.apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
+    settings = config.apply.model_copy(update={"skip_transactions": skip})
+    paths = {rel: applier.path_for(*rel) for rel in sorted(survey.relations)}
+    done: dict[str, int] = {}
+    for (namespace, name), path in paths.items():
+        version = applier.snapshot_version(namespace, name)
+        if version is not None:
+            done[path] = version
+    jobs = [FoldJob(r, settings, config.tables, paths, done) for r in survey.ranges]
+    schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)
+    group = _Group()
+    last_report = time.monotonic()
+    received = 0
+
+    def commit() -> None:
+        nonlocal group
+        if not group:
+            return
+        if group.end is not None:
+            applier.apply_folded(list(group.tables.values()), group.end, group.transactions)
+            if config.apply.messages_table and group.messages:
+                record_messages(spark, config.apply.messages_table, group.messages, group.end)
+        loop._record_skips(group.skipped)
+        after_group()
+        group = _Group()
+
+    handed_over: list[LogRange] = [survey.tail] if survey.tail is not None else []
+    folded = 0
+    with collect_between_groups():
+        for fold in fold_on_executors(spark, jobs):
+            if fold.error is not None:
+                log.warning("range %d of the log (from LSN %s) did not fold on an executor: %s; the driver "
+                            "path takes over from there", fold.index, format_lsn(survey.ranges[fold.index].first_lsn),
+                            fold.error.splitlines()[0])
+                handed_over = survey.ranges[fold.index:] + handed_over
+                break
+            folded += 1
+            for t in fold.folded:
+                t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
+            if not group.fits(fold):
+                commit()
+            group.add(fold)
+            received += fold.transactions
+            if group.size() >= config.apply.max_group_rows or group.transactions >= config.apply.max_group_transactions:
+                commit()
+            if progress is not None and time.monotonic() - last_report >= progress_every:
+                last_report = time.monotonic()
+                progress(f"{fold.index + 1}/{len(jobs)} ranges folded on executors, {received} transactions, "
+                         f"at LSN {format_lsn(survey.ranges[fold.index].last_lsn)}")
+        commit()
+    stats = applier.stats
+    summary = ReplaySummary(messages=survey.messages, transactions=stats.transactions, applied=stats.applied,
+                            rows=dict(stats.rows), tables=set(stats.tables), last_end_lsn=stats.last_end_lsn,
+                            ranges=folded)
+    if handed_over:
+        rest = drive(handed_over)
+        summary.transactions += rest.transactions
+        summary.applied += rest.applied
+        for name, n in rest.rows.items():
+            summary.rows[name] = summary.rows.get(name, 0) + n
+        summary.tables |= rest.tables
+        summary.last_end_lsn = rest.last_end_lsn if rest.last_end_lsn is not None else summary.last_end_lsn
+    else:
+        state.save("catalog", survey.catalog.to_json())
+    summary.already_applied = summary.transactions - summary.applied
+    return summary
