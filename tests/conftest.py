@@ -192,8 +192,8 @@ def replay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
             return why
 
         monkeypatch.setattr(replay, "on_executors", on_executors)
-        survey = replay.survey_log
-        monkeypatch.setattr(replay, "survey_log",
+        survey = replay.BackgroundSurvey
+        monkeypatch.setattr(replay, "BackgroundSurvey",
                             lambda path, catalog, partition_messages: survey(path, catalog, partition_messages=37))
         run = replay.replay_on_executors
 

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import logging
 import pickle
+import queue
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,7 @@ from applier.protocol.messages import LogicalMessage, Relation, Type
 from applier.protocol.order import OrderChecker
 from applier.sink.combine import combine_plans
 from applier.sink.engine import FoldedTable, fold_table, table_spec
+from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan
 from applier.sources.rawlog import RawMessage, file_order_is_log_order, log_batches, read_file_rows
 from applier.state import StateDir
 
@@ -80,6 +84,7 @@ class LogRange:
     messages: int
     first_lsn: int
     last_lsn: int
+    relations: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) described up to its end
 
 
 @dataclass
@@ -148,8 +153,10 @@ def log_messages(path: str) -> int:
 _PASSED = frozenset(b"IUDTM")  # messages the survey only order-checks
 
 
-def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int) -> LogSurvey:
-    """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges."""
+def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
+               on_range: Callable[[LogRange], None] | None = None) -> LogSurvey:
+    """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges
+    (each handed to ``on_range`` as soon as it is cut, the last one included, not the tail)."""
     survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
     survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
                         for v in (catalog_json or {}).get("relations", [])}
@@ -205,8 +212,11 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
             if quiet and in_range >= partition_messages:
                 segments.append((str(file), seg_start, first + i + 1))
                 seg_start = first + i + 1
-                survey.ranges.append(LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog,
-                                              in_range, first_lsn, last_lsn))
+                cut = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
+                               last_lsn, frozenset(survey.relations))
+                survey.ranges.append(cut)
+                if on_range is not None:
+                    on_range(cut)
                 segments, in_range = [], 0
                 start_catalog = survey.catalog.to_json()
         index += n
@@ -214,10 +224,13 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
             segments.append((str(file), seg_start, first + n))
     survey.messages = index
     if in_range:
-        tail = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn, last_lsn)
+        tail = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn, last_lsn,
+                        frozenset(survey.relations))
         quiet = (checker.current is None and not checker.streams and checker.in_stream is None and not prepared)
         if quiet:
             survey.ranges.append(tail)
+            if on_range is not None:
+                on_range(tail)
         else:
             survey.tail = tail
     return survey
@@ -233,6 +246,44 @@ def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool) -> None:
         survey.relations.add((msg.namespace or "pg_catalog", msg.name))
     elif isinstance(msg, Type):
         survey.catalog.update_type(msg)
+
+
+class BackgroundSurvey:
+    """survey_log on a thread of its own, so that executors fold the first ranges while the rest of
+    the log is surveyed. Nothing may be committed before :meth:`result` returns: only then is the
+    whole log known to be in order."""
+
+    def __init__(self, path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int) -> None:
+        self._cut: queue.SimpleQueue[LogRange | None] = queue.SimpleQueue()
+        self._survey: LogSurvey | None = None
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                self._survey = survey_log(path, catalog_json, partition_messages=partition_messages,
+                                          on_range=self._cut.put)
+            except BaseException as e:  # noqa: BLE001  # handed to the caller's thread by result()
+                self._error = e
+            finally:
+                self.seconds = time.monotonic() - started
+                self._cut.put(None)
+
+        self._thread = threading.Thread(target=run, name="applier-survey", daemon=True)
+        self._thread.start()
+
+    def ranges(self) -> Iterator[LogRange]:
+        """The ranges as they are cut (stops early when the survey fails: result() raises why)."""
+        while (cut := self._cut.get()) is not None:
+            yield cut
+
+    def result(self) -> LogSurvey:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._survey is not None
+        return self._survey
 
 
 def _merged(segments: list[Segment]) -> Iterator[Segment]:
@@ -310,7 +361,47 @@ def fold_range(job: FoldJob) -> RangeFold:
 
 
 def _fold_pickled(job: FoldJob) -> bytes:
-    return pickle.dumps(fold_range(job), protocol=pickle.HIGHEST_PROTOCOL)
+    """The task: a range's fold, pickled for the driver, with the automatic garbage collector off as in
+    the driver path's loop (applier.infra.gcpolicy: it would scan the range's objects again and again)."""
+    with collect_between_groups():
+        fold = fold_range(job)
+        packed = [(t.path, t.spec, t.schema, _packed(t.plan)) for t in fold.folded]
+        fold.folded = []
+        payload = pickle.dumps((fold, packed), protocol=pickle.HIGHEST_PROTOCOL)
+        del fold, packed
+        after_group()
+    return payload
+
+
+def _unpickled(payload: bytes) -> RangeFold:
+    fold, packed = pickle.loads(payload)
+    fold.folded = [FoldedTable(path, spec, schema, _unpacked(plan)) for path, spec, schema, plan in packed]
+    assert isinstance(fold, RangeFold)
+    return fold
+
+
+def _packed(plan: TablePlan) -> tuple[Any, ...]:
+    """A plan as lists and tuples: pickled ten times faster than its KeyedRow objects (a fold of a
+    range holds one per key), which made (un)pickling a third of the work."""
+    keyed = plan.keyed
+    rows = [e.row for e in keyed.values()]
+    special = [(i, e.unresolved, e.lookup_key) for i, e in enumerate(keyed.values())
+               if e.unresolved or e.lookup_key is not None]
+    plan_fields = (plan.columns, plan.key_positions, plan.truncated, plan.restart_identity, plan.cascade,
+                   plan.counts, plan.images, plan.changes, plan.soft_delete, plan.external)
+    return plan_fields, list(keyed), rows, special
+
+
+def _unpacked(packed: tuple[Any, ...]) -> TablePlan:
+    plan_fields, keys, rows, special = packed
+    columns, key_positions, truncated, restart_identity, cascade, counts, images, changes, soft, external = plan_fields
+    plan = TablePlan(columns, key_positions, truncated, restart_identity, cascade, counts=counts, images=images,
+                     changes=changes, soft_delete=soft, external=external)
+    entries = [KeyedRow(row, _NO_COLUMNS, None) for row in rows]
+    for i, unresolved, lookup in special:
+        entries[i] = KeyedRow(rows[i], unresolved, lookup)
+    plan.keyed = dict(zip(keys, entries, strict=True))
+    return plan
 
 
 def _collect(iterator: Iterable[bytes]) -> list[bytes]:
@@ -320,23 +411,29 @@ def _collect(iterator: Iterable[bytes]) -> list[bytes]:
 # -- 3. combine and commit (driver) --------------------------------------------------------------
 
 
-def fold_on_executors(spark: SparkSession, jobs: Sequence[FoldJob]) -> Iterator[RangeFold]:
-    """The folds of ``jobs`` in log order, computed a wave of ``defaultParallelism`` ranges at a time,
-    the next wave running while the caller commits the one before."""
-    if not jobs:
-        return
+def fold_on_executors(spark: SparkSession, jobs: Iterable[FoldJob]) -> Iterator[RangeFold]:
+    """The folds of ``jobs`` in their order. Each range is a Spark job of one task; ``defaultParallelism
+    + 1`` of them are in flight at a time, so every core stays busy while the caller combines and
+    commits, and the driver holds at most that many results it has not used yet. ``jobs`` is read
+    as the ranges are needed (they may still be being cut)."""
     sc = spark.sparkContext
-    width = max(1, sc.defaultParallelism)
-    rdd = sc.parallelize(list(jobs), len(jobs)).map(_fold_pickled)
-    waves = [list(range(i, min(i + width, len(jobs)))) for i in range(0, len(jobs), width)]
-    with ThreadPoolExecutor(1, thread_name_prefix="applier-fold") as pool:
-        ahead: Future[list[bytes]] = pool.submit(sc.runJob, rdd, _collect, waves[0])
-        for k in range(len(waves)):
-            results = ahead.result()
-            if k + 1 < len(waves):
-                ahead = pool.submit(sc.runJob, rdd, _collect, waves[k + 1])
-            for payload in results:
-                yield pickle.loads(payload)
+    depth = max(1, sc.defaultParallelism) + 1
+    upcoming = iter(jobs)
+    with ThreadPoolExecutor(depth, thread_name_prefix="applier-fold") as pool:
+        pending: deque[Future[list[bytes]]] = deque()
+
+        def submit() -> None:
+            job = next(upcoming, None)
+            if job is not None:
+                rdd = sc.parallelize([job], 1).map(_fold_pickled)
+                pending.append(pool.submit(sc.runJob, rdd, _collect, [0]))
+
+        for _ in range(depth):
+            submit()
+        while pending:
+            (payload,) = pending.popleft().result()
+            submit()
+            yield _unpickled(payload)
 
 
 class _Group:
@@ -380,10 +477,10 @@ class _Group:
         return self.end is not None or bool(self.skipped) or bool(self.messages)
 
 
-def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, survey: LogSurvey, *,
-                        progress: Callable[[str], None] | None, progress_every: float,
+def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: BackgroundSurvey,
+                        *, progress: Callable[[str], None] | None, progress_every: float,
                         drive: Callable[[list[LogRange]], ReplaySummary]) -> ReplaySummary:
-    """Steps 2 and 3 over ``survey``; ``drive(ranges)`` replays ranges on the driver path, from the
+    """Steps 2 and 3 while step 1 goes on; ``drive(ranges)`` replays ranges on the driver path, from the
     catalog at the first one's start (the tail, or everything from a range an executor could not fold)."""
     from applier.drivers.replay import ReplaySummary
     from applier.sink.messages import record_messages
@@ -392,54 +489,97 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
     state = loop.state
     skip = sorted({*config.apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
     settings = config.apply.model_copy(update={"skip_transactions": skip})
-    paths = {rel: applier.path_for(*rel) for rel in sorted(survey.relations)}
+    paths: dict[tuple[str, str], str] = {}
     done: dict[str, int] = {}
-    for (namespace, name), path in paths.items():
-        version = applier.snapshot_version(namespace, name)
-        if version is not None:
-            done[path] = version
-    jobs = [FoldJob(r, settings, config.tables, paths, done) for r in survey.ranges]
+
+    def jobs() -> Iterator[FoldJob]:
+        """A job per range as it is cut; a table's applied end LSN is read when it is first described
+        (before this run commits to it: nothing is committed before the survey ends)."""
+        for cut in surveying.ranges():
+            for rel in sorted(cut.relations - paths.keys()):
+                paths[rel] = path = applier.path_for(*rel)
+                version = applier.snapshot_version(*rel)
+                if version is not None:
+                    done[path] = version
+            yield FoldJob(cut, settings, config.tables, dict(paths), dict(done))
+
+    survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)
     group = _Group()
     last_report = time.monotonic()
     received = 0
 
-    def commit() -> None:
-        nonlocal group
-        if not group:
-            return
-        if group.end is not None:
-            applier.apply_folded(list(group.tables.values()), group.end, group.transactions)
-            if config.apply.messages_table and group.messages:
-                record_messages(spark, config.apply.messages_table, group.messages, group.end)
-        loop._record_skips(group.skipped)
-        after_group()
-        group = _Group()
+    committer = ThreadPoolExecutor(1, thread_name_prefix="applier-commit")
+    in_flight: Future[None] | None = None
 
-    handed_over: list[LogRange] = [survey.tail] if survey.tail is not None else []
+    def write(done: _Group) -> None:
+        """A group's commits, on the commit thread: one group at a time, in log order, while the
+        main thread goes on combining the next one and keeping the executors busy."""
+        started = time.monotonic()
+        if done.end is not None:
+            applier.apply_folded(list(done.tables.values()), done.end, done.transactions)
+            if config.apply.messages_table and done.messages:
+                record_messages(spark, config.apply.messages_table, done.messages, done.end)
+        loop._record_skips(done.skipped)
+        timings["committing"] += time.monotonic() - started
+
+    def commit(*, wait: bool = False) -> None:
+        nonlocal group, in_flight
+        if group:
+            if in_flight is not None:
+                in_flight.result()  # its error, if any, stops the run here, before a later group commits
+            in_flight = committer.submit(write, group)
+            group = _Group()
+            after_group()
+        if wait and in_flight is not None:
+            waited = in_flight
+            in_flight = None
+            waited.result()
+
+    handed_over: list[LogRange] = []
     folded = 0
-    with collect_between_groups():
-        for fold in fold_on_executors(spark, jobs):
-            if fold.error is not None:
-                log.warning("range %d of the log (from LSN %s) did not fold on an executor: %s; the driver "
-                            "path takes over from there", fold.index, format_lsn(survey.ranges[fold.index].first_lsn),
-                            fold.error.splitlines()[0])
-                handed_over = survey.ranges[fold.index:] + handed_over
-                break
-            folded += 1
-            for t in fold.folded:
-                t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
-            if not group.fits(fold):
-                commit()
-            group.add(fold)
-            received += fold.transactions
-            if group.size() >= config.apply.max_group_rows or group.transactions >= config.apply.max_group_transactions:
-                commit()
-            if progress is not None and time.monotonic() - last_report >= progress_every:
-                last_report = time.monotonic()
-                progress(f"{fold.index + 1}/{len(jobs)} ranges folded on executors, {received} transactions, "
-                         f"at LSN {format_lsn(survey.ranges[fold.index].last_lsn)}")
-        commit()
+    timings = {"waiting for executors": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0}
+    clock = time.monotonic()
+    try:
+        with collect_between_groups():
+            for fold in fold_on_executors(spark, jobs()):
+                timings["waiting for executors"] += time.monotonic() - clock
+                if survey is None:  # nothing is used before the whole log is known to be in order
+                    survey = surveying.result()
+                    log.info("survey of the log: %.1f s, %d ranges%s", surveying.seconds, len(survey.ranges),
+                             f", a tail of {survey.tail.messages} messages for the driver" if survey.tail else "")
+                timings["folding (task time)"] += fold.seconds
+                if fold.error is not None:
+                    first = format_lsn(survey.ranges[fold.index].first_lsn)
+                    log.warning("range %d of the log (from LSN %s) did not fold on an executor: %s; the driver "
+                                "path takes over from there", fold.index, first, fold.error.splitlines()[0])
+                    handed_over = survey.ranges[fold.index:]
+                    break
+                folded += 1
+                for t in fold.folded:
+                    t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
+                if not group.fits(fold):
+                    commit()
+                clock = time.monotonic()
+                group.add(fold)
+                timings["combining"] += time.monotonic() - clock
+                received += fold.transactions
+                limits = config.apply
+                if group.size() >= limits.max_group_rows or group.transactions >= limits.max_group_transactions:
+                    commit()
+                if progress is not None and time.monotonic() - last_report >= progress_every:
+                    last_report = time.monotonic()
+                    progress(f"{fold.index + 1}/{len(survey.ranges)} ranges folded on executors, "
+                             f"{received} transactions, at LSN {format_lsn(survey.ranges[fold.index].last_lsn)}")
+                clock = time.monotonic()
+            commit(wait=True)
+    finally:
+        committer.shutdown(wait=True)
+    if survey is None:
+        survey = surveying.result()  # no range at all, or the survey failed (raised here)
+    if survey.tail is not None:
+        handed_over.append(survey.tail)
+    log.info("replay on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     stats = applier.stats
     summary = ReplaySummary(messages=survey.messages, transactions=stats.transactions, applied=stats.applied,
                             rows=dict(stats.rows), tables=set(stats.tables), last_end_lsn=stats.last_end_lsn,

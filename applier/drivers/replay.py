@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ReplayConfig
 from applier.drivers.distributed import (
+    BackgroundSurvey,
     LogRange,
     eligibility,
     log_messages,
     range_messages,
     replay_on_executors,
-    survey_log,
 )
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
@@ -125,13 +125,9 @@ def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callabl
 def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: StateDir, *,
                          progress: Callable[[str], None] | None, progress_every: float) -> ReplaySummary:
     if progress is not None:
-        progress("surveying the log (order check, catalog, ranges) before folding it on executors")
-    survey = survey_log(config.source_log, state.load("catalog"),
-                        partition_messages=config.distributed.partition_messages)
-    if progress is not None:
-        progress(f"{survey.messages} messages in {len(survey.ranges)} ranges for executors"
-                 + (f", {survey.tail.messages} at the end for the driver (a transaction is still open there)"
-                    if survey.tail is not None else ""))
+        progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
+    surveying = BackgroundSurvey(config.source_log, state.load("catalog"),
+                                 partition_messages=config.distributed.partition_messages)
     loop = _loop(spark, config, state, progress=progress)
 
     def drive(ranges: list[LogRange]) -> ReplaySummary:
@@ -139,5 +135,5 @@ def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: State
         messages = (raw for r in ranges for raw in range_messages(r))
         return _drive(rest, messages, progress=progress, progress_every=progress_every)
 
-    return replay_on_executors(spark, config, loop, survey, progress=progress, progress_every=progress_every,
+    return replay_on_executors(spark, config, loop, surveying, progress=progress, progress_every=progress_every,
                                drive=drive)

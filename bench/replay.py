@@ -1,0 +1,135 @@
+"""Benchmark: replay of a large stored raw log, on the driver vs on Spark's executors (issue 22).
+
+    .venv/bin/python bench/replay.py [--transactions 50000] [--rows-per-transaction 100] [--runs 3]
+
+Setup (not timed): a server started by the script; bench/catchup.py's table and workload (each
+transaction inserts 50 rows, updates 40 and deletes 10); the slot peeked with protocol 1 and
+stored as a Parquet raw log (50,000 transactions: ~5.1 million messages).
+
+Timed, one run after the other so that they do not share the 2 cores, ``--runs`` rounds of:
+- ``applier replay`` on executors (``distributed.mode: on``) with Spark ``local[1]``;
+- the same with ``local[2]``;
+- the driver path (``distributed.mode: off``) with ``local[2]``, for reference.
+Each run is a fresh process replaying into an empty target with its Spark session already started
+(the start-up is reported apart), and is verified against Postgres row by row afterwards (not
+timed). The last line is one JSON object with every run and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catchup import SCHEMA  # noqa: E402  (bench/catchup.py: the same table and workload)
+from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+
+MODES = (("local[1]", "on"), ("local[2]", "on"), ("local[2]", "off"))
+
+
+def log(msg: str) -> None:
+    print(f"bench/replay: {msg}", file=sys.stderr, flush=True)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """(child process) one replay with the session already up, then its verification."""
+    import psycopg
+
+    from applier.checks.verify import verify_against_postgres
+    from applier.config import ReplayConfig
+    from applier.drivers.replay import replay_log
+    from applier.spark.session import SparkSettings, build_spark_session
+
+    started = time.monotonic()
+    spark = build_spark_session(SparkSettings(master=args.master))
+    startup = time.monotonic() - started
+    config = ReplayConfig.model_validate({
+        "source_log": args.log, "target": {"path": args.target},
+        "distributed": {"mode": args.mode},
+    })
+    started = time.monotonic()
+    summary = replay_log(spark, config)
+    seconds = time.monotonic() - started
+    with psycopg.connect(args.dsn) as conn:
+        results = verify_against_postgres(spark, conn, args.target, [("public", "cu_items")])
+    print(json.dumps({"seconds": seconds, "spark_startup_seconds": startup, "ranges": summary.ranges,
+                      "transactions": summary.transactions, "equal": all(r.equal for r in results),
+                      "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
+
+
+def child(raw: Path, target: Path, dsn: str, master: str, mode: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, __file__, "--child", "--log", str(raw), "--target", str(target),
+                          "--dsn", dsn, "--master", master, "--mode", mode], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/replay: replay failed:\n{out.stderr[-3000:]}")
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    if not result["equal"]:
+        raise SystemExit(f"bench/replay: {master} {mode}: the Delta table differs from Postgres")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--transactions", type=int, default=50_000)
+    p.add_argument("--rows-per-transaction", type=int, default=100)
+    p.add_argument("--runs", type=int, default=3)
+    for hidden in ("--log", "--target", "--dsn", "--master", "--mode"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run_child(args)
+        return
+
+    import psycopg
+
+    from applier.devtools.pgcluster import start_cluster
+    from applier.sources.rawlog_writer import write_raw_log
+    from applier.sources.sql_slot import create_slot, peek, pgoutput_options
+
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp, start_cluster() as cluster, \
+            psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        work = Path(tmp)
+        conn.execute(SCHEMA)
+        create_slot(conn, "bench")
+        started = time.monotonic()
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("CALL cu_run(%s, %s)", (args.transactions, args.rows_per_transaction))
+        conn.execute("SET synchronous_commit = on")
+        conn.execute("INSERT INTO cu_items VALUES (-1, 0, 'marker')")  # flushed: the peek sees everything before
+        log(f"workload written in {time.monotonic() - started:.1f} s")
+        started = time.monotonic()
+        raw = work / "raw.parquet"
+        messages = write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "bench", pgoutput_options("cu_pub"))))
+        log(f"raw log: {messages} messages, {raw.stat().st_size >> 20} MB, "
+            f"captured in {time.monotonic() - started:.1f} s")
+        runs: dict[str, list[dict[str, object]]] = {f"{m} {d}": [] for m, d in MODES}
+        for n in range(args.runs):
+            for master, mode in MODES:
+                target = work / f"delta-{n}-{master[6]}-{mode}"
+                result = child(raw, target, cluster.dsn(), master, mode)
+                runs[f"{master} {mode}"].append(result)
+                log(f"run {n + 1}, {master}, distributed {mode}: {float(result['seconds']):.1f} s "  # type: ignore[arg-type]
+                    f"({result['ranges']} ranges on executors), verified equal")
+
+    medians = {k: statistics.median(float(r["seconds"]) for r in v) for k, v in runs.items()}  # type: ignore[arg-type]
+    one, two, driver = (medians[f"{m} {d}"] for m, d in MODES)
+    print(json.dumps({
+        "messages": messages, "transactions": args.transactions,
+        "median_seconds": {k: round(v, 1) for k, v in medians.items()},
+        "speedup_local2_vs_local1": round(one / two, 2),
+        "speedup_executors_vs_driver_path": round(driver / two, 2),
+        "messages_per_s_local2": round(messages / two),
+        "runs": runs,
+    }))
+
+
+if __name__ == "__main__":
+    main()
