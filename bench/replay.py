@@ -7,9 +7,12 @@ transaction inserts 50 rows, updates 40 and deletes 10); the slot peeked with pr
 stored as a Parquet raw log (50,000 transactions: ~5.1 million messages).
 
 Timed, one run after the other so that they do not share the 2 cores, ``--runs`` rounds of:
-- ``applier replay`` on executors (``distributed.mode: on``) with Spark ``local[1]``;
+- ``applier replay`` on executors (``distributed.mode: on``) with Spark ``local[1]``, the process
+  (driver, JVM, Python workers) pinned to one CPU: the same program with one core;
+- the same with ``local[1]`` unpinned: one executor task at a time, but the driver's own work (the
+  survey, combining, commits) runs beside it on the second CPU;
 - the same with ``local[2]``;
-- the driver path (``distributed.mode: off``) with ``local[2]``, for reference.
+- the driver path (``distributed.mode: off``) with ``local[2]``, what a replay did before.
 Each run is a fresh process replaying into an empty target with its Spark session already started
 (the start-up is reported apart), and is verified against Postgres row by row afterwards (not
 timed). The last line is one JSON object with every run and the medians.
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,7 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchup import SCHEMA  # noqa: E402  (bench/catchup.py: the same table and workload)
 from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
 
-MODES = (("local[1]", "on"), ("local[2]", "on"), ("local[2]", "off"))
+#: (Spark master, distributed.mode, CPUs the whole process may use: None = both)
+MODES = (("local[1]", "on", 1), ("local[1]", "on", None), ("local[2]", "on", None), ("local[2]", "off", None))
+
+
+def name(master: str, mode: str, cpus: int | None) -> str:
+    return f"{master} distributed-{mode}" + (f" pinned-to-{cpus}-cpu" if cpus else "")
 
 
 def log(msg: str) -> None:
@@ -47,6 +57,8 @@ def run_child(args: argparse.Namespace) -> None:
     from applier.drivers.replay import replay_log
     from applier.spark.session import SparkSettings, build_spark_session
 
+    if args.cpus:
+        os.sched_setaffinity(0, set(range(int(args.cpus))))  # the JVM and the Python workers inherit it
     started = time.monotonic()
     spark = build_spark_session(SparkSettings(master=args.master))
     startup = time.monotonic() - started
@@ -64,9 +76,10 @@ def run_child(args: argparse.Namespace) -> None:
                       "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
 
 
-def child(raw: Path, target: Path, dsn: str, master: str, mode: str) -> dict[str, object]:
+def child(raw: Path, target: Path, dsn: str, master: str, mode: str, cpus: int | None) -> dict[str, object]:
     out = subprocess.run([sys.executable, __file__, "--child", "--log", str(raw), "--target", str(target),
-                          "--dsn", dsn, "--master", master, "--mode", mode], capture_output=True, text=True)
+                          "--dsn", dsn, "--master", master, "--mode", mode, "--cpus", str(cpus or "")],
+                         capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"bench/replay: replay failed:\n{out.stderr[-3000:]}")
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,7 +93,7 @@ def main() -> None:
     p.add_argument("--transactions", type=int, default=50_000)
     p.add_argument("--rows-per-transaction", type=int, default=100)
     p.add_argument("--runs", type=int, default=3)
-    for hidden in ("--log", "--target", "--dsn", "--master", "--mode"):
+    for hidden in ("--log", "--target", "--dsn", "--master", "--mode", "--cpus"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -110,20 +123,22 @@ def main() -> None:
         messages = write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "bench", pgoutput_options("cu_pub"))))
         log(f"raw log: {messages} messages, {raw.stat().st_size >> 20} MB, "
             f"captured in {time.monotonic() - started:.1f} s")
-        runs: dict[str, list[dict[str, object]]] = {f"{m} {d}": [] for m, d in MODES}
+        runs: dict[str, list[dict[str, object]]] = {name(*m): [] for m in MODES}
         for n in range(args.runs):
-            for master, mode in MODES:
-                target = work / f"delta-{n}-{master[6]}-{mode}"
-                result = child(raw, target, cluster.dsn(), master, mode)
-                runs[f"{master} {mode}"].append(result)
-                log(f"run {n + 1}, {master}, distributed {mode}: {float(result['seconds']):.1f} s "  # type: ignore[arg-type]
+            for master, mode, cpus in MODES:
+                target = work / f"delta-{n}-{name(master, mode, cpus).replace(' ', '-')}"
+                result = child(raw, target, cluster.dsn(), master, mode, cpus)
+                runs[name(master, mode, cpus)].append(result)
+                log(f"run {n + 1}, {name(master, mode, cpus)}: {float(result['seconds']):.1f} s "  # type: ignore[arg-type]
                     f"({result['ranges']} ranges on executors), verified equal")
+                shutil.rmtree(target)
 
     medians = {k: statistics.median(float(r["seconds"]) for r in v) for k, v in runs.items()}  # type: ignore[arg-type]
-    one, two, driver = (medians[f"{m} {d}"] for m, d in MODES)
+    one_cpu, one, two, driver = (medians[name(*m)] for m in MODES)
     print(json.dumps({
         "messages": messages, "transactions": args.transactions,
         "median_seconds": {k: round(v, 1) for k, v in medians.items()},
+        "speedup_two_cpus_vs_one_cpu": round(one_cpu / two, 2),
         "speedup_local2_vs_local1": round(one / two, 2),
         "speedup_executors_vs_driver_path": round(driver / two, 2),
         "messages_per_s_local2": round(messages / two),

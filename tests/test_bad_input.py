@@ -138,6 +138,8 @@ def test_bad_transaction_stops_before_it_and_can_be_skipped_by_commit_lsn(captur
     replay_log(spark, config(log, target))
     assert versions(spark, target) == before
     assert len(read_skips(spark, str(target / "_applier" / "skipped_transactions"))) == 1
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_fix_and_resume_and_a_reordered_log(captured, spark, tmp_path):
     rows, xids, _, _ = captured

@@ -16,6 +16,8 @@ from applier.sources import sql_slot
 from applier.sources.rawlog import read_raw_log
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_capture_then_replay_equals_postgres_even_after_a_crash_before_the_advance(pg, spark, tmp_path,
                                                                                    monkeypatch):

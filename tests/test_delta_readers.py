@@ -94,6 +94,8 @@ def status_without_java(*args: str) -> dict[str, Any]:
 def capture(conn, slot: str, options: dict[str, str], path: Path) -> Path:
     write_raw_log(path, ((m.lsn, m.xid, m.data) for m in peek(conn, slot, options)))
     return path
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_replayed_tables_are_read_by_delta_rs_and_only_a_widened_table_needs_type_widening(pg, spark, tmp_path):
     with pg.connect() as conn:
@@ -164,6 +166,8 @@ def test_mirrored_tables_are_read_by_delta_rs(pg, spark, tmp_path):
         assert "typeWidening" not in reader_features(path)
         assert deltalake.DeltaTable(str(path)).metadata().partition_columns == ["flag"]
         assert assert_delta_rs_equals_postgres(conn, path, "lake", "typed") == 36
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_rule_table_options_are_set_at_creation_and_a_mismatch_is_reported(pg, spark, tmp_path, caplog):
     with pg.connect() as conn:

@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 TABLES = [("_applier", "spill"), ("_applier", "prepared"), ("_applier", "skipped_transactions"),
           ("public", "_delta_log"), ("public", ".."), ("public", "cols"), ("public", "bag")]
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_reserved_names_do_not_collide_and_every_later_run_works(pg, spark, tmp_path, capsys):
     big = "".join(random.Random(7).choices(string.ascii_letters, k=20_000))  # incompressible: TOASTed

@@ -217,6 +217,8 @@ def tables(spark, target: Path) -> dict[str, object]:
         rows = spark.read.format("delta").load(str(path)).collect()
         out[name] = sorted(tuple(r) for r in rows)
     return out
+
+
 @pytest.mark.usefixtures("replay_path")
 def test_bad_logs_stop_cleanly_or_read_in_log_order_never_silently_wrong(cap, spark, tmp_path, capsys):
     outcomes: Counter[str] = Counter()

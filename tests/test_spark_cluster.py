@@ -1,6 +1,7 @@
 """`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
 (a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
-`jobs/replay.py` and `jobs/mirror.py --once`; the tables equal Postgres and the master's JSON shows
+`jobs/replay.py` (on the driver, and with decoding and folding on the executors) and `jobs/mirror.py
+--once`; the tables equal Postgres and the master's JSON shows
 the applications ran there (the session must not override spark-submit's master with local[2])."""
 
 from __future__ import annotations
@@ -131,18 +132,22 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
 
         submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "replayed"))
+        # decoding and folding on the cluster's executors, in ranges of ~40 messages
+        out = submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "on-executors"),
+                     "--distributed", "on", extra_env={"APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40"})
+        assert "folded on executors:" in out, out
         # the mirror as the README advises on a cluster: every commit a Spark MERGE, run by the executors
         submit(cluster, "mirror.py", "--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"),
                "--once", dsn=pg.dsn, extra_env={"APPLIER_APPLY__MERGE_ENGINE": "spark"})
 
-        for target in (tmp_path / "replayed", tmp_path / "mirrored"):
+        for target in (tmp_path / "replayed", tmp_path / "on-executors", tmp_path / "mirrored"):
             results = verify_against_postgres(spark, conn, str(target), SHOP)
             assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
             assert sum(r.source_rows for r in results) > 0
 
     state = _master_json(cluster.webui_port)
     apps = state.get("completedapps", []) + state.get("activeapps", [])
-    assert len(apps) == 2, apps  # both jobs registered with the cluster's master, not a local engine
+    assert len(apps) == 3, apps  # every job registered with the cluster's master, not a local engine
     assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps
     for app in apps:  # and the worker launched executors for each (their work directories)
         assert list((cluster.workdir / "work" / app["id"]).glob("*/stderr")), app["id"]

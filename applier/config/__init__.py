@@ -18,8 +18,8 @@ from applier.config.files import load_config
 from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
 
-__all__ = ["ApplySettings", "CaptureConfig", "MirrorConfig", "ReplayConfig", "SourceSettings", "SparkConfig",
-           "MetadataNames", "TableRule", "TablesSettings", "TargetSettings", "load_config"]
+__all__ = ["ApplySettings", "CaptureConfig", "DistributedSettings", "MirrorConfig", "ReplayConfig", "SourceSettings",
+           "SparkConfig", "MetadataNames", "TableRule", "TablesSettings", "TargetSettings", "load_config"]
 
 #: libpq variables that say which server to use: with one of them set, an empty DSN is a complete one.
 LIBPQ_SERVER_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT")

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 from applier.config import (
     ApplySettings,
     CaptureConfig,
+    DistributedSettings,
     MetadataNames,
     MirrorConfig,
     ReplayConfig,
@@ -39,7 +40,7 @@ JOBS: tuple[tuple[str, type[BaseModel]], ...] = (
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
     ("tables.rules[]", TableRule), ("tables.metadata_names", MetadataNames), ("snapshot", SnapshotSettings),
-    ("apply", ApplySettings), ("spark", SparkConfig))
+    ("apply", ApplySettings), ("distributed", DistributedSettings), ("spark", SparkConfig))
 
 HEADER = """\
 # Config reference

@@ -207,9 +207,7 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
                 prepared.discard(int.from_bytes(data[34:38], "big"))
             elif kind == 0x42:  # B: a Begin while a two-phase one is open re-sends it (new session)
                 preparing = None
-            quiet = (checker.current is None and not checker.streams and checker.in_stream is None
-                     and not prepared)
-            if quiet and in_range >= partition_messages:
+            if in_range >= partition_messages and _nothing_open(checker, prepared):
                 segments.append((str(file), seg_start, first + i + 1))
                 seg_start = first + i + 1
                 cut = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
@@ -226,14 +224,18 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
     if in_range:
         tail = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn, last_lsn,
                         frozenset(survey.relations))
-        quiet = (checker.current is None and not checker.streams and checker.in_stream is None and not prepared)
-        if quiet:
+        if _nothing_open(checker, prepared):
             survey.ranges.append(tail)
             if on_range is not None:
                 on_range(tail)
         else:
             survey.tail = tail
     return survey
+
+
+def _nothing_open(checker: OrderChecker, prepared: set[int]) -> bool:
+    """No regular, two-phase or streamed transaction open, none in a stream block, none prepared."""
+    return checker.current is None and not checker.streams and checker.in_stream is None and not prepared
 
 
 def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool) -> None:
