@@ -126,7 +126,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, object]]] = {name(*m): [] for m in MODES}
         for n in range(args.runs):
             for master, mode, cpus in MODES:
-                target = work / f"delta-{n}-{name(master, mode, cpus).replace(' ', '-')}"
+                target = work / f"delta-{n}-{master[6]}-{mode}-{cpus or 2}"
                 result = child(raw, target, cluster.dsn(), master, mode, cpus)
                 runs[name(master, mode, cpus)].append(result)
                 log(f"run {n + 1}, {name(master, mode, cpus)}: {float(result['seconds']):.1f} s "  # type: ignore[arg-type]

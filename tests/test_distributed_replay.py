@@ -108,11 +108,18 @@ def test_the_survey_cuts_only_where_no_transaction_is_open(pg, tmp_path):
     """Streamed and two-phase transactions interleave with others; every range must hold whole
     transactions: its first message starts one (or is catalog/logical-message traffic between
     transactions) and no transaction is open after its last."""
-    with pg.connect() as conn:
+    with pg.connect() as conn, pg.connect() as big:
         conn.execute(SCHEMA)
-        conn.execute("SET logical_decoding_work_mem = '64kB'")
+        conn.execute("CREATE TABLE big_t (a int, b text); ALTER PUBLICATION rw_pub ADD TABLE big_t")
         create_slot(conn, "s", two_phase=True)
-        random_workload(conn, 43, transactions=40, prepared=True)
+        # A transaction larger than the test server's logical_decoding_work_mem (64kB) is streamed in
+        # chunks, interleaved with the transactions that commit while it is open.
+        big.execute("BEGIN")
+        for part in range(4):
+            big.execute("INSERT INTO big_t SELECT g, repeat('x', 100) FROM generate_series(1, 500) g")
+            random_workload(conn, 44 + part, transactions=5)
+        big.execute("COMMIT")
+        random_workload(conn, 43, transactions=20, prepared=True)  # leaves a prepared transaction open
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
         opts = pgoutput_options("rw_pub", proto_version=3, streaming="on")
         opts["two_phase"] = "true"
@@ -129,3 +136,18 @@ def test_the_survey_cuts_only_where_no_transaction_is_open(pg, tmp_path):
         position = stop
         assert rows[start][2][:1] in (b"B", b"b", b"S", b"R", b"Y", b"M", b"K", b"r"), rows[start][2][:1]
     assert position == len(rows)
+
+
+@pytest.mark.usefixtures("replay_path")
+def test_a_target_directory_whose_name_delta_rs_cannot_take_is_written_through_spark(pg, spark, tmp_path):
+    """delta-rs panics on a local path holding [ ] ^ | or a backslash (applier.infra.deltars): such a
+    target is written through Spark, on either path, and still equals Postgres."""
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        create_slot(conn, "s")
+        random_workload(conn, 45, transactions=15)
+        capture(conn, tmp_path / "raw.parquet")
+        target = tmp_path / "run [1] ^|"
+        replay_log(spark, ReplayConfig.model_validate({"source_log": str(tmp_path / "raw.parquet"),
+                                                       "target": {"path": str(target)}}))
+        assert_equal(spark, conn, target)
