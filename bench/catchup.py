@@ -52,7 +52,7 @@ def log(msg: str) -> None:
     print(f"bench/catchup: {msg}", file=sys.stderr, flush=True)
 
 
-def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool) -> Path:
+def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool, distributed: str) -> Path:
     import yaml
 
     path = workdir / "mirror.yaml"
@@ -61,6 +61,7 @@ def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool) -> P
         "target": {"path": str(workdir / "delta")},
         "apply": {"max_group_transactions": group_transactions, "max_group_rows": 2_000_000,
                   "overlap_groups": overlap},
+        "distributed": {"mode": distributed},
     }))
     return path
 
@@ -88,6 +89,9 @@ def main() -> None:
                    help="apply.max_group_transactions of the mirror (default 10,000)")
     p.add_argument("--overlap", action="store_true",
                    help="apply.overlap_groups: decode the next group while the previous one commits")
+    p.add_argument("--distributed", choices=["auto", "on", "off"], default="auto",
+                   help="distributed.mode of the mirror: catch the backlog up on Spark's executors (auto: when it "
+                   "is at least distributed.min_backlog_mb; off: the driver path)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -111,7 +115,8 @@ def main() -> None:
             conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
             rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION cu_pub "
                         "WITH (create_slot = false, slot_name = 'pgsub', copy_data = false, enabled = false)")
-        config = mirror_config(work, group_transactions=args.group_transactions, overlap=args.overlap)
+        config = mirror_config(work, group_transactions=args.group_transactions, overlap=args.overlap,
+                               distributed=args.distributed)
         child(config, cluster.dsn())  # creates the applier's slot and snapshots the empty table
         started = time.monotonic()
         conn.execute("SET synchronous_commit = off")
@@ -121,7 +126,10 @@ def main() -> None:
         n, per = args.transactions, args.rows_per_transaction  # the first two have nothing to update/delete
         changes = n * (per // 2) + (n - 1) * (per * 2 // 5) + (n - 2) * (per - per // 2 - per * 2 // 5) + 1
         (rows,) = conn.execute("SELECT count(*) FROM cu_items").fetchone()  # type: ignore[misc]
-        log(f"backlog: {changes} changes in {args.transactions + 1} transactions, "
+        (backlog,) = conn.execute(  # type: ignore[misc]
+            "SELECT pg_current_wal_flush_lsn() - confirmed_flush_lsn FROM pg_replication_slots "
+            "WHERE slot_name = 'applier'").fetchone()
+        log(f"backlog: {changes} changes in {args.transactions + 1} transactions, {int(backlog) >> 20} MiB of WAL, "
             f"written in {time.monotonic() - started:.1f} s; {rows} rows remain")
 
         with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
@@ -147,6 +155,7 @@ def main() -> None:
     print(json.dumps({
         "changes": changes, "transactions": args.transactions + 1, "final_rows": rows,
         "group_transactions": args.group_transactions, "overlap_groups": args.overlap,
+        "distributed": args.distributed, "backlog_wal_mb": int(backlog) >> 20,
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "postgres_changes_per_s": round(changes / postgres_seconds),
         "applier_seconds": round(float(ours["seconds"]), 1),  # type: ignore[arg-type]

@@ -136,6 +136,12 @@ class RelationCache:
     def __contains__(self, oid: object) -> bool:
         return oid in self._current
 
+    def replace_with(self, other: RelationCache) -> None:
+        """Become ``other`` in place (its types too): others hold this object and its TypeCache (the
+        applier converts with the types, table sync describes into the catalog)."""
+        self._current = dict(other._current)
+        self.types._types = dict(other.types._types)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "types": self.types.to_json(),

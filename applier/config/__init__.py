@@ -310,15 +310,21 @@ _SPARK = "the SparkSession applier starts when it is not given one"
 
 
 class DistributedSettings(_Model):
-    """Replay on Spark's executors (applier.drivers.distributed): the driver surveys the log, executors
-    decode and fold ranges of it, the driver combines and commits."""
+    """Decoding and folding on Spark's executors (applier.drivers.distributed): for ``replay``, the driver
+    surveys the log; for ``mirror``, a large backlog of the slot is read by the driver (applier.drivers.backlog).
+    Executors decode and fold ranges of it, the driver combines and commits."""
 
     mode: Literal["auto", "on", "off"] = Field(
-        "auto", description="auto: on executors when the log has at least min_messages messages and Spark has "
-        "more than one core (spark.default.parallelism); on: whenever the log allows it; off: the driver "
-        "path. A log that needs the driver path (history or change-feed tables, grouping 'transaction', "
-        "prepared transactions staged by an earlier run, files not in log order) takes it, with a log line")
-    min_messages: int = Field(2_000_000, ge=1, description="auto: the smallest log replayed on executors")
+        "auto", description="auto: on executors when the log has at least min_messages messages (mirror: the "
+        "backlog at least min_backlog_mb) and Spark has more than one core (spark.default.parallelism); on: "
+        "whenever the log allows it; off: the driver path. A log that needs the driver path (history or "
+        "change-feed tables, grouping 'transaction', prepared transactions staged by an earlier run, files not in "
+        "log order; a mirror reading with read_mode 'sql') takes it, with a log line")
+    min_messages: int = Field(2_000_000, ge=1, description="replay, auto: the smallest log replayed on executors")
+    min_backlog_mb: int = Field(
+        1024, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
+        "the server's flush position, in MiB) caught up on executors; the mirror then follows the stream on the "
+        "driver")
     partition_messages: int = Field(
         250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
         "is open, so a range may be longer)")
@@ -362,6 +368,8 @@ class MirrorConfig(_Model):
                                        "published tables (how many connections, chunk and commit sizes)")
     apply: ApplySettings = Field(default_factory=ApplySettings, description=_APPLY)
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
+    distributed: DistributedSettings = Field(
+        default_factory=DistributedSettings, description="catching up a large backlog on Spark's executors")
 
 
 class CaptureConfig(_Model):

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -85,6 +85,9 @@ class LogRange:
     first_lsn: int
     last_lsn: int
     relations: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) described up to its end
+    #: The messages themselves, (LSNs, datas), for a range read from a live stream (applier.drivers.backlog)
+    #: rather than from log files: they travel to the executor inside its task.
+    inline: tuple[list[int], list[bytes]] | None = None
 
 
 @dataclass
@@ -151,19 +154,62 @@ def log_messages(path: str) -> int:
 # -- 1. survey -----------------------------------------------------------------------------------------
 
 _PASSED = frozenset(b"IUDTM")  # messages the survey only order-checks
+_NO_CUT = _PASSED | frozenset(b"RY")  # messages inside a transaction: never the last one of a range
+
+
+class Surveyor:
+    """The survey's view of the message sequence, one message at a time: the order check, the catalog
+    and what is open (see the module). Shared by the survey of a stored log and the catch-up of a live
+    stream (applier.drivers.backlog)."""
+
+    def __init__(self, catalog_json: dict[str, Any] | None) -> None:
+        self.survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
+        self.survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
+                                 for v in (catalog_json or {}).get("relations", [])}
+        self.checker = OrderChecker()
+        self.prepared: set[int] = set()  # xids of prepared transactions not yet committed or rolled back
+        self.preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
+
+    def add(self, lsn: int, data: bytes) -> None:
+        """Check one message's place and follow what it opens, closes or describes (raises on disorder)."""
+        checker = self.checker
+        if problems := checker.check(lsn, data):
+            raise problems[0].error()
+        kind = data[0] if data else 0
+        if kind in _PASSED:
+            return
+        if kind in (0x52, 0x59):  # R, Y: the catalog moves on
+            _follow_catalog(self.survey, data, checker.in_stream is not None)
+        elif kind == 0x62:  # b
+            self.preparing = checker.current.xid if checker.current is not None else None
+        elif kind == 0x50 and self.preparing is not None:  # P
+            self.prepared.add(self.preparing)
+            self.preparing = None
+        elif kind == 0x70:  # p: streamed prepare
+            self.prepared.add(int.from_bytes(data[26:30], "big"))
+        elif kind == 0x4B:  # K
+            self.prepared.discard(int.from_bytes(data[26:30], "big"))
+        elif kind == 0x72:  # r
+            self.prepared.discard(int.from_bytes(data[34:38], "big"))
+        elif kind == 0x42:  # B: a Begin while a two-phase one is open re-sends it (new session)
+            self.preparing = None
+
+    def nothing_open(self) -> bool:
+        return _nothing_open(self.checker, self.prepared)
+
+    def cut(self, index: int, segments: tuple[Segment, ...], start_catalog: dict[str, Any], messages: int,
+            first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None) -> LogRange:
+        return LogRange(index, segments, start_catalog, messages, first_lsn, last_lsn,
+                        frozenset(self.survey.relations), inline)
 
 
 def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
                on_range: Callable[[LogRange], None] | None = None) -> LogSurvey:
     """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges
     (each handed to ``on_range`` as soon as it is cut, the last one included, not the tail)."""
-    survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
-    survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
-                        for v in (catalog_json or {}).get("relations", [])}
-    checker = OrderChecker()
-    check = checker.check
-    prepared: set[int] = set()  # xids of prepared transactions not yet committed or rolled back
-    preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
+    surveyor = Surveyor(catalog_json)
+    survey = surveyor.survey
+    add = surveyor.add
     segments: list[Segment] = []
     start_catalog = survey.catalog.to_json()
     first_lsn = last_lsn = 0
@@ -180,38 +226,20 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
             lsn, data = lsns[i], datas[i]
             if lsn is None or data is None:
                 raise _row_error(file, first + i)
-            if problems := check(lsn, data):
-                err = problems[0].error()
+            try:
+                add(lsn, data)
+            except ApplierError as err:
                 err.add_context(path=str(path))
-                raise err
+                raise
             if in_range == 0:
                 first_lsn = lsn
             in_range += 1
             last_lsn = lsn
-            kind = data[0] if data else 0
-            if kind in _PASSED:
-                continue
-            if kind in (0x52, 0x59):  # R, Y: the catalog moves on
-                _follow_catalog(survey, data, checker.in_stream is not None)
-                continue
-            if kind == 0x62:  # b
-                preparing = checker.current.xid if checker.current is not None else None
-            elif kind == 0x50 and preparing is not None:  # P
-                prepared.add(preparing)
-                preparing = None
-            elif kind == 0x70:  # p: streamed prepare
-                prepared.add(int.from_bytes(data[26:30], "big"))
-            elif kind == 0x4B:  # K
-                prepared.discard(int.from_bytes(data[26:30], "big"))
-            elif kind == 0x72:  # r
-                prepared.discard(int.from_bytes(data[34:38], "big"))
-            elif kind == 0x42:  # B: a Begin while a two-phase one is open re-sends it (new session)
-                preparing = None
-            if in_range >= partition_messages and _nothing_open(checker, prepared):
+            if in_range >= partition_messages and data and data[0] not in _NO_CUT and surveyor.nothing_open():
                 segments.append((str(file), seg_start, first + i + 1))
                 seg_start = first + i + 1
-                cut = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
-                               last_lsn, frozenset(survey.relations))
+                cut = surveyor.cut(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
+                                   last_lsn)
                 survey.ranges.append(cut)
                 if on_range is not None:
                     on_range(cut)
@@ -222,9 +250,9 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
             segments.append((str(file), seg_start, first + n))
     survey.messages = index
     if in_range:
-        tail = LogRange(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn, last_lsn,
-                        frozenset(survey.relations))
-        if _nothing_open(checker, prepared):
+        tail = surveyor.cut(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
+                            last_lsn)
+        if surveyor.nothing_open():
             survey.ranges.append(tail)
             if on_range is not None:
                 on_range(tail)
@@ -259,6 +287,7 @@ class BackgroundSurvey:
         self._cut: queue.SimpleQueue[LogRange | None] = queue.SimpleQueue()
         self._survey: LogSurvey | None = None
         self._error: BaseException | None = None
+        self._ended = False  # the queue's end was taken
         self.seconds = 0.0
 
         def run() -> None:
@@ -276,9 +305,14 @@ class BackgroundSurvey:
         self._thread.start()
 
     def ranges(self) -> Iterator[LogRange]:
-        """The ranges as they are cut (stops early when the survey fails: result() raises why)."""
-        while (cut := self._cut.get()) is not None:
+        """The ranges as they are cut and not yet taken (stops early when the survey fails: result()
+        raises why)."""
+        while not self._ended and (cut := self._cut.get()) is not None:
             yield cut
+        self._ended = True
+
+    def stop(self) -> None:
+        """A stored log is surveyed to its end anyway (its order check covers all of it)."""
 
     def result(self) -> LogSurvey:
         self._thread.join()
@@ -309,6 +343,10 @@ def _row_error(file: Path, row: int) -> ApplierError:
 
 
 def range_messages(log_range: LogRange) -> Iterator[RawMessage]:
+    if log_range.inline is not None:
+        for lsn, data in zip(*log_range.inline, strict=True):
+            yield RawMessage(lsn, None, data)  # type: ignore[arg-type]  # a live stream has no xid column
+        return
     for file, start, stop in log_range.segments:
         yield from read_file_rows(file, start, stop)
 
@@ -447,6 +485,7 @@ class _Group:
         self.end: int | None = None
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped: list[SkippedTransaction] = []
+        self.ranges: list[LogRange] = []
 
     def fits(self, fold: RangeFold) -> bool:
         """Whether ``fold`` can join: the same table layouts (a schema change commits in between)."""
@@ -456,7 +495,8 @@ class _Group:
                 return False
         return True
 
-    def add(self, fold: RangeFold) -> None:
+    def add(self, fold: RangeFold, cut: LogRange) -> None:
+        self.ranges.append(cut)
         for t in fold.folded:
             mine = self.tables.get(t.path)
             if mine is None:
@@ -479,31 +519,69 @@ class _Group:
         return self.end is not None or bool(self.skipped) or bool(self.messages)
 
 
-def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: BackgroundSurvey,
+class RangeSource(Protocol):
+    """Where the ranges come from: the survey of a stored log (BackgroundSurvey) or a live stream read
+    up to a position (applier.drivers.backlog.StreamRanges)."""
+
+    seconds: float
+
+    def ranges(self) -> Iterator[LogRange]:
+        """The ranges as they are cut; ends early when the source fails (``result`` raises why)."""
+        ...
+
+    def stop(self) -> None:
+        """No more ranges are wanted: what is not cut yet becomes the tail."""
+        ...
+
+    def result(self) -> LogSurvey:
+        """Waits for the source to end; its survey (tail, catalog, message count)."""
+        ...
+
+
+#: Asked before a group commits, with its folded tables: None to commit it, or why the driver path
+#: must apply it and everything after it (the mirror: a table to copy first, a column added).
+MayCommit = Callable[[list[FoldedTable]], str | None]
+
+
+def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: RangeSource,
                         *, progress: Callable[[str], None] | None, progress_every: float,
                         drive: Callable[[list[LogRange]], ReplaySummary]) -> ReplaySummary:
+    """A stored log: nothing is committed before the whole log is known to be in order."""
+    return fold_and_commit(spark, config.apply, config.tables, loop, surveying, progress=progress,
+                           progress_every=progress_every, drive=drive, whole_source_first=True)
+
+
+def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
+                    source: RangeSource, *, progress: Callable[[str], None] | None, progress_every: float,
+                    drive: Callable[[list[LogRange]], ReplaySummary], whole_source_first: bool,
+                    may_commit: MayCommit | None = None) -> ReplaySummary:
     """Steps 2 and 3 while step 1 goes on; ``drive(ranges)`` replays ranges on the driver path, from the
-    catalog at the first one's start (the tail, or everything from a range an executor could not fold)."""
+    catalog at the first one's start (the tail, or everything from a range an executor could not fold
+    or a group ``may_commit`` refused). ``whole_source_first``: wait for the source to end before the
+    first commit (a stored log's order check covers all of it); a live stream commits as it goes,
+    like the driver path."""
     from applier.drivers.replay import ReplaySummary
     from applier.sink.messages import record_messages
 
     applier = loop.applier
     state = loop.state
-    skip = sorted({*config.apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
-    settings = config.apply.model_copy(update={"skip_transactions": skip})
+    skip = sorted({*apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
+    settings = apply.model_copy(update={"skip_transactions": skip})
     paths: dict[tuple[str, str], str] = {}
     done: dict[str, int] = {}
+    given: dict[int, LogRange] = {}  # ranges handed to the executors and not back yet
 
     def jobs() -> Iterator[FoldJob]:
         """A job per range as it is cut; a table's applied end LSN is read when it is first described
-        (before this run commits to it: nothing is committed before the survey ends)."""
-        for cut in surveying.ranges():
+        (before this run commits to it: nothing it commits is for a table not described yet)."""
+        for cut in source.ranges():
             for rel in sorted(cut.relations - paths.keys()):
                 paths[rel] = path = applier.path_for(*rel)
                 version = applier.snapshot_version(*rel)
                 if version is not None:
                     done[path] = version
-            yield FoldJob(cut, settings, config.tables, dict(paths), dict(done))
+            given[cut.index] = cut
+            yield FoldJob(cut, settings, tables, dict(paths), dict(done))
 
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)
@@ -520,25 +598,37 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
         started = time.monotonic()
         if done.end is not None:
             applier.apply_folded(list(done.tables.values()), done.end, done.transactions)
-            if config.apply.messages_table and done.messages:
-                record_messages(spark, config.apply.messages_table, done.messages, done.end)
+            if apply.messages_table and done.messages:
+                record_messages(spark, apply.messages_table, done.messages, done.end)
         loop._record_skips(done.skipped)
         timings["committing"] += time.monotonic() - started
 
-    def commit(*, wait: bool = False) -> None:
+    handed_over: list[LogRange] = []
+
+    def commit(*, wait: bool = False) -> bool:
+        """Hand the group to the commit thread; False when ``may_commit`` refused it (its ranges are
+        then handed over to the driver path)."""
         nonlocal group, in_flight
         if group:
-            if in_flight is not None:
-                in_flight.result()  # its error, if any, stops the run here, before a later group commits
-            in_flight = committer.submit(write, group)
-            group = _Group()
-            after_group()
+            why = may_commit(list(group.tables.values())) if may_commit is not None else None
+            if why is not None:
+                log.info("catch-up on executors ends at LSN %s: %s; the driver path takes over from there",
+                         format_lsn(group.ranges[0].first_lsn), why)
+                handed_over.extend(group.ranges)
+                group = _Group()
+                wait = True
+            else:
+                if in_flight is not None:
+                    in_flight.result()  # its error, if any, stops the run here, before a later group commits
+                in_flight = committer.submit(write, group)
+                group = _Group()
+                after_group()
         if wait and in_flight is not None:
             waited = in_flight
             in_flight = None
             waited.result()
+        return not handed_over
 
-    handed_over: list[LogRange] = []
     folded = 0
     timings = {"waiting for executors": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0}
     clock = time.monotonic()
@@ -546,42 +636,48 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
         with collect_between_groups():
             for fold in fold_on_executors(spark, jobs()):
                 timings["waiting for executors"] += time.monotonic() - clock
-                if survey is None:  # nothing is used before the whole log is known to be in order
-                    survey = surveying.result()
-                    log.info("survey of the log: %.1f s, %d ranges%s", surveying.seconds, len(survey.ranges),
+                if survey is None and whole_source_first:  # nothing is used before the whole log is in order
+                    survey = source.result()
+                    log.info("survey of the log: %.1f s, %d ranges%s", source.seconds, len(survey.ranges),
                              f", a tail of {survey.tail.messages} messages for the driver" if survey.tail else "")
                 timings["folding (task time)"] += fold.seconds
+                cut = given.pop(fold.index)
                 if fold.error is not None:
-                    first = format_lsn(survey.ranges[fold.index].first_lsn)
                     log.warning("range %d of the log (from LSN %s) did not fold on an executor: %s; the driver "
-                                "path takes over from there", fold.index, first, fold.error.splitlines()[0])
-                    handed_over = survey.ranges[fold.index:]
+                                "path takes over from there", fold.index, format_lsn(cut.first_lsn),
+                                fold.error.splitlines()[0])
+                    commit(wait=True)
+                    handed_over.append(cut)
                     break
                 folded += 1
                 for t in fold.folded:
                     t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
-                if not group.fits(fold):
-                    commit()
+                if not group.fits(fold) and not commit():
+                    handed_over.append(cut)
+                    break
                 clock = time.monotonic()
-                group.add(fold)
+                group.add(fold, cut)
                 timings["combining"] += time.monotonic() - clock
                 received += fold.transactions
-                limits = config.apply
-                if group.size() >= limits.max_group_rows or group.transactions >= limits.max_group_transactions:
-                    commit()
+                if (group.size() >= apply.max_group_rows or group.transactions >= apply.max_group_transactions) \
+                        and not commit():
+                    break
                 if progress is not None and time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
-                    progress(f"{fold.index + 1}/{len(survey.ranges)} ranges folded on executors, "
-                             f"{received} transactions, at LSN {format_lsn(survey.ranges[fold.index].last_lsn)}")
+                    progress(f"{folded} ranges folded on executors, {received} transactions, "
+                             f"at LSN {format_lsn(cut.last_lsn)}")
                 clock = time.monotonic()
             commit(wait=True)
     finally:
         committer.shutdown(wait=True)
-    if survey is None:
-        survey = surveying.result()  # no range at all, or the survey failed (raised here)
+    if handed_over:
+        source.stop()
+        handed_over += sorted(given.values(), key=lambda r: r.index)
+        handed_over += list(source.ranges())
+    survey = source.result()  # no range at all, or the source failed (raised here)
     if survey.tail is not None:
         handed_over.append(survey.tail)
-    log.info("replay on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    log.info("folding and committing on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     stats = applier.stats
     summary = ReplaySummary(messages=survey.messages, transactions=stats.transactions, applied=stats.applied,
                             rows=dict(stats.rows), tables=set(stats.tables), last_end_lsn=stats.last_end_lsn,

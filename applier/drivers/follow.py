@@ -84,10 +84,18 @@ class SlotFollower:
 class ReplicationFollower(SlotFollower):
     """START_REPLICATION on a replication connection (psycopg's COPY_BOTH)."""
 
+    #: Called once the stream has started, with it, the server's flush position, the backlog (bytes of
+    #: WAL from the slot's confirmed position to it) and the feed into the loop: the mirror catches a
+    #: large backlog up on Spark's executors there (applier.drivers.backlog) before following on.
+    catch_up: Callable[[WalSenderStream, int, int, Callable[[int, bytes], None]], None] | None = None
+
     def run(self, once: bool) -> None:
         src = self.source
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            target = sql_slot.current_flush_lsn(conn) if once else None
+            flush = sql_slot.current_flush_lsn(conn)
+            info = slot_info(conn, src.slot)
+        target = flush if once else None
+        confirmed = info.confirmed_flush_lsn if info is not None else None
         stream = WalSenderStream(self.dsn)
         self.loop.confirm = stream.confirm
         try:
@@ -95,6 +103,12 @@ class ReplicationFollower(SlotFollower):
                 stream.start(src.slot, sql_slot.options_for(self.source))
             except SourceError as e:
                 raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
+            if self.catch_up is not None and confirmed:
+                self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
+                self.stats.messages = self.loop.messages
+                self.stats.transactions = self.loop.transactions
+                if self.loop.confirmed_lsn is not None:
+                    self.stats.confirmed_lsn = self.loop.confirmed_lsn
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
             last_report = time.monotonic()

@@ -15,6 +15,7 @@ Order of events and why:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.config import MirrorConfig
+from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
 from applier.drivers.initial_copy import CopyJob, InitialCopy
 from applier.drivers.tablesync import TableSync
@@ -37,6 +39,7 @@ from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slots import slot_info
 from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
+from applier.sink.engine import FoldedTable
 from applier.state import StateDir
 from applier.values import RowConverter, spark_schema_for
 
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -227,8 +231,11 @@ class Mirror:
                 self.ensure_snapshot()
                 self._follow_publication()
                 kind = ReplicationFollower if self.config.source.read_mode == "replication" else SqlFollower
-                kind(self.dsn, self.config.source, self.loop, self.stats, self.stop, self.progress,
-                     self.progress_every).run(once)
+                follower = kind(self.dsn, self.config.source, self.loop, self.stats, self.stop, self.progress,
+                                self.progress_every)
+                if isinstance(follower, ReplicationFollower):
+                    follower.catch_up = self._catch_up
+                follower.run(once)
                 return
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
@@ -247,6 +254,24 @@ class Mirror:
                     self.stats.stopped_by = "stop requested"
                     return
                 self.summary.reconnects += 1
+
+    def _catch_up(self, stream: WalSenderStream, flush: int, backlog: int,
+                  feed: Callable[[int, bytes], None]) -> None:
+        """A large backlog is caught up on Spark's executors (applier.drivers.backlog), the rest of the
+        stream followed on the driver."""
+        why_not = catch_up_eligibility(self.spark, self.config, self.loop, backlog)
+        if why_not is not None:
+            if self.config.distributed.mode == "on":
+                log.warning("catching up on the driver, not on executors: %s", why_not)
+            return
+        self.progress(f"backlog of {backlog >> 20} MiB: catching up to {format_lsn(flush)} on Spark's executors")
+        catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
+                              may_commit=self._may_commit, progress=self.progress,
+                              progress_every=self.progress_every)
+
+    def _may_commit(self, tables: list[FoldedTable]) -> str | None:
+        return self.tablesync.must_sync([(t.schema.namespace, t.schema.relation.name, t.schema.relation.oid,
+                                          t.schema.column_names) for t in tables])
 
     def _follow_publication(self) -> None:
         """Record what the snapshot copied (once), then copy tables published since (tablesync)."""

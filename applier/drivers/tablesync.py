@@ -109,6 +109,35 @@ class TableSync:
         self.check_publication()
         self._recopy_for_added_columns(transactions)
 
+    def must_sync(self, touched: list[tuple[str, str, int, tuple[str, ...]]]) -> str | None:
+        """Why a group touching these tables ((schema, table, relation OID, its columns in the stream))
+        cannot commit without what ``before_apply`` does, or None: a published table the mirror has not
+        copied, or a column a Delta table lacks whose existing rows are not NULL in Postgres (see
+        ``_recopy_for_added_columns``). Nothing is copied here: the catch-up on executors
+        (applier.drivers.backlog) hands such a group to the driver path, which does it."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            published = published_selection(conn, self.config.source.publication, self.config.tables)
+            known = self.known(published)
+            missing = [t.qualified_name for t in published if t.qualified_name not in known]
+            if missing:
+                return f"tables joined the publication: {', '.join(sorted(missing))}"
+            for namespace, name, oid, columns in touched:
+                key = (namespace, name)
+                have = self._columns.get(key)
+                if have is None:
+                    current = self.applier.target_columns(*key)
+                    if current is None:
+                        continue  # no Delta table yet: created with the stream's columns
+                    have = self._columns[key] = set(current)
+                added = set(columns) - have - self.applier.targets.excluded_columns(*key)
+                if not added:
+                    continue
+                filled, _gone = _filled_columns(conn, oid, added)
+                if filled:
+                    return f"{namespace}.{name} gained columns {sorted(filled)} with values the stream does not send"
+                have.update(added)
+        return None
+
     def _recopy_for_added_columns(self, transactions: GroupedTransactions) -> None:
         """``ALTER TABLE ... ADD COLUMN`` with a default (or identity, or generated) sends no row
         changes: the next Relation just has the column, and the rows that existed show the default
@@ -139,12 +168,7 @@ class TableSync:
         recopy: list[tuple[str, str]] = []
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             for key, (oid, added) in new.items():
-                rows = conn.execute(
-                    "SELECT attname, atthasdef OR atthasmissing OR attidentity <> '' OR attgenerated <> '' "
-                    "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-                    "AND attname = ANY(%s)", (oid, sorted(added))).fetchall()
-                filled = {str(r[0]) for r in rows if r[1]}
-                gone = added - {str(r[0]) for r in rows}
+                filled, gone = _filled_columns(conn, oid, added)
                 if gone:  # dropped again since: Postgres no longer has it, the Delta table keeps it (NULL)
                     log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
                                 "the rows that existed then keep NULL in them in Delta", key[0], key[1],
@@ -212,3 +236,12 @@ class TableSync:
         finally:
             walsender.close()  # drops the temporary slot
 
+
+def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tuple[set[str], set[str]]:
+    """Of the columns ``added`` to relation ``oid``: those whose existing rows are not NULL in Postgres (a
+    default, identity or generated value, which the stream does not send), and those dropped again."""
+    rows = conn.execute(
+        "SELECT attname, atthasdef OR atthasmissing OR attidentity <> '' OR attgenerated <> '' "
+        "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+        "AND attname = ANY(%s)", (oid, sorted(added))).fetchall()
+    return {str(r[0]) for r in rows if r[1]}, added - {str(r[0]) for r in rows}

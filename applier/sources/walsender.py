@@ -132,6 +132,11 @@ class WalSenderStream:
             elif remaining <= 0:
                 return None
 
+    def keep_alive(self) -> None:
+        """While not reading (waiting for something else): the status update the walsender expects every
+        ``status_interval`` seconds, so that it does not time the connection out."""
+        self._status_if_due()
+
     def _status_if_due(self) -> None:
         if time.monotonic() - self._last_status >= self.status_interval:
             self.send_status()
