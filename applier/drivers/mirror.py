@@ -33,13 +33,13 @@ from applier.drivers.tablesync import TableSync
 from applier.errors import SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
+from applier.sink.engine import FoldedTable
 from applier.sources.copy import arrow_types, plan_table
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slots import slot_info
 from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
-from applier.sink.engine import FoldedTable
 from applier.state import StateDir
 from applier.values import RowConverter, spark_schema_for
 
