@@ -78,6 +78,9 @@ def child(config: Path, dsn: str) -> dict[str, object]:
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"bench/catchup: mirror failed:\n{out.stderr[-3000:]}")
+    lines = [line for line in out.stderr.splitlines() if "applier.drivers" in line or "catch-up" in line]
+    if lines:  # where the time went (the run's own timing lines)
+        log("mirror: " + "\n    ".join(lines[-6:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -46,6 +46,7 @@ from applier.drivers.distributed import (
     fold_and_commit,
     range_messages,
 )
+from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.walsender import WalSenderStream
@@ -217,6 +218,7 @@ def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: Apply
         loop.transactions += transactions
         executors_end = loop.applier.stats.last_end_lsn
         if executors_end is not None:
+            crashpoint("before_confirm")
             loop.confirm(executors_end)  # every commit up to it exists (fold_and_commit waited for them)
             loop.confirmed_lsn = executors_end
 
