@@ -74,6 +74,7 @@ class StreamRanges:
         self.target = target
         self.quiet_seconds = quiet_seconds
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # of the reading thread (the rest of ``seconds`` it waited for the walsender or room)
         self._cut: queue.Queue[LogRange | None] = queue.Queue(maxsize=queued)  # bounds the driver's memory
         self._stop = threading.Event()
         self._abandoned = threading.Event()
@@ -90,6 +91,7 @@ class StreamRanges:
             self._error = e
         finally:
             self.seconds = time.monotonic() - started
+            self.cpu_seconds = time.thread_time()
             self._put(None)
 
     def _read(self) -> None:
@@ -100,15 +102,16 @@ class StreamRanges:
         datas: list[bytes] = []
         start_catalog = survey.catalog.to_json()
         index = messages = 0
-        while not self._stop.is_set():
-            frame = stream.read(self.quiet_seconds)
+        read, quiet, stopped = stream.read_message, self.quiet_seconds, self._stop.is_set
+        while not stopped():
+            frame = read(quiet)
             if frame is None:
                 break  # quiet: the backlog is read
             if isinstance(frame, PrimaryKeepalive):
                 if frame.wal_end >= target:
                     break
                 continue
-            lsn, data = frame.wal_start, frame.payload
+            lsn, data = frame
             add(lsn, data)
             lsns.append(lsn)
             datas.append(data)
@@ -249,5 +252,6 @@ def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: Apply
     loop.messages += survey.messages - fed
     progress(f"catch-up on executors: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "
-             f"in {time.monotonic() - started:.1f}s (read {source.seconds:.1f}s)")
+             f"in {time.monotonic() - started:.1f}s (reading {source.seconds:.1f}s, "
+             f"{source.cpu_seconds:.1f}s of it CPU)")
     return CatchUpResult(survey.messages - fed, transactions, executors_end, summary.ranges)

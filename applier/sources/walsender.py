@@ -13,6 +13,7 @@ import select
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from struct import Struct
 
 import psycopg
 from psycopg import pq
@@ -20,8 +21,12 @@ from psycopg import pq
 from applier.errors import TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.replication import PrimaryKeepalive, XLogData, parse_copy_data, standby_status_update
+from applier.protocol.wire import XLOG_DATA
 from applier.sources.failures import stream_error
 from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
+
+_XLOG_HEAD = 1 + XLOG_DATA.size  # 'w', then wal_start, wal_end, send time
+_XLOG_START = Struct("!Q")
 
 
 def _literal(value: str) -> str:
@@ -59,6 +64,7 @@ class WalSenderStream:
         self.server_wal_end = 0  # the walsender's sent position, from its keepalives
         self.last_keepalive: float = 0.0
         self._last_status = 0.0
+        self._frames = 0
 
     def _command(self, sql: str) -> pq.abc.PGresult:
         res = self.pgconn.exec_(sql.encode("utf-8"))
@@ -99,18 +105,47 @@ class WalSenderStream:
         """The next frame, or None when nothing came within ``timeout`` seconds (0: only what has
         already arrived, without waiting). Keepalives that ask for a reply are answered here (with the
         confirmed position, never more)."""
-        deadline = time.monotonic() + timeout
+        data = self._next(timeout)
+        if data is None:
+            return None
+        frame = parse_copy_data(bytes(data))
+        if isinstance(frame, PrimaryKeepalive):
+            self._keepalive(frame)
+        self._status_if_due()
+        return frame
+
+    def read_message(self, timeout: float) -> tuple[int, bytes] | PrimaryKeepalive | None:
+        """``read`` for a hot loop (the catch-up's reader, ~10 M frames): an XLogData frame comes as
+        ``(wal_start, payload)`` without an object of its own, and the clock is looked at every 256 of
+        them. A third of the reader's time went into building XLogData objects."""
+        data = self._next(timeout)
+        if data is None:
+            return None
+        if data[0] == 119 and len(data) >= _XLOG_HEAD:  # 'w'
+            self._frames += 1
+            if not self._frames & 255:
+                self._status_if_due()
+            return _XLOG_START.unpack_from(data, 1)[0], bytes(data[_XLOG_HEAD:])
+        frame = parse_copy_data(bytes(data))  # a keepalive, or a damaged frame (raises with its offset)
+        if isinstance(frame, XLogData):
+            return frame.wal_start, frame.payload
+        self._keepalive(frame)
+        self._status_if_due()
+        return frame
+
+    def _keepalive(self, frame: PrimaryKeepalive) -> None:
+        self.server_wal_end = max(self.server_wal_end, frame.wal_end)
+        self.last_keepalive = time.monotonic()
+        if frame.reply_requested:
+            self.send_status()
+
+    def _next(self, timeout: float) -> bytes | memoryview | None:
+        """The next CopyData payload, or None when nothing came within ``timeout`` seconds."""
+        deadline: float | None = None
         while True:
             n, data = self.pgconn.get_copy_data(1)
             if n > 0:
-                frame = parse_copy_data(bytes(data))
-                if isinstance(frame, PrimaryKeepalive):
-                    self.server_wal_end = max(self.server_wal_end, frame.wal_end)
-                    self.last_keepalive = time.monotonic()
-                    if frame.reply_requested:
-                        self.send_status()
-                self._status_if_due()
-                return frame
+                return data
             if n == -1:
                 res = self.pgconn.get_result()
                 detail = res.error_message.decode("utf-8", "replace").strip() if res is not None else ""
@@ -122,6 +157,8 @@ class WalSenderStream:
                 raise TransientSourceError("replication stream broke: "
                                            + self.pgconn.error_message.decode("utf-8", "replace").strip())
             self._status_if_due()
+            if deadline is None:
+                deadline = time.monotonic() + timeout
             remaining = deadline - time.monotonic()
             ready, _, _ = select.select([self.pgconn.socket], [], [], min(max(remaining, 0.0), 1.0))
             if ready:
