@@ -322,7 +322,7 @@ class DistributedSettings(_Model):
         "log order; a mirror reading with read_mode 'sql') takes it, with a log line")
     min_messages: int = Field(2_000_000, ge=1, description="replay, auto: the smallest log replayed on executors")
     min_backlog_mb: int = Field(
-        1024, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
+        64, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
         "the server's flush position, in MiB) caught up on executors; the mirror then follows the stream on the "
         "driver")
     partition_messages: int = Field(
