@@ -31,19 +31,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from applier.assembly.staging import PreparedStore
 from applier.catalog import RelationCache
 from applier.config import MirrorConfig
 from applier.drivers.distributed import (
-    _NO_CUT,
     LogRange,
     LogSurvey,
     MayCommit,
     Surveyor,
     fold_and_commit,
+    folds_unfit,
     range_messages,
 )
 from applier.infra.crashpoints import crashpoint
@@ -97,7 +95,7 @@ class StreamRanges:
     def _read(self) -> None:
         surveyor, stream, target = self.surveyor, self.stream, self.target
         survey = surveyor.survey
-        add, nothing_open = surveyor.add, surveyor.nothing_open
+        add, may_cut_after = surveyor.add, surveyor.may_cut_after
         lsns: list[int] = []
         datas: list[bytes] = []
         start_catalog = survey.catalog.to_json()
@@ -116,8 +114,7 @@ class StreamRanges:
             lsns.append(lsn)
             datas.append(data)
             messages += 1
-            if (len(lsns) >= self.partition_messages or lsn >= target) and data and data[0] not in _NO_CUT \
-                    and nothing_open():
+            if (len(lsns) >= self.partition_messages or lsn >= target) and may_cut_after(data):
                 self._put(surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsn, (lsns, datas)))
                 index += 1
                 lsns, datas = [], []
@@ -127,7 +124,7 @@ class StreamRanges:
         survey.messages = messages
         if lsns:
             rest = surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsns[-1], (lsns, datas))
-            if nothing_open():
+            if surveyor.nothing_open():
                 self._put(rest)
             else:
                 survey.tail = rest  # the apply loop takes it, and goes on from there on the same stream
@@ -170,14 +167,6 @@ class StreamRanges:
         self._thread.join()
 
 
-@dataclass
-class CatchUpResult:
-    messages: int  # read by the catch-up and not fed to the apply loop
-    transactions: int  # committed from executors' folds
-    end_lsn: int | None  # the end of the last transaction those commits hold
-    ranges: int
-
-
 def catch_up_eligibility(spark: SparkSession, config: MirrorConfig, loop: ApplyLoop, backlog_bytes: int) -> str | None:
     """None when a backlog of ``backlog_bytes`` of WAL is to be caught up on executors, else why not."""
     settings = config.distributed
@@ -190,18 +179,12 @@ def catch_up_eligibility(spark: SparkSession, config: MirrorConfig, loop: ApplyL
             return "Spark has one core"
         if backlog_bytes < settings.min_backlog_mb << 20:
             return f"the backlog ({backlog_bytes >> 20} MiB) is under distributed.min_backlog_mb"
-    if config.apply.grouping == "transaction":
-        return "apply.grouping is 'transaction' (one commit per source transaction)"
-    if any(rule.history or rule.changes for rule in config.tables.rules):
-        return "history or change-feed tables need every change, not a fold"
-    if PreparedStore(loop.state.staging_dir).gids():
-        return "prepared transactions staged by an earlier run wait for their Commit Prepared"
-    return None
+    return folds_unfit(config.apply, config.tables, loop.state)
 
 
 def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
-                          progress: Callable[[str], None], progress_every: float) -> CatchUpResult:
+                          progress: Callable[[str], None], progress_every: float) -> None:
     """Read the started ``stream`` up to ``target`` and apply it on executors (see the module); what the
     driver path must take is fed to ``feed`` (the follower's, into ``loop``). Returns with the stream
     the caller's again, the slot confirmed up to what was committed here."""
@@ -254,4 +237,3 @@ def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: Apply
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "
              f"in {time.monotonic() - started:.1f}s (reading {source.seconds:.1f}s, "
              f"{source.cpu_seconds:.1f}s of it CPU)")
-    return CatchUpResult(survey.messages - fed, transactions, executors_end, summary.ranges)

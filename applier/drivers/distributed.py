@@ -131,15 +131,21 @@ class RangeFold:
 
 def eligibility(config: ReplayConfig, state: StateDir) -> str | None:
     """None when the log may be replayed on executors; otherwise the reason it takes the driver path."""
-    if config.apply.grouping == "transaction":
+    return folds_unfit(config.apply, config.tables, state) or file_order_is_log_order(config.source_log)
+
+
+def folds_unfit(apply: ApplySettings, tables: TablesSettings, state: StateDir) -> str | None:
+    """Why folds made on executors cannot stand for these settings and this state (replay and the
+    mirror's catch-up alike), or None."""
+    if apply.grouping == "transaction":
         return "apply.grouping is 'transaction' (one commit per source transaction)"
-    if any(rule.history or rule.changes for rule in config.tables.rules):
+    if any(rule.history or rule.changes for rule in tables.rules):
         return "history or change-feed tables need every change, not a fold"
     from applier.assembly.staging import PreparedStore
 
     if PreparedStore(state.staging_dir).gids():
         return "prepared transactions staged by an earlier run wait for their Commit Prepared"
-    return file_order_is_log_order(config.source_log)
+    return None
 
 
 def log_messages(path: str) -> int:
@@ -197,6 +203,11 @@ class Surveyor:
     def nothing_open(self) -> bool:
         return _nothing_open(self.checker, self.prepared)
 
+    def may_cut_after(self, data: bytes) -> bool:
+        """Whether a range may end with the message just added: one that ends something, with nothing
+        left open."""
+        return bool(data) and data[0] not in _NO_CUT and _nothing_open(self.checker, self.prepared)
+
     def cut(self, index: int, segments: tuple[Segment, ...], start_catalog: dict[str, Any], messages: int,
             first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None) -> LogRange:
         return LogRange(index, segments, start_catalog, messages, first_lsn, last_lsn,
@@ -235,7 +246,7 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
                 first_lsn = lsn
             in_range += 1
             last_lsn = lsn
-            if in_range >= partition_messages and data and data[0] not in _NO_CUT and surveyor.nothing_open():
+            if in_range >= partition_messages and surveyor.may_cut_after(data):
                 segments.append((str(file), seg_start, first + i + 1))
                 seg_start = first + i + 1
                 cut = surveyor.cut(len(survey.ranges), tuple(_merged(segments)), start_catalog, in_range, first_lsn,
