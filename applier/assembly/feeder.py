@@ -7,11 +7,11 @@ and hands the engine what it applies: ``(end_lsn, [TableBatch, ...])`` in commit
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
-from applier.assembly.rowchanges import row_changes
+from applier.assembly.rowchanges import row_change, row_changes
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
 from applier.changes import SkippedTransaction, TableBatch, TableChange
 from applier.config import ApplySettings
@@ -19,7 +19,7 @@ from applier.errors import ApplierError, DecodeError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.messages import LogicalMessage, Message, TupleData
+from applier.protocol.messages import Begin, Commit, LogicalMessage, Message, TupleData
 from applier.protocol.order import OrderChecker
 from applier.state import StateDir
 from applier.values import RowConverter
@@ -94,6 +94,60 @@ class TransactionFeeder:
         crashpoint("decode")
         return list(self.feed(lsn, msg))
 
+    def feed_range(self, decoder: MessageDecoder, lsns: Sequence[int], xids: Sequence[int | None] | None,
+                   datas: Sequence[bytes]) -> Iterator[tuple[CommittedTransaction, list[TableBatch]]]:
+        """Every message of a range held in memory, fed as ``feed_raw`` would one by one; a plain
+        transaction (Begin, only Inserts, Updates and Deletes, Commit) goes the short way, see
+        :meth:`_plain`. For folds of ranges (applier.drivers.distributed), where a message costs
+        about 10 us and the assembler's buffering was a third of it."""
+        n = len(datas)
+        i = 0
+        while i < n:
+            data = datas[i]
+            if data[:1] == b"B" and self.order is None and not decoder.in_stream \
+                    and self.assembler.between_transactions:
+                j = i + 1
+                while j < n and datas[j][:1] in _ROW_KINDS:
+                    j += 1
+                if j < n and datas[j][:1] == b"C" and (done := self._plain(decoder, lsns, datas, i, j)) is not None:
+                    yield done
+                    i = j + 1
+                    continue
+            yield from self.feed_raw(decoder, lsns[i], xids[i] if xids is not None else None, data)
+            i += 1
+
+    def _plain(self, decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes], begin_at: int,
+               commit_at: int) -> tuple[CommittedTransaction, list[TableBatch]] | None:
+        """The transaction ``datas[begin_at:commit_at + 1]`` (Begin, Inserts, Updates and Deletes, Commit),
+        its row changes made straight from the decoded messages: no buffer (it is in memory already,
+        whole), no Change objects. The result equals the long way's. Anything unusual (a message that
+        does not decode, an unknown relation, a value the values layer refuses, a commit listed to
+        skip) returns None before any state changed, and the caller feeds the transaction message
+        by message, which raises or holds the error exactly as always."""
+        try:
+            begin = decoder.decode(datas[begin_at], lsns[begin_at])
+            commit = decoder.decode(datas[commit_at], lsns[commit_at])
+            if not isinstance(begin, Begin) or not isinstance(commit, Commit) \
+                    or commit.commit_lsn in self.assembler.skip_lsns:
+                return None
+            get, decode = self.catalog.get, decoder.decode
+            # No Relation message inside: one schema version per relation OID for the whole transaction.
+            tables: dict[int, tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], list[TableChange]]] = {}
+            for k in range(begin_at + 1, commit_at):
+                msg = decode(datas[k], lsns[k])
+                oid = msg.relation_oid  # type: ignore[union-attr]  # an I/U/D (checked by the caller)
+                table = tables.get(oid)
+                if table is None:
+                    schema = get(oid)
+                    table = tables[oid] = (schema, self._converters[schema].convert, [])
+                schema, convert, rows = table
+                rows.append(row_change(msg, schema, k - begin_at - 1, convert))  # type: ignore[arg-type]
+        except ApplierError:
+            return None
+        txn = self.assembler.committed_whole(begin, commit)
+        return txn, [TableBatch(schema.relation.oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn,
+                                txn.end_lsn, rows, txn.commit_time) for schema, _convert, rows in tables.values()]
+
     def _relation_named_in(self, data: bytes, in_stream: bool) -> str | None:
         """The relation a (possibly damaged) I/U/D message names, when its OID is readable and known."""
         if data[:1] not in (b"I", b"U", b"D"):
@@ -140,6 +194,10 @@ class TransactionFeeder:
                 e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn, relation=relation)
                 raise
         return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
+
+
+#: First bytes of the messages a plain transaction holds between its Begin and Commit (feed_range).
+_ROW_KINDS = frozenset({b"I", b"U", b"D"})
 
 
 def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],

@@ -27,30 +27,33 @@ def row_changes(change: Change, convert: Convert) -> list[tuple[SchemaVersion, T
     """The row changes of one buffered change with the schema version each was decoded with (a
     TRUNCATE yields one per listed table; a logical decoding message none)."""
     msg = change.message
-    if isinstance(msg, Insert):
+    if isinstance(msg, (Insert, Update, Delete)):
         schema = change.schemas[0]
-        new = msg.new
-        return [(schema, _change("I", None, None, convert(schema, new), change.ordinal,
-                                 COL_UNCHANGED_TOAST in new.kinds))]
-    if isinstance(msg, Update):
-        schema = change.schemas[0]
-        new = msg.new
-        old_key = old_row = None
-        if msg.old is not None:
-            old = convert(schema, msg.old)
-            if msg.old_kind == "O":
-                old_row = old
-            else:
-                old_key = tuple([old[i] for i in schema.key_indexes])
-        return [(schema, _change("U", old_key, old_row, convert(schema, new), change.ordinal,
-                                 COL_UNCHANGED_TOAST in new.kinds))]
-    if isinstance(msg, Delete):
-        schema = change.schemas[0]
-        old = convert(schema, msg.old)
-        if msg.old_kind == "O":
-            return [(schema, _change("D", None, old, None, change.ordinal))]
-        return [(schema, _change("D", tuple([old[i] for i in schema.key_indexes]), None, None, change.ordinal))]
+        return [(schema, row_change(msg, schema, change.ordinal, lambda tup: convert(schema, tup)))]
     if isinstance(msg, Truncate):
         return [(schema, _change("T", None, None, None, change.ordinal, False, msg.restart_identity, msg.cascade))
                 for schema in change.schemas]
     return []
+
+
+def row_change(msg: Insert | Update | Delete, schema: SchemaVersion, ordinal: int,
+               convert: Callable[[TupleData], tuple[Any, ...]]) -> TableChange:
+    """The row change of one Insert, Update or Delete decoded with ``schema`` (``convert`` is its
+    converter), the ``ordinal``-th change of its transaction."""
+    if isinstance(msg, Insert):
+        new = msg.new
+        return _change("I", None, None, convert(new), ordinal, COL_UNCHANGED_TOAST in new.kinds)
+    if isinstance(msg, Update):
+        new = msg.new
+        old_key = old_row = None
+        if msg.old is not None:
+            old = convert(msg.old)
+            if msg.old_kind == "O":
+                old_row = old
+            else:
+                old_key = tuple([old[i] for i in schema.key_indexes])
+        return _change("U", old_key, old_row, convert(new), ordinal, COL_UNCHANGED_TOAST in new.kinds)
+    old = convert(msg.old)
+    if msg.old_kind == "O":
+        return _change("D", None, old, None, ordinal)
+    return _change("D", tuple([old[i] for i in schema.key_indexes]), None, None, ordinal)

@@ -188,6 +188,20 @@ class TransactionAssembler:
         if self._on_skip is not None:
             self._on_skip(SkippedTransaction(commit_lsn, xid, end_lsn, reason))
 
+    @property
+    def between_transactions(self) -> bool:
+        """No regular transaction, prepare or stream block is open (streamed transactions may be, between
+        their blocks): a Begin here starts afresh, as ``committed_whole`` assumes."""
+        return self._regular is None and self._regular_prepare is None and self._stream_xid is None
+
+    def committed_whole(self, begin: Begin, commit: Commit) -> CommittedTransaction:
+        """What Begin and Commit do around a regular transaction that a caller holding it whole took
+        apart itself (TransactionFeeder.feed_range: nothing buffered, so ``changes`` is empty). Only
+        when ``between_transactions`` held at its Begin, and its commit LSN is not in ``skip_lsns``."""
+        self._drop_stream_if_resent(begin.xid)
+        return CommittedTransaction(begin.xid, commit.commit_lsn, commit.end_lsn, commit.commit_time, None,
+                                    "regular", None, ())
+
     def open_transactions(self) -> int:
         return len(self._streams) + (self._regular is not None) + (self._regular_prepare is not None)
 

@@ -12,7 +12,9 @@ The driver path (applier.drivers.replay) sends every message through one Python 
 2. **Fold** (executors, one task per range): the same feeder as the driver path (decode, assemble,
    convert, origin filter, configured skips) and the same per-table fold (applier.sink.engine's
    ``table_spec`` and ``fold_table``), leaving out what a table already applied (its end LSN, read
-   by the driver before the run), gives per table one TablePlan for the range.
+   by the driver before the run), gives per table one TablePlan for the range. The range is in
+   memory whole, so the feeder takes its plain transactions (Begin, rows, Commit) the short way,
+   without the assembler's buffer (``TransactionFeeder.feed_range``).
 3. **Combine and commit** (driver, ranges in log order): consecutive ranges' plans are combined
    (applier.sink.combine, equal to folding the ranges in one pass) up to ``apply.max_group_rows``
    keys or ``apply.max_group_transactions`` transactions, then committed exactly as a group of the
@@ -39,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,6 +364,15 @@ def range_messages(log_range: LogRange) -> Iterator[RawMessage]:
         yield from read_file_rows(file, start, stop)
 
 
+def range_columns(log_range: LogRange) -> tuple[Sequence[int], Sequence[int | None] | None, Sequence[bytes]]:
+    """A range's messages as columns (lsns, xids or None for a live stream's, datas), in memory: a
+    range is at most ``partition_messages`` long, and the fold looks ahead to each Commit."""
+    if log_range.inline is not None:
+        return log_range.inline[0], None, log_range.inline[1]
+    rows = list(range_messages(log_range))
+    return [r.lsn for r in rows], [r.xid for r in rows], [r.data for r in rows]
+
+
 # -- 2. fold (on an executor) --------------------------------------------------------------------
 
 
@@ -382,23 +393,23 @@ def fold_range(job: FoldJob) -> RangeFold:
         per_path: dict[str, list[Any]] = {}
         truncate_error = job.apply.truncate == "error"
         tables = job.tables
-        for raw in range_messages(job.range):
-            for txn, batches in feeder.feed_raw(decoder, raw.lsn, raw.xid, raw.data):
-                result.transactions += 1
-                result.last_end_lsn = txn.end_lsn
-                for batch in batches:
-                    qualified = batch.qualified_name
-                    if not tables.selected(qualified):
-                        continue
-                    if truncate_error and any(c.op == OP_TRUNCATE for c in batch.changes):
-                        raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
-                                        end_lsn=txn.end_lsn)
-                    path = job.paths[(batch.namespace, batch.name)]
-                    done = job.done.get(path)
-                    if done is None or txn.end_lsn > done:
-                        per_path.setdefault(path, []).append(batch)
-                feeder.assembler.release(txn)
-                feeder.applied(txn)
+        lsns, xids, datas = range_columns(job.range)
+        for txn, batches in feeder.feed_range(decoder, lsns, xids, datas):
+            result.transactions += 1
+            result.last_end_lsn = txn.end_lsn
+            for batch in batches:
+                qualified = batch.qualified_name
+                if not tables.selected(qualified):
+                    continue
+                if truncate_error and any(c.op == OP_TRUNCATE for c in batch.changes):
+                    raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
+                                    end_lsn=txn.end_lsn)
+                path = job.paths[(batch.namespace, batch.name)]
+                done = job.done.get(path)
+                if done is None or txn.end_lsn > done:
+                    per_path.setdefault(path, []).append(batch)
+            feeder.assembler.release(txn)
+            feeder.applied(txn)
         types = feeder.types
         for path, batches in per_path.items():
             spec = table_spec(batches[-1], tables, types)
