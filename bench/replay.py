@@ -1,6 +1,6 @@
 """Benchmark: replay of a large stored raw log, on the driver vs on Spark's executors (issue 22).
 
-    .venv/bin/python bench/replay.py [--transactions 50000] [--rows-per-transaction 100] [--runs 3]
+    .venv/bin/python bench/replay.py [--transactions 50000] [--rows-per-transaction 100] [--runs 3] [--cluster]
 
 Setup (not timed): a server started by the script; bench/catchup.py's table and workload (each
 transaction inserts 50 rows, updates 40 and deletes 10); the slot peeked with protocol 1 and
@@ -12,7 +12,12 @@ Timed, one run after the other so that they do not share the 2 cores, ``--runs``
 - the same with ``local[1]`` unpinned: one executor task at a time, but the driver's own work (the
   survey, combining, commits) runs beside it on the second CPU;
 - the same with ``local[2]``;
-- the driver path (``distributed.mode: off``) with ``local[2]``, what a replay did before.
+- the driver path (``distributed.mode: off``) with ``local[2]``, what a replay did before;
+- with ``--cluster``, also on executors of a standalone Spark cluster the script starts (a Master and
+  one Worker with 2 cores from pyspark's distribution, applier.devtools.sparkcluster), the driver a
+  client of it, as ``spark-submit --master spark://...`` would run it. On this machine the cluster
+  shares the same two CPUs, so it shows the cost of a real cluster's scheduling and shipping, not
+  more capacity.
 Each run is a fresh process replaying into an empty target with its Spark session already started
 (the start-up is reported apart), and is verified against Postgres row by row afterwards (not
 timed). The last line is one JSON object with every run and the medians.
@@ -21,6 +26,7 @@ timed). The last line is one JSON object with every run and the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,12 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchup import SCHEMA  # noqa: E402  (bench/catchup.py: the same table and workload)
 from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+
+from applier.devtools.sparkcluster import StandaloneCluster  # noqa: E402
 
 #: (Spark master, distributed.mode, CPUs the whole process may use: None = both)
 MODES = (("local[1]", "on", 1), ("local[1]", "on", None), ("local[2]", "on", None), ("local[2]", "off", None))
@@ -46,6 +55,10 @@ def name(master: str, mode: str, cpus: int | None) -> str:
 
 def log(msg: str) -> None:
     print(f"bench/replay: {msg}", file=sys.stderr, flush=True)
+
+
+#: The cluster run's mode (``--cluster``): its master is the URL of the cluster the script started.
+CLUSTER = ("cluster", "on", None)
 
 
 def run_child(args: argparse.Namespace) -> None:
@@ -60,7 +73,8 @@ def run_child(args: argparse.Namespace) -> None:
     if args.cpus:
         os.sched_setaffinity(0, set(range(int(args.cpus))))  # the JVM and the Python workers inherit it
     started = time.monotonic()
-    spark = build_spark_session(SparkSettings(master=args.master))
+    extra = {"spark.cores.max": "2", "spark.executor.memory": "2g"} if args.master.startswith("spark://") else {}
+    spark = build_spark_session(SparkSettings(master=args.master, extra=extra))
     startup = time.monotonic() - started
     config = ReplayConfig.model_validate({
         "source_log": args.log, "target": {"path": args.target},
@@ -76,10 +90,11 @@ def run_child(args: argparse.Namespace) -> None:
                       "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}))
 
 
-def child(raw: Path, target: Path, dsn: str, master: str, mode: str, cpus: int | None) -> dict[str, object]:
+def child(raw: Path, target: Path, dsn: str, master: str, mode: str, cpus: int | None,
+          env: dict[str, str] | None = None) -> dict[str, object]:
     out = subprocess.run([sys.executable, __file__, "--child", "--log", str(raw), "--target", str(target),
                           "--dsn", dsn, "--master", master, "--mode", mode, "--cpus", str(cpus or "")],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"bench/replay: replay failed:\n{out.stderr[-3000:]}")
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -88,11 +103,28 @@ def child(raw: Path, target: Path, dsn: str, master: str, mode: str, cpus: int |
     return result
 
 
+@contextlib.contextmanager
+def spark_cluster(work: Path, wanted: bool) -> Iterator[StandaloneCluster | None]:
+    if not wanted:
+        yield None
+        return
+    (work / "spark-cluster").mkdir()
+    running = StandaloneCluster(work / "spark-cluster", memory="6g")
+    running.start()
+    log(f"standalone Spark cluster up at {running.url}")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transactions", type=int, default=50_000)
     p.add_argument("--rows-per-transaction", type=int, default=100)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--cluster", action="store_true",
+                   help="also replay on the executors of a standalone Spark cluster started by the script")
     for hidden in ("--log", "--target", "--dsn", "--master", "--mode", "--cpus"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -108,8 +140,9 @@ def main() -> None:
     from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp, start_cluster() as cluster, \
-            psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            psycopg.connect(cluster.dsn(), autocommit=True) as conn, spark_cluster(Path(tmp), args.cluster) as spark:
         work = Path(tmp)
+        modes = MODES + ((CLUSTER,) if spark is not None else ())
         conn.execute(SCHEMA)
         create_slot(conn, "bench")
         started = time.monotonic()
@@ -123,11 +156,14 @@ def main() -> None:
         messages = write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "bench", pgoutput_options("cu_pub"))))
         log(f"raw log: {messages} messages, {raw.stat().st_size >> 20} MB, "
             f"captured in {time.monotonic() - started:.1f} s")
-        runs: dict[str, list[dict[str, object]]] = {name(*m): [] for m in MODES}
+        runs: dict[str, list[dict[str, object]]] = {name(*m): [] for m in modes}
         for n in range(args.runs):
-            for master, mode, cpus in MODES:
-                target = work / f"delta-{n}-{master[6]}-{mode}-{cpus or 2}"
-                result = child(raw, target, cluster.dsn(), master, mode, cpus)
+            for master, mode, cpus in modes:
+                target = work / f"delta-{n}-{master.replace('[', '').replace(']', '')}-{mode}-{cpus or 2}"
+                if master == CLUSTER[0] and spark is not None:
+                    result = child(raw, target, cluster.dsn(), spark.url, mode, cpus, spark.env)
+                else:
+                    result = child(raw, target, cluster.dsn(), master, mode, cpus)
                 runs[name(master, mode, cpus)].append(result)
                 log(f"run {n + 1}, {name(master, mode, cpus)}: {float(result['seconds']):.1f} s "  # type: ignore[arg-type]
                     f"({result['ranges']} ranges on executors), verified equal")
@@ -135,6 +171,7 @@ def main() -> None:
 
     medians = {k: statistics.median(float(r["seconds"]) for r in v) for k, v in runs.items()}  # type: ignore[arg-type]
     one_cpu, one, two, driver = (medians[name(*m)] for m in MODES)
+    on_cluster = {"speedup_cluster_vs_one_cpu": round(one_cpu / medians[name(*CLUSTER)], 2)} if args.cluster else {}
     print(json.dumps({
         "messages": messages, "transactions": args.transactions,
         "median_seconds": {k: round(v, 1) for k, v in medians.items()},
@@ -142,6 +179,7 @@ def main() -> None:
         "speedup_local2_vs_local1": round(one / two, 2),
         "speedup_executors_vs_driver_path": round(driver / two, 2),
         "messages_per_s_local2": round(messages / two),
+        **on_cluster,
         "runs": runs,
     }))
 

@@ -6,21 +6,16 @@ the applications ran there (the session must not override spark-submit's master 
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from applier.checks.verify import verify_against_postgres
 from applier.devtools.sample import create_schema, run_workload
+from applier.devtools.sparkcluster import StandaloneCluster, master_json, spark_home
 from applier.infra.cache import default_cache_dir
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
@@ -30,69 +25,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop", "events")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
-def _master_json(webui_port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{webui_port}/json", timeout=10) as response:
-        return json.loads(response.read())  # type: ignore[no-any-return]
-
-
-class StandaloneCluster:
-    def __init__(self, workdir: Path) -> None:
-        self.port, self.webui_port = _free_port(), _free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.env = dict(os.environ, SPARK_HOME=str(_spark_home()), SPARK_LOCAL_IP="127.0.0.1",
-                        SPARK_DAEMON_MEMORY="512m", SPARK_WORKER_DIR=str(workdir / "work"),
-                        SPARK_LOG_DIR=str(workdir / "logs"), PYSPARK_PYTHON=sys.executable)
-        self.workdir = workdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def _daemon(self, name: str, *args: str) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        self.procs.append(subprocess.Popen([str(_spark_home() / "bin" / "spark-class"), *args], env=self.env,
-                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-
-    def start(self) -> None:
-        self._daemon("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--webui-port", str(self.webui_port))
-        self._daemon("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-                     "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir", str(self.workdir / "work"),
-                     self.url)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if [w for w in _master_json(self.webui_port).get("workers", []) if w.get("state") == "ALIVE"]:
-                    return
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(1)
-        logs = "\n".join((self.workdir / f"{n}.log").read_text(errors="replace")[-1500:] for n in ("master", "worker"))
-        raise AssertionError(f"the standalone cluster did not come up:\n{logs}")
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture
@@ -115,7 +47,7 @@ def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = N
         env["APPLIER_DSN"] = dsn
     env.update(extra_env or {})
     out = subprocess.run(
-        [str(_spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
+        [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
          "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
          "--conf", "spark.cores.max=2", str(REPO / "jobs" / job), *args],
         env=env, capture_output=True, text=True, timeout=600)
@@ -145,7 +77,7 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
             assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
             assert sum(r.source_rows for r in results) > 0
 
-    state = _master_json(cluster.webui_port)
+    state = master_json(cluster.webui_port)
     apps = state.get("completedapps", []) + state.get("activeapps", [])
     assert len(apps) == 3, apps  # every job registered with the cluster's master, not a local engine
     assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps

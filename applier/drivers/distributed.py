@@ -126,6 +126,7 @@ class RangeFold:
     skipped: list[SkippedTransaction] = field(default_factory=list)
     error: str | None = None  # the range failed: the driver path takes over from its start
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # of the task's process: below ``seconds`` when the task waited for a CPU
 
 
 # -- eligibility -------------------------------------------------------------------------------------
@@ -381,7 +382,7 @@ def fold_range(job: FoldJob) -> RangeFold:
     from applier.assembly.feeder import TransactionFeeder
     from applier.protocol.decoder import MessageDecoder
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     result = RangeFold(job.range.index)
     scratch = tempfile.mkdtemp(prefix="applier-fold-")
     try:
@@ -419,6 +420,7 @@ def fold_range(job: FoldJob) -> RangeFold:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.seconds = time.monotonic() - started
+    result.cpu_seconds = time.process_time() - cpu_started
     return result
 
 
@@ -652,7 +654,8 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         return not handed_over
 
     folded = 0
-    timings = {"waiting for executors": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0}
+    timings = {"waiting for executors": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0,
+               "of it CPU": 0.0}
     clock = time.monotonic()
     try:
         with collect_between_groups():
@@ -663,6 +666,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
                     log.info("survey of the log: %.1f s, %d ranges%s", source.seconds, len(survey.ranges),
                              f", a tail of {survey.tail.messages} messages for the driver" if survey.tail else "")
                 timings["folding (task time)"] += fold.seconds
+                timings["of it CPU"] += fold.cpu_seconds
                 cut = given.pop(fold.index)
                 if fold.error is not None:
                     log.warning("range %d of the log (from LSN %s) did not fold on an executor: %s; the driver "
