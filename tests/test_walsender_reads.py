@@ -1,0 +1,54 @@
+"""The catch-up's reader of the replication stream (WalSenderStream.read_message) against a real
+server: with ``gather`` it lets frames pile up in the socket when it has outrun the walsender, so
+that one socket read takes many frames. The frames must be exactly those read without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from applier.protocol.replication import PrimaryKeepalive
+from applier.sources.walsender import WalSenderStream
+
+pytestmark = pytest.mark.postgres
+
+OPTIONS = {"proto_version": "2", "publication_names": "g_pub"}
+
+BACKLOG = """
+CREATE TABLE g (id int PRIMARY KEY, v text);
+CREATE PUBLICATION g_pub FOR TABLE g;
+CREATE PROCEDURE g_run() LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1..2000 LOOP
+    INSERT INTO g SELECT i * 10 + k, 'row ' || i FROM generate_series(0, 9) k;
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+
+
+def _read_all(dsn: str, slot: str, gather: float) -> tuple[list[tuple[int, bytes]], float]:
+    """Every frame of the slot's backlog (until the stream is quiet for a second), and the frames per
+    socket read."""
+    stream = WalSenderStream(dsn)
+    try:
+        stream.start(slot, OPTIONS)
+        frames: list[tuple[int, bytes]] = []
+        while (frame := stream.read_message(1.0, gather=gather)) is not None:
+            if not isinstance(frame, PrimaryKeepalive):
+                frames.append(frame)
+        return frames, stream.frames_read / max(stream.socket_reads, 1)
+    finally:
+        stream.close()
+
+
+def test_gathered_reads_take_every_frame_in_fewer_socket_reads(pg):
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        for slot in ("g_plain", "g_gathered"):  # each on its own: not in a transaction that wrote
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("CALL g_run()")  # on its own: its COMMITs cannot run inside a multi-statement query
+    plain, plain_per_read = _read_all(pg.dsn, "g_plain", 0.0)
+    gathered, gathered_per_read = _read_all(pg.dsn, "g_gathered", 0.001)
+    assert len(plain) == 2000 * 12 + 1  # Begin, 10 Inserts, Commit per transaction; one Relation
+    assert gathered == plain
+    assert gathered_per_read >= 16 and gathered_per_read >= 3 * plain_per_read, (gathered_per_read, plain_per_read)
