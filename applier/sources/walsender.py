@@ -127,10 +127,13 @@ class WalSenderStream:
 
         ``gather`` (seconds): when libpq's buffer is empty and the last socket read brought only a few
         frames, wait that long before reading the socket again. A reader that keeps up with the
-        walsender otherwise gets one or two frames per read, and the walsender, finding room in the
-        socket every time, sends each frame on its own: on 1M changes both spent about 40% more CPU
-        than with a 1 ms gather (one read per ~200 frames). For bulk reading only: it adds up to
-        ``gather`` of latency per read."""
+        walsender gets one or two frames per read, and the walsender, finding room in the socket every
+        time, sends each frame on its own; both then burn CPU on system calls, which keeps them in that
+        state (bench/stream_read.py: some runs read 1M messages in 4,000 socket reads, others in
+        470,000). With a 1 ms gather every run takes ~200 frames a read; over 5 runs the medians of
+        the reader's and the walsender's CPU fell by about a third. For bulk reading only: it adds up
+        to ``gather`` of latency per read.
+        """
         data = self._next(timeout, gather)
         if data is None:
             return None
