@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +31,9 @@ from catchup import SCHEMA  # noqa: E402  (bench/catchup.py)
 from applier.drivers.distributed import Surveyor  # noqa: E402
 from applier.protocol.replication import PrimaryKeepalive  # noqa: E402
 from applier.sources.walsender import WalSenderStream  # noqa: E402
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def log(msg: str) -> None:
@@ -42,11 +46,11 @@ def process_cpu(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def read_backlog(conn: object, dsn: str, slot: str, gather: float) -> dict[str, float]:
+def read_backlog(conn: psycopg.Connection[Any], dsn: str, slot: str, gather: float) -> dict[str, float]:
     stream = WalSenderStream(dsn)
     try:
         stream.start(slot, {"proto_version": "2", "publication_names": "cu_pub", "streaming": "on"})
-        (walsender,) = conn.execute(  # type: ignore[attr-defined]
+        (walsender,) = conn.execute(  # type: ignore[misc]  # the slot is active: one row
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
         surveyor = Surveyor(None)
         walsender_before, wall, cpu = process_cpu(walsender), time.monotonic(), time.thread_time()
