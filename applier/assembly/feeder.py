@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from struct import Struct
+from struct import error as StructError
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
 from applier.assembly.rowchanges import row_change, row_changes
+from applier.assembly.shortrows import ShortRowReader
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
 from applier.changes import SkippedTransaction, TableBatch, TableChange
 from applier.config import ApplySettings
@@ -35,6 +38,8 @@ class TransactionFeeder:
         self.settings = settings
         self._converters: PerSchemaVersion[RowConverter] = PerSchemaVersion(
             lambda schema: RowConverter(schema, catalog.types, settings.special_values))
+        self._short_rows: PerSchemaVersion[ShortRowReader] = PerSchemaVersion(
+            lambda schema: ShortRowReader(self._converters[schema].text_parsers, schema.key_indexes))
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped_by_origin = 0
         self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
@@ -119,8 +124,10 @@ class TransactionFeeder:
     def _plain(self, decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes], begin_at: int,
                commit_at: int) -> tuple[CommittedTransaction, list[TableBatch]] | None:
         """The transaction ``datas[begin_at:commit_at + 1]`` (Begin, Inserts, Updates and Deletes, Commit),
-        its row changes made straight from the decoded messages: no buffer (it is in memory already,
-        whole), no Change objects. The result equals the long way's. Anything unusual (a message that
+        its row changes made straight from the messages: no buffer (it is in memory already, whole),
+        no Change objects, and the common shapes of row change read from their bytes by
+        applier.assembly.shortrows without decoded message objects (others are decoded and converted
+        as always). The result equals the long way's. Anything unusual (a message that
         does not decode, an unknown relation, a value the values layer refuses, a commit listed to
         skip) returns None before any state changed, and the caller feeds the transaction message
         by message, which raises or holds the error exactly as always."""
@@ -130,23 +137,28 @@ class TransactionFeeder:
             if not isinstance(begin, Begin) or not isinstance(commit, Commit) \
                     or commit.commit_lsn in self.assembler.skip_lsns:
                 return None
-            get, decode = self.catalog.get, decoder.decode
+            get, decode, oid_of = self.catalog.get, decoder.decode, _OID
             # No Relation message inside: one schema version per relation OID for the whole transaction.
-            tables: dict[int, tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], list[TableChange]]] = {}
+            tables: dict[int, _PlainTable] = {}
             for k in range(begin_at + 1, commit_at):
-                msg = decode(datas[k], lsns[k])
-                oid = msg.relation_oid  # type: ignore[union-attr]  # an I/U/D (checked by the caller)
+                data = datas[k]
+                oid = oid_of(data, 1)[0]  # an I/U/D outside a stream block (checked by the caller)
                 table = tables.get(oid)
                 if table is None:
                     schema = get(oid)
-                    table = tables[oid] = (schema, self._converters[schema].convert, [])
-                schema, convert, rows = table
-                rows.append(row_change(msg, schema, k - begin_at - 1, convert))  # type: ignore[arg-type]
-        except ApplierError:
+                    table = tables[oid] = (schema, self._converters[schema].convert, self._short_rows[schema].read, [])
+                schema, convert, read, rows = table
+                change = read(data, k - begin_at - 1)
+                if change is None:  # not a shape the short reader takes: the long way, the reference
+                    msg = decode(data, lsns[k])
+                    change = row_change(msg, schema, k - begin_at - 1, convert)  # type: ignore[arg-type]
+                rows.append(change)
+        except (ApplierError, StructError):
             return None
         txn = self.assembler.committed_whole(begin, commit)
         return txn, [TableBatch(schema.relation.oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn,
-                                txn.end_lsn, rows, txn.commit_time) for schema, _convert, rows in tables.values()]
+                                txn.end_lsn, rows, txn.commit_time)
+                     for schema, _convert, _read, rows in tables.values()]
 
     def _relation_named_in(self, data: bytes, in_stream: bool) -> str | None:
         """The relation a (possibly damaged) I/U/D message names, when its OID is readable and known."""
@@ -198,6 +210,10 @@ class TransactionFeeder:
 
 #: First bytes of the messages a plain transaction holds between its Begin and Commit (feed_range).
 _ROW_KINDS = frozenset({b"I", b"U", b"D"})
+_OID = Struct("!I").unpack_from
+#: Per relation OID in a plain transaction: its schema version, converter, short reader and row changes.
+_PlainTable = tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], Callable[[bytes, int], TableChange | None],
+                    list[TableChange]]
 
 
 def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],

@@ -108,6 +108,11 @@ class RowConverter:
         self._policy = policy
         self._n = len(cols)
 
+    @property
+    def text_parsers(self) -> tuple[Callable[[bytes], object], ...]:
+        """The text parser of each column, in order (applier.assembly.shortrows reads with them)."""
+        return self._text
+
     def convert(self, tup: TupleData) -> tuple[object, ...]:
         kinds, values = tup.kinds, tup.values
         n = self._n
