@@ -1,6 +1,11 @@
 """The catch-up's reader of the replication stream (WalSenderStream.read_message) against a real
 server: with ``gather`` it lets frames pile up in the socket when it has outrun the walsender, so
-that one socket read takes many frames. The frames must be exactly those read without it."""
+that one socket read takes many frames. The frames must be exactly those read without it.
+
+Reading without gather is not compared for speed: it is bistable (bench/stream_read.py: the same
+backlog took 4,400 to 474,000 socket reads), so a plain read may land in the good state and take as
+many frames a read as a gathered one (a CI run did: 229 against 222). With gather, every run took
+over a hundred frames a read; the test asks for 16. Without gather most runs here take 1-3."""
 
 from __future__ import annotations
 
@@ -51,4 +56,4 @@ def test_gathered_reads_take_every_frame_in_fewer_socket_reads(pg):
     gathered, gathered_per_read = _read_all(pg.dsn, "g_gathered", 0.001)
     assert len(plain) == 2000 * 12 + 1  # Begin, 10 Inserts, Commit per transaction; one Relation
     assert gathered == plain
-    assert gathered_per_read >= 16 and gathered_per_read >= 3 * plain_per_read, (gathered_per_read, plain_per_read)
+    assert gathered_per_read >= 16, (gathered_per_read, plain_per_read)
