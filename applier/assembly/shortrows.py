@@ -86,7 +86,7 @@ class ShortRowReader:
             return None
 
     def _tuple(self, data: bytes, pos: int, _length: Callable[[bytes, int], tuple[int]] = _LENGTH,
-               _map: Any = map, _tuple: Any = tuple) -> tuple[tuple[object, ...] | None, int]:
+               _map: Any = map, _as_tuple: Any = tuple) -> tuple[tuple[object, ...] | None, int]:
         """The converted values of the TupleData at ``pos`` and the position after it, or (None, pos)
         when a column is neither 't' nor 'n', the column count differs, or a parser refuses a value."""
         natts = (data[pos] << 8) | data[pos + 1]
@@ -110,7 +110,7 @@ class ShortRowReader:
             return None, pos
         try:
             if not nulls:
-                return _tuple(_map(_call, self._parsers, values)), p
-            return _tuple([None if v is None else f(v) for f, v in zip(self._parsers, values, strict=True)]), p
+                return _as_tuple(_map(_call, self._parsers, values)), p
+            return _as_tuple([None if v is None else f(v) for f, v in zip(self._parsers, values, strict=True)]), p
         except Exception:  # noqa: BLE001 - the long way gives the precise error or applies the policy
             return None, pos
