@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
@@ -33,6 +34,7 @@ from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
 from applier.sink.engine import DeltaApplier, approximate_bytes
+from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.schema import SchemaEvolution
 from applier.state import StateDir
@@ -129,7 +131,8 @@ class ApplyLoop:
         self.dry_run = dry_run
         self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
         self.applier = DeltaApplier(spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
-                                    on_schema_change=self._schema_changed, dry_run=dry_run)
+                                    on_schema_change=self._schema_changed, dry_run=dry_run,
+                                    identities=None if dry_run is not None else partial(TableIdentities, state))
         self.decoder = MessageDecoder()
         self.group = PendingGroup(apply)
         self.confirm: Confirm = lambda _lsn: None

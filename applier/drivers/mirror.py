@@ -34,6 +34,7 @@ from applier.errors import SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
+from applier.sources.catalog_lookup import LiveCatalog, column_attnums
 from applier.sources.copy import arrow_types, plan_table
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
@@ -99,6 +100,8 @@ class Mirror:
         self.tablesync = TableSync(spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
+        if self.applier.identities is not None:  # a live catalog tells renames from new tables
+            self.applier.identities.lookup = LiveCatalog(self.dsn)
         self._snapshot_recorded = False
         self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
 
@@ -193,6 +196,8 @@ class Mirror:
                 plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
                 loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
                                                       large=plan.bytes >= settings.commit_mb << 20)
+                if self.applier.identities is not None:  # the columns' attnums as of the copy
+                    self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
                 fast = arrow_types(relation, self.feeder.types, spark_schema_for(schema, self.feeder.types))
                 jobs.append(CopyJob(table, relation, plan, loader, converter, fast))
             snap.execute("COMMIT")

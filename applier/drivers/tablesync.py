@@ -31,6 +31,7 @@ from applier.config import MirrorConfig
 from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
+from applier.sources.catalog_lookup import column_attnums
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
@@ -87,6 +88,7 @@ class TableSync:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             published = published_selection(conn, self.config.source.publication, self.config.tables)
         known = self.known(published)
+        self._follow_identities(published, known)
         names = {t.qualified_name for t in published}
         gone = [name for name in known if name not in names]
         if gone:  # no longer published: if it comes back, its rows must be copied again
@@ -100,6 +102,41 @@ class TableSync:
                      and self.applier.derived.missing(t.namespace, t.name)]
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet")
+
+    def _follow_identities(self, published: list[PublishedTable], known: dict[str, str]) -> None:
+        """Tables are source relations (OIDs), not names (applier.sink.identity): a copied table renamed
+        since stays copied under its new name (its Delta table moves now); a name taken by a new
+        relation is no longer known (the new table is copied), and the relation that had it is followed
+        to its new name or, dropped, its Delta table retired."""
+        ids = self.applier.identities
+        if ids is None:
+            return
+        before = dict(known)
+        for t in published:
+            if t.oid is None:
+                continue
+            entry = ids.bound(t.oid)
+            if entry is not None and not entry.retired and entry.name != t.qualified_name:
+                was = entry.name
+                ids.path_of(t.oid, t.namespace, t.name)
+                if was in known:
+                    known[t.qualified_name] = known.pop(was)
+                self.progress(f"table sync: {was} is now {t.qualified_name} (relation OID {t.oid}): followed")
+            elif entry is None and t.qualified_name in known:
+                holder = ids.holder_of(self.applier.targets.path_for(t.namespace, t.name))
+                if holder is not None and holder.oid != t.oid:
+                    copied_at = known.pop(t.qualified_name)
+                    ids.path_of(t.oid, t.namespace, t.name)
+                    moved = ids.bound(holder.oid)
+                    if moved is not None and not moved.retired:
+                        known[moved.name] = copied_at
+                    self.progress(f"table sync: {t.qualified_name} is a new table (relation OID {t.oid}); the "
+                                  "table that had the name keeps its own Delta table")
+                else:
+                    ids.path_of(t.oid, t.namespace, t.name)  # a table mirrored before OIDs were recorded
+        if known != before:
+            self._columns.clear()
+            self.state.save(STATE_KEY, known)
 
     def before_apply(self, transactions: GroupedTransactions) -> None:
         """Called with each group before it is applied (one catalog query): a table the group
@@ -227,6 +264,8 @@ class TableSync:
                     converter = RowConverter(schema, self.catalog.types, self.config.apply.special_values)
                     chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
                     rows = self.applier.load_snapshot(schema, chunks, point)
+                    if self.applier.identities is not None:  # the columns' attnums as of the copy
+                        self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
                     self.synced[table.qualified_name] = rows
                     known = self.known([])
                     known[table.qualified_name] = format_lsn(point)

@@ -28,7 +28,8 @@ from applier.sink.bulkload import SnapshotLoader, TeeLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.derived import DerivedTables, HistoryJob
 from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
-from applier.sink.idempotence import app_id_for, applied_version, delta_table, is_delta_table
+from applier.sink.idempotence import app_id_for, applied_version, carry_applied_version, delta_table, is_delta_table
+from applier.sink.identity import TableIdentities
 from applier.sink.layouts import Layouts
 from applier.sink.merge import CommitResult, apply_plan
 from applier.sink.naming import needs_column_mapping
@@ -137,7 +138,8 @@ class DeltaApplier:
     def __init__(self, spark: SparkSession, target_dir: str, *, tables: TablesSettings | None = None,
                  apply: ApplySettings | None = None, types: TypeCache | None = None,
                  on_schema_change: Callable[[str, SchemaEvolution], None] | None = None,
-                 dry_run: Callable[[str], None] | None = None) -> None:
+                 dry_run: Callable[[str], None] | None = None,
+                 identities: Callable[[TableTargets], TableIdentities] | None = None) -> None:
         self.spark = spark
         self.target_dir = target_dir
         self.tables = tables or TablesSettings()
@@ -154,9 +156,39 @@ class DeltaApplier:
         self._written: set[str] = set()  # table paths this run has written rows to
         self._deltars_writable: dict[str, bool] = {}  # table path -> delta-rs can write its protocol
         self.derived = DerivedTables(spark, target_dir, self.tables, self._mirror_version, self.path_for)
+        #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
+        self.identities = identities(self.targets) if identities is not None else None
+        if self.identities is not None:
+            self.identities.mover = self._move_table
+            self.identities.finish_pending()
 
     def path_for(self, namespace: str, name: str) -> str:
+        """The Delta path of the table now called ``namespace.name``: the path its relation is bound to
+        when it is bound (applier.sink.identity), else the one its name gives."""
+        if self.identities is not None:
+            bound = self.identities.bound_by_name(f"{namespace}.{name}")
+            if bound is not None:
+                return bound.path
         return self.targets.path_for(namespace, name)
+
+    def path_of(self, oid: int, namespace: str, name: str) -> str:
+        """The Delta path of relation ``oid``, following a rename (its table moves) and never handing a
+        new table the Delta table of an older one that had its name."""
+        if self.identities is None:
+            return self.targets.path_for(namespace, name)
+        return self.identities.path_of(oid, namespace, name)
+
+    def _move_table(self, src: str, dst: str, old_name: str, new_name: str) -> None:
+        """A renamed source table's Delta table moved from ``src`` to ``dst``: its applied version
+        goes with it to the new name's app id (one commit, which also records the new source name)."""
+        from applier.sink.schema import PROP_SOURCE
+
+        for cache in (self._applied, self._commits, self._schema_seen, self._deltars_writable):
+            cache.pop(src, None)
+            cache.pop(dst, None)
+        self._written.discard(src)
+        carry_applied_version(self.spark, dst, app_id_for(old_name), app_id_for(new_name), {PROP_SOURCE: new_name})
+        log.warning("%s was renamed to %s: its Delta table moved from %s to %s", old_name, new_name, src, dst)
 
     def _spec(self, batch: TableBatch) -> TableSpec:
         return table_spec(batch, self.tables, self.types)
@@ -182,7 +214,7 @@ class DeltaApplier:
                 if any(c.op == OP_TRUNCATE for c in batch.changes) and self.settings.truncate == "error":
                     raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
                                     end_lsn=end_lsn)
-                path = self.path_for(batch.namespace, batch.name)
+                path = self.path_of(batch.relation_oid, batch.namespace, batch.name)
                 entry = per_table.setdefault(path, (batch, []))
                 entry[1].append((end_lsn, batch))
                 per_table[path] = (batch, entry[1])  # remember the newest schema
@@ -220,6 +252,11 @@ class DeltaApplier:
         fold was made) as one group ending at ``group_end``: what apply_group does after its fold."""
         commits: list[tuple[str, TableSpec, TablePlan, str]] = []
         for table in folded:
+            rel = table.schema.relation
+            if self.path_of(rel.oid, table.schema.namespace, rel.name) != table.path:
+                raise SinkError("a range folded on an executor was folded for another Delta table than the one its "
+                                "relation is bound to now (a table renamed during the catch-up); run again: the "
+                                "driver path follows the rename", table=table.spec.source_name, path=table.path)
             self.stats.tables.add((table.schema.namespace, table.schema.relation.name))
             self._ensure(table.path, table.spec, table.schema)
             if table.plan.empty:
@@ -301,7 +338,7 @@ class DeltaApplier:
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
-        path = self.path_for(batch.namespace, batch.name)
+        path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
         allowed = self.settings.merge_engine == "auto"  # 'spark': every write through Spark, the copy's too
         if allowed and self._schema_seen.get(path) is None and deltars_can_create(path, spec, options) \
@@ -374,7 +411,16 @@ class DeltaApplier:
             raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
                             table=spec.source_name)
         options = table_options(self.tables.rule_for(spec.source_name))
-        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen)
+        renames = None
+        if self.identities is not None:
+            identities, oid = self.identities, schema_version.relation.oid
+
+            def renames(gone: tuple[str, ...], new: tuple[str, ...]) -> dict[str, str]:
+                return identities.column_renames(oid, spec.source_name, gone, new)
+        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
+                                 renames=renames)
+        if self.identities is not None:  # after the evolution: it compares with the attnums recorded before
+            self.identities.observe(schema_version.relation.oid, schema_version.column_names)
         self.targets.created(path)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)

@@ -108,3 +108,35 @@ def _jvm_applied_version(spark: SparkSession | None, table_path: str, app_id: st
                         "its applied version needs a Spark session", path=table_path)
     txn = _jvm_snapshot(spark, table_path).transactions().get(app_id)
     return None if txn.isEmpty() else int(txn.get())
+
+
+def carry_applied_version(spark: SparkSession | None, table_path: str, old_app_id: str, new_app_id: str,
+                          properties: dict[str, str]) -> None:
+    """Record under ``new_app_id`` the version ``old_app_id`` has applied, with ``properties``, in one
+    Delta commit (a table that moved to a new source name keeps what it applied; idempotent)."""
+    old = applied_version(spark, table_path, old_app_id)
+    if old is None:
+        return
+    done = applied_version(spark, table_path, new_app_id)
+    if done is not None and done >= old:
+        return
+    if deltars_can_open(table_path):
+        from deltalake import CommitProperties, Transaction
+
+        try:
+            delta_table(table_path).alter.set_table_properties(
+                properties, commit_properties=CommitProperties(app_transactions=[Transaction(new_app_id, old)]))
+            return
+        except Exception:  # noqa: BLE001 - a protocol delta-rs cannot write: Spark below does the same
+            if spark is None:
+                raise
+    if spark is None:
+        raise SinkError("moving this table's applied version needs a Spark session", path=table_path)
+    from applier.sink.naming import delta_path_sql, sql_string_literal
+
+    if properties:
+        props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
+        spark.sql(f"ALTER TABLE {delta_path_sql(table_path)} SET TBLPROPERTIES ({props})")
+    empty = spark.read.format("delta").load(table_path).limit(0)
+    empty.write.format("delta").mode("append").option("txnAppId", new_app_id).option("txnVersion", old) \
+        .save(table_path)

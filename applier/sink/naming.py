@@ -32,7 +32,10 @@ def needs_column_mapping(column_names: list[str] | tuple[str, ...]) -> bool:
 #: directory ``_applier`` (its ``spill``, ``prepared``, ``skipped_transactions``) sits beside the
 #: schema directories. Such a name is stored with its leading underscore escaped (``%5F``), which
 #: no other name produces because every literal ``%`` is escaped too.
-RESERVED_SCHEMA_DIRS = frozenset({"_applier", "_delta_log", "_history", "_changes"})
+RESERVED_SCHEMA_DIRS = frozenset({"_applier", "_delta_log", "_history", "_changes", "_retired"})
+#: where the Delta table of a source table that was dropped while its name went to a new table is kept
+#: (``DIR/_retired/<schema>/<table>@<relation OID>``, applier.sink.identity): never merged into, never listed
+RETIRED_DIR = "_retired"
 #: where history tables (SCD type 2) and change feed tables go by default: ``DIR/_history/<schema>/<table>``
 HISTORY_DIR, CHANGES_DIR = "_history", "_changes"
 RESERVED_TABLE_DIRS = frozenset({"_delta_log"})

@@ -85,8 +85,19 @@ class TargetRegistry:
                     f"from {entry['id']} to {found}). To {_rebuild_advice(command, self.state, name)}",
                     path=path)
 
+    def moved(self, src: str, dst: str | None) -> None:
+        """The table at ``src`` was moved to ``dst`` by this mirror (a rename followed), or retired
+        (``dst`` None: no longer one of the target's tables)."""
+        self.entries = self.state.load(_FILE) or {}
+        entry = self.entries.pop(src, None)
+        if entry is not None and dst is not None:
+            self.entries[dst] = {"table": ".".join(source_name_of(Path(dst))), "id": entry.get("id")}
+        self.state.save(_FILE, self.entries)
+
     def record(self, extra: list[Path] | None = None) -> None:
-        """Remember every table now under the target (and ``extra`` paths), with its id."""
+        """Remember every table now under the target (and ``extra`` paths), with its id (moves made
+        during the run are in the file already: it is read again first)."""
+        self.entries = self.state.load(_FILE) or {}
         changed = False
         for path in [*mirrored_table_dirs(self.target_dir), *(extra or [])]:
             key = str(path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING
@@ -261,10 +261,39 @@ def _widenable(old: DataType, new: DataType) -> bool:
     return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
 
 
-def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolution:
-    """Bring the Delta table's columns in line with ``spec``; raise SinkError for unsupported retypes."""
+Renames = Callable[[tuple[str, ...], tuple[str, ...]], dict[str, str]]
+
+
+def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
+                    renames: Renames | None) -> dict[str, DataType]:
+    """Rename in place the Delta columns that were renamed in the source, keeping their values (column
+    mapping lets Delta rename without rewriting data). A column is renamed only when ``renames`` proves
+    it (the catalog's attnums, applier.sink.identity); a column that disappears while another appears
+    cannot be told from a drop and an add otherwise, and ``renames`` stops the run then. Columns an
+    earlier drop left in Delta (``applier.droppedColumns``) are no candidates."""
+    source = set(spec.column_names)
+    earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
+    gone = tuple(n for n in have if n not in source and n not in earlier)
+    new = tuple(f.name for f in spec.schema.fields if f.name not in have)
+    if not gone or not new or renames is None:  # None: a caller that does not follow renames (derived tables)
+        return have
+    mapping = renames(gone, new)
+    if not mapping:
+        return have
+    enable_column_mapping(spark, path)
+    table = delta_path_sql(path)
+    for old, new_name in mapping.items():
+        spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote_identifier(old)} TO {quote_identifier(new_name)}")
+        log.warning("%s: column %s was renamed to %s in the source; renamed in Delta, values kept",
+                    spec.source_name, old, new_name)
+    return {mapping.get(n, n): t for n, t in have.items()}
+
+
+def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None) -> SchemaEvolution:
+    """Bring the Delta table's columns in line with ``spec`` (renames first, see ``_rename_columns``);
+    raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
-    have = {f.name: f.dataType for f in current.fields}
+    have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames)
     added: list[str] = []
     widened: list[str] = []
     for field in spec.schema.fields:
@@ -285,7 +314,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
     table = delta_path_sql(path)
     if added:
         if needs_column_mapping(added):
-            _enable_column_mapping(spark, path)
+            enable_column_mapping(spark, path)
         cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
                          for f in spec.schema.fields if f.name in added)
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
@@ -313,7 +342,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
 
 
 def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None,
-                 *, check_options: bool = True) -> SchemaEvolution:
+                 *, check_options: bool = True, renames: Renames | None = None) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed."""
     if not _table_exists(spark, path):
         create_table(spark, path, spec, options)
@@ -322,7 +351,7 @@ def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: Table
         _warn_option_mismatches(spark, path, spec, options)
     if _unchanged(path, spec):
         return SchemaEvolution()
-    return evolve_table(spark, path, spec)
+    return evolve_table(spark, path, spec, renames)
 
 
 def _unchanged(path: str, spec: TableSpec) -> bool:
@@ -358,7 +387,7 @@ def set_table_property(spark: SparkSession, path: str, key: str, value: str) -> 
               f"({sql_string_literal(key)} = {sql_string_literal(value)})")
 
 
-def _enable_column_mapping(spark: SparkSession, path: str) -> None:
+def enable_column_mapping(spark: SparkSession, path: str) -> None:
     if _get_property(spark, path, "delta.columnMapping.mode") == "name":
         return
     props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in COLUMN_MAPPING.items())

@@ -19,6 +19,7 @@ class PublishedTable:
     name: str
     columns: tuple[str, ...] | None  # the publication's column list (None: all columns)
     row_filter: str | None  # the publication's WHERE clause, as SQL
+    oid: int | None = None  # the relation's OID: what the mirror follows through renames
 
     @property
     def qualified_name(self) -> str:
@@ -39,9 +40,11 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
                           publication=publication)
     has_lists = conn.info.server_version >= 150000
     extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
-    rows = conn.execute(f"SELECT schemaname, tablename{extra} FROM pg_publication_tables WHERE pubname = %s "
+    rows = conn.execute(f"SELECT schemaname, tablename{extra}, (quote_ident(schemaname) || '.' || "
+                        "quote_ident(tablename))::regclass::oid::int8 FROM pg_publication_tables WHERE pubname = %s "
                         "ORDER BY 1, 2", (publication,)).fetchall()
-    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf) for ns, name, cols, rf in rows]
+    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf, int(oid))
+            for ns, name, cols, rf, oid in rows]
 
 
 def published_selection(conn: psycopg.Connection, publication: str, tables: TablesSettings) -> list[PublishedTable]:

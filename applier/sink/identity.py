@@ -1,0 +1,283 @@
+"""Which Delta table mirrors which source table: the source relation (its OID), not its name.
+
+Why: PostgreSQL's subscriber matches tables by name, and so did applier. A table renamed away and its
+old name taken by a new table (``ALTER TABLE t1 RENAME TO t2; CREATE TABLE t1``, or the same with a
+schema) then had the new table's rows merged into the old table's Delta rows, and the renamed table's
+rows kept going to the old path. The Relation message carries the relation's OID, which a rename keeps
+and a new table never shares with a live one, so each OID is bound here to the Delta table it writes
+(``<state>/relations.json``):
+
+- an OID seen under a new name is a rename: its Delta table moves to the new name's path (the layout
+  ``DIR/<schema>/<table>`` stays true, so ``status``, ``verify`` and readers find it by name), and its
+  applied version moves with it, as the new name's Delta app id, in the same Delta commit that records
+  the new source name;
+- a new OID whose name's path is bound to another OID: the other relation is looked up in the live
+  catalog. Renamed: its table moves to its new name first. Gone (dropped): its Delta table is retired
+  to ``DIR/_retired/<schema>/<table>@<oid>`` with a warning, never merged into. Without a catalog to ask
+  (a stored raw log) nothing can prove which, and the run stops (``IdentityError``, exit 4).
+
+A move is made crash-safe by writing its intent first (``moving``) and finishing it on the next start.
+Column renames are told from drop+add by ``pg_attribute.attnum``, which a rename keeps and an added
+column never reuses: the attnums of each bound relation's columns are recorded here when the catalog
+and the stream agree on its columns, and compared when a column disappears and another appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from applier.errors import DataError
+from applier.sink.naming import RETIRED_DIR, _path_component
+from applier.state import StateDir
+
+if TYPE_CHECKING:
+    from applier.sink.targets import TableTargets
+
+log = logging.getLogger(__name__)
+
+_FILE = "relations"
+
+
+class IdentityError(DataError):
+    """The stream names a table whose Delta table cannot be told apart from another's (exit 4)."""
+
+
+class CatalogLookup(Protocol):
+    """The live source catalog, asked when a name alone cannot say which table is which."""
+
+    def relation(self, oid: int) -> tuple[str, str] | None:
+        """(schema, name) of relation ``oid`` now; None when it no longer exists."""
+
+    def attnums(self, oid: int) -> dict[str, int]:
+        """Column name -> attnum of relation ``oid``'s live columns now (empty when it is gone)."""
+
+
+@dataclass
+class Bound:
+    """One source relation's Delta table."""
+
+    oid: int
+    name: str  # schema.table as last followed
+    path: str
+    attnums: dict[str, int]
+    retired: bool = False  # dropped in Postgres and its name taken: kept apart under DIR/_retired
+
+
+#: Moves a Delta table from one path to another and carries its applied version to the new name's
+#: app id; given (old path, new path, old name, new name). Supplied by the engine (it knows the engines).
+Mover = Callable[[str, str, str, str], None]
+
+
+class TableIdentities:
+    """OID -> Delta table bindings of one target, and the moves that follow renames."""
+
+    def __init__(self, state: StateDir, targets: TableTargets, *, lookup: CatalogLookup | None = None,
+                 mover: Mover | None = None) -> None:
+        self.state = state
+        self.targets = targets
+        self.lookup = lookup
+        self.mover = mover
+        data: dict[str, Any] = state.load(_FILE) or {}
+        self._bound: dict[int, Bound] = {int(k): Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}),
+                                                       bool(v.get("retired")))
+                                         for k, v in (data.get("tables") or {}).items()}
+        self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
+        self._moving: dict[str, str] | None = data.get("moving")
+
+    # --- persistence ------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
+                                                        "retired": b.retired}
+                                           for b in self._bound.values()},
+                                "moving": self._moving})
+
+    def finish_pending(self) -> None:
+        """Complete a move a crash interrupted (its intent was saved before anything moved)."""
+        if self._moving is None or self.mover is None:
+            return
+        m = self._moving
+        log.warning("finishing the move of %s from %s to %s that an earlier run began", m["new_name"], m["from"],
+                    m["to"])
+        self._move(int(m["oid"]), m["from"], m["to"], m["old_name"], m["new_name"])
+
+    # --- lookups ------------------------------------------------------------------------------------
+
+    def bound(self, oid: int) -> Bound | None:
+        return self._bound.get(oid)
+
+    def bound_by_name(self, qualified: str) -> Bound | None:
+        return next((b for b in self._bound.values() if b.name == qualified and not b.retired), None)
+
+    def holder_of(self, path: str) -> Bound | None:
+        return next((b for b in self._bound.values() if b.path == path), None)
+
+    def path_of(self, oid: int, namespace: str, name: str) -> str:
+        """The Delta path relation ``oid`` (now called ``namespace.name``) writes to, after following a
+        rename or retiring a dropped table that held the name (see the module docstring)."""
+        qualified = f"{namespace}.{name}"
+        entry = self._bound.get(oid)
+        if entry is not None and (entry.retired or entry.name == qualified):
+            return entry.path
+        if self.lookup is not None:
+            # The stream may be behind the catalog (a name it shows was renamed again since, or is the
+            # name before a rename the mirror already followed): the catalog's name now decides.
+            key = (oid, qualified)
+            if key not in self._names:
+                self._names[key] = self.lookup.relation(oid)
+            now = self._names[key]
+            if now is None and entry is not None:
+                return entry.path  # dropped since: its last changes go where its rows are
+            if now is not None:
+                namespace, name = now
+                qualified = f"{namespace}.{name}"
+            if entry is not None and entry.name == qualified:
+                return entry.path
+        desired = self.targets.path_for(namespace, name)
+        holder = self.holder_of(desired)
+        if holder is not None and holder.oid != oid:
+            self._make_way(holder, for_name=qualified, for_oid=oid)
+            still = self.holder_of(desired)
+            if still is not None and still.oid != oid:
+                raise IdentityError(f"{qualified} (relation OID {oid}) and relation OID {still.oid} both claim "
+                                    f"{desired}; nothing was written to it", relation=qualified, path=desired)
+        if entry is None:
+            self._bound[oid] = Bound(oid, qualified, desired, {})
+            self._save()
+            return desired
+        if Path(entry.path, "_delta_log").is_dir() and entry.path != desired:
+            self._check_free(desired, entry.name, qualified)
+            self._rename_rules_check(entry.name, qualified)
+            self._move(oid, entry.path, desired, entry.name, qualified)
+        else:
+            entry.path, entry.name = desired, qualified
+            self._save()
+        return desired
+
+    def _make_way(self, holder: Bound, *, for_name: str, for_oid: int) -> None:
+        """``holder``'s path is wanted by another relation: follow holder's rename, or retire it."""
+        if not Path(holder.path, "_delta_log").is_dir():
+            del self._bound[holder.oid]  # bound, never written: nothing to keep apart
+            self._save()
+            return
+        if self.lookup is None:
+            raise IdentityError(
+                f"{for_name} is now a different table (relation OID {for_oid}) from the one mirrored at "
+                f"{holder.path} (OID {holder.oid}), and a stored log has no catalog to tell whether that one "
+                "was renamed or dropped. Nothing was written to it. To go on: move or delete that Delta "
+                f"directory and its entry in {self.state.root / (_FILE + '.json')} (and in tables.json), "
+                "then run again; the new table is then created from the log's rows",
+                relation=for_name, relation_oid=for_oid, held_by_oid=holder.oid, path=holder.path)
+        now = self.lookup.relation(holder.oid)
+        if now is not None:
+            log.warning("%s was renamed to %s.%s (relation OID %d); its Delta table follows it, and %s is a new "
+                        "table", holder.name, now[0], now[1], holder.oid, for_name)
+            self.path_of(holder.oid, *now)
+            return
+        retired = self.retired_path(holder)
+        log.warning("%s (relation OID %d) no longer exists in Postgres and its name is taken by a new table "
+                    "(OID %d): its Delta table is retired to %s, never merged into", holder.name, holder.oid,
+                    for_oid, retired)
+        self._move(holder.oid, holder.path, retired, holder.name, None)
+        self._bound[holder.oid] = Bound(holder.oid, holder.name, retired, holder.attnums, retired=True)
+        self._save()
+
+    def retired_path(self, holder: Bound) -> str:
+        schema, _, table = holder.name.partition(".")
+        return str(Path(self.targets.target_dir) / RETIRED_DIR / _path_component(schema)
+                   / _path_component(f"{table}@{holder.oid}"))
+
+    def _check_free(self, desired: str, old_name: str, new_name: str) -> None:
+        if Path(desired, "_delta_log").is_dir():
+            raise IdentityError(
+                f"{old_name} was renamed to {new_name}, but a Delta table that is not this mirror's is already "
+                f"at {desired}; move it away (or name another target for the table in tables.rules) and run again",
+                relation=new_name, path=desired)
+
+    def _rename_rules_check(self, old_name: str, new_name: str) -> None:
+        for qualified in (old_name, new_name):
+            rule = self.targets.tables.rule_for(qualified)
+            if rule is not None and (rule.target or rule.table):
+                raise IdentityError(
+                    f"{old_name} was renamed to {new_name}, and a tables rule gives {qualified} a target path or "
+                    "a catalog name: update the rule to the new name (and move the Delta table if its path "
+                    "changes), then run again", relation=new_name)
+
+    def _move(self, oid: int, src: str, dst: str, old_name: str, new_name: str | None) -> None:
+        if self.mover is None:
+            raise IdentityError(f"{old_name} must move from {src} to {dst}, and this run cannot move tables",
+                                relation=old_name)
+        self._moving = {"oid": str(oid), "from": src, "to": dst, "old_name": old_name, "new_name": new_name or ""}
+        self._save()
+        if Path(src).exists() and not Path(dst, "_delta_log").is_dir():
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+            _prune_empty_parent(Path(src))
+        if new_name:
+            self.mover(src, dst, old_name, new_name)
+        from applier.sink.registry import TargetRegistry
+
+        TargetRegistry(self.state, self.targets.target_dir).moved(src, dst if new_name else None)
+        if new_name:
+            entry = self._bound.setdefault(oid, Bound(oid, new_name, dst, {}))
+            entry.name, entry.path = new_name, dst
+        else:
+            self._bound.pop(oid, None)
+        self._moving = None
+        self._save()
+
+    # --- columns ------------------------------------------------------------------------------------
+
+    def record_attnums(self, oid: int, attnums: dict[str, int]) -> None:
+        entry = self._bound.get(oid)
+        if entry is not None and entry.attnums != attnums:
+            entry.attnums = dict(attnums)
+            self._save()
+
+    def observe(self, oid: int, columns: tuple[str, ...]) -> None:
+        """Record relation ``oid``'s attnums when the live catalog has exactly ``columns`` (the stream's
+        current Relation): then no DDL is pending between the two and the names are the same columns."""
+        if self.lookup is None or oid not in self._bound:
+            return
+        now = self.lookup.attnums(oid)
+        if set(now) == set(columns):
+            self.record_attnums(oid, now)
+
+    def column_renames(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...]) -> dict[str, str]:
+        """Which of the Delta columns ``gone`` (no longer in the stream) were renamed to which of ``new``
+        (not in the Delta table): proven by equal attnums; raises IdentityError when it cannot be told."""
+        entry = self._bound.get(oid)
+        way = (f"re-copy the table: `applier resync --table {table}` (its Delta table is replaced by a copy "
+               "at a new position)")
+        if self.lookup is None or entry is None:
+            raise IdentityError(
+                f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same "
+                "schema change: a rename or a drop and an add, which the stream alone cannot tell apart (no "
+                f"catalog to ask). Nothing was written to the table. To go on: {way}",
+                relation=table, columns=", ".join(gone))
+        current = self.lookup.attnums(oid)
+        unknown = [c for c in gone if c not in entry.attnums] + [c for c in new if c not in current]
+        if unknown:
+            raise IdentityError(
+                f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog "
+                f"cannot prove which were renamed (no recorded or current attnum for {', '.join(unknown)}: the "
+                f"catalog has moved on since). Nothing was written to the table. To go on: {way}",
+                relation=table, columns=", ".join(unknown))
+        by_attnum = {current[c]: c for c in new}
+        renames = {c: by_attnum[entry.attnums[c]] for c in gone if entry.attnums[c] in by_attnum}
+        if renames:
+            entry.attnums = {renames.get(k, k): v for k, v in entry.attnums.items()}
+            self._save()
+        return renames
+
+
+def _prune_empty_parent(path: Path) -> None:
+    try:
+        path.parent.rmdir()  # a schema directory left empty by the move
+    except OSError:
+        pass
