@@ -133,6 +133,8 @@ class ApplyLoop:
         self.applier = DeltaApplier(spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run,
                                     identities=None if dry_run is not None else partial(TableIdentities, state))
+        if self.applier.identities is not None:  # renamed columns are decided as Relations are read
+            self.feeder.catalog.columns_changed = self.applier.identities.columns_changed
         self.decoder = MessageDecoder()
         self.group = PendingGroup(apply)
         self.confirm: Confirm = lambda _lsn: None

@@ -12,6 +12,7 @@ import pytest
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
+from applier.catalog.relations import rename_candidates
 from applier.sink.identity import IdentityError, TableIdentities
 from applier.sink.naming import table_location
 from applier.sink.targets import TableTargets
@@ -156,5 +157,11 @@ def test_without_a_catalog_a_reused_name_stops(tmp_path):
     assert ids.path_of(16384, "public", "t") == path
     with pytest.raises(IdentityError, match="renamed or dropped"):
         ids.path_of(16999, "public", "t")
-    with pytest.raises(IdentityError, match="cannot tell apart|no catalog"):
-        ids.column_renames(16384, "public.t", ("a",), ("b",))
+    with pytest.raises(IdentityError, match="no catalog"):  # [id, a] -> [id, b]: a rename or a drop and an add
+        ids.columns_changed(16384, "public.t", ("a",), ("b",), rename_candidates(["id", "a"], ["id", "b"]))
+    # [id, a, n] -> [id, n, b]: b comes after n, so it was added; a was dropped, provably, without a catalog
+    assert rename_candidates(["id", "a", "n"], ["id", "n", "b"]) == {}
+    assert ids.columns_changed(16384, "public.t", ("a",), ("b",), {}) == {}
+    with pytest.raises(IdentityError, match="no catalog told"):  # the sink never guesses either
+        ids.renames_for(16384, "public.t", ("x",), ("y",), {"x": ("y",)})
+    assert ids.renames_for(16384, "public.t", ("a",), ("b",), {"a": ("b",)}) == {}  # noted as dropped

@@ -8,6 +8,7 @@ says what changed so the sink can evolve the target table.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ class SchemaChange:
     renamed_relation: tuple[str, str] | None
     key_changed: bool
     replica_identity_changed: bool
+    renamed: tuple[tuple[str, str], ...] = ()  # (old, new) columns proven renamed (see ColumnsChanged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,33 @@ class TypeCache:
         return cache
 
 
+def rename_candidates(old: Sequence[str], new: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """For each column of ``old`` missing from ``new``, the columns of ``new`` missing from ``old`` that
+    could be it renamed. A rename keeps the column's attnum, and both lists are in attnum order, so a
+    renamed column stays between the same surviving neighbours; a column added since gets a higher
+    attnum than every column that existed, so it can only look like a rename of a column that
+    followed every surviving one. Columns with no candidate were dropped, provably."""
+    common = set(old) & set(new)
+
+    def slots(names: Sequence[str]) -> dict[str, int]:
+        out, seen = {}, 0
+        for n in names:
+            if n in common:
+                seen += 1
+            else:
+                out[n] = seen
+        return out
+
+    old_slots, new_slots = slots(old), slots(new)
+    return {g: tuple(n for n, s in new_slots.items() if s == slot) for g, slot in old_slots.items()
+            if any(s == slot for s in new_slots.values())}
+
+
+#: Decides which columns a Relation renamed: (relation OID, schema.table, columns gone, columns new,
+#: rename candidates) -> {old: new}; raises (exit 4) when it cannot tell (applier.sink.identity).
+ColumnsChanged = Callable[[int, str, tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
+
+
 def _same_shape(a: Relation, b: Relation) -> bool:
     return (a.namespace, a.name, a.replica_identity, a.columns) == (b.namespace, b.name, b.replica_identity,
                                                                    b.columns)
@@ -108,6 +137,9 @@ class RelationCache:
     def __init__(self, types: TypeCache | None = None) -> None:
         self.types = types or TypeCache()
         self._current: dict[int, SchemaVersion] = {}
+        #: told of every Relation that loses columns and gains others (None: the change is left as a drop
+        #: and an add, and the sink stops where that could be a rename it was not told about)
+        self.columns_changed: ColumnsChanged | None = None
 
     def update(self, rel: Relation) -> SchemaVersion:
         current = self._current.get(rel.oid)
@@ -117,7 +149,18 @@ class RelationCache:
         if current is None:
             version = SchemaVersion(rel, 1, keys, None)
         else:
-            version = SchemaVersion(rel, current.version + 1, keys, _diff(current.relation, rel))
+            change = _diff(current.relation, rel)
+            if change.dropped and self.columns_changed is not None:
+                old = tuple(c.name for c in current.relation.columns)
+                candidates = rename_candidates(old, tuple(c.name for c in rel.columns))
+                renamed = self.columns_changed(rel.oid, f"{rel.namespace or 'pg_catalog'}.{rel.name}", change.dropped,
+                                               change.added, candidates)
+                if renamed:
+                    change = SchemaChange(tuple(n for n in change.added if n not in renamed.values()),
+                                          tuple(n for n in change.dropped if n not in renamed), change.retyped,
+                                          change.renamed_relation, change.key_changed,
+                                          change.replica_identity_changed, tuple(renamed.items()))
+            version = SchemaVersion(rel, current.version + 1, keys, change)
         self._current[rel.oid] = version
         return version
 

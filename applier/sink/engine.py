@@ -415,11 +415,17 @@ class DeltaApplier:
         if self.identities is not None:
             identities, oid = self.identities, schema_version.relation.oid
 
-            def renames(gone: tuple[str, ...], new: tuple[str, ...]) -> dict[str, str]:
-                return identities.column_renames(oid, spec.source_name, gone, new)
+            def renames(gone: tuple[str, ...], new: tuple[str, ...],
+                        candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
+                done = identities.renames_for(oid, spec.source_name, gone, new, candidates)
+                applied.update(done)
+                return done
+        applied: dict[str, str] = {}
         evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
                                  renames=renames)
-        if self.identities is not None:  # after the evolution: it compares with the attnums recorded before
+        if self.identities is not None:
+            self.identities.renames_applied(schema_version.relation.oid, applied)
+            # after the evolution: the renames were proven with the attnums recorded before
             self.identities.observe(schema_version.relation.oid, schema_version.column_names)
         self.targets.created(path)
         if path in self._schema_seen and self._on_schema_change is not None:

@@ -87,6 +87,8 @@ class TableIdentities:
                                                        bool(v.get("retired")))
                                          for k, v in (data.get("tables") or {}).items()}
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
+        #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
+        self._columns: dict[int, dict[str, Any]] = {int(k): v for k, v in (data.get("columns") or {}).items()}
         self._moving: dict[str, str] | None = data.get("moving")
 
     # --- persistence ------------------------------------------------------------------------------
@@ -95,7 +97,8 @@ class TableIdentities:
         self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
                                                         "retired": b.retired}
                                            for b in self._bound.values()},
-                                "moving": self._moving})
+                                "moving": self._moving,
+                                "columns": {str(k): v for k, v in self._columns.items()}})
 
     def finish_pending(self) -> None:
         """Complete a move a crash interrupted (its intent was saved before anything moved)."""
@@ -248,32 +251,74 @@ class TableIdentities:
         if set(now) == set(columns):
             self.record_attnums(oid, now)
 
-    def column_renames(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...]) -> dict[str, str]:
-        """Which of the Delta columns ``gone`` (no longer in the stream) were renamed to which of ``new``
-        (not in the Delta table): proven by equal attnums; raises IdentityError when it cannot be told."""
+    def columns_changed(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
+                        candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
+        """A Relation of ``oid`` lost the columns ``gone`` and gained ``new`` (catalog.RelationCache):
+        which were renamed, proven by equal attnums where the column order leaves a doubt
+        (``candidates``), noted for the sink (``renames_for``); raises IdentityError when it cannot be
+        told. Called as the stream is decoded, so the note is there before the sink evolves the table."""
+        renamed: dict[str, str] = {}
+        if candidates:
+            renamed = self._prove_renames(oid, table, candidates)
+        log_ = self._columns.setdefault(oid, {"renamed": {}, "dropped": []})
+        log_["renamed"].update(renamed)
+        log_["dropped"] = sorted(set(log_["dropped"]) | (set(gone) - set(renamed)))
+        self._save()
+        return renamed
+
+    def _prove_renames(self, oid: int, table: str, candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
         entry = self._bound.get(oid)
         way = (f"re-copy the table: `applier resync --table {table}` (its Delta table is replaced by a copy "
                "at a new position)")
-        if self.lookup is None or entry is None:
+        gone, new = sorted(candidates), sorted({n for c in candidates.values() for n in c})
+        if self.lookup is None:
             raise IdentityError(
                 f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same "
                 "schema change: a rename or a drop and an add, which the stream alone cannot tell apart (no "
                 f"catalog to ask). Nothing was written to the table. To go on: {way}",
                 relation=table, columns=", ".join(gone))
+        recorded = entry.attnums if entry is not None else {}
         current = self.lookup.attnums(oid)
-        unknown = [c for c in gone if c not in entry.attnums] + [c for c in new if c not in current]
+        unknown = [c for c in gone if c not in recorded] + [c for c in new if c not in current]
         if unknown:
             raise IdentityError(
                 f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog "
                 f"cannot prove which were renamed (no recorded or current attnum for {', '.join(unknown)}: the "
                 f"catalog has moved on since). Nothing was written to the table. To go on: {way}",
                 relation=table, columns=", ".join(unknown))
-        by_attnum = {current[c]: c for c in new}
-        renames = {c: by_attnum[entry.attnums[c]] for c in gone if entry.attnums[c] in by_attnum}
-        if renames:
-            entry.attnums = {renames.get(k, k): v for k, v in entry.attnums.items()}
-            self._save()
-        return renames
+        renamed = {g: n for g, options in candidates.items() for n in options if recorded[g] == current[n]}
+        if renamed and entry is not None:
+            entry.attnums = {renamed.get(k, k): v for k, v in entry.attnums.items()}
+        return renamed
+
+    def renames_for(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
+                    candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
+        """For the sink: which Delta columns ``gone`` (no longer in the stream's columns) are now which of
+        ``new``, by the renames noted since (followed through chains). A gone column that may be one
+        of the new ones (``candidates``) and was neither noted renamed nor dropped cannot be told:
+        IdentityError."""
+        log_ = self._columns.get(oid, {"renamed": {}, "dropped": []})
+        out: dict[str, str] = {}
+        for g in gone:
+            name, seen = g, set()
+            while name in log_["renamed"] and name not in seen:
+                seen.add(name)
+                name = log_["renamed"][name]
+            if name != g and name in new:
+                out[g] = name
+            elif g in candidates and g not in log_["dropped"]:
+                raise IdentityError(
+                    f"{table}: column {g} is gone and {', '.join(candidates[g])} new, and no catalog told this "
+                    "mirror whether that is a rename; nothing was written to the table. To go on: re-copy the "
+                    f"table (`applier resync --table {table}`)", relation=table, columns=g)
+        return out
+
+    def renames_applied(self, oid: int, done: dict[str, str]) -> None:
+        log_ = self._columns.get(oid)
+        if log_ is None or not done:
+            return
+        log_["renamed"] = {k: v for k, v in log_["renamed"].items() if k not in done}
+        self._save()
 
 
 def _prune_empty_parent(path: Path) -> None:

@@ -261,23 +261,30 @@ def _widenable(old: DataType, new: DataType) -> bool:
     return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
 
 
-Renames = Callable[[tuple[str, ...], tuple[str, ...]], dict[str, str]]
+#: (columns gone from Delta's, columns new, rename candidates by position) -> {old: new} (applier.sink.identity)
+Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
 
 
 def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
                     renames: Renames | None) -> dict[str, DataType]:
     """Rename in place the Delta columns that were renamed in the source, keeping their values (column
-    mapping lets Delta rename without rewriting data). A column is renamed only when ``renames`` proves
-    it (the catalog's attnums, applier.sink.identity); a column that disappears while another appears
-    cannot be told from a drop and an add otherwise, and ``renames`` stops the run then. Columns an
-    earlier drop left in Delta (``applier.droppedColumns``) are no candidates."""
-    source = set(spec.column_names)
-    earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
-    gone = tuple(n for n in have if n not in source and n not in earlier)
-    new = tuple(f.name for f in spec.schema.fields if f.name not in have)
-    if not gone or not new or renames is None:  # None: a caller that does not follow renames (derived tables)
+    mapping lets Delta rename without rewriting data). Which were renamed was decided as the stream's
+    Relations were read (``renames`` answers from that note, and stops the run where a column that may
+    have been renamed was never decided). Columns an earlier drop left in Delta
+    (``applier.droppedColumns``) and applier's own added columns are no candidates."""
+    from applier.catalog.relations import rename_candidates
+
+    if renames is None:  # a caller that does not follow renames (derived tables)
         return have
-    mapping = renames(gone, new)
+    source = spec.source_column_names
+    earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
+    own = set(spec.column_names) - set(source)
+    old_order = [n for n in have if n not in own and n not in earlier]
+    gone = tuple(n for n in old_order if n not in source)
+    new = tuple(n for n in source if n not in have)
+    if not gone or not new:
+        return have
+    mapping = renames(gone, new, rename_candidates(old_order, source))
     if not mapping:
         return have
     enable_column_mapping(spark, path)
