@@ -5,14 +5,15 @@ follow a change must stop (exit 4), never end with a difference."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from applier.catalog.relations import rename_candidates
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
-from applier.catalog.relations import rename_candidates
 from applier.sink.identity import IdentityError, TableIdentities
 from applier.sink.naming import table_location
 from applier.sink.targets import TableTargets
@@ -165,3 +166,61 @@ def test_without_a_catalog_a_reused_name_stops(tmp_path):
     with pytest.raises(IdentityError, match="no catalog told"):  # the sink never guesses either
         ids.renames_for(16384, "public.t", ("x",), ("y",), {"x": ("y",)})
     assert ids.renames_for(16384, "public.t", ("a",), ("b",), {"a": ("b",)}) == {}  # noted as dropped
+
+
+def test_the_cli_follows_a_rename_and_its_registry_check_passes_afterwards(pg, tmp_path):
+    """Through the CLI (which keeps the target registry, tables.json): a moved table is not reported as
+    gone on the next run, and status lists it under its new name only."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    target = tmp_path / "delta"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"source": {"slot": "life", "publication": "life_pub"},
+                                      "target": {"path": str(target)}}))
+    env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "applier.cli", *args, "--config", str(config)], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        assert run("mirror", "--once").returncode == 0
+        conn.execute("ALTER TABLE t RENAME TO t2")
+        conn.execute("INSERT INTO t2 VALUES (2, 'b')")
+        second = run("mirror", "--once")
+        assert second.returncode == 0, second.stderr[-3000:]
+        conn.execute("INSERT INTO t2 VALUES (3, 'c')")
+        third = run("mirror", "--once")
+        assert third.returncode == 0, third.stderr[-3000:]
+        registry = json.loads((target / "_applier" / "tables.json").read_text())
+        assert [e["table"] for e in registry.values()] == ["public.t2"]
+        status = run("status", "--json")
+        assert status.returncode == 0, status.stderr[-3000:]
+        tables = [t["table"] for t in json.loads(status.stdout)["tables"]]
+        assert tables == ["public.t2"]
+
+
+def test_two_tables_that_swap_names_keep_their_rows(pg, spark, tmp_path):
+    target = tmp_path / "delta"
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t1 VALUES (1, 'one')")
+        conn.execute("INSERT INTO t2 VALUES (2, 'two')")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        mirror(spark, _config(pg, target), once=True)
+        conn.execute("ALTER TABLE t1 RENAME TO tmp")
+        conn.execute("ALTER TABLE t2 RENAME TO t1")
+        conn.execute("ALTER TABLE tmp RENAME TO t2")
+        conn.execute("INSERT INTO t1 VALUES (3, 'three')")
+        conn.execute("INSERT INTO t2 VALUES (4, 'four')")
+        mirror(spark, _config(pg, target), once=True)
+        _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
+        assert _rows(spark, table_location(target, "public", "t1")) == [(2, "two"), (3, "three")]

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.config import libpq_env_given
     from applier.lsn import format_lsn
     from applier.sink.derived import derived_table_dirs
-    from applier.sink.naming import mirrored_table_dirs
+    from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
 
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
     tables = [table_status(p, expected_options=options.get(p)) for p in paths]
     tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
+    # dropped in Postgres while a new table took the name: kept apart, no longer followed
+    tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
     slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))
@@ -82,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         applied = format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-"
         rows = t.rows if t.rows is not None else "?"
         name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
-        print(f"{name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows")
+        print(f"{name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows"
+              + (f" (dropped in Postgres, kept at {t.path})" if t.kind == "retired" else ""))
         if t.widened:
             print(f"  widened in place: {', '.join(t.widened)} (Delta type widening is on; readers without it, "
                   "such as delta-rs, cannot read this table)")

@@ -188,7 +188,8 @@ class DeltaApplier:
             cache.pop(dst, None)
         self._written.discard(src)
         carry_applied_version(self.spark, dst, app_id_for(old_name), app_id_for(new_name), {PROP_SOURCE: new_name})
-        log.warning("%s was renamed to %s: its Delta table moved from %s to %s", old_name, new_name, src, dst)
+        if old_name != new_name:  # (the same name: parked while two tables swap names)
+            log.warning("%s was renamed to %s: its Delta table moved from %s to %s", old_name, new_name, src, dst)
 
     def _spec(self, batch: TableBatch) -> TableSpec:
         return table_spec(batch, self.tables, self.types)

@@ -87,6 +87,7 @@ class TableIdentities:
                                                        bool(v.get("retired")))
                                          for k, v in (data.get("tables") or {}).items()}
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
+        self._in_progress: set[int] = set()  # relations whose path_of is running (a swap of names nests)
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
         self._columns: dict[int, dict[str, Any]] = {int(k): v for k, v in (data.get("columns") or {}).items()}
         self._moving: dict[str, str] | None = data.get("moving")
@@ -123,6 +124,13 @@ class TableIdentities:
     def path_of(self, oid: int, namespace: str, name: str) -> str:
         """The Delta path relation ``oid`` (now called ``namespace.name``) writes to, after following a
         rename or retiring a dropped table that held the name (see the module docstring)."""
+        self._in_progress.add(oid)
+        try:
+            return self._path_of(oid, namespace, name)
+        finally:
+            self._in_progress.discard(oid)
+
+    def _path_of(self, oid: int, namespace: str, name: str) -> str:
         qualified = f"{namespace}.{name}"
         entry = self._bound.get(oid)
         if entry is not None and (entry.retired or entry.name == qualified):
@@ -167,6 +175,10 @@ class TableIdentities:
         if not Path(holder.path, "_delta_log").is_dir():
             del self._bound[holder.oid]  # bound, never written: nothing to keep apart
             self._save()
+            return
+        if holder.oid in self._in_progress:  # names swapped (t1 <-> t2): park one while the other moves
+            parking = str(Path(self.targets.target_dir) / RETIRED_DIR / ".parking" / str(holder.oid))
+            self._move(holder.oid, holder.path, parking, holder.name, holder.name)
             return
         if self.lookup is None:
             raise IdentityError(

@@ -86,6 +86,15 @@ def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
     return sorted(out)
 
 
+def retired_table_dirs(target_dir: str | Path) -> list[Path]:
+    """Delta tables of dropped source tables whose names went to new tables (``DIR/_retired/<schema>/<t>@<oid>``)."""
+    root = Path(target_dir) / RETIRED_DIR
+    if not root.is_dir():
+        return []
+    return sorted(t for schema in root.iterdir() if schema.is_dir() and not schema.name.startswith(".")
+                  for t in schema.iterdir() if (t / "_delta_log").is_dir())
+
+
 def source_name_of(table_dir: Path) -> tuple[str, str]:
     """(schema, table) of a directory in the ``DIR/<schema>/<table>`` layout, escapes decoded."""
     return decode_path_component(table_dir.parent.name), decode_path_component(table_dir.name)
