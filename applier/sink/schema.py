@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from applier.errors import SinkError
 from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
+from applier.sink.zerocol import ROW_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -286,7 +287,8 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec) -> SchemaEvolu
                     table=spec.source_name, column=field.name)
             widened.append(field.name)
     source_names = set(spec.column_names)
-    dropped = tuple(name for name in have if name not in source_names)
+    # ROW_COLUMN: what a table without columns had (applier.sink.zerocol), not a dropped source column
+    dropped = tuple(name for name in have if name not in source_names and name != ROW_COLUMN)
     table = delta_path_sql(path)
     if added:
         if needs_column_mapping(added):
