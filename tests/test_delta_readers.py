@@ -323,3 +323,30 @@ def test_a_column_mapped_table_is_read_by_delta_rs_or_refused_and_an_old_reader_
         assert protocol_commits(fresh_path) == 0
         assert pyarrow_read(fresh_path, conn) == "refused"
         assert assert_delta_rs_equals_postgres(conn, fresh_path, "Mixed Case", "Weird col") == 20
+
+
+@pytest.mark.parametrize("name", ["plain", "per%cent"])  # '%': delta-rs cannot open it, Spark reads the protocol
+def test_enable_column_mapping_gives_the_reader_feature_once_and_a_renamed_column_keeps_its_values(spark, tmp_path,
+                                                                                                  name):
+    from applier.sink.schema import column_mapping_state, enable_column_mapping
+
+    path = str(tmp_path / name)
+    spark.sql(f"CREATE TABLE delta.`{path}` (id int, c string) USING delta")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 'x'), (2, 'y')")
+    assert column_mapping_state(spark, path).mode == "none"
+    assert enable_column_mapping(spark, path) is True
+    state = column_mapping_state(spark, path)
+    assert (state.mode, state.min_reader_version) == ("name", 3) and "columnMapping" in state.reader_features
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+    assert enable_column_mapping(spark, path) is False  # idempotent: no second commit
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
+    spark.sql(f"ALTER TABLE delta.`{path}` RENAME COLUMN c TO `d e`")  # what column mapping is for
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [(1, "x"), (2, "y")]
+    if "%" not in name:
+        import pyarrow as pa
+
+        table = deltalake.DeltaTable(path)
+        with pytest.raises(Exception, match="columnMapping"):
+            table.to_pyarrow_table()
+        got = pa.table(deltalake.QueryBuilder().register("t", table).execute('SELECT id, "d e" FROM t').read_all())
+        assert sorted(tuple(r.values()) for r in got.to_pylist()) == [(1, "x"), (2, "y")]

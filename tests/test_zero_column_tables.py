@@ -55,8 +55,12 @@ def test_a_table_without_columns_is_mirrored_as_its_row_count(pg, spark, tmp_pat
         conn.execute("INSERT INTO tab_no_col DEFAULT VALUES; INSERT INTO tab_no_col SELECT FROM generate_series(1, 4)")
         conn.execute("DELETE FROM tab_no_col WHERE ctid = (SELECT min(ctid) FROM tab_no_col)")
         conn.execute("INSERT INTO tab_ins VALUES (3)")
+        # and one that joins the publication later, with rows: copied by the table sync
+        conn.execute("CREATE TABLE tab_no_col2(); INSERT INTO tab_no_col2 SELECT FROM generate_series(1, 5);"
+                     "ALTER PUBLICATION pub ADD TABLE tab_no_col2")
         mirror(spark, cfg, once=True)
         assert delta_count(spark, path) == pg_count(conn) == 7
+        assert delta_count(spark, target / "public" / "tab_no_col2") == 5
 
         conn.execute("DELETE FROM tab_no_col WHERE ctid IN (SELECT ctid FROM tab_no_col LIMIT 2)")
         mirror(spark, cfg, once=True)
