@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from applier.checks.verify import verify_against_postgres
-from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
+from applier.drivers.replay import replay_log
 from applier.sink.zerocol import ROW_COLUMN
+from applier.sources.rawlog_writer import write_raw_log
+from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -98,3 +101,27 @@ def test_a_table_without_columns_is_mirrored_as_its_row_count(pg, spark, tmp_pat
         conn.execute("ALTER PUBLICATION pub DROP TABLE tab_no_col; INSERT INTO tab_no_col DEFAULT VALUES")
         (result,) = verify_against_postgres(spark, conn, str(target), [("public", "tab_no_col")])
         assert not result.equal and (result.source_rows, result.target_rows) == (3, 2)
+
+
+@pytest.mark.usefixtures("replay_path")
+def test_a_replayed_log_keeps_the_row_count_of_a_table_without_columns(pg, spark, tmp_path):
+    """The stored-log path (and the fold on Spark's executors): no copy, every row from the stream."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE tab_no_col(); ALTER TABLE tab_no_col REPLICA IDENTITY FULL;"
+                     "CREATE TABLE tab_ins (a int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE tab_no_col, tab_ins")
+        create_slot(conn, "s")
+        for i in range(12):  # many small transactions, so that the executors' ranges cut between them
+            conn.execute(f"INSERT INTO tab_no_col SELECT FROM generate_series(1, {i % 3 + 1});"
+                         f"INSERT INTO tab_ins VALUES ({i})")
+            if i % 4 == 3:
+                conn.execute("DELETE FROM tab_no_col WHERE ctid = (SELECT min(ctid) FROM tab_no_col)")
+            if i == 6:
+                conn.execute("TRUNCATE tab_no_col")
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+        target = tmp_path / "delta"
+        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target))))
+        assert delta_count(spark, target / "public" / "tab_no_col") == pg_count(conn) == 9  # since the TRUNCATE
+        tables = [("public", "tab_no_col"), ("public", "tab_ins")]
+        for result in verify_against_postgres(spark, conn, str(target), tables):
+            assert result.equal, result.source_name
