@@ -21,7 +21,7 @@ from applier.changes import TableChange
 if TYPE_CHECKING:
     from applier.sink.schema import TableSpec
 
-#: The one column of a zero-column table's Delta table (documented in README, "Tables without columns").
+#: The one column of a zero-column table's Delta table (documented in docs/delta-tables.md).
 ROW_COLUMN = "_applier_row"
 
 
