@@ -239,3 +239,114 @@ def test_table_options_are_validated():
         TableRule(match="*", partition_by=["a"], cluster_by=["b"])
     with pytest.raises(ValueError, match="applier's own properties"):
         TableRule(match="*", table_properties={"applier.source": "x"})
+
+
+MIXED = """
+CREATE SCHEMA "Mixed Case";
+CREATE TABLE "Mixed Case"."Weird col" (id int PRIMARY KEY, "Weird col" text, "n (units)" numeric(8, 2), flag boolean);
+CREATE PUBLICATION pub FOR TABLES IN SCHEMA "Mixed Case";
+INSERT INTO "Mixed Case"."Weird col" SELECT g, 'value ' || g, g * 1.5, g % 2 = 0 FROM generate_series(1, 20) g;
+"""
+
+
+def pyarrow_read(path: Path, conn) -> str:
+    """What ``DeltaTable(path).to_pyarrow_table()`` (pandas' and Polars' way in) does with the table:
+    'refused' with an error, or 'equal' to Postgres; anything else (a table of NULLs) fails the test."""
+    names, pg_rows = postgres_table_rows(conn, "Mixed Case", "Weird col")
+    try:
+        table = deltalake.DeltaTable(str(path)).to_pyarrow_table()
+    except Exception as e:  # noqa: BLE001 - which error it is is the point of the assertion
+        assert "columnMapping" in str(e), e
+        return "refused"
+    got = [tuple(row[c] for c in names) for row in table.to_pylist()]
+    result = compare("Mixed Case.Weird col", pg_rows, iter(got))
+    assert result.equal, ("to_pyarrow_table read other values than Postgres has", result.only_in_target[:3])
+    return "equal"
+
+
+def protocol_commits(path: Path) -> int:
+    return sum(1 for h in deltalake.DeltaTable(str(path)).history() if h.get("operation") == "SET TBLPROPERTIES")
+
+
+def test_a_column_mapped_table_is_read_by_delta_rs_or_refused_and_an_old_reader_2_table_is_upgraded_once(
+        pg, spark, tmp_path, monkeypatch, caplog):
+    import applier.sink.schema as schema
+
+    with pg.connect() as conn:
+        conn.execute(MIXED)
+        target = tmp_path / "delta"
+        cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication="pub"),
+                           target=TargetSettings(path=str(target)), apply=ApplySettings(max_group_seconds=1.0))
+        path = target / "Mixed Case" / "Weird col"
+
+        # What an earlier applier made of it (only delta.columnMapping.mode): Delta's legacy reader
+        # version 2, which delta-rs 1.6's pyarrow path reads as NULL in every column, without an error.
+        monkeypatch.setattr(schema, "COLUMN_MAPPING", {schema.COLUMN_MAPPING_MODE: "name"})
+        mirror(spark, cfg, once=True)
+        monkeypatch.undo()
+        protocol = deltalake.DeltaTable(str(path)).protocol()
+        assert (protocol.min_reader_version, protocol.reader_features) == (2, None)
+        nulls = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+        assert len(nulls) == 20 and all(v is None for row in nulls for v in row.values())  # the bug being fixed
+        before = protocol_commits(path)
+
+        # The next run upgrades it with one protocol commit and says so; delta-rs then refuses it loudly
+        # through pyarrow and reads the right values through its DataFusion engine.
+        conn.execute('UPDATE "Mixed Case"."Weird col" SET "Weird col" = \'changed\' WHERE id <= 3;'
+                     'DELETE FROM "Mixed Case"."Weird col" WHERE id = 20;'
+                     'INSERT INTO "Mixed Case"."Weird col" VALUES (21, \'late\', 0.25, true)')
+        caplog.set_level("WARNING", logger="applier.sink.schema")
+        mirror(spark, cfg, once=True)
+        assert "upgrading the Delta table's column mapping from reader version 2" in caplog.text
+        protocol = deltalake.DeltaTable(str(path)).protocol()
+        assert protocol.min_reader_version == 3 and "columnMapping" in (protocol.reader_features or [])
+        assert protocol_commits(path) == before + 1
+        assert pyarrow_read(path, conn) == "refused"
+        assert assert_delta_rs_equals_postgres(conn, path, "Mixed Case", "Weird col") == 20
+
+        # Exactly once: later runs leave the protocol alone.
+        caplog.clear()
+        conn.execute('UPDATE "Mixed Case"."Weird col" SET flag = NOT flag WHERE id > 15')
+        mirror(spark, cfg, once=True)
+        assert "upgrading" not in caplog.text
+        assert protocol_commits(path) == before + 1
+        assert assert_delta_rs_equals_postgres(conn, path, "Mixed Case", "Weird col") == 20
+
+        # A new mirror creates such a table at 3/7 with the reader feature from the start (no
+        # timestamp column here, which would have given it a named reader feature anyway).
+        fresh = tmp_path / "fresh"
+        mirror(spark, MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m2", publication="pub"),
+                                   target=TargetSettings(path=str(fresh)), apply=ApplySettings(max_group_seconds=1.0)),
+               once=True)
+        fresh_path = fresh / "Mixed Case" / "Weird col"
+        assert reader_features(fresh_path) == ["columnMapping", "timestampNtz"]
+        assert protocol_commits(fresh_path) == 0
+        assert pyarrow_read(fresh_path, conn) == "refused"
+        assert assert_delta_rs_equals_postgres(conn, fresh_path, "Mixed Case", "Weird col") == 20
+
+
+@pytest.mark.parametrize("name", ["plain", "per%cent"])  # '%': delta-rs cannot open it, Spark reads the protocol
+def test_enable_column_mapping_gives_the_reader_feature_once_and_a_renamed_column_keeps_its_values(spark, tmp_path,
+                                                                                                  name):
+    from applier.sink.schema import column_mapping_state, enable_column_mapping
+
+    path = str(tmp_path / name)
+    spark.sql(f"CREATE TABLE delta.`{path}` (id int, c string) USING delta")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 'x'), (2, 'y')")
+    assert column_mapping_state(spark, path).mode == "none"
+    assert enable_column_mapping(spark, path) is True
+    state = column_mapping_state(spark, path)
+    assert (state.mode, state.min_reader_version) == ("name", 3) and "columnMapping" in state.reader_features
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count()
+    assert enable_column_mapping(spark, path) is False  # idempotent: no second commit
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == versions
+    spark.sql(f"ALTER TABLE delta.`{path}` RENAME COLUMN c TO `d e`")  # what column mapping is for
+    assert sorted(tuple(r) for r in spark.read.format("delta").load(path).collect()) == [(1, "x"), (2, "y")]
+    if "%" not in name:
+        import pyarrow as pa
+
+        table = deltalake.DeltaTable(path)
+        with pytest.raises(Exception, match="columnMapping"):
+            table.to_pyarrow_table()
+        got = pa.table(deltalake.QueryBuilder().register("t", table).execute('SELECT id, "d e" FROM t').read_all())
+        assert sorted(tuple(r.values()) for r in got.to_pylist()) == [(1, "x"), (2, "y")]

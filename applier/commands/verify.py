@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.source_name}: postgres {r.source_rows} rows, delta {r.target_rows} rows: {state}")
         if not r.equal:
             bad += 1
-            for row in r.only_in_source:
-                print(f"  only in postgres: {row.replace(chr(31), ' | ')}")
+            for row in r.only_in_source:  # '' is a row of a table without columns
+                print(f"  only in postgres: {row.replace(chr(31), ' | ') or '(a row without columns)'}")
             for row in r.only_in_target:
-                print(f"  only in delta:    {row.replace(chr(31), ' | ')}")
+                print(f"  only in delta:    {row.replace(chr(31), ' | ') or '(a row without columns)'}")
     if bad:
         logging.getLogger("applier.verify").warning("%d of %d tables differ", bad, len(results))
         return ExitCode.DIFFERENCES

@@ -71,7 +71,7 @@ class SnapshotLoader:
         if self._constants:
             import pyarrow as pa
 
-            n = piece.num_rows
+            n = table.num_rows  # not piece's: the cast of a table without columns (applier.sink.zerocol) has none
             added = [pa.array([v] * n, type=f.type) for v, f in
                      zip(self._constants, list(self._arrow_schema)[len(self._names):], strict=True)]
             piece = pa.Table.from_arrays(piece.columns + added, schema=self._arrow_schema)

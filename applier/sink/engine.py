@@ -18,7 +18,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from applier.catalog import SchemaVersion, TypeCache
-from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch
+from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
@@ -48,6 +48,7 @@ from applier.sink.schema import (
     with_added_columns,
 )
 from applier.sink.targets import TableTargets
+from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.values import UNCHANGED_TOAST, spark_schema_for
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
     sv = batch.schema
     rel = sv.relation
     qualified = f"{batch.namespace}.{batch.name}"
+    if not rel.columns:
+        return zero_column_spec(qualified, rel.replica_identity)  # a row count (applier.sink.zerocol)
     names = [c.name for c in rel.columns]
     rule = tables.rule_for(qualified)
     if rule is not None and rule.key_columns:
@@ -360,7 +363,8 @@ class DeltaApplier:
             self.stats.tables.add((batch.namespace, batch.name))
 
         tag = (app_id_for(spec.source_name), lsn, f"{spec.source_name} snapshot at {format_lsn(lsn)}")
-        constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else ()
+        # the values of applier's added columns in every copied row (a zero-column table's: its NULL)
+        constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else (None,) * spec.added
         loader = SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
                                 commit_bytes=commit_bytes, on_done=done, deltars=deltars, constants=constants)
         others = self.derived.snapshot_loaders(spec, schema_version, schema_version.column_names, lsn,
@@ -453,9 +457,11 @@ def fold_table(spec: TableSpec, batches: Sequence[TableBatch]) -> TablePlan:
     layouts = Layouts(spec.source_column_names)
     key_positions = tuple(names.index(k) for k in spec.key_columns)
     extra, ncols = spec.extra, len(spec.source_column_names)
-    changes = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \
+    changes: Iterable[TableChange] = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \
         chain.from_iterable(with_extra_values(layouts.aligned(b), b, extra, key_positions, ncols, UNCHANGED_TOAST)
                             for b in batches)
+    if is_zero_column(spec):
+        changes = with_row_column(changes)
     soft = extra.soft_delete_positions(ncols) if extra is not None else None
     return fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from applier.errors import SinkError
 from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
+from applier.sink.zerocol import ROW_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,10 +44,15 @@ PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUN
 PROP_WIDENED = "applier.widenedColumns"  # JSON list of the columns whose type was widened in place
 TYPE_WIDENING = "delta.enableTypeWidening"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
-# Column mapping as a named reader feature (protocol 3/7), not the legacy reader version 2: delta-rs's
-# pyarrow path (to_pyarrow_table) then refuses the table loudly, where on a version-2 table it returned
-# every column as NULL; its DataFusion path (deltalake.QueryBuilder) reads either correctly.
-COLUMN_MAPPING = {"delta.columnMapping.mode": "name", "delta.minReaderVersion": "3", "delta.minWriterVersion": "7"}
+COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
+# Column mapping as a named reader feature (protocol 3/7), not the legacy reader version 2: delta-rs 1.6's
+# pyarrow path (to_pyarrow_table, to_pandas) then refuses the table loudly, where on a version-2 table it
+# returns every column as NULL without an error; its DataFusion path (deltalake.QueryBuilder) reads either
+# correctly. Delta (4.x) normalizes a protocol whose features are all legacy ones (columnMapping is) down
+# to reader 2 / writer 5 or 7, whatever delta.minReaderVersion says; a non-legacy reader feature keeps it
+# at 3/7 with named reader features. timestampNtz is that feature: every reader of column mapping
+# (Spark, delta-rs, DuckDB, Polars) supports it, and it needs no column of that type.
+COLUMN_MAPPING = {COLUMN_MAPPING_MODE: "name", "delta.feature.timestampNtz": "supported"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +293,7 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     mapping = renames(gone, new, rename_candidates(old_order, source))
     if not mapping:
         return have
-    enable_column_mapping(spark, path)
+    enable_column_mapping(spark, path, table=spec.source_name)
     table = delta_path_sql(path)
     for old, new_name in mapping.items():
         spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote_identifier(old)} TO {quote_identifier(new_name)}")
@@ -317,11 +323,12 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
                     table=spec.source_name, column=field.name)
             widened.append(field.name)
     source_names = set(spec.column_names)
-    dropped = tuple(name for name in have if name not in source_names)
+    # ROW_COLUMN: what a table without columns had (applier.sink.zerocol), not a dropped source column
+    dropped = tuple(name for name in have if name not in source_names and name != ROW_COLUMN)
     table = delta_path_sql(path)
     if added:
         if needs_column_mapping(added):
-            enable_column_mapping(spark, path)
+            enable_column_mapping(spark, path, table=spec.source_name)
         cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
                          for f in spec.schema.fields if f.name in added)
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
@@ -350,12 +357,17 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
 
 def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None,
                  *, check_options: bool = True, renames: Renames | None = None) -> SchemaEvolution:
-    """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed."""
+    """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
+
+    The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
+    column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it."""
     if not _table_exists(spark, path):
         create_table(spark, path, spec, options)
         return SchemaEvolution(added=spec.column_names)
     if options is not None and options.any and check_options:
         _warn_option_mismatches(spark, path, spec, options)
+    if check_options and not column_mapping_state(spark, path).readable_by_deltars:
+        enable_column_mapping(spark, path, table=spec.source_name)  # a reader-2 table of an earlier version
     if _unchanged(path, spec):
         return SchemaEvolution()
     return evolve_table(spark, path, spec, renames)
@@ -394,8 +406,64 @@ def set_table_property(spark: SparkSession, path: str, key: str, value: str) -> 
               f"({sql_string_literal(key)} = {sql_string_literal(value)})")
 
 
-def enable_column_mapping(spark: SparkSession, path: str) -> None:
-    if _get_property(spark, path, "delta.columnMapping.mode") == "name":
-        return
-    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in COLUMN_MAPPING.items())
+@dataclass(frozen=True, slots=True)
+class MappingState:
+    """A table's column mapping mode and reader protocol, as its Delta log says."""
+
+    mode: str  # 'none', 'name' or 'id'
+    min_reader_version: int
+    reader_features: tuple[str, ...]
+
+    @property
+    def readable_by_deltars(self) -> bool:
+        """Column mapping as a named reader feature: delta-rs reads it (QueryBuilder) or refuses it
+        (to_pyarrow_table); a reader-2 column-mapped table is read as all NULLs by its pyarrow path."""
+        return self.mode == "none" or (self.min_reader_version >= 3 and "columnMapping" in self.reader_features)
+
+
+def column_mapping_state(spark: SparkSession | None, path: str) -> MappingState:
+    """The table's column mapping state, read from its log with delta-rs (no Spark job) where it can
+    open the path, else with DESCRIBE DETAIL."""
+    if deltars_can_open(path):
+        from deltalake import DeltaTable as RsTable
+
+        table = RsTable(deltars_path(path))
+        protocol = table.protocol()
+        return MappingState(table.metadata().configuration.get(COLUMN_MAPPING_MODE, "none"),
+                            protocol.min_reader_version, tuple(protocol.reader_features or ()))
+    if spark is None:
+        raise SinkError("reading this table's protocol needs Spark (delta-rs cannot open its path)", path=path)
+    detail = spark.sql(f"DESCRIBE DETAIL {delta_path_sql(path)}").collect()[0]
+    # DESCRIBE DETAIL lists reader and writer features together; below reader 3 there are no reader features
+    features = tuple(detail["tableFeatures"] or ()) if int(detail["minReaderVersion"]) >= 3 else ()
+    return MappingState((detail["properties"] or {}).get(COLUMN_MAPPING_MODE, "none"),
+                        int(detail["minReaderVersion"]), features)
+
+
+def enable_column_mapping(spark: SparkSession, path: str, *, table: str | None = None) -> bool:
+    """Make the Delta table at ``path`` column-mapped (mode ``name``) with protocol 3/7 and the
+    ``columnMapping`` reader feature; True when it committed a change, False when the table already was.
+
+    Idempotent: a table that already has both gets no commit. A table column-mapped with the legacy
+    reader version 2 (what Spark made of applier's tables before, and what a plain
+    ``delta.columnMapping.mode = 'name'`` still makes) is upgraded by one protocol commit, so that
+    delta-rs refuses it instead of reading NULLs. Needed before Delta can hold a column name with a
+    space or ``,;{}()=``, and before ``ALTER TABLE ... RENAME COLUMN`` on the table."""
+    state = column_mapping_state(spark, path)
+    if state.mode == "name" and state.readable_by_deltars:
+        return False
+    if state.mode not in ("none", "name"):
+        raise SinkError(f"the table uses column mapping mode {state.mode!r}; applier writes only mode 'name' "
+                        "tables: rebuild it from a snapshot", path=path, table=table or path)
+    properties = dict(COLUMN_MAPPING) if state.min_reader_version < 3 else {COLUMN_MAPPING_MODE: "name"}
+    if state.mode == "name":
+        properties.pop(COLUMN_MAPPING_MODE)
+        log.warning("%s: upgrading the Delta table's column mapping from reader version %d to the "
+                    "'columnMapping' reader feature (protocol 3/7): delta-rs's to_pyarrow_table read every "
+                    "column of it as NULL, now it refuses the table (read it with deltalake.QueryBuilder)",
+                    table or path, state.min_reader_version)
+    else:
+        log.info("%s: enabling Delta column mapping (protocol 3/7, 'columnMapping' reader feature)", table or path)
+    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
     spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
+    return True

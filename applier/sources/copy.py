@@ -77,6 +77,8 @@ def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
 def arrow_types(relation: Relation, types: TypeCache | None, schema: StructType) -> list[Any] | None:
     """The Arrow type of every column when pyarrow's CSV reader gives exactly the stream's values for
     all of them, else None (the table takes the per-value path)."""
+    if not relation.columns:
+        return None  # CSV lines of no columns are not rows to pyarrow; the per-value path counts them
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from applier.values.registry import handler_for
