@@ -146,6 +146,14 @@ class SinkError(ApplierError):
     """Applying a transaction to Delta failed."""
 
 
+class TypeChangeError(SinkError):
+    """A column's new type is not one Delta can widen the old one to (``ALTER COLUMN ... TYPE text``, or
+    a column dropped and added again with another type). Not an outage (a restart meets it again) and
+    not one transaction's data (``--skip-transaction`` does not help): the table needs a decision, so
+    exit 4, and the way forward is a fresh copy of that one table (``applier resync --table``, or
+    ``apply.schema_changes: resync``). ``table`` is the source's ``schema.table``."""
+
+
 class SourceError(ApplierError):
     """Reading from a slot or a stored raw log failed."""
 

@@ -267,8 +267,11 @@ class ApplySettings(_Model):
         "error", description="an update that leaves a large (TOASTed) value unchanged sends no value for it; "
         "applier takes it from the old image, an earlier image in the batch or the target row. When none "
         "exists the apply stops with an error ('error', the only choice: never a NULL or a placeholder)")
-    schema_changes: Literal["evolve", "stop"] = Field(
-        "evolve", description="evolve: add columns, widen types, keep dropped ones; stop: error")
+    schema_changes: Literal["evolve", "stop", "resync"] = Field(
+        "evolve", description="evolve: add columns, widen types, keep dropped ones, and stop (exit 4) on a type "
+        "change Delta cannot widen (e.g. int to text), naming `applier resync`; resync (mirror only): the same, "
+        "but such a table is copied again from Postgres at a new position, automatically, as `applier resync "
+        "--table` does; stop: stop on any schema change")
     truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
     special_values: Literal["error", "clamp", "null"] = Field(
         "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")
@@ -362,6 +365,13 @@ class ReplayConfig(_Model):
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
     distributed: DistributedSettings = Field(
         default_factory=DistributedSettings, description="decoding and folding on Spark's executors")
+
+    @model_validator(mode="after")
+    def _no_resync(self) -> ReplayConfig:
+        if self.apply.schema_changes == "resync":
+            raise ValueError("apply.schema_changes: resync needs a live source to copy from (applier mirror); "
+                             "a replay of a stored log cannot re-copy a table: use evolve or stop")
+        return self
 
 
 class SnapshotSettings(_Model):

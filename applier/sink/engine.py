@@ -329,6 +329,24 @@ class DeltaApplier:
                                                commit_bytes=commit_bytes, deltars_allowed=allowed)
         return TeeLoader(loader, others) if others else loader
 
+    def replace_table(self, schema_version: SchemaVersion) -> bool:
+        """Leave the table's Delta table empty with ``schema_version``'s columns, in one commit, for a
+        fresh copy (``applier resync``: a retype Delta cannot widen is replaced, not evolved); False when
+        there is no Delta table yet. What this run remembers of the table is forgotten with it."""
+        rel = schema_version.relation
+        spec = self._spec(TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, 0, 0, ()))
+        path = self.path_for(schema_version.namespace, rel.name)
+        for cache in (self._applied, self._schema_seen, self._deltars_writable):
+            cache.pop(path, None)
+        self._written.discard(path)
+        if not is_delta_table(path):
+            return False
+        from applier.sink.schema import empty_with_schema
+
+        empty_with_schema(self.spark, path, spec)
+        self.targets.created(path)
+        return True
+
     def _mirror_version(self, namespace: str, name: str) -> int | None:
         return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
 
