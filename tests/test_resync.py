@@ -126,8 +126,12 @@ def test_schema_changes_resync_copies_the_table_again_by_itself(source, spark, t
         for i in range(30, 40):
             conn.execute("INSERT INTO t VALUES (%s, %s, 'txt')", (i, f"c{i}"))
             conn.execute("INSERT INTO other VALUES (%s, 'o')", (i,))
-    summary = mirror(spark, cfg, once=True)
+    lines: list[str] = []
+    summary = mirror(spark, cfg, once=True, progress=lines.append)
     assert set(summary.synced_rows) == {"public.t", "public.k"}, summary.lines()
+    resyncs = sorted(line.split(":")[1].strip() for line in lines if "(apply.schema_changes: resync)" in line)
+    assert resyncs == ["public.k", "public.t"], lines  # once each: the copies are not redone
+    assert any("changed type from int to string" in line for line in lines), lines
     assert delta_type(spark, target, "t", "c") == "string" and delta_type(spark, target, "k", "c") == "string"
     assert_equal(spark, source, target)
     with source.connect() as conn:

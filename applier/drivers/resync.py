@@ -89,7 +89,9 @@ def resync_after_type_change(tablesync: TableSync, error: TypeChangeError) -> No
     """``apply.schema_changes: resync``: the table of ``error`` copied again; the caller then starts a new
     decoding session from the slot, whose transactions up to the copy's position the table leaves out."""
     name = str(error.context.get("table"))
-    tablesync.progress(f"resync: {name}: {error.message.split('. ')[0]}; copying the table again "
+    c = error.context
+    tablesync.progress(f"resync: {name}: column {c.get('column')!r} changed type from {c.get('old_type')} to "
+                       f"{c.get('new_type')}, which Delta cannot widen; copying the table again "
                        "(apply.schema_changes: resync)")
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
         tables = choose_tables(conn, tablesync.config, [name])
