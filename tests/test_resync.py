@@ -152,3 +152,26 @@ def test_evolve_stops_on_drop_and_add_with_another_type(source, spark, tmp_path)
     with pytest.raises(TypeChangeError, match="column 'c' of public.t changed type from int to string") as info:
         mirror(spark, cfg, once=True)
     assert info.value.context["old_type"] == "int" and info.value.context["new_type"] == "string"
+
+
+def test_schema_decisions_are_exit_4_not_3() -> None:
+    """A restart meets the same schema again: 3 would make a service manager restart the mirror forever."""
+    from applier.commands.exitcodes import for_exception
+    from applier.errors import SchemaDecisionError
+    from applier.sink.schema import type_change_error
+
+    assert for_exception(type_change_error("public.t", "c", "int", "string")) == ExitCode.BAD_DATA
+    assert for_exception(SchemaDecisionError("schema changed and apply.schema_changes is 'stop'")) == ExitCode.BAD_DATA
+
+
+def test_resync_help_explains_when_and_how(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as done:
+        cli_main(["resync", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("--table SCHEMA.TABLE", "Delta cannot widen", "exactly once", "apply.schema_changes: resync",
+                  "run `applier mirror` again"):
+        assert words in text, (words, text)
+    with pytest.raises(SystemExit) as done:
+        cli_main(["resync", "--config", "x.yaml"])  # --table is required
+    assert done.value.code == ExitCode.USAGE

@@ -52,13 +52,13 @@ def for_exception(error: BaseException) -> ExitCode:
         DataError,
         EnvironmentSetupError,
         InputError,
-        TypeChangeError,
+        SchemaDecisionError,
     )
     from applier.protocol.order import LogOrderError
 
     if isinstance(error, ConfigError | EnvironmentSetupError | InputError):
         return ExitCode.USAGE
-    if isinstance(error, DataError | LogOrderError | TypeChangeError):
+    if isinstance(error, DataError | LogOrderError | SchemaDecisionError):
         return ExitCode.BAD_DATA
     if isinstance(error, ApplierError):
         return ExitCode.UNAVAILABLE

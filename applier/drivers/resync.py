@@ -67,12 +67,13 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
                 "the table has a history or change feed table, which cannot take a fresh copy without losing "
                 "what it holds; delete those derived tables (the mirror starts them anew at the copy) or turn "
                 "history/changes off for it, then resync", table=table.qualified_name)
-    known = tablesync.known([])
+    with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
+        published = published_selection(conn, tablesync.config.source.publication, tablesync.config.tables)
+        described = [describe_relation(conn, table) for table in tables]
+    known = tablesync.known(published)  # (a state older than table sync gets its list made here)
     for table in tables:  # first: a crash from here on leaves the table to the next mirror's table sync
         known.pop(table.qualified_name, None)
     state.save(STATE_KEY, known)
-    with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
-        described = [describe_relation(conn, table) for table in tables]
     for table, (relation, types) in zip(tables, described, strict=True):
         for typ in types:
             tablesync.catalog.update_type(typ)

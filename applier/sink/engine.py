@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import SinkError
+from applier.errors import SchemaDecisionError, SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -389,8 +389,10 @@ class DeltaApplier:
         if self._schema_seen.get(path) is schema_version:
             return
         if path in self._schema_seen and self.settings.schema_changes == "stop":
-            raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
-                            table=spec.source_name)
+            raise SchemaDecisionError(
+                "the source table's schema changed and apply.schema_changes is 'stop'; to go on, set it to "
+                f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
+                table=spec.source_name)
         options = table_options(self.tables.rule_for(spec.source_name))
         evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen)
         self.targets.created(path)
