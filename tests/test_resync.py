@@ -175,3 +175,35 @@ def test_resync_help_explains_when_and_how(capsys) -> None:  # type: ignore[no-u
     with pytest.raises(SystemExit) as done:
         cli_main(["resync", "--config", "x.yaml"])  # --table is required
     assert done.value.code == ExitCode.USAGE
+
+
+def test_a_resync_cut_short_is_finished_by_the_next_mirror(source, spark, tmp_path, monkeypatch):
+    """Killed after the Delta table was emptied and before its copy: the table is no longer in the
+    mirror's list of copied tables, so the next mirror copies it (and never applies the stream to the
+    empty table as if it held the rows)."""
+    from applier.drivers.resync import resync
+    from applier.drivers.tablesync import TableSync
+
+    target = tmp_path / "delta"
+    cfg = _config(source, target, "evolve")
+    mirror(spark, cfg, once=True)
+    with source.connect() as conn:
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        conn.execute("UPDATE t SET c = 'x' WHERE id = 1")
+        conn.execute("INSERT INTO k VALUES (9, 'during')")
+    with pytest.raises(TypeChangeError):
+        mirror(spark, cfg, once=True)
+
+    def killed(self: TableSync, *_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt  # as a kill would: nothing after this point runs
+
+    monkeypatch.setattr(TableSync, "sync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        resync(spark, cfg, ["public.t"])
+    monkeypatch.undo()
+    assert spark.read.format("delta").load(str(target / "public" / "t")).count() == 0  # emptied, not copied
+    with source.connect() as conn:
+        conn.execute("UPDATE t SET c = 'y' WHERE id = 2")
+    summary = mirror(spark, cfg, once=True)
+    assert set(summary.synced_rows) == {"public.t"}, summary.lines()
+    assert_equal(spark, source, target)
