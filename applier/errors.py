@@ -146,6 +146,20 @@ class SinkError(ApplierError):
     """Applying a transaction to Delta failed."""
 
 
+class SchemaDecisionError(SinkError):
+    """A source schema change the mirror does not follow by itself (``apply.schema_changes: stop``, or a
+    retype Delta cannot widen): a person decides, so exit 4, never 3 (a restart meets it again, and a
+    service manager would restart the mirror forever)."""
+
+
+class TypeChangeError(SchemaDecisionError):
+    """A column's new type is not one Delta can widen the old one to (``ALTER COLUMN ... TYPE text``, or
+    a column dropped and added again with another type). Not an outage (a restart meets it again) and
+    not one transaction's data (``--skip-transaction`` does not help): the table needs a decision, so
+    exit 4, and the way forward is a fresh copy of that one table (``applier resync --table``, or
+    ``apply.schema_changes: resync``). ``table`` is the source's ``schema.table``."""
+
+
 class SourceError(ApplierError):
     """Reading from a slot or a stored raw log failed."""
 

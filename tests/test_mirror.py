@@ -21,7 +21,7 @@ from workloads import SCHEMA, TABLES, random_workload
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import Mirror, mirror
-from applier.errors import SourceError
+from applier.errors import ConfigError, SourceError
 from applier.lsn import parse_lsn
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -123,7 +123,7 @@ def test_mirror_refuses_a_slot_it_did_not_snapshot_with(pg, spark, tmp_path):
         conn.execute("SELECT pg_create_logical_replication_slot('m', 'pgoutput')")
         with pytest.raises(SourceError, match="no snapshot taken with it"):
             mirror(spark, _config(pg, tmp_path / "delta"), once=True)
-        with pytest.raises(SourceError, match="publication 'nope' does not exist"):
+        with pytest.raises(ConfigError, match="publication 'nope' does not exist"):
             cfg = _config(pg, tmp_path / "delta2")
             mirror(spark, cfg.model_copy(update={"source": cfg.source.model_copy(update={"publication": "nope"})}),
                    once=True)

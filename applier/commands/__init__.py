@@ -6,6 +6,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "setup",
     "demo",
     "mirror",
+    "resync",
     "capture",
     "replay",
     "verify",

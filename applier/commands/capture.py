@@ -32,9 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from applier.checks.writable import check_writable_directory
     from applier.drivers.capture import capture
     from applier.infra.lock import writer_lock
     from applier.sources.dsn import check_connection
+    from applier.sources.publication import check_publication
     from applier.spark.session import build_spark_session_for
 
     cfg: CaptureConfig = load_config(args.config, CaptureConfig, overrides={
@@ -43,9 +45,11 @@ def run(args: argparse.Namespace) -> int:
         "source.slot": (args.slot, "--slot"),
         "log_path": (args.log, "--log"),
     })
+    check_writable_directory(cfg.log_path, "log_path (--log)")  # exit 2 before the server and Spark
     # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)
     with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
         check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
+        check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
         spark = build_spark_session_for(cfg.spark)
         summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
     for line in summary.lines():

@@ -34,8 +34,9 @@ MEANING: dict[ExitCode, str] = {
     "lost for longer than the retries, the slot gone, Delta refused a commit, the disk full, another "
     "writer holds the target",
     ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly (every table "
-    "is as after the transaction before it; fix the source, or `--skip-transaction LSN`), or a raw log is "
-    "out of order or holds a message twice (fix the log)",
+    "is as after the transaction before it; fix the source, or `--skip-transaction LSN`), a raw log is "
+    "out of order or holds a message twice (fix the log), or a column changed type in a way Delta cannot "
+    "widen (re-copy the table: `applier resync --table`)",
     ExitCode.INTERNAL: "internal error (a bug): the traceback is printed, with secrets removed",
     ExitCode.INTERRUPTED: "stopped by a second Ctrl-C (128 + SIGINT)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (`applier inspect --json | head`): 128 + SIGPIPE, "
@@ -45,12 +46,19 @@ MEANING: dict[ExitCode, str] = {
 
 def for_exception(error: BaseException) -> ExitCode:
     """The exit code for an error that ended a command."""
-    from applier.errors import ApplierError, ConfigError, DataError, EnvironmentSetupError, InputError
+    from applier.errors import (
+        ApplierError,
+        ConfigError,
+        DataError,
+        EnvironmentSetupError,
+        InputError,
+        SchemaDecisionError,
+    )
     from applier.protocol.order import LogOrderError
 
     if isinstance(error, ConfigError | EnvironmentSetupError | InputError):
         return ExitCode.USAGE
-    if isinstance(error, DataError | LogOrderError):
+    if isinstance(error, DataError | LogOrderError | SchemaDecisionError):
         return ExitCode.BAD_DATA
     if isinstance(error, ApplierError):
         return ExitCode.UNAVAILABLE

@@ -35,7 +35,9 @@ The DSN comes from --dsn, source.dsn, the variable named by source.dsn_env (APPL
 default), or libpq's own PGHOST/PGSERVICE/... variables; it is never printed. It is parsed and one
 connection is made before Spark starts: a DSN that does not parse or a bad sslmode exits 2, a server
 that cannot be reached or a refused login exits 3, at once. Reconnects with backoff
-(source.max_retries) are for outages after that. The publication must exist.
+(source.max_retries) are for outages after that. A publication the database does not have, a slot
+name PostgreSQL refuses (lower-case letters, digits, underscores) and a target that is a file or
+cannot be written exit 2, also before Spark starts.
 
 Flags override the config file (and APPLIER_* variables) and may supply what it lacks.""",
     )
@@ -68,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
 def run(args: argparse.Namespace) -> int:
     from applier.drivers.mirror import mirror
     from applier.sources.dsn import check_connection
+    from applier.sources.publication import check_publication
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             # wrong password or a server that is not there fails here, once, with exit 2 or 3.
             # Reconnecting with backoff is for outages after this first connection succeeded.
             check_connection(cfg.source.resolved_dsn())
+            check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
             spark = build_spark_session_for(cfg.spark)
             summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -43,6 +44,23 @@ def _lsn(value: str) -> str:
 #: A commit LSN as PostgreSQL prints it, normalised (``0/16b3748`` -> ``0/16B3748``).
 Lsn = Annotated[str, AfterValidator(_lsn)]
 
+#: PostgreSQL's rule for replication slot names (ReplicationSlotValidateName in slot.c).
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+def _slot_name(value: str) -> str:
+    """Checked here, not by the server: the server refuses a bad name only when the slot is created,
+    after Spark has started (20 s), and as an error that looks like an outage (exit 3)."""
+    if not _SLOT_NAME.fullmatch(value):
+        hint = f" (e.g. {value.lower()!r})" if _SLOT_NAME.fullmatch(value.lower()) else ""
+        raise ValueError(f"not a valid replication slot name: {value!r}; PostgreSQL allows only lower-case "
+                         f"letters, digits and underscores, at most 63 characters{hint}")
+    return value
+
+
+#: A replication slot name PostgreSQL accepts.
+SlotName = Annotated[str, AfterValidator(_slot_name)]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,7 +73,9 @@ class SourceSettings(_Model):
         None, description="libpq connection string (key=value pairs or a postgresql:// URI); prefer dsn_env or "
         "libpq's own PGHOST/PGSERVICE/PGPASSWORD and ~/.pgpass, which keep the password out of the file")
     dsn_env: str = Field("APPLIER_DSN", description="environment variable holding the DSN when dsn is unset")
-    slot: str = Field("applier", description="logical replication slot (pgoutput); created when absent")
+    slot: SlotName = Field(
+        "applier", description="logical replication slot (pgoutput); created when absent; lower-case letters, "
+        "digits and underscores only (PostgreSQL's rule), at most 63 characters")
     publication: str = Field("applier", description="publication whose tables are mirrored")
     proto_version: Literal[1, 2, 3, 4] = Field(1, description="pgoutput protocol version")
     streaming: Literal["off", "on", "parallel"] = Field(
@@ -247,8 +267,11 @@ class ApplySettings(_Model):
         "error", description="an update that leaves a large (TOASTed) value unchanged sends no value for it; "
         "applier takes it from the old image, an earlier image in the batch or the target row. When none "
         "exists the apply stops with an error ('error', the only choice: never a NULL or a placeholder)")
-    schema_changes: Literal["evolve", "stop"] = Field(
-        "evolve", description="evolve: add columns, widen types, keep dropped ones; stop: error")
+    schema_changes: Literal["evolve", "stop", "resync"] = Field(
+        "evolve", description="evolve: add columns, widen types, keep dropped ones, and stop (exit 4) on a type "
+        "change Delta cannot widen (e.g. int to text), naming `applier resync`; resync (mirror only): the same, "
+        "but such a table is copied again from Postgres at a new position, automatically, as `applier resync "
+        "--table` does; stop: stop on any schema change")
     truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
     special_values: Literal["error", "clamp", "null"] = Field(
         "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")
@@ -342,6 +365,13 @@ class ReplayConfig(_Model):
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
     distributed: DistributedSettings = Field(
         default_factory=DistributedSettings, description="decoding and folding on Spark's executors")
+
+    @model_validator(mode="after")
+    def _no_resync(self) -> ReplayConfig:
+        if self.apply.schema_changes == "resync":
+            raise ValueError("apply.schema_changes: resync needs a live source to copy from (applier mirror); "
+                             "a replay of a stored log cannot re-copy a table: use evolve or stop")
+        return self
 
 
 class SnapshotSettings(_Model):

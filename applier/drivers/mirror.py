@@ -29,8 +29,9 @@ from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
 from applier.drivers.initial_copy import CopyJob, InitialCopy
+from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_type_change
 from applier.drivers.tablesync import TableSync
-from applier.errors import SourceError, TransientSourceError
+from applier.errors import SourceError, TransientSourceError, TypeChangeError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
@@ -229,7 +230,7 @@ class Mirror:
         start a new decoding session from the slot's confirmed position, with backoff, up to
         ``source.max_retries`` attempts per outage. Nothing is lost: the server re-sends every
         transaction not confirmed, and those already in Delta are recognised by their end LSN."""
-        attempt = 0
+        attempt = resyncs = 0
         while True:
             connected_at = time.monotonic()
             try:
@@ -242,6 +243,12 @@ class Mirror:
                     follower.catch_up = self._catch_up
                 follower.run(once)
                 return
+            except TypeChangeError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
+                resyncs += 1
+                if self.config.apply.schema_changes != "resync" or resyncs > MAX_AUTOMATIC_RESYNCS:
+                    raise
+                self.loop.abandon_session()
+                resync_after_type_change(self.tablesync, e)
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
                         e.sqlstate, True, str(e)):

@@ -75,12 +75,17 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
     directory, remove the spill files a killed run left there, and check that every table earlier
     runs wrote is still there and still the same Delta table (sink/registry.py); the tables are
     remembered again when the body ends, even by an error. A dry run writes nothing and takes no lock."""
+    from applier.checks.writable import check_writable_directory
     from applier.sink.registry import TargetRegistry
     from applier.state import StateDir
 
     if dry_run:
         yield
         return
+    # a file or a read-only mount is a mistake to fix (exit 2), found before the lock, the server and Spark
+    check_writable_directory(target_path, "target.path (--target)")
+    if state_dir is not None:
+        check_writable_directory(state_dir, "target.state_dir")
     state = StateDir.for_target(target_path, state_dir)
     with writer_lock(state.root, "target"):
         if removed := clear_stale_spill(state.spill_dir):

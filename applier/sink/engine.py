@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import SinkError
+from applier.errors import SchemaDecisionError, SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -371,6 +371,24 @@ class DeltaApplier:
                                                commit_bytes=commit_bytes, deltars_allowed=allowed)
         return TeeLoader(loader, others) if others else loader
 
+    def replace_table(self, schema_version: SchemaVersion) -> bool:
+        """Leave the table's Delta table empty with ``schema_version``'s columns, in one commit, for a
+        fresh copy (``applier resync``: a retype Delta cannot widen is replaced, not evolved); False when
+        there is no Delta table yet. What this run remembers of the table is forgotten with it."""
+        rel = schema_version.relation
+        spec = self._spec(TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, 0, 0, ()))
+        path = self.path_of(rel.oid, schema_version.namespace, rel.name)
+        for cache in (self._applied, self._schema_seen, self._deltars_writable):
+            cache.pop(path, None)
+        self._written.discard(path)
+        if not is_delta_table(path):
+            return False
+        from applier.sink.schema import empty_with_schema
+
+        empty_with_schema(self.spark, path, spec)
+        self.targets.created(path)
+        return True
+
     def _mirror_version(self, namespace: str, name: str) -> int | None:
         return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
 
@@ -413,8 +431,10 @@ class DeltaApplier:
         if self._schema_seen.get(path) is schema_version:
             return
         if path in self._schema_seen and self.settings.schema_changes == "stop":
-            raise SinkError("the source table's schema changed and apply.schema_changes is 'stop'",
-                            table=spec.source_name)
+            raise SchemaDecisionError(
+                "the source table's schema changed and apply.schema_changes is 'stop'; to go on, set it to "
+                f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
+                table=spec.source_name)
         options = table_options(self.tables.rule_for(spec.source_name))
         renames = None
         if self.identities is not None:

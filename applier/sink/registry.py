@@ -49,7 +49,7 @@ def delta_table_id(path: Path) -> str | None:
 
 
 def _rebuild_advice(command: str, state: StateDir, name: str) -> str:
-    if command == "mirror":
+    if command in ("mirror", "resync"):
         how = ("re-copy just this table: delete its directory, remove its entries from this file and from "
                f"{state.root / 'copied_tables.json'}, and run `applier mirror` again (it copies the table alone "
                "under a snapshot of its own and follows it from the stream); or re-copy every table: stop the "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING
 
-from applier.errors import SinkError
+from applier.errors import SinkError, TypeChangeError
 from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
 from applier.sink.zerocol import ROW_COLUMN
@@ -267,6 +267,36 @@ def _widenable(old: DataType, new: DataType) -> bool:
     return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
 
 
+def type_change_error(table: str, column: str, old: str, new: str) -> TypeChangeError:
+    """The error for a retype Delta cannot widen, with the way forward: a fresh copy of the table."""
+    return TypeChangeError(
+        f"column {column!r} of {table} changed type from {old} to {new} (Delta types; an ALTER COLUMN ... TYPE, "
+        "or the column dropped and added again), which Delta cannot widen in place. Re-copy this table from "
+        f"Postgres at a new position: `applier resync --config FILE --table {table}`, then run the mirror again (or "
+        "set apply.schema_changes: resync to do this automatically); a replay of a stored log cannot re-copy: "
+        "rebuild the table from a new snapshot", table=table, column=column, old_type=old, new_type=new)
+
+
+def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
+    """Leave the existing table at ``path`` empty with ``spec``'s columns and keys, in one commit (an
+    overwrite with ``overwriteSchema``: its history, table id, properties and layout stay), for a fresh
+    copy (``applier resync``). Not CREATE OR REPLACE: on a path Delta refuses a schema that differs."""
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
+    writer = spark.createDataFrame([], spec.schema).write.format("delta").mode("overwrite") \
+        .option("overwriteSchema", "true")
+    partitions = [c for c in (detail["partitionColumns"] or []) if c in spec.column_names]
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.save(path)
+    set_table_property(spark, path, PROP_KEYS, json.dumps(list(spec.key_columns)))
+    set_table_property(spark, path, PROP_IDENTITY, spec.replica_identity)
+    for stale in (PROP_DROPPED, PROP_WIDENED):  # about columns of the table that was replaced
+        if _get_property(spark, path, stale) is not None:
+            spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES ({sql_string_literal(stale)})")
+
+
 #: (columns gone from Delta's, columns new, rename candidates by position) -> {old: new} (applier.sink.identity)
 Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
 
@@ -315,12 +345,8 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
             added.append(field.name)
         elif old_type != field.dataType:
             if not _widenable(old_type, field.dataType):
-                raise SinkError(
-                    f"column {field.name!r} of {spec.source_name} changed type from "
-                    f"{old_type.simpleString()} to {field.dataType.simpleString()}, which Delta cannot widen "
-                    "in place; rebuild this table: drop its Delta directory and replay from a snapshot, "
-                    "or map the column to a compatible type in the config",
-                    table=spec.source_name, column=field.name)
+                raise type_change_error(spec.source_name, field.name, old_type.simpleString(),
+                                        field.dataType.simpleString())
             widened.append(field.name)
     source_names = set(spec.column_names)
     # ROW_COLUMN: what a table without columns had (applier.sink.zerocol), not a dropped source column

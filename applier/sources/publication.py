@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from applier.errors import SourceError
+from applier.errors import ConfigError
 
 if TYPE_CHECKING:
     from applier.config import TablesSettings
@@ -30,14 +30,27 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def require_publication(conn: psycopg.Connection, publication: str) -> None:
+    """ConfigError (exit 2: a name in the config or a flag, which a restart will not fix) when the
+    server has no such publication. The commands call it right after the DSN check, before Spark
+    starts; a publication dropped while a mirror runs ends the run the same way."""
+    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    if exists is None:
+        raise ConfigError(f"publication {publication!r} does not exist in this database; create it first, e.g. "
+                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES), or "
+                          "fix source.publication (--publication)")
+
+
+def check_publication(dsn: str, publication: str) -> None:
+    """``require_publication`` on a connection of its own (after ``check_connection`` made one)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        require_publication(conn, publication)
+
+
 def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
     """The tables the publication sends changes for (as pgoutput names them), with column lists and
     row filters on servers that have them (PG 15+)."""
-    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
-    if exists is None:
-        raise SourceError(f"publication {publication!r} does not exist; create it first, e.g. "
-                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)",
-                          publication=publication)
+    require_publication(conn, publication)
     has_lists = conn.info.server_version >= 150000
     extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
     rows = conn.execute(f"SELECT schemaname, tablename{extra}, (quote_ident(schemaname) || '.' || "

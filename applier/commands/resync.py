@@ -1,0 +1,76 @@
+"""``applier resync``: copy chosen tables of a mirror again from Postgres, at a new position."""
+
+from __future__ import annotations
+
+import argparse
+
+from applier.commands.logsetup import progress
+from applier.config import MirrorConfig, load_config
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "resync",
+        help="copy one table of a mirror again from Postgres (after a type change Delta cannot widen)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Replace the Delta table of each --table with a fresh copy of the Postgres table, taken at a new
+position, while the mirror's slot stays where it is. Run it with the mirror's own config while the
+mirror is stopped (it takes the target's writer lock); then run `applier mirror` again: it goes on
+from its slot and leaves out, for these tables, every transaction the copy already holds, and
+applies the later ones on top (exactly once: the copy's position is recorded as the table's
+applied version, as for a table that joined the publication).
+
+When to use it: the mirror stopped with exit 4 because a column changed type in a way Delta cannot
+widen (ALTER TABLE ... ALTER COLUMN c TYPE text, or DROP COLUMN c; ADD COLUMN c text); or a table
+should be rebuilt from Postgres for any other reason. The Delta table is emptied with the columns
+Postgres has now (one commit; its history and table id stay: time travel still reaches the old
+rows) and filled again. apply.schema_changes: resync makes the mirror do this by itself.
+
+Creating the copy's temporary slot waits for transactions open on the server (prepared ones too,
+which are named). A table with history or change feed tables is refused: they cannot take a copy.
+A run cut short (Ctrl-C, a crash) is finished by the next `applier mirror`, which copies the table.
+The DSN, slot and publication come from the config, flags or APPLIER_* variables, as for mirror.""",
+    )
+    p.add_argument("--config", help="the mirror's YAML config (see configs/mirror.yaml and docs/config.md)")
+    p.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
+                   help="a published table to copy again, as Postgres names it (repeatable)")
+    p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN: command lines are visible)")
+    p.add_argument("--publication", help="the mirror's publication (overrides source.publication)")
+    p.add_argument("--slot", help="the mirror's slot (overrides source.slot)")
+    p.add_argument("--target", help="the mirror's target directory (overrides target.path)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> MirrorConfig:
+    cfg: MirrorConfig = load_config(args.config, MirrorConfig, overrides={
+        "source.dsn": (args.dsn, "--dsn"),
+        "source.publication": (args.publication, "--publication"),
+        "source.slot": (args.slot, "--slot"),
+        "target.path": (args.target, "--target"),
+    })
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from applier.drivers.resync import choose_tables, require_mirror, resync
+    from applier.infra.lock import target_writer
+    from applier.sources.dsn import check_connection
+    from applier.sources.publication import check_publication
+    from applier.spark.session import build_spark_session_for
+
+    cfg = config_from_args(args)
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="resync"):
+        dsn = cfg.source.resolved_dsn()
+        check_connection(dsn)  # before Spark starts, as for mirror: a wrong DSN, publication or table is exit 2/3
+        check_publication(dsn, cfg.source.publication)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            choose_tables(conn, cfg, list(args.table))
+        require_mirror(cfg)
+        spark = build_spark_session_for(cfg.spark)
+        copied = resync(spark, cfg, list(args.table), progress=progress("resync"))
+    for name, rows in copied.items():
+        print(f"resync: {name}: {rows} rows copied; run `applier mirror` to follow it from the stream")
+    return 0

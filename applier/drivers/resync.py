@@ -1,0 +1,123 @@
+"""Re-copy chosen tables of a running mirror at a new position (``applier resync --table``, and
+``apply.schema_changes: resync`` after a type change Delta cannot widen).
+
+Why this is exact: it is the table sync of ``applier.drivers.tablesync`` (a temporary slot's
+exported snapshot gives a position P and a snapshot that sees exactly the transactions committed
+before P; the copy's last Delta commit records P as the table's applied version). The mirror's slot
+stays where it was confirmed (C <= P). When the mirror goes on from C, the stream's transactions on
+the table that ended at or before P are already in the copy and are left out, because the table's
+applied version is P, which is how the apply stage skips any transaction a table already has; those
+after P are applied on top. Nothing between C and P is applied twice or lost: each transaction of
+that range is either visible to the snapshot (ended before P) or ends after P. Prepared or
+streamed transactions still open at P are not in the snapshot, and their commits come after P.
+
+The Delta table is first replaced, empty, with the columns Postgres has now (one commit, ``CREATE OR
+REPLACE``: its history and table id stay), because a retype Delta cannot widen cannot be evolved
+into. Crash safety comes from the order: the table is removed from the mirror's list of copied
+tables (state ``copied_tables``) before anything is written, and put back, with P, only when its
+copy's last commit exists; a mirror that finds a published table missing from that list copies it
+(the ordinary table sync), so a resync cut short by a crash is finished by the next mirror run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from applier.catalog import RelationCache
+from applier.drivers.tablesync import STATE_KEY, TableSync
+from applier.errors import ConfigError, InputError, TypeChangeError
+from applier.sources.publication import PublishedTable, published_selection
+from applier.sources.snapshot import describe_relation
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from applier.config import MirrorConfig
+    from applier.drivers.mirror import Progress
+
+log = logging.getLogger(__name__)
+
+#: resyncs one mirror run does by itself (apply.schema_changes: resync) before it stops as evolve would
+MAX_AUTOMATIC_RESYNCS = 20
+
+
+def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[str]) -> list[PublishedTable]:
+    """The published, selected tables named ``schema.table`` (as pgoutput names them); ConfigError
+    naming what is not one of them."""
+    published = {t.qualified_name: t for t in published_selection(conn, config.source.publication, config.tables)}
+    unknown = [n for n in names if n not in published]
+    if unknown:
+        some = ", ".join(sorted(published)[:10]) + (", ..." if len(published) > 10 else "")
+        raise ConfigError(f"not a table this mirror follows: {', '.join(unknown)} (give schema.table as Postgres "
+                          f"names it; publication {config.source.publication!r} with the config's tables.include/"
+                          f"exclude has: {some or 'no tables'})")
+    return [published[n] for n in dict.fromkeys(names)]
+
+
+def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason: str) -> dict[str, int]:
+    """Replace each table's Delta table with a fresh copy at a new position (see the module
+    docstring); returns the rows copied per table."""
+    applier, state = tablesync.applier, tablesync.state
+    for table in tables:
+        if applier.derived.kinds(table.qualified_name):
+            raise InputError(
+                "the table has a history or change feed table, which cannot take a fresh copy without losing "
+                "what it holds; delete those derived tables (the mirror starts them anew at the copy) or turn "
+                "history/changes off for it, then resync", table=table.qualified_name)
+    with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
+        published = published_selection(conn, tablesync.config.source.publication, tablesync.config.tables)
+        described = [describe_relation(conn, table) for table in tables]
+    known = tablesync.known(published)  # (a state older than table sync gets its list made here)
+    for table in tables:  # first: a crash from here on leaves the table to the next mirror's table sync
+        known.pop(table.qualified_name, None)
+    state.save(STATE_KEY, known)
+    for table, (relation, types) in zip(tables, described, strict=True):
+        for typ in types:
+            tablesync.catalog.update_type(typ)
+        schema = RelationCache(tablesync.catalog.types).update(relation)
+        if applier.replace_table(schema):
+            tablesync.progress(f"resync: {table.qualified_name}: Delta table emptied with the columns Postgres has "
+                               "now; copying it")
+        tablesync._columns.pop((table.namespace, table.name), None)  # what its Delta table had before
+    tablesync.sync(tables, reason=reason)
+    return {t.qualified_name: tablesync.synced[t.qualified_name] for t in tables}
+
+
+def resync_after_type_change(tablesync: TableSync, error: TypeChangeError) -> None:
+    """``apply.schema_changes: resync``: the table of ``error`` copied again; the caller then starts a new
+    decoding session from the slot, whose transactions up to the copy's position the table leaves out."""
+    name = str(error.context.get("table"))
+    c = error.context
+    tablesync.progress(f"resync: {name}: column {c.get('column')!r} changed type from {c.get('old_type')} to "
+                       f"{c.get('new_type')}, which Delta cannot widen; copying the table again "
+                       "(apply.schema_changes: resync)")
+    with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
+        tables = choose_tables(conn, tablesync.config, [name])
+    resync_tables(tablesync, tables, reason="changed a column's type in a way Delta cannot widen")
+
+
+def require_mirror(config: MirrorConfig) -> None:
+    """InputError unless the target holds a mirror of ``config``'s slot that has finished its first
+    copy: resync follows a mirror, it does not start one. Read from the state alone (before Spark)."""
+    from applier.state import StateDir
+
+    saved = StateDir.for_target(config.target.path, config.target.state_dir).load("mirror") or {}
+    if saved.get("phase") != "streaming" or saved.get("slot") != config.source.slot:
+        raise InputError(f"this target has no mirror with slot {config.source.slot!r} that finished its first copy; "
+                         "run `applier mirror` first (it copies every table)", target=config.target.path)
+
+
+def resync(spark: SparkSession, config: MirrorConfig, names: list[str], *,
+           progress: Progress | None = None) -> dict[str, int]:
+    """``applier resync``: the named tables of the mirror of ``config`` copied again (the mirror must
+    have taken its snapshot: this follows a mirror, it does not start one)."""
+    from applier.drivers.mirror import Mirror
+
+    require_mirror(config)
+    mirror = Mirror(spark, config, progress=progress)
+    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+        tables = choose_tables(conn, config, names)
+    return resync_tables(mirror.tablesync, tables, reason="copied again as asked (applier resync)")

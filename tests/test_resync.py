@@ -1,0 +1,209 @@
+"""Issue 30 rows 9 and item 3: a type change Delta cannot widen stops the mirror with exit 4 and the
+way forward, `applier resync --table`, which re-copies just that table at a new position; with
+`apply.schema_changes: resync` the mirror does it by itself. Real PostgreSQL 15 and Spark.
+
+Exactly once across the resync is checked with a key-less table (REPLICA IDENTITY FULL, a multiset):
+an insert between the slot's confirmed position and the copy's position applied twice would be a
+duplicate row, one skipped a missing row, and both make the comparison with Postgres fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from applier.checks.verify import verify_against_postgres
+from applier.cli import main as cli_main
+from applier.commands.exitcodes import ExitCode
+from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.drivers.mirror import mirror
+from applier.errors import TypeChangeError
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+TABLES = [("public", "t"), ("public", "k"), ("public", "other")]
+
+
+@pytest.fixture
+def source(pg):  # type: ignore[no-untyped-def]
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, c int, v text)")
+        conn.execute("CREATE TABLE k (c int, v text)")
+        conn.execute("ALTER TABLE k REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, g * 10, 'r' || g FROM generate_series(1, 20) g")
+        conn.execute("INSERT INTO k SELECT g % 5, 'k' || g FROM generate_series(1, 12) g")  # duplicates
+        conn.execute("INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 5) g")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t, k, other")
+    return pg
+
+
+def assert_equal(spark, pg, target: Path) -> None:  # type: ignore[no-untyped-def]
+    with pg.connect() as conn:
+        for result in verify_against_postgres(spark, conn, str(target), TABLES):
+            assert result.equal, (result.source_name, result.source_rows, result.target_rows,
+                                  result.only_in_source[:3], result.only_in_target[:3])
+
+
+def delta_type(spark, target: Path, table: str, column: str) -> str:  # type: ignore[no-untyped-def]
+    return spark.read.format("delta").load(str(target / "public" / table)).schema[column].dataType.simpleString()
+
+
+def test_alter_type_stops_with_exit_4_and_resync_then_mirror_ends_equal(source, spark, tmp_path, capsys):
+    target = tmp_path / "delta"
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"source:\n  dsn: '{source.dsn}'\n  publication: pub\n  slot: rs\ntarget:\n  path: {target}\n"
+                   "apply:\n  max_group_seconds: 1\n")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    capsys.readouterr()
+    with source.connect() as conn:
+        conn.execute("UPDATE t SET v = 'before' WHERE id <= 3")
+        conn.execute("INSERT INTO k VALUES (7, 'before')")
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        conn.execute("UPDATE t SET c = c || '-txt' WHERE id = 1")
+        conn.execute("INSERT INTO t VALUES (21, 'abc', 'new')")
+        conn.execute("ALTER TABLE k ALTER COLUMN c TYPE text")
+        conn.execute("INSERT INTO k VALUES ('x', 'after text')")
+        conn.execute("INSERT INTO other VALUES (6, 'between')")
+
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.BAD_DATA
+    err = capsys.readouterr().err
+    assert "changed type from int to string" in err and "column 'c'" in err, err
+    assert "applier resync --config FILE --table public." in err and "apply.schema_changes: resync" in err, err
+    assert "restart" not in err and "map the column" not in err and "Traceback" not in err, err
+    assert delta_type(spark, target, "t", "c") == "int"  # nothing written over the old table
+
+    with source.connect() as conn:  # while the mirror is stopped: before the copy's position
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE int USING CASE WHEN c ~ '^[0-9]+$' THEN c::int END")
+        conn.execute("INSERT INTO k VALUES ('y', 'between C and P')")
+        conn.execute("DELETE FROM k WHERE v = 'k3'")
+    assert cli_main(["resync", "--config", str(cfg), "--table", "public.t", "--table", "public.k"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "resync: public.t: 21 rows copied" in out and "resync: public.k: 14 rows copied" in out, out
+    assert delta_type(spark, target, "t", "c") == "int" and delta_type(spark, target, "k", "c") == "string"
+    with source.connect() as conn:  # after the copy's position: applied on top
+        conn.execute("INSERT INTO k VALUES ('z', 'after P')")
+        conn.execute("UPDATE t SET c = 99 WHERE id = 2")
+        conn.execute("INSERT INTO other VALUES (7, 'after')")
+
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK, capsys.readouterr().err
+    assert_equal(spark, source, target)
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK  # and it stays so
+    assert_equal(spark, source, target)
+
+
+def test_resync_of_a_table_the_mirror_does_not_follow_is_exit_2_before_spark(source, tmp_path, capsys, no_spark):
+    target = tmp_path / "delta"
+    argv = ["resync", "--dsn", source.dsn, "--publication", "pub", "--slot", "rs", "--target", str(target)]
+    assert cli_main([*argv, "--table", "public.nope"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "not a table this mirror follows: public.nope" in err and "public.k, public.other, public.t" in err, err
+    assert cli_main([*argv, "--table", "public.t"]) == ExitCode.USAGE  # no mirror there yet
+    err = capsys.readouterr().err
+    assert "no mirror with slot 'rs' that finished its first copy; run `applier mirror` first" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def _config(pg, target: Path, schema_changes: str) -> MirrorConfig:  # type: ignore[no-untyped-def]
+    return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ra", publication="pub"),
+                        target=TargetSettings(path=str(target)),
+                        apply=ApplySettings(max_group_transactions=3, max_group_seconds=1.0,
+                                            schema_changes=schema_changes))  # type: ignore[arg-type]
+
+
+def test_schema_changes_resync_copies_the_table_again_by_itself(source, spark, tmp_path):
+    target = tmp_path / "delta"
+    cfg = _config(source, target, "resync")
+    mirror(spark, cfg, once=True)
+    with source.connect() as conn:
+        conn.execute("INSERT INTO k VALUES (8, 'before')")
+        conn.execute("UPDATE t SET v = 'before' WHERE id <= 3")
+        conn.execute("ALTER TABLE k DROP COLUMN c")  # dropped and added again with another type
+        conn.execute("ALTER TABLE k ADD COLUMN c text")
+        conn.execute("INSERT INTO k VALUES ('after drop', 'x')")
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        for i in range(30, 40):
+            conn.execute("INSERT INTO t VALUES (%s, %s, 'txt')", (i, f"c{i}"))
+            conn.execute("INSERT INTO other VALUES (%s, 'o')", (i,))
+    lines: list[str] = []
+    summary = mirror(spark, cfg, once=True, progress=lines.append)
+    assert set(summary.synced_rows) == {"public.t", "public.k"}, summary.lines()
+    resyncs = sorted(line.split(":")[1].strip() for line in lines if "(apply.schema_changes: resync)" in line)
+    assert resyncs == ["public.k", "public.t"], lines  # once each: the copies are not redone
+    assert any("changed type from int to string" in line for line in lines), lines
+    assert delta_type(spark, target, "t", "c") == "string" and delta_type(spark, target, "k", "c") == "string"
+    assert_equal(spark, source, target)
+    with source.connect() as conn:
+        conn.execute("INSERT INTO k VALUES ('later', 'y')")
+        conn.execute("UPDATE t SET c = 'changed' WHERE id = 30")
+    assert mirror(spark, cfg, once=True).synced_rows == {}
+    assert_equal(spark, source, target)
+
+
+def test_evolve_stops_on_drop_and_add_with_another_type(source, spark, tmp_path):
+    target = tmp_path / "delta"
+    cfg = _config(source, target, "evolve")
+    mirror(spark, cfg, once=True)
+    with source.connect() as conn:
+        conn.execute("ALTER TABLE t DROP COLUMN c")
+        conn.execute("ALTER TABLE t ADD COLUMN c text")
+        conn.execute("UPDATE t SET c = 'x' WHERE id = 1")
+    with pytest.raises(TypeChangeError, match="column 'c' of public.t changed type from int to string") as info:
+        mirror(spark, cfg, once=True)
+    assert info.value.context["old_type"] == "int" and info.value.context["new_type"] == "string"
+
+
+def test_schema_decisions_are_exit_4_not_3() -> None:
+    """A restart meets the same schema again: 3 would make a service manager restart the mirror forever."""
+    from applier.commands.exitcodes import for_exception
+    from applier.errors import SchemaDecisionError
+    from applier.sink.schema import type_change_error
+
+    assert for_exception(type_change_error("public.t", "c", "int", "string")) == ExitCode.BAD_DATA
+    assert for_exception(SchemaDecisionError("schema changed and apply.schema_changes is 'stop'")) == ExitCode.BAD_DATA
+
+
+def test_resync_help_explains_when_and_how(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as done:
+        cli_main(["resync", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("--table SCHEMA.TABLE", "Delta cannot widen", "exactly once", "apply.schema_changes: resync",
+                  "run `applier mirror` again"):
+        assert words in text, (words, text)
+    with pytest.raises(SystemExit) as done:
+        cli_main(["resync", "--config", "x.yaml"])  # --table is required
+    assert done.value.code == ExitCode.USAGE
+
+
+def test_a_resync_cut_short_is_finished_by_the_next_mirror(source, spark, tmp_path, monkeypatch):
+    """Killed after the Delta table was emptied and before its copy: the table is no longer in the
+    mirror's list of copied tables, so the next mirror copies it (and never applies the stream to the
+    empty table as if it held the rows)."""
+    from applier.drivers.resync import resync
+    from applier.drivers.tablesync import TableSync
+
+    target = tmp_path / "delta"
+    cfg = _config(source, target, "evolve")
+    mirror(spark, cfg, once=True)
+    with source.connect() as conn:
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        conn.execute("UPDATE t SET c = 'x' WHERE id = 1")
+        conn.execute("INSERT INTO k VALUES (9, 'during')")
+    with pytest.raises(TypeChangeError):
+        mirror(spark, cfg, once=True)
+
+    def killed(self: TableSync, *_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt  # as a kill would: nothing after this point runs
+
+    monkeypatch.setattr(TableSync, "sync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        resync(spark, cfg, ["public.t"])
+    monkeypatch.undo()
+    assert spark.read.format("delta").load(str(target / "public" / "t")).count() == 0  # emptied, not copied
+    with source.connect() as conn:
+        conn.execute("UPDATE t SET c = 'y' WHERE id = 2")
+    summary = mirror(spark, cfg, once=True)
+    assert set(summary.synced_rows) == {"public.t"}, summary.lines()
+    assert_equal(spark, source, target)
