@@ -287,7 +287,9 @@ class TableIdentities:
             raise IdentityError(
                 f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same "
                 "schema change: a rename or a drop and an add, which the stream alone cannot tell apart (no "
-                f"catalog to ask). Nothing was written to the table. To go on: {way}",
+                "catalog to ask: a stored log). Nothing was written to the table. To go on: follow the table with "
+                f"a live `applier mirror` and {way}; or rebuild it from a log that starts after this change "
+                "(delete its Delta directory and its entry in tables.json)",
                 relation=table, columns=", ".join(gone))
         recorded = entry.attnums if entry is not None else {}
         current = self.lookup.attnums(oid)
