@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from applier.checks.status import slot_status
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import Mirror, mirror
@@ -162,8 +163,8 @@ def test_killed_after_the_fill_before_the_group_commit_and_restarted_ends_equal(
 def test_a_volatile_default_copies_the_table_again_and_names_what_the_copy_waits_for(pg, spark, tmp_path):
     """A volatile default rewrote the table: its values are only in the rows, so the table is copied
     again under a new slot. While a prepared transaction is open that slot waits: the log names it
-    (and the open transactions) instead of hanging silently; once it ends the copy goes on and the
-    table equals Postgres."""
+    (and the open transactions) instead of hanging silently, and so does ``status``; once it ends the
+    copy goes on and the table equals Postgres."""
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="vol", publication="vol_pub"),
                           target=TargetSettings(path=str(tmp_path / "delta")))
     with pg.connect() as conn:
@@ -193,7 +194,12 @@ def test_a_volatile_default_copies_the_table_again_and_names_what_the_copy_waits
         while not any("gid-waited" in line for line in lines):
             assert not errors and thread.is_alive() and time.monotonic() < deadline, (errors, lines)
             time.sleep(0.2)
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while not (waits := slot_status(pg.dsn, "vol").sync_waits):  # `status` shows the wait as well
+            assert thread.is_alive() and time.monotonic() < deadline, (errors, lines)
+            time.sleep(0.2)
+        assert "prepared transaction gid-waited" in waits, waits
+        time.sleep(1)
         assert thread.is_alive(), lines  # the slot waits for the prepared transaction
         conn.execute("ROLLBACK PREPARED 'gid-waited'")
         thread.join(timeout=180)

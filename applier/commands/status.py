@@ -100,4 +100,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
                   f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
                   f"lag {slot_info.lag_bytes} bytes")
+        if slot_info.sync_waits:
+            print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
     return 0

@@ -33,6 +33,7 @@ from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sources.publication import PublishedTable, published_selection
+from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
@@ -217,11 +218,7 @@ class TableSync:
         look hung. Names the prepared transactions (``pg_prepared_xacts``) and the open ones
         (``pg_stat_activity``)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
-            running = [f"pid {r[0]} ({r[1]}, {r[2]}, open {r[3]}s)" for r in conn.execute(
-                "SELECT pid, coalesce(datname, '-'), coalesce(state, '-'), "
-                "coalesce(extract(epoch FROM now() - xact_start)::int, 0) FROM pg_stat_activity "
-                "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start")]
+            gids, running = slot_creation_blockers(conn)
         if gids:
             self.progress(f"table sync: {names}: creating the copy's slot waits for {len(gids)} prepared "
                           f"transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}); "
@@ -234,7 +231,7 @@ class TableSync:
     def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication") -> None:
         src = self.config.source
         names = ", ".join(t.qualified_name for t in tables)
-        slot = f"{src.slot}_sync_{os.getpid()}"[:63]
+        slot = f"{sync_slot_prefix(src.slot)}{os.getpid()}"[:63]
         self._report_waits(names)
         walsender = WalSenderStream(self.dsn)
         try:
