@@ -206,3 +206,37 @@ def test_a_volatile_default_copies_the_table_again_and_names_what_the_copy_waits
         assert not thread.is_alive() and not errors, (errors, lines)
         assert summaries[0].synced_rows == {"public.vol": 31}, lines
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "vol")], "vol_pub")
+
+
+def test_constant_defaults_of_many_types_are_filled_with_the_streams_values(pg, spark, tmp_path):
+    """The missing value is read as its type's output text and converted by the stream's own value
+    code: quotes and commas in text, numeric scale, time zones, bytea, json, an enum, a composite
+    and a domain (without constraints: one with a CHECK makes PostgreSQL rewrite the table) end
+    equal to Postgres. An array column (whose missing value is not read back) is copied instead."""
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ty", publication="ty_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")))
+    with pg.connect() as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+        conn.execute("CREATE TYPE pair AS (x int, y text)")
+        conn.execute("CREATE DOMAIN posint AS int")
+        for name in ("typed", "arr"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
+            conn.execute(f"INSERT INTO {name} SELECT generate_series(1, 10)")
+        conn.execute("CREATE PUBLICATION ty_pub FOR TABLE typed, arr")
+        mirror(spark, config, once=True)
+        conn.execute("""ALTER TABLE typed ADD COLUMN t text DEFAULT 'a,"b''c}', ADD COLUMN i int8 DEFAULT -42,
+            ADD COLUMN n numeric(10, 2) DEFAULT 3.1, ADD COLUMN ts timestamptz DEFAULT '2020-02-29 23:59:59.5+05',
+            ADD COLUMN d date DEFAULT '1999-12-31', ADD COLUMN b bool DEFAULT true,
+            ADD COLUMN by bytea DEFAULT '\\x00ff', ADD COLUMN j jsonb DEFAULT '{"k": [1, "x"]}',
+            ADD COLUMN m mood DEFAULT 'ok', ADD COLUMN p pair DEFAULT ROW(1, 'y z'), ADD COLUMN dp posint DEFAULT 5,
+            ADD COLUMN f float8 DEFAULT 0.1""")
+        conn.execute("ALTER TABLE arr ADD COLUMN a int[] DEFAULT '{1,2}'")
+        conn.execute("INSERT INTO typed (id) VALUES (11)")
+        conn.execute("INSERT INTO arr (id) VALUES (11)")
+        lines: list[str] = []
+        summary = Mirror(spark, config, progress=lines.append).run(once=True)
+        assert summary.synced_rows == {"public.arr": 11}, lines
+        assert any("typed: column(s)" in line and "filled with it from the catalog" in line for line in lines), lines
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "typed"), ("public", "arr")], "ty_pub")
+        row = spark.read.format("delta").load(str(tmp_path / "delta" / "public" / "typed")).filter("id = 1").first()
+        assert row["t"] == 'a,"b\'c}' and row["i"] == -42 and str(row["n"]) == "3.10" and row["by"] == b"\x00\xff"
