@@ -212,17 +212,18 @@ def test_constant_defaults_of_many_types_are_filled_with_the_streams_values(pg, 
     """The missing value is read as its type's output text and converted by the stream's own value
     code: quotes and commas in text, numeric scale, time zones, bytea, json, an enum, a composite
     and a domain (without constraints: one with a CHECK makes PostgreSQL rewrite the table) end
-    equal to Postgres. An array column (whose missing value is not read back) is copied instead."""
+    equal to Postgres. An array column (whose missing value is not read back) is copied instead. A
+    transaction that alters the table between its changes: those before the ALTER read the default."""
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ty", publication="ty_pub"),
                           target=TargetSettings(path=str(tmp_path / "delta")))
     with pg.connect() as conn:
         conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
         conn.execute("CREATE TYPE pair AS (x int, y text)")
         conn.execute("CREATE DOMAIN posint AS int")
-        for name in ("typed", "arr"):
+        for name in ("typed", "arr", "same"):
             conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY)")
             conn.execute(f"INSERT INTO {name} SELECT generate_series(1, 10)")
-        conn.execute("CREATE PUBLICATION ty_pub FOR TABLE typed, arr")
+        conn.execute("CREATE PUBLICATION ty_pub FOR TABLE typed, arr, same")
         mirror(spark, config, once=True)
         conn.execute("""ALTER TABLE typed ADD COLUMN t text DEFAULT 'a,"b''c}', ADD COLUMN i int8 DEFAULT -42,
             ADD COLUMN n numeric(10, 2) DEFAULT 3.1, ADD COLUMN ts timestamptz DEFAULT '2020-02-29 23:59:59.5+05',
@@ -232,11 +233,22 @@ def test_constant_defaults_of_many_types_are_filled_with_the_streams_values(pg, 
             ADD COLUMN f float8 DEFAULT 0.1""")
         conn.execute("ALTER TABLE arr ADD COLUMN a int[] DEFAULT '{1,2}'")
         conn.execute("INSERT INTO typed (id) VALUES (11)")
+        with conn.transaction():  # a transaction that alters the table between two changes
+            conn.execute("INSERT INTO same VALUES (11), (12)")
+            conn.execute("UPDATE same SET id = 13 WHERE id = 1")
+            conn.execute("ALTER TABLE same ADD COLUMN s text DEFAULT 'in-txn'")
+            conn.execute("INSERT INTO same VALUES (14, NULL)")
+            conn.execute("INSERT INTO same (id) VALUES (15)")
+            conn.execute("UPDATE same SET s = 'set' WHERE id = 11")
         conn.execute("INSERT INTO arr (id) VALUES (11)")
         lines: list[str] = []
         summary = Mirror(spark, config, progress=lines.append).run(once=True)
         assert summary.synced_rows == {"public.arr": 11}, lines
         assert any("typed: column(s)" in line and "filled with it from the catalog" in line for line in lines), lines
-        _assert_equal(spark, conn, tmp_path / "delta", [("public", "typed"), ("public", "arr")], "ty_pub")
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "typed"), ("public", "arr"), ("public", "same")],
+                      "ty_pub")
+        same = {r["id"]: r["s"] for r in spark.read.format("delta").load(str(tmp_path / "delta" / "public" / "same"))
+                .collect()}
+        assert same[2] == same[12] == same[13] == same[15] == "in-txn" and same[14] is None and same[11] == "set"
         row = spark.read.format("delta").load(str(tmp_path / "delta" / "public" / "typed")).filter("id = 1").first()
         assert row["t"] == 'a,"b\'c}' and row["i"] == -42 and str(row["n"]) == "3.10" and row["by"] == b"\x00\xff"

@@ -180,16 +180,25 @@ class ColumnFills:
 
 def _rewrite_batches(transactions: GroupedTransactions, key: tuple[str, str], fills: Sequence[Fill],
                      values: dict[str, object], newest: SchemaVersion) -> None:
-    """Give the changes of ``key`` decoded before each filled column existed (batches ending before
-    the fill's LSN and lacking the column) the missing value, in place in the group's lists."""
+    """Give the changes of ``key`` decoded before each filled column existed the missing value, in
+    place in the group's lists: batches of transactions that end before the fill's LSN, and in the
+    transaction that ends there (it may have altered the table itself, between two changes) the
+    batches before the first one that carries the column."""
     extended: dict[int, tuple[SchemaVersion, tuple[str, ...]]] = {}
+    seen: set[str] = set()  # columns a batch of the fill's own transaction already carried
     for end_lsn, batches in transactions:
         if not isinstance(batches, MutableSequence):
             raise SinkError("internal: a group's batches cannot be rewritten", end_lsn=end_lsn)
         for i, batch in enumerate(batches):
             if (batch.namespace, batch.name) != key:
                 continue
-            late = {f.column for f in fills if end_lsn < f.before and f.column not in batch.schema.column_names}
+            late: set[str] = set()
+            for f in fills:
+                if f.column in batch.schema.column_names:
+                    if end_lsn == f.before:
+                        seen.add(f.column)
+                elif end_lsn < f.before or (end_lsn == f.before and f.column not in seen):
+                    late.add(f.column)
             add = tuple(c for c in newest.column_names if c in late)  # the newest version's order
             if not add:
                 continue
