@@ -323,9 +323,9 @@ def test_the_lag_line_of_an_idle_mirror_is_measured_from_the_confirmed_position(
 
 def test_a_column_added_with_a_default_gives_existing_rows_postgres_values_not_null(pg, spark, tmp_path):
     """ADD COLUMN ... DEFAULT sends no row changes: the rows that existed show the default (a
-    constant: attmissingval; a volatile one: values the table rewrite computed). The mirror copies
-    such a table again at a known position; a column added without a default stays NULL as it is
-    in Postgres, with no copy."""
+    constant: attmissingval; a volatile one: values the table rewrite computed). A constant is
+    filled in Delta from the catalog; a table with a volatile one is copied again at a known
+    position; a column added without a default stays NULL as it is in Postgres, with no copy."""
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ac", publication="ac_pub"),
                           target=TargetSettings(path=str(tmp_path / "delta")),
                           apply=ApplySettings(max_group_transactions=3))
@@ -346,7 +346,7 @@ def test_a_column_added_with_a_default_gives_existing_rows_postgres_values_not_n
             conn.execute(f"UPDATE {name} SET v = 'changed' WHERE id = 2")
         lines: list[str] = []
         summary = Mirror(spark, config, progress=lines.append).run(once=True)
-        assert set(summary.synced_rows) == {"public.constant", "public.volatile"}, lines
+        assert set(summary.synced_rows) == {"public.volatile"}, lines  # the constant is filled, not copied
         results = verify_against_postgres(spark, conn, str(tmp_path / "delta"), tables)
         assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:3], r.only_in_target[:3])
                                                for r in results]

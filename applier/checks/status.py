@@ -49,6 +49,8 @@ class SlotStatus:
     active: bool = False
     confirmed_lsn: int | None = None
     server_lsn: int | None = None
+    #: while a table sync's slot is being created (it waits for every open transaction): what it waits for
+    sync_waits: tuple[str, ...] = ()
 
     @property
     def lag_bytes(self) -> int | None:
@@ -59,7 +61,8 @@ class SlotStatus:
     def as_dict(self) -> dict[str, Any]:
         return {"slot": self.slot, "exists": self.exists, "active": self.active, "lag_bytes": self.lag_bytes,
                 "confirmed_lsn": format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else None,
-                "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None}
+                "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None,
+                "table_sync_waits_for": list(self.sync_waits)}
 
 
 def _app_id(kind: str, source: str) -> str:
@@ -115,12 +118,24 @@ def _row_count(table: Any) -> int | None:
 
 
 def slot_status(dsn: str, slot: str) -> SlotStatus:
+    """The slot's position and lag; and, while a table sync of this mirror creates its temporary slot
+    (one with no confirmed position yet), the prepared and open transactions that creation waits for."""
+    from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
+
+    waits: tuple[str, ...] = ()
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT active, confirmed_flush_lsn::text, pg_current_wal_lsn()::text "
                            "FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        creating = [str(r[0]) for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE confirmed_flush_lsn IS NULL AND slot_type = 'logical'")
+            if str(r[0]).startswith(sync_slot_prefix(slot))]
+        if creating:
+            gids, running = slot_creation_blockers(conn)
+            waits = tuple([f"prepared transaction {g}" for g in gids] + running)
     if row is None:
-        return SlotStatus(slot, False)
-    return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]))
+        return SlotStatus(slot, False, sync_waits=waits)
+    return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]),
+                      sync_waits=waits)
 
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:

@@ -166,11 +166,14 @@ def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterato
 
 
 def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> list[tuple[str, int, int]]:
-    """(name, type oid, typmod) of the table's live columns, in column order."""
+    """(name, type oid, typmod) of the table's live columns that pgoutput can send, in column order:
+    generated columns only where PostgreSQL 18+ publishes them (stored ones, when the publication
+    says so: a publication's column list then narrows this further)."""
+    generated = "a.attgenerated IN ('', 's')" if conn.info.server_version >= 180000 else "a.attgenerated = ''"
     rows = conn.execute(
         "SELECT a.attname, a.atttypid::int, a.atttypmod FROM pg_attribute a "
         "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
+        f"WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped AND {generated} "
         "ORDER BY a.attnum", (namespace, table)).fetchall()
     return [(r[0], int(r[1]), int(r[2])) for r in rows]
 

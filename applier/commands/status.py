@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "columns widened in place (Delta type widening, which delta-rs cannot read) and, with --config, "
         "the rule's table options an existing table lacks. Reads the Delta logs with delta-rs: no JVM. "
         "With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
-        "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes.",
+        "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes, "
+        "and, while a table sync creates its copy's slot, the prepared and open transactions it waits for.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): target, DSN and slot")
     p.add_argument("--target", help="directory of the mirrored Delta tables")
@@ -103,4 +104,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
                   f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
                   f"lag {slot_info.lag_bytes} bytes")
+        if slot_info.sync_waits:
+            print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
     return 0

@@ -28,11 +28,13 @@ import psycopg
 from applier.catalog import RelationCache
 from applier.changes import GroupedTransactions
 from applier.config import MirrorConfig
+from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sources.catalog_lookup import column_attnums
 from applier.sources.publication import PublishedTable, published_selection
+from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.state import StateDir
@@ -59,6 +61,7 @@ class TableSync:
         self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
         self._columns: dict[tuple[str, str], set[str]] = {}  # (schema, table) -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
+        self.fills = ColumnFills(spark, config, applier, catalog.types, state, progress)
 
     # --- what is known --------------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class TableSync:
         existing rows are not NULL in Postgres is copied again (see ``_recopy_for_added_columns``)."""
         self.check_publication()
         self._recopy_for_added_columns(transactions)
+        self.fills.apply(transactions)
 
     def must_sync(self, touched: list[tuple[str, str, int, tuple[str, ...]]]) -> str | None:
         """Why a group touching these tables ((schema, table, relation OID, its columns in the stream))
@@ -160,6 +164,8 @@ class TableSync:
                 return f"tables joined the publication: {', '.join(sorted(missing))}"
             for namespace, name, oid, columns in touched:
                 key = (namespace, name)
+                if self.fills.pending(f"{namespace}.{name}"):
+                    return f"{namespace}.{name} has columns to fill with their constant default"
                 have = self._columns.get(key)
                 if have is None:
                     current = self.applier.target_columns(*key)
@@ -180,12 +186,14 @@ class TableSync:
         changes: the next Relation just has the column, and the rows that existed show the default
         (``attmissingval``) or, for a volatile default, values the table rewrite computed and the
         stream never shows. Applying the rest of the stream would leave NULL there. So a table whose
-        changes bring a column its Delta table lacks is checked in the current catalog, and when the
-        column has any of those the table is copied again at a new position, exactly like a table
-        that joined the publication; the group's changes to it up to that position are in the copy
-        and left out of the apply. Like PostgreSQL's table sync, creating the copy's slot waits for
-        transactions open on the server, prepared ones too. A column dropped again before the
-        mirror asks is only reported: Postgres no longer has it to compare with."""
+        changes bring a column its Delta table lacks is checked in the current catalog. A constant
+        default (the catalog holds it as the missing value) is filled in Delta without a copy
+        (``applier.drivers.columnfill``: no slot, so no wait for open transactions). Otherwise the
+        table is copied again at a new position, exactly like a table that joined the publication;
+        the group's changes to it up to that position are in the copy and left out of the apply.
+        Like PostgreSQL's table sync, creating the copy's slot waits for transactions open on the
+        server, prepared ones too (the log names them). A column dropped again before the mirror
+        asks is only reported: Postgres no longer has it to compare with."""
         new: dict[tuple[str, str], tuple[int, set[str]]] = {}
         for _end, batches in transactions:
             for batch in batches:
@@ -218,10 +226,21 @@ class TableSync:
                         "losing what it holds. Delete those derived tables (the mirror then copies the table "
                         "and starts them anew) or turn history/changes off for it",
                         table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(filled)))
-                if filled:
+                constant = missing_values(conn, oid, filled) if filled else {}
+                if filled and not filled - constant.keys():  # all constant defaults: filled, no copy
+                    fills = []
+                    for column, text in sorted(constant.items()):
+                        before = first_carrying(transactions, key, column)
+                        if before is None:  # cannot happen: the column came from this group's batches
+                            raise SinkError("internal: an added column is in none of the group's changes",
+                                            table=f"{key[0]}.{key[1]}", column=column)
+                        fills.append(Fill(column, text, before))
+                    self.fills.record(key, fills)
+                elif filled:
                     self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(filled))} "
-                                  "whose existing rows are not NULL in Postgres (a default, identity or generated "
-                                  "value); copying the table again")
+                                  "whose existing rows are not NULL in Postgres (a volatile default, identity or "
+                                  "generated value: the table was rewritten); copying the table again")
+                    self.fills.forget(key)
                     recopy.append(key)
             published = published_selection(conn, self.config.source.publication, self.config.tables)
         tables = [t for t in published if (t.namespace, t.name) in recopy]
@@ -230,21 +249,27 @@ class TableSync:
 
     # --- the copy -------------------------------------------------------------------------------
 
-    def _report_prepared_transactions(self, names: str) -> None:
-        """Creating a slot waits until every transaction open on the server ends, prepared ones
-        too, and those wait for a user: without this line the mirror would look hung."""
+    def _report_waits(self, names: str) -> None:
+        """Creating a slot waits until every transaction that holds a transaction id on the server
+        ends, prepared ones too, and those may wait for a user: without this line the mirror would
+        look hung. Names the prepared transactions (``pg_prepared_xacts``) and the open ones
+        (``pg_stat_activity``)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
+            gids, running = slot_creation_blockers(conn)
         if gids:
             self.progress(f"table sync: {names}: creating the copy's slot waits for {len(gids)} prepared "
                           f"transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}); "
                           "COMMIT PREPARED or ROLLBACK PREPARED them to go on")
+        if running:
+            self.progress(f"table sync: {names}: creating the copy's slot waits for {len(running)} open "
+                          f"transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''}) "
+                          "to end")
 
     def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication") -> None:
         src = self.config.source
         names = ", ".join(t.qualified_name for t in tables)
-        slot = f"{src.slot}_sync_{os.getpid()}"[:63]
-        self._report_prepared_transactions(names)
+        slot = f"{sync_slot_prefix(src.slot)}{os.getpid()}"[:63]
+        self._report_waits(names)
         walsender = WalSenderStream(self.dsn)
         try:
             created = walsender.create_slot(slot, two_phase=False, export_snapshot=True, temporary=True)

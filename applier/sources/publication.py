@@ -49,10 +49,20 @@ def check_publication(dsn: str, publication: str) -> None:
 
 def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
     """The tables the publication sends changes for (as pgoutput names them), with column lists and
-    row filters on servers that have them (PG 15+)."""
+    row filters on servers that have them (PG 15+). The column list is exactly the columns pgoutput
+    sends: stored generated columns only on PostgreSQL 18+ where the publication publishes them
+    (``publish_generated_columns = stored`` or a column list naming them); PostgreSQL 15 to 17 list
+    generated columns in ``pg_publication_tables.attnames`` but never send them."""
     require_publication(conn, publication)
-    has_lists = conn.info.server_version >= 150000
-    extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
+    version = conn.info.server_version
+    if version >= 180000:  # attnames is what pgoutput sends, stored generated columns included when published
+        extra = ", attnames, rowfilter"
+    elif version >= 150000:  # attnames lists generated columns, which pgoutput before 18 never sends
+        extra = (", ARRAY(SELECT n FROM unnest(attnames) n WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a "
+                 "WHERE a.attrelid = format('%%I.%%I', schemaname, tablename)::regclass AND a.attname = n "
+                 "AND a.attgenerated <> '')), rowfilter")
+    else:
+        extra = ", NULL::name[], NULL::text"
     rows = conn.execute(f"SELECT schemaname, tablename{extra}, (quote_ident(schemaname) || '.' || "
                         "quote_ident(tablename))::regclass::oid::int8 FROM pg_publication_tables WHERE pubname = %s "
                         "ORDER BY 1, 2", (publication,)).fetchall()

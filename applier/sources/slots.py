@@ -36,3 +36,20 @@ def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SourceErro
         f"slot if it still exists (SELECT pg_drop_replication_slot('{slot}')) and run mirror again; it "
         "creates the slot, takes a new snapshot and replaces the tables, then follows the stream",
         slot=slot, sqlstate=sqlstate)
+
+
+def sync_slot_prefix(slot: str) -> str:
+    """The name a table sync's temporary slot starts with (the pid of the mirror follows)."""
+    return f"{slot}_sync_"
+
+
+def slot_creation_blockers(conn: psycopg.Connection) -> tuple[list[str], list[str]]:
+    """What creating a logical slot now would wait for: the prepared transactions (their gids) and
+    the open transactions that hold a transaction id (pid, database, state, age), oldest first.
+    Creating a slot waits until every one of them ends; a prepared one waits for a user."""
+    gids = [str(r[0]) for r in conn.execute("SELECT gid FROM pg_prepared_xacts ORDER BY prepared")]
+    running = [f"pid {r[0]} ({r[1]}, {r[2]}, open {r[3]}s)" for r in conn.execute(
+        "SELECT pid, coalesce(datname, '-'), coalesce(state, '-'), "
+        "coalesce(extract(epoch FROM now() - xact_start)::int, 0) FROM pg_stat_activity "
+        "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start")]
+    return gids, running

@@ -9,7 +9,8 @@ what PostgreSQL's own table sync does (tablesync.c).
 
 The rows are read as the same text the pgoutput plugin sends (each type's output function, with the
 session pinned like the walsender's), and each table's Relation is described the way pgoutput
-describes it (published columns, key flags of the replica identity, generated columns left out), so
+describes it (published columns, key flags of the replica identity, generated columns only where
+pgoutput sends them: PostgreSQL 18's ``publish_generated_columns``), so
 the copy goes through the same catalog and values code as the stream and a later Relation message
 for the same table is not mistaken for a schema change.
 """
@@ -44,9 +45,13 @@ def describe_relation(conn: psycopg.Connection, table: PublishedTable) -> tuple[
         key_sql = "SELECT indkey FROM pg_index WHERE indrelid = %s AND indisreplident"
     key_row = conn.execute(key_sql, (oid,)).fetchone() if identity in ("d", "i") else None
     key_attnums = {int(a) for a in str(key_row[0]).split()} if key_row else set()
+    # pgoutput sends a stored generated column only on PostgreSQL 18+ and only when the publication
+    # publishes it: then it is in the table's column list (published_tables), like any other column.
+    generated_ok = conn.info.server_version >= 180000 and table.columns is not None
     cols = conn.execute(
         "SELECT attnum, attname, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = %s "
-        "AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", (oid,)).fetchall()
+        "AND attnum > 0 AND NOT attisdropped AND (attgenerated = '' OR (%s AND attgenerated = 's')) "
+        "ORDER BY attnum", (oid, generated_ok)).fetchall()
     columns: list[RelationColumn] = []
     for attnum, attname, typid, typmod in cols:
         if table.columns is not None and attname not in table.columns:

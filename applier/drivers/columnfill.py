@@ -1,0 +1,219 @@
+"""Columns added with a constant default: the rows that existed are filled in Delta from the catalog,
+without copying the table again.
+
+Why this is possible: ``ALTER TABLE ... ADD COLUMN c ... DEFAULT <constant>`` does not rewrite the
+table. PostgreSQL stores the value once (``pg_attribute.attmissingval``, ``atthasmissing``) and every
+row written before the ALTER reads it. The stream sends no row changes for the ALTER; its next
+Relation for the table simply has ``c``. A copy of the table would be exact too, but it needs a
+temporary slot, and creating a slot waits for every transaction open on the server, prepared ones
+included: one forgotten ``PREPARE TRANSACTION`` stalls the whole mirror (issue 30, row 14).
+
+Why the fill is exact: the ALTER takes an ACCESS EXCLUSIVE lock, so every change to the table
+decoded without ``c`` committed before the ALTER, and every one after it is decoded with ``c``. Let
+B be the end LSN of the first transaction whose changes to the table carry ``c``. While the Delta
+table's applied version is below B it holds only rows written before the ALTER, so setting ``c`` to
+the missing value in all of them is right, and stays right when repeated. Changes of the group that
+end before B are decoded without ``c``: their rows were written before the ALTER too and get the
+missing value in their images. Changes from B on carry their own value of ``c`` (an explicit NULL
+included) and are left as they are.
+
+Why it is crash-safe: the fill (B and the value's text) is saved in the state before the Delta table
+is touched; the schema evolution and the UPDATE are separate Delta commits, but both are repeated
+after a crash for as long as the table's applied version is below B (the stream re-sends the group,
+its old-schema changes are filled again from the saved record). Once a group commit at or past B
+exists, the record is dropped and nothing is filled again.
+
+Only a default PostgreSQL stored as a missing value is filled. A volatile default (``random()``,
+``clock_timestamp()``), an identity or a generated column rewrote the table: no missing value, and
+the values exist only in the rewritten rows, so the table is copied again (``tablesync``). A column
+of an array type is copied as well (its missing value's text is not read back here).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, MutableSequence, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from applier.catalog import SchemaVersion, TypeCache
+from applier.changes import GroupedTransactions, TableBatch, TableChange
+from applier.config import MirrorConfig
+from applier.errors import SinkError
+from applier.infra.crashpoints import crashpoint
+from applier.lsn import format_lsn, parse_lsn
+from applier.protocol.messages import COL_TEXT
+from applier.sink.engine import DeltaApplier, table_spec
+from applier.sink.naming import quote_identifier
+from applier.sink.schema import ensure_table, table_options
+from applier.sources.sql_slot import pin_session
+from applier.state import StateDir
+from applier.values import convert_value
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "filled_columns"
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """One added column of one table: rows written before ``before`` (an end LSN) read ``text``."""
+
+    column: str
+    text: str  # attmissingval as the type's output text: what a 't' column of the stream carries
+    before: int
+
+
+def missing_values(conn: psycopg.Connection, oid: int, names: set[str]) -> dict[str, str]:
+    """Of the columns ``names`` of relation ``oid``: the missing value (as the type's output text, in
+    the session pinned like the walsender's) of each whose rows written before it was added read a
+    stored constant. Columns of array types are left out."""
+    pin_session(conn)
+    rows = conn.execute(
+        "SELECT a.attname, (a.attmissingval::text::text[])[1] FROM pg_attribute a "
+        "JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = %s AND a.attname = ANY(%s) "
+        "AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing AND a.attgenerated = '' "
+        "AND a.attidentity = '' AND t.typcategory <> 'A'", (oid, sorted(names))).fetchall()
+    return {str(name): str(text) for name, text in rows if text is not None}
+
+
+def first_carrying(transactions: GroupedTransactions, key: tuple[str, str], column: str) -> int | None:
+    """The end LSN of the group's first transaction whose changes to table ``key`` carry ``column``."""
+    for end_lsn, batches in transactions:
+        for batch in batches:
+            if (batch.namespace, batch.name) == key and column in batch.schema.column_names:
+                return end_lsn
+    return None
+
+
+class ColumnFills:
+    """The fills not yet behind a group commit, kept in the state (``filled_columns``)."""
+
+    def __init__(self, spark: SparkSession, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
+                 state: StateDir, progress: Callable[[str], None]) -> None:
+        self.spark = spark
+        self.config = config
+        self.applier = applier
+        self.types = types
+        self.state = state
+        self.progress = progress
+        saved = state.load(STATE_KEY) or {}
+        self._pending: dict[str, dict[str, list[str]]] = {table: dict(cols) for table, cols in saved.items()}
+
+    def record(self, key: tuple[str, str], fills: Sequence[Fill]) -> None:
+        """Save ``fills`` for table ``key`` before anything is written for them."""
+        entry = self._pending.setdefault(f"{key[0]}.{key[1]}", {})
+        for fill in fills:
+            entry[fill.column] = [fill.text, format_lsn(fill.before)]
+        self.state.save(STATE_KEY, self._pending)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """The table is copied again: its copy holds what the fills would have written."""
+        if self._pending.pop(f"{key[0]}.{key[1]}", None) is not None:
+            self.state.save(STATE_KEY, self._pending)
+
+    def pending(self, qualified: str) -> bool:
+        return qualified in self._pending
+
+    def apply(self, transactions: GroupedTransactions) -> None:
+        """Fill every pending column of the tables this group touches (see the module docstring): the
+        Delta table gets the column and the missing value in the rows it holds, and the group's changes
+        decoded before the column existed get it in their images."""
+        if not self._pending:
+            return
+        newest: dict[str, TableBatch] = {}
+        for _end, batches in transactions:
+            for batch in batches:
+                if batch.qualified_name in self._pending:
+                    newest[batch.qualified_name] = batch
+        changed = False
+        for qualified, last in newest.items():
+            key = (last.namespace, last.name)
+            done = self.applier.snapshot_version(*key)
+            fills = [Fill(column, text, parse_lsn(before)) for column, (text, before)
+                     in self._pending[qualified].items() if done is None or parse_lsn(before) > done]
+            fills = [f for f in fills if f.column in last.schema.column_names]  # dropped again: nothing to fill
+            if not fills:
+                del self._pending[qualified]
+                changed = True
+                continue
+            if self.config.apply.schema_changes == "stop":
+                continue  # the sink stops at this schema change; nothing is written before it
+            values = {f.column: self._value(last.schema, f) for f in fills}
+            self._fill_delta(key, last, values)
+            _rewrite_batches(transactions, key, fills, values, last.schema)
+        if changed:
+            self.state.save(STATE_KEY, self._pending)
+
+    def _value(self, schema: SchemaVersion, fill: Fill) -> object:
+        """The missing value through the stream's own value conversion (and special-value policy)."""
+        column = schema.relation.columns[schema.column_names.index(fill.column)]
+        return convert_value(COL_TEXT, fill.text.encode("utf-8"), column.type_oid, column.type_modifier,
+                             self.types, self.config.apply.special_values, fill.column)
+
+    def _fill_delta(self, key: tuple[str, str], last: TableBatch, values: dict[str, object]) -> None:
+        """Evolve the Delta table to the group's newest columns and set the filled ones in every row
+        it holds (all written before the ALTER: its applied version is below each fill's LSN)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        path = self.applier.path_for(*key)
+        spec = table_spec(last, self.applier.tables, self.types)
+        missing = [c for c in values if c not in spec.schema.fieldNames()]
+        if missing:  # excluded by the config: never in the Delta table
+            raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,
+                            columns=", ".join(missing))
+        ensure_table(self.spark, path, spec, table_options(self.applier.tables.rule_for(spec.source_name)),
+                     check_options=False)
+        types = {f.name: f.dataType for f in spec.schema.fields}
+        DeltaTable.forPath(self.spark, path).update(
+            set={quote_identifier(c): F.lit(v).cast(types[c]) for c, v in values.items()})
+        crashpoint("column_filled")
+        self.progress(f"{spec.source_name}: column(s) {', '.join(sorted(values))} added with a constant "
+                      "default: the rows that existed are filled with it from the catalog (no copy)")
+
+
+def _rewrite_batches(transactions: GroupedTransactions, key: tuple[str, str], fills: Sequence[Fill],
+                     values: dict[str, object], newest: SchemaVersion) -> None:
+    """Give the changes of ``key`` decoded before each filled column existed the missing value, in
+    place in the group's lists: batches of transactions that end before the fill's LSN, and in the
+    transaction that ends there (it may have altered the table itself, between two changes) the
+    batches before the first one that carries the column."""
+    extended: dict[int, tuple[SchemaVersion, tuple[str, ...]]] = {}
+    seen: set[str] = set()  # columns a batch of the fill's own transaction already carried
+    for end_lsn, batches in transactions:
+        if not isinstance(batches, MutableSequence):
+            raise SinkError("internal: a group's batches cannot be rewritten", end_lsn=end_lsn)
+        for i, batch in enumerate(batches):
+            if (batch.namespace, batch.name) != key:
+                continue
+            late: set[str] = set()
+            for f in fills:
+                if f.column in batch.schema.column_names:
+                    if end_lsn == f.before:
+                        seen.add(f.column)
+                elif end_lsn < f.before or (end_lsn == f.before and f.column not in seen):
+                    late.add(f.column)
+            add = tuple(c for c in newest.column_names if c in late)  # the newest version's order
+            if not add:
+                continue
+            cached = extended.get(id(batch.schema))
+            if cached is None or cached[1] != add:
+                columns = batch.schema.relation.columns + tuple(
+                    c for c in newest.relation.columns if c.name in add)
+                schema = replace(batch.schema, relation=replace(batch.schema.relation, columns=columns))
+                cached = extended[id(batch.schema)] = (schema, add)
+            tail = tuple(values[c] for c in add)
+            batches[i] = replace(batch, schema=cached[0],
+                                 changes=[_with_tail(c, tail) for c in batch.changes])
+
+
+def _with_tail(change: TableChange, tail: tuple[Any, ...]) -> TableChange:
+    return replace(change,
+                   old_row=None if change.old_row is None else change.old_row + tail,
+                   new_row=None if change.new_row is None else change.new_row + tail)
