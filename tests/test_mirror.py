@@ -183,8 +183,11 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     tables = {t["table"]: t for t in report["tables"]}
     assert set(tables) == {f"{ns}.{name}" for ns, name in TABLES}
     assert tables["public.rw_bag"]["rows"] == 3
-    assert tables["public.rw_bag"]["applied_lsn"] == applied  # the bag's last transaction is the last one
-    assert parse_lsn(applied) >= parse_lsn(tip)  # the last insert is applied and confirmed
+    # the last insert is applied and confirmed; an idle slot is confirmed up to the server's position, which
+    # may have moved past the bag's last transaction by a record of the server's own (xl_running_xacts,
+    # written every 15 s while a loaded machine runs this test)
+    table_applied = parse_lsn(tables["public.rw_bag"]["applied_lsn"])
+    assert parse_lsn(applied) >= table_applied >= parse_lsn(tip)
     slot = report["slot"]
     assert slot["exists"] and slot["confirmed_lsn"] == applied and slot["lag_bytes"] > 0
 
