@@ -187,7 +187,7 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     # may have moved past the bag's last transaction by a record of the server's own (xl_running_xacts,
     # written every 15 s while a loaded machine runs this test)
     table_applied = parse_lsn(tables["public.rw_bag"]["applied_lsn"])
-    assert parse_lsn(applied) >= table_applied >= parse_lsn(tip)
+    assert parse_lsn(applied) >= table_applied and parse_lsn(applied) >= parse_lsn(tip)
     slot = report["slot"]
     assert slot["exists"] and slot["confirmed_lsn"] == applied and slot["lag_bytes"] > 0
 
