@@ -17,7 +17,7 @@ from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TablesSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.drivers.replay import replay_log
-from applier.errors import SinkError
+from applier.errors import CatalogError
 from applier.sink.engine import key_runs
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
@@ -181,5 +181,5 @@ def test_a_key_change_between_the_changes_of_one_transaction_stops_instead_of_gu
                      (40, batch(keyed, 40))], tables)
     assert [[lsn for lsn, _b in run] for run in runs] == [[10, 20], [30, 40]]
     assert len(key_runs([(10, batch(keyed, 10)), (20, batch(keyed, 20))], tables)) == 1
-    with pytest.raises(SinkError, match="inside one transaction"):
+    with pytest.raises(CatalogError, match="inside one transaction"):
         key_runs([(10, batch(full, 10)), (10, batch(keyed, 10))], tables)
