@@ -8,8 +8,9 @@ Follows PostgreSQL's apply worker (worker.c):
   and everything received after its first change (stream_abort_internal truncates the spool there);
 - two-phase (protocol 3+): Begin Prepare ... Prepare (or a streamed transaction ... Stream Prepare)
   stages the transaction durably under its gid, because a slot advanced past the Prepare never sends
-  those changes again; Commit Prepared applies it at that point in commit order; Rollback Prepared
-  discards it (also when the prepare was never seen here);
+  those changes again; Commit Prepared applies it at that point in commit order (one with nothing
+  staged is a no-op only where the store proves no Prepare was sent for it: staging.py); Rollback
+  Prepared discards it (also when the prepare was never seen here);
 - a new decoding session re-sends every unfinished transaction from its start: a Begin for an xid
   we still hold, or Stream Start with first_segment for it, discards the stale buffer.
 
@@ -389,6 +390,14 @@ class TransactionAssembler:
         if self.prepared is not None and not self.prepared.has(msg.gid) \
                 and self.prepared.committed_end_lsn(msg.gid) == msg.end_lsn:
             return []  # re-sent after a crash: applied already (the slot had not been advanced past it)
+        if self.prepared is not None and not self.prepared.has(msg.gid) \
+                and self.prepared.never_prepared(msg.commit_lsn):
+            # PostgreSQL 15-17 send Commit Prepared alone for a prepared transaction that decoded to no
+            # change (staging.py says how this is told from lost changes): an empty transaction
+            log.info("Commit Prepared of %r (xid %s) at %X/%X with no Prepare sent: it changed nothing "
+                     "published; nothing to apply", msg.gid, msg.xid, msg.commit_lsn >> 32,
+                     msg.commit_lsn & 0xFFFFFFFF)
+            return []
         if self.prepared is None or not self.prepared.has(msg.gid):
             raise AssemblyError(
                 "Commit Prepared for a transaction whose prepared changes are not staged here; they were "
