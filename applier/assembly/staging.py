@@ -76,6 +76,7 @@ class PreparedStore:
         #: set by :meth:`vouch` for one session: every Prepare the server sent after this LSN is staged
         #: here until applied (see the module docstring); None: nothing is vouched for
         self.covered_from: int | None = None
+        self._recorded: dict[str, Any] | None = None  # the coverage file as last read or written here
 
     # --- what the store has seen of its slot (the module docstring says why) ----------------------
 
@@ -92,24 +93,28 @@ class PreparedStore:
     def cover(self, slot: str, created_at: int) -> None:
         """``slot`` was just created at ``created_at`` (its consistent point) for this store's target:
         from here on every Prepare it sends is received, and staged, by this applier."""
-        atomic_write(self._coverage_path(), lambda f: f.write(json.dumps(
-            {"slot": slot, "from": created_at, "confirmed": created_at}).encode()))
+        data = {"slot": slot, "from": created_at, "confirmed": created_at}
+        atomic_write(self._coverage_path(), lambda f: f.write(json.dumps(data).encode()))
+        self._recorded = data
 
     def confirming(self, lsn: int) -> None:
         """Record, before telling the server, that this applier confirms the slot up to ``lsn`` (the
-        record must never be behind the server's confirmed position, or a session is not vouched for)."""
-        data = self._coverage()
+        record must never be behind the server's confirmed position, or a session is not vouched for).
+        One small atomic write per confirm that moves the slot: the file is read once per process."""
+        data = self._recorded if self._recorded is not None else self._coverage()
         if data is None or lsn <= int(data["confirmed"]):
+            self._recorded = data
             return
-        data["confirmed"] = lsn
+        data = {**data, "confirmed": lsn}
         atomic_write(self._coverage_path(), lambda f: f.write(json.dumps(data).encode()))
+        self._recorded = data
 
     def vouch(self, slot: str, slot_confirmed: int | None) -> bool:
         """At the start of a decoding session of ``slot`` whose confirmed position is ``slot_confirmed``:
         whether this store holds every Prepare the slot sent since its creation (then ``covered_from``
         is the creation point), i.e. the store followed the slot from its creation and nobody else has
         moved it further than this applier did."""
-        data = self._coverage()
+        data = self._recorded = self._coverage()
         self.covered_from = None
         if data is None or data.get("slot") != slot or slot_confirmed is None:
             return False

@@ -398,15 +398,21 @@ class TransactionAssembler:
                      "published; nothing to apply", msg.gid, msg.xid, msg.commit_lsn >> 32,
                      msg.commit_lsn & 0xFFFFFFFF)
             return []
-        if self.prepared is None or not self.prepared.has(msg.gid):
-            raise AssemblyError(
-                "Commit Prepared for a transaction whose prepared changes are not staged here; they were "
-                "confirmed to the server before being staged durably (the slot moved past the Prepare) — "
-                "rebuild the affected tables from a snapshot", kind="Commit Prepared", lsn=lsn, gid=msg.gid)
-        if msg.commit_lsn in self.skip_lsns:
-            self.prepared.discard(msg.gid)
+        if msg.commit_lsn in self.skip_lsns:  # also the way past a lone one known to have changed nothing
+            if self.prepared is not None:
+                self.prepared.discard(msg.gid)
             self._report_skip(msg.commit_lsn, msg.xid, msg.end_lsn, "listed to skip")
             return []
+        if self.prepared is None or not self.prepared.has(msg.gid):
+            raise AssemblyError(
+                "Commit Prepared for a transaction whose prepared changes are not staged here: either the "
+                "slot moved past its Prepare without this applier (moved by something else, or a staging "
+                "directory that is not this slot's) and its changes are lost — rebuild the affected tables "
+                "from a snapshot — or it changed nothing published (PostgreSQL 15-17 then send Commit "
+                "Prepared alone) and this state cannot prove it, as it did not follow the slot from its "
+                "creation or the slot was moved beyond what it confirmed: then skip it with "
+                "--skip-transaction and its commit LSN", kind="Commit Prepared", lsn=lsn, gid=msg.gid,
+                commit_lsn=msg.commit_lsn)
         staged = self.prepared.load(msg.gid)
         return [CommittedTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, staged.origin,
                                      "prepared", msg.gid, staged.changes)]

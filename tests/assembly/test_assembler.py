@@ -245,3 +245,9 @@ def test_a_lone_commit_prepared_is_empty_only_where_the_store_proves_no_prepare_
         TransactionAssembler(prepared=store).feed(300, lone)
     store.confirming(180)  # never moves back
     assert store.vouch("m", 200)
+    # the way past one the store cannot vouch for (known empty, or the tables rebuilt): skip its commit LSN
+    assert not store.vouch("m", 250)
+    skipped: list[object] = []
+    listed = TransactionAssembler(prepared=store, skip_lsns=frozenset({300}), on_skip=skipped.append)
+    assert listed.feed(300, lone) == []
+    assert len(skipped) == 1
