@@ -124,8 +124,10 @@ def _dml(conn: psycopg.Connection, rng: random.Random, table: str, state: str, c
                 conn.execute(f"DELETE FROM {table} WHERE ctid = (SELECT ctid FROM {table} ORDER BY random() LIMIT 1)")
 
 
-def key_change_workload(conn: psycopg.Connection, seed: int, steps: int = 40) -> None:
+def key_change_workload(conn: psycopg.Connection, seed: int, steps: int = 40) -> list[tuple[str, str, str]]:
+    """Returns the identity changes made: (table, from, to)."""
     rng = random.Random(seed)
+    changes: list[tuple[str, str, str]] = []
     now = {"kc_bag": "full", "kc_keyed": "pk"}
     counter = [0]
     for table in now:
@@ -136,12 +138,16 @@ def key_change_workload(conn: psycopg.Connection, seed: int, steps: int = 40) ->
     for _ in range(steps):
         table = rng.choice(sorted(now))
         if rng.random() < 0.25:
-            now[table] = _go_to(conn, table, rng.choice([s for s in STATES if s != now[table]]), now[table])
+            state = rng.choice([s for s in STATES if s != now[table]])
+            changes.append((table, now[table], state))
+            now[table] = _go_to(conn, table, state, now[table])
         else:
             _dml(conn, rng, table, now[table], counter)
+    return changes
 
 
 SEEDS = [int(s) for s in os.environ.get("APPLIER_KEY_CHANGE_SEEDS", "").split(",") if s.strip()] or [1]
+#: seeds 1 to 4 passed on both replay paths on 2026-11-25; seed 1 fails without the fold's cut by key
 
 
 @pytest.mark.usefixtures("replay_path")
@@ -150,7 +156,9 @@ def test_random_key_and_replica_identity_changes_fold_like_one_commit_per_transa
     with pg.connect() as conn:
         conn.execute(KEY_SCHEMA)
         create_slot(conn, "s")
-        key_change_workload(conn, seed)
+        changes = key_change_workload(conn, seed)
+        # the history is worth replaying: a table went to a multiset and one from it, at least once
+        assert {(a == "full", b == "full") for _t, a, b in changes} >= {(True, False), (False, True)}, changes
         conn.execute("INSERT INTO kc_keyed VALUES (-1, 'last')")
         raw = tmp_path / "raw.parquet"
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("kc_pub"))))
@@ -183,3 +191,31 @@ def test_a_key_change_between_the_changes_of_one_transaction_stops_instead_of_gu
     assert len(key_runs([(10, batch(keyed, 10)), (20, batch(keyed, 20))], tables)) == 1
     with pytest.raises(CatalogError, match="inside one transaction"):
         key_runs([(10, batch(full, 10)), (10, batch(keyed, 10))], tables)
+
+
+def test_a_key_added_between_the_changes_of_one_transaction_is_equal_or_stops(pg, spark, tmp_path):
+    """Never exit 0 with a difference: the transaction is either applied exactly or stops the run.
+    PostgreSQL 15 sends the new Relation (identity DEFAULT, key id) between the transaction's changes,
+    so today it stops (CatalogError, exit 4) under either grouping."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL;"
+                     "CREATE PUBLICATION ktp FOR TABLE kt")
+        create_slot(conn, "s")
+        conn.execute("INSERT INTO kt VALUES (1, 'a'), (1, 'a'), (2, 'b')")
+        with conn.transaction():
+            conn.execute("UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
+            conn.execute("DELETE FROM kt WHERE id = 1 AND v = 'a'")
+            conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
+            conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
+            conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("ktp"))))
+        for grouping in ("grouped", "transaction"):
+            target = tmp_path / grouping
+            try:
+                replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
+                                               apply=ApplySettings(grouping=grouping)))
+            except CatalogError as e:
+                assert "inside one transaction" in str(e) and e.commit_lsn is not None
+                continue
+            _assert_equal(spark, conn, target, [("public", "kt")])

@@ -151,7 +151,8 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
                     "the table's merge key changed inside one transaction, between its row changes (e.g. "
                     "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
                     "applier cannot apply the two parts exactly as separate commits. Skip the transaction "
-                    "(--skip-transaction) and re-copy the table, or run such DDL in a transaction of its own",
+                    "(--skip-transaction and its commit LSN) and rebuild this table from a snapshot; run such "
+                    "DDL in a transaction of its own",
                     table=batch.qualified_name, commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
                     keys_before=", ".join(current or ()) or "(none: whole row)",
                     keys_after=", ".join(keys) or "(none: whole row)")
