@@ -24,13 +24,14 @@ def _assert_equal(spark, conn, target: Path) -> None:
         assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
 
 
+@pytest.mark.parametrize("read_mode", ["replication", "sql"])
 def test_an_empty_prepared_transaction_commits_as_a_no_op_and_lost_prepared_changes_still_stop(pg_any, spark,
-                                                                                                  tmp_path):
+                                                                                                  tmp_path, read_mode):
     with pg_any.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE unpublished (id int PRIMARY KEY);"
                      "INSERT INTO t VALUES (1, 'a'), (2, 'b'); CREATE PUBLICATION p FOR TABLE t")
         target = tmp_path / "delta"
-        cfg = MirrorConfig(source=SourceSettings(dsn=pg_any.dsn, slot="m", publication="p", read_mode="replication",
+        cfg = MirrorConfig(source=SourceSettings(dsn=pg_any.dsn, slot="m", publication="p", read_mode=read_mode,
                                                  proto_version=3, two_phase=True),
                            target=TargetSettings(path=str(target)), apply=ApplySettings())
         mirror(spark, cfg, once=True)
