@@ -8,8 +8,9 @@ Follows PostgreSQL's apply worker (worker.c):
   and everything received after its first change (stream_abort_internal truncates the spool there);
 - two-phase (protocol 3+): Begin Prepare ... Prepare (or a streamed transaction ... Stream Prepare)
   stages the transaction durably under its gid, because a slot advanced past the Prepare never sends
-  those changes again; Commit Prepared applies it at that point in commit order; Rollback Prepared
-  discards it (also when the prepare was never seen here);
+  those changes again; Commit Prepared applies it at that point in commit order (one with nothing
+  staged is a no-op only where the store proves no Prepare was sent for it: staging.py); Rollback
+  Prepared discards it (also when the prepare was never seen here);
 - a new decoding session re-sends every unfinished transaction from its start: a Begin for an xid
   we still hold, or Stream Start with first_segment for it, discards the stale buffer.
 
@@ -389,15 +390,29 @@ class TransactionAssembler:
         if self.prepared is not None and not self.prepared.has(msg.gid) \
                 and self.prepared.committed_end_lsn(msg.gid) == msg.end_lsn:
             return []  # re-sent after a crash: applied already (the slot had not been advanced past it)
-        if self.prepared is None or not self.prepared.has(msg.gid):
-            raise AssemblyError(
-                "Commit Prepared for a transaction whose prepared changes are not staged here; they were "
-                "confirmed to the server before being staged durably (the slot moved past the Prepare) — "
-                "rebuild the affected tables from a snapshot", kind="Commit Prepared", lsn=lsn, gid=msg.gid)
-        if msg.commit_lsn in self.skip_lsns:
-            self.prepared.discard(msg.gid)
+        if self.prepared is not None and not self.prepared.has(msg.gid) \
+                and self.prepared.never_prepared(msg.commit_lsn):
+            # PostgreSQL 15-17 send Commit Prepared alone for a prepared transaction that decoded to no
+            # change (staging.py says how this is told from lost changes): an empty transaction
+            log.info("Commit Prepared of %r (xid %s) at %X/%X with no Prepare sent: it changed nothing "
+                     "published; nothing to apply", msg.gid, msg.xid, msg.commit_lsn >> 32,
+                     msg.commit_lsn & 0xFFFFFFFF)
+            return []
+        if msg.commit_lsn in self.skip_lsns:  # also the way past a lone one known to have changed nothing
+            if self.prepared is not None:
+                self.prepared.discard(msg.gid)
             self._report_skip(msg.commit_lsn, msg.xid, msg.end_lsn, "listed to skip")
             return []
+        if self.prepared is None or not self.prepared.has(msg.gid):
+            raise AssemblyError(
+                "Commit Prepared for a transaction whose prepared changes are not staged here: either the "
+                "slot moved past its Prepare without this applier (moved by something else, or a staging "
+                "directory that is not this slot's) and its changes are lost — rebuild the affected tables "
+                "from a snapshot — or it changed nothing published (PostgreSQL 15-17 then send Commit "
+                "Prepared alone) and this state cannot prove it, as it did not follow the slot from its "
+                "creation or the slot was moved beyond what it confirmed: then skip it with "
+                "--skip-transaction and its commit LSN", kind="Commit Prepared", lsn=lsn, gid=msg.gid,
+                commit_lsn=msg.commit_lsn)
         staged = self.prepared.load(msg.gid)
         return [CommittedTransaction(msg.xid, msg.commit_lsn, msg.end_lsn, msg.commit_time, staged.origin,
                                      "prepared", msg.gid, staged.changes)]

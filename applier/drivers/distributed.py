@@ -59,7 +59,7 @@ from applier.protocol.decoder import decode_message
 from applier.protocol.messages import LogicalMessage, Relation, Type
 from applier.protocol.order import OrderChecker
 from applier.sink.combine import combine_plans
-from applier.sink.engine import FoldedTable, fold_table, table_spec
+from applier.sink.engine import FoldedTable, fold_table, key_runs, table_spec
 from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan
 from applier.sources.rawlog import RawMessage, file_order_is_log_order, log_batches, read_file_rows
 from applier.state import StateDir
@@ -413,6 +413,10 @@ def fold_range(job: FoldJob) -> RangeFold:
             feeder.applied(txn)
         types = feeder.types
         for path, batches in per_path.items():
+            if len(key_runs(list(enumerate(batches)), tables)) > 1:
+                raise SinkError("the table's merge key changes inside this range (a key added or dropped, "
+                                "REPLICA IDENTITY set to or from FULL): it is folded on the driver, one part "
+                                "per key", table=batches[-1].qualified_name)
             spec = table_spec(batches[-1], tables, types)
             result.folded.append(FoldedTable(path, spec, batches[-1].schema, fold_table(spec, batches)))
     except ApplierError as e:

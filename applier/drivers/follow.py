@@ -47,6 +47,19 @@ class SlotFollower:
     def run(self, once: bool) -> None:
         raise NotImplementedError
 
+    def _session_start(self, slot_confirmed: int | None) -> None:
+        """Let the staging store say whether it holds every Prepare of this slot (a Commit Prepared
+        with nothing staged is then an empty transaction: applier.assembly.staging)."""
+        store = self.loop.feeder.assembler.prepared
+        if store is not None:
+            store.vouch(self.source.slot, slot_confirmed)
+
+    def _confirming(self, lsn: int) -> None:
+        """Called before the server is told ``lsn``: the staging store's record stays ahead of it."""
+        store = self.loop.feeder.assembler.prepared
+        if store is not None:
+            store.confirming(lsn)
+
     def flush(self, *, wait: bool = True) -> int | None:
         """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any.
         ``wait=False``: with ``apply.overlap_groups``, only hand it over and keep reading."""
@@ -96,8 +109,15 @@ class ReplicationFollower(SlotFollower):
             info = slot_info(conn, src.slot)
         target = flush if once else None
         confirmed = info.confirmed_flush_lsn if info is not None else None
+        self._session_start(confirmed)
         stream = WalSenderStream(self.dsn)
-        self.loop.confirm = stream.confirm
+
+        def confirm(lsn: int) -> None:
+            if lsn > stream.confirmed:
+                self._confirming(lsn)
+                stream.confirm(lsn)
+
+        self.loop.confirm = confirm
         try:
             try:
                 stream.start(src.slot, sql_slot.options_for(self.source))
@@ -134,7 +154,7 @@ class ReplicationFollower(SlotFollower):
                         self.flush()
                     idle = self.loop.idle()
                     if idle and frame is not None:
-                        stream.confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
+                        confirm(max(stream.confirmed, frame.wal_end))  # nothing of ours is before it
                     if target is not None and idle and isinstance(frame, PrimaryKeepalive) \
                             and frame.wal_end >= target:
                         self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
@@ -168,10 +188,12 @@ class SqlFollower(SlotFollower):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             info = slot_info(conn, src.slot)
             confirmed = info.confirmed_flush_lsn if info is not None else None
+            self._session_start(confirmed)
 
             def advance(end: int) -> None:
                 nonlocal confirmed
                 if confirmed is None or end > confirmed:
+                    self._confirming(end)
                     confirmed = sql_slot.advance(conn, src.slot, end)
 
             self.loop.confirm = advance

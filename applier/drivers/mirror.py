@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
@@ -155,6 +156,7 @@ class Mirror:
         try:
             if resume_at is None:
                 created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+                PreparedStore(self.state.staging_dir).cover(src.slot, created.consistent_point)  # issue 30 item 5
                 # from here on a crash keeps the tables whose copy finished (see the docstring)
                 self.state.save("mirror", {"slot": src.slot, "phase": "snapshot",
                                            "snapshot_lsn": format_lsn(created.consistent_point)})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import SchemaDecisionError, SinkError
+from applier.errors import CatalogError, SchemaDecisionError, SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -95,14 +95,8 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
     qualified = f"{batch.namespace}.{batch.name}"
     if not rel.columns:
         return zero_column_spec(qualified, rel.replica_identity)  # a row count (applier.sink.zerocol)
-    names = [c.name for c in rel.columns]
     rule = tables.rule_for(qualified)
-    if rule is not None and rule.key_columns:
-        keys = tuple(rule.key_columns)
-    elif rel.replica_identity == "f":
-        keys = ()  # whole-row identity: a multiset
-    else:
-        keys = tuple(names[i] for i in sv.key_indexes)
+    keys = merge_keys(batch, tables)
     schema = spark_schema_for(sv, types)
     excluded = set(rule.exclude_columns) if rule is not None else set()
     if excluded:
@@ -122,6 +116,54 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
                         "metadata_columns/soft_delete: false in a rule for it", table=qualified)
     return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
                               remedy="choose other names in tables.metadata_names")
+
+
+def merge_keys(batch: TableBatch, tables: TablesSettings) -> tuple[str, ...]:
+    """The columns a batch's rows are merged on: a rule's ``key_columns``, else the replica identity
+    key of the batch's schema version; empty for REPLICA IDENTITY FULL (the rows are a multiset)."""
+    rule = tables.rule_for(f"{batch.namespace}.{batch.name}")
+    if rule is not None and rule.key_columns:
+        return tuple(rule.key_columns)
+    rel = batch.schema.relation
+    if rel.replica_identity == "f":
+        return ()  # whole-row identity: a multiset
+    return tuple(rel.columns[i].name for i in batch.schema.key_indexes)
+
+
+def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) -> list[list[tuple[int, TableBatch]]]:
+    """One table's batches of a group (``(end_lsn, batch)``, commit order) cut where the columns its
+    rows are merged on change (``merge_keys``: a key added or dropped, REPLICA IDENTITY set to or
+    from FULL).
+
+    Why: a fold merges every change on one set of keys, and a keyed fold of a multiset's changes (or
+    a multiset fold of key images) is not what Postgres did: with duplicates, an update of one copy
+    and a delete of the other fold to a deleted key. Each run is folded and committed on its own, as
+    one commit per transaction would have. Nearly always there is one run (the keys are computed
+    once per schema version). A cut between two changes of ONE transaction cannot be given Delta
+    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run
+    (a CatalogError: exit 4, the transaction can be skipped)."""
+    keys_of: dict[int, tuple[str, ...]] = {}
+    runs: list[list[tuple[int, TableBatch]]] = []
+    current: tuple[str, ...] | None = None
+    for end_lsn, batch in parts:
+        keys = keys_of.get(id(batch.schema))
+        if keys is None:
+            keys = keys_of[id(batch.schema)] = merge_keys(batch, tables)
+        if not runs or keys != current:
+            if runs and runs[-1][-1][0] == end_lsn:
+                raise CatalogError(
+                    "the table's merge key changed inside one transaction, between its row changes (e.g. "
+                    "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
+                    "applier cannot apply the two parts exactly as separate commits. Skip the transaction "
+                    "(--skip-transaction and its commit LSN) and rebuild this table from a snapshot; run such "
+                    "DDL in a transaction of its own",
+                    table=batch.qualified_name, commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
+                    keys_before=", ".join(current or ()) or "(none: whole row)",
+                    keys_after=", ".join(keys) or "(none: whole row)")
+            runs.append([])
+            current = keys
+        runs[-1].append((end_lsn, batch))
+    return runs
 
 
 @dataclass
@@ -237,6 +279,10 @@ class DeltaApplier:
                 continue  # already applied: its schema may have moved on since, so touch nothing
             if self._dry_run is None:
                 self._ensure(path, spec, last_batch.schema)
+            runs = key_runs(todo, self.tables)
+            for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
+                self._commit_run(path, spec, run)
+            todo = runs[-1]
             plan = fold_table(spec, [b for _lsn, b in todo])
             if plan.empty:
                 self._applied[path] = group_end
@@ -250,6 +296,30 @@ class DeltaApplier:
                 continue
             commits.append((path, spec, plan, description))
         self._run_commits(commits, group_end, len(transactions), histories)
+
+    def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]]) -> None:
+        """Fold and commit, at once, one run of a table's batches that a later run with other merge
+        keys follows in the same group (``key_runs``): in the columns of the group's newest schema
+        (``spec``, the table is already evolved to it) but merged on the run's own keys, tagged with the
+        end LSN of the run's last transaction, so that a crash after it re-applies only what follows."""
+        version = run[-1][0]
+        own = self._spec(run[-1][1])  # raises what a commit per transaction would (metadata columns and no key)
+        run_spec = replace(spec, key_columns=own.key_columns, replica_identity=own.replica_identity)
+        plan = fold_table(run_spec, [b for _lsn, b in run])
+        if plan.empty:
+            self._applied[path] = version
+            return
+        description = (f"{spec.source_name} end_lsn={format_lsn(version)} transactions={len(run)} "
+                       f"keys={','.join(run_spec.key_columns) or '(whole row)'}")
+        if plan.truncated:
+            description += f" {truncate_clause(plan)}"
+        if self._dry_run is not None:
+            self._dry_run(describe_plan(description, plan))
+            return
+        [result] = self._sessions.run([partial(self._commit, path=path, spec=run_spec, plan=plan, version=version,
+                                               description=description)])
+        self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
+        self.stats.commits += 1
 
     def apply_folded(self, folded: Sequence[FoldedTable], group_end: int, transactions: int) -> None:
         """Commit plans folded elsewhere (each already leaves out what its table had applied when the

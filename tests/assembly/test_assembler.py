@@ -215,3 +215,39 @@ def test_a_transaction_joining_a_pending_group_frees_its_buffered_changes_and_ke
     assert spilled  # the tiny budget did spill
     assert group.rows > 0 and all(b.changes for _end, batches in group.transactions for b in batches)
     assert not list(spill.glob("*"))  # spill files too, before the group is applied
+
+
+def test_a_lone_commit_prepared_is_empty_only_where_the_store_proves_no_prepare_was_sent(tmp_path):
+    """PostgreSQL 15/16 send Commit Prepared alone for a prepared transaction that changed nothing
+    (BEGIN; SELECT ... FOR SHARE; PREPARE TRANSACTION); the same lone message is lost changes when the
+    slot moved past a Prepare without this applier (applier.assembly.staging)."""
+    from applier.protocol.messages import CommitPrepared
+
+    store = PreparedStore(tmp_path / "prepared")
+    lone = CommitPrepared(0, 300, 310, 0, 7, "x")
+    # no record of the slot (a store from before, a raw log): stops as before
+    with pytest.raises(AssemblyError, match="not staged"):
+        TransactionAssembler(prepared=store).feed(300, lone)
+    store.cover("m", 100)  # the mirror created slot m at 100
+    store.confirming(200)  # ... and has confirmed it up to 200
+    assert store.vouch("m", 200) and TransactionAssembler(prepared=store).feed(300, lone) == []
+    assert store.vouch("m", 150)  # the server's position may lag ours (advance is made durable lazily)
+    assert TransactionAssembler(prepared=store).feed(300, lone) == []
+    # a commit at or before the slot's creation point cannot be vouched for
+    with pytest.raises(AssemblyError, match="not staged"):
+        TransactionAssembler(prepared=store).feed(90, CommitPrepared(0, 90, 95, 0, 7, "x"))
+    # something else moved the slot beyond what this applier confirmed: a Prepare may have been lost
+    assert not store.vouch("m", 250)
+    with pytest.raises(AssemblyError, match="not staged"):
+        TransactionAssembler(prepared=store).feed(300, lone)
+    assert not store.vouch("other", 200)  # another slot's session
+    with pytest.raises(AssemblyError, match="not staged"):
+        TransactionAssembler(prepared=store).feed(300, lone)
+    store.confirming(180)  # never moves back
+    assert store.vouch("m", 200)
+    # the way past one the store cannot vouch for (known empty, or the tables rebuilt): skip its commit LSN
+    assert not store.vouch("m", 250)
+    skipped: list[object] = []
+    listed = TransactionAssembler(prepared=store, skip_lsns=frozenset({300}), on_skip=skipped.append)
+    assert listed.feed(300, lone) == []
+    assert len(skipped) == 1
