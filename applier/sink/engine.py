@@ -223,6 +223,10 @@ class DeltaApplier:
             return self.targets.path_for(namespace, name)
         return self.identities.path_of(oid, namespace, name)
 
+    def _current_path(self, oid: int, namespace: str, name: str) -> str:
+        bound = self.identities.bound(oid) if self.identities is not None else None
+        return bound.path if bound is not None else self.targets.path_for(namespace, name)
+
     def _move_table(self, src: str, dst: str, old_name: str, new_name: str) -> None:
         """A renamed source table's Delta table moved from ``src`` to ``dst``: its applied version
         goes with it to the new name's app id (one commit, which also records the new source name)."""
@@ -251,7 +255,7 @@ class DeltaApplier:
         if not transactions:
             return
         group_end = transactions[-1][0]
-        per_table: dict[str, tuple[TableBatch, list[tuple[int, TableBatch]]]] = {}
+        per_relation: dict[int, tuple[TableBatch, list[tuple[int, TableBatch]]]] = {}
         for end_lsn, batches in transactions:
             for batch in batches:
                 qualified = f"{batch.namespace}.{batch.name}"
@@ -260,10 +264,14 @@ class DeltaApplier:
                 if any(c.op == OP_TRUNCATE for c in batch.changes) and self.settings.truncate == "error":
                     raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
                                     end_lsn=end_lsn)
-                path = self.path_of(batch.relation_oid, batch.namespace, batch.name)
-                entry = per_table.setdefault(path, (batch, []))
+                self.path_of(batch.relation_oid, batch.namespace, batch.name)  # follows a rename, in order
+                entry = per_relation.setdefault(batch.relation_oid, (batch, []))
                 entry[1].append((end_lsn, batch))
-                per_table[path] = (batch, entry[1])  # remember the newest schema
+                per_relation[batch.relation_oid] = (batch, entry[1])  # remember the newest schema
+        # where each relation's Delta table is once the group's renames are followed (a table renamed
+        # inside the group has all of its changes in the one table, at its new path)
+        per_table = {self._current_path(oid, last.namespace, last.name): (last, parts)
+                     for oid, (last, parts) in per_relation.items()}
         commits: list[tuple[str, TableSpec, TablePlan, str]] = []
         histories: list[HistoryJob] = []
         for path, (last_batch, parts) in per_table.items():
