@@ -12,6 +12,7 @@ import pytest
 
 from applier.catalog.relations import rename_candidates
 from applier.checks.verify import verify_against_postgres
+from applier.commands.exitcodes import ExitCode, for_exception
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.sink.identity import IdentityError, TableIdentities
@@ -224,3 +225,56 @@ def test_two_tables_that_swap_names_keep_their_rows(pg, spark, tmp_path):
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
         assert _rows(spark, table_location(target, "public", "t1")) == [(2, "two"), (3, "three")]
+
+
+def _replay_captured(spark, conn, tmp_path: Path) -> Path:
+    from applier.config import ReplayConfig
+    from applier.drivers.replay import replay_log
+    from applier.sources.rawlog_writer import write_raw_log
+    from applier.sources.sql_slot import peek, pgoutput_options
+
+    raw = tmp_path / "raw.parquet"
+    write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("life_pub"))))
+    target = tmp_path / "replayed"
+    replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
+                                   apply=ApplySettings(max_group_transactions=2)))
+    return target
+
+
+def test_a_stored_log_follows_a_rename_by_oid(pg, spark, tmp_path):
+    """A replay has no catalog, but the OID proves a rename: the renamed table's rows (before and after)
+    end in one Delta table under its new name, and a new table that takes the old name afterwards in
+    the log gets its own."""
+    from applier.sources.sql_slot import create_slot
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        create_slot(conn, "s")
+        conn.execute("INSERT INTO t1 VALUES (1, 'a'), (2, 'b')")
+        conn.execute("ALTER TABLE t1 RENAME TO t2")
+        conn.execute("UPDATE t2 SET v = 'bb' WHERE id = 2")
+        conn.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t1 VALUES (1, 'new')")
+        target = _replay_captured(spark, conn, tmp_path)
+        _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
+
+
+def test_a_stored_log_that_cannot_prove_identity_stops(pg, spark, tmp_path):
+    """t1 renamed away with no change after the rename, and a new t1 written: in the log, the new t1
+    simply appears with another OID; without a catalog nobody can say whether the old one was renamed or
+    dropped, and the replay stops (exit 4) instead of merging the two."""
+    from applier.sources.sql_slot import create_slot
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        create_slot(conn, "s")
+        conn.execute("INSERT INTO t1 VALUES (1, 'a')")
+        conn.execute("ALTER TABLE t1 RENAME TO t2")
+        conn.execute("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t1 VALUES (1, 'new')")
+        with pytest.raises(IdentityError) as stopped:
+            _replay_captured(spark, conn, tmp_path)
+    assert for_exception(stopped.value) == ExitCode.BAD_DATA
+    assert "renamed or dropped" in str(stopped.value)

@@ -172,10 +172,8 @@ class TableIdentities:
 
     def _make_way(self, holder: Bound, *, for_name: str, for_oid: int) -> None:
         """``holder``'s path is wanted by another relation: follow holder's rename, or retire it."""
-        if not Path(holder.path, "_delta_log").is_dir():
-            del self._bound[holder.oid]  # bound, never written: nothing to keep apart
-            self._save()
-            return
+        # (a holder whose Delta table does not exist yet is no exception: its changes may be waiting in
+        # the same group, and must not end in the new relation's table)
         if holder.oid in self._in_progress:  # names swapped (t1 <-> t2): park one while the other moves
             parking = str(Path(self.targets.target_dir) / RETIRED_DIR / ".parking" / str(holder.oid))
             self._move(holder.oid, holder.path, parking, holder.name, holder.name)
