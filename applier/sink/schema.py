@@ -315,7 +315,7 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     source = spec.source_column_names
     earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
     own = set(spec.column_names) - set(source)
-    old_order = [n for n in have if n not in own and n not in earlier]
+    old_order = [n for n in have if n not in own and n not in earlier and n != ROW_COLUMN]  # (zerocol's)
     gone = tuple(n for n in old_order if n not in source)
     new = tuple(n for n in source if n not in have)
     if not gone or not new:
