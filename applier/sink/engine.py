@@ -295,10 +295,7 @@ class DeltaApplier:
             if plan.empty:
                 self._applied[path] = group_end
                 continue
-            description = (f"{spec.source_name} end_lsn={format_lsn(group_end)} "
-                           f"transactions={len(todo)}")
-            if plan.truncated:  # the Delta commit's history says what Postgres did
-                description += f" {truncate_clause(plan)}"
+            description = commit_description(spec, group_end, len(todo), plan)
             if self._dry_run is not None:
                 self._dry_run(describe_plan(description, plan))
                 continue
@@ -317,10 +314,8 @@ class DeltaApplier:
         if plan.empty:
             self._applied[path] = version
             return
-        description = (f"{spec.source_name} end_lsn={format_lsn(version)} transactions={len(run)} "
-                       f"keys={','.join(run_spec.key_columns) or '(whole row)'}")
-        if plan.truncated:
-            description += f" {truncate_clause(plan)}"
+        description = commit_description(spec, version, len(run), plan,
+                                         f"keys={','.join(run_spec.key_columns) or '(whole row)'}")
         if self._dry_run is not None:
             self._dry_run(describe_plan(description, plan))
             return
@@ -344,9 +339,7 @@ class DeltaApplier:
             if table.plan.empty:
                 self._applied[table.path] = group_end
                 continue
-            description = f"{table.spec.source_name} end_lsn={format_lsn(group_end)} transactions={transactions}"
-            if table.plan.truncated:
-                description += f" {truncate_clause(table.plan)}"
+            description = commit_description(table.spec, group_end, transactions, table.plan)
             commits.append((table.path, table.spec, table.plan, description))
         self._run_commits(commits, group_end, transactions, [])
 
@@ -562,6 +555,13 @@ def fold_table(spec: TableSpec, batches: Sequence[TableBatch]) -> TablePlan:
         changes = with_row_column(changes)
     soft = extra.soft_delete_positions(ncols) if extra is not None else None
     return fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
+
+
+def commit_description(spec: TableSpec, end_lsn: int, transactions: int, plan: TablePlan, extra: str = "") -> str:
+    """What a commit's Delta history says it applied (with the truncate, in Postgres terms, when it has one)."""
+    out = f"{spec.source_name} end_lsn={format_lsn(end_lsn)} transactions={transactions}"
+    out += f" {extra}" if extra else ""
+    return out + (f" {truncate_clause(plan)}" if plan.truncated else "")
 
 
 def truncate_clause(plan: TablePlan) -> str:
