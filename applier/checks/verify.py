@@ -109,11 +109,25 @@ def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns:
     cols = ", ".join(_pg_ident(c[0]) for c in columns)
     rel = f"{_pg_ident(namespace)}.{_pg_ident(table)}"
     with conn.transaction(), conn.cursor(name="applier_verify") as cur:  # server-side: constant memory
-        for _name, oid, _typmod in columns:
+        for oid in _result_type_oids(conn, [c[1] for c in columns]):
             cur.adapters.register_loader(oid, _RawText)
         cur.execute(f"SELECT {cols} FROM {rel}")  # identifiers quoted; no values in the SQL
         for raw in cur:
             yield tuple(None if v is None else conv(v) for v, conv in zip(raw, converters, strict=True))
+
+
+def _result_type_oids(conn: psycopg.Connection, type_oids: list[int]) -> set[int]:
+    """The column types and, for domains, their base types (down the chain of domains over domains).
+
+    PostgreSQL describes a domain column of a result by its base type (printtup.c), so the raw-text
+    loader must be registered for that OID too, or psycopg parses the value itself (an int, not bytes)."""
+    found = set(type_oids)
+    rows = conn.execute(
+        "WITH RECURSIVE chain(base) AS ("
+        " SELECT t.typbasetype FROM pg_type t WHERE t.oid = ANY(%s) AND t.typtype = 'd'"
+        " UNION SELECT t.typbasetype FROM chain c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd')"
+        " SELECT base::int FROM chain", (sorted(found),)).fetchall()
+    return found | {int(r[0]) for r in rows}
 
 
 def _pg_ident(name: str) -> str:
@@ -176,14 +190,22 @@ def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> li
 
 
 def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
-    """A TypeCache filled from pg_type for user types (what 'Y' messages would have told the decoder)."""
+    """A TypeCache filled from pg_type as the mirror's decoder fills it from 'Y' messages: one entry per
+    type with an OID from 10000 on (pgoutput sends 'Y' for those: enums, composites, ranges, arrays of
+    user types, extension types, domains), named as 'Y' names it: a domain by its base type, down a
+    chain of domains (logicalrep_write_typ calls getBaseType). Named otherwise, a domain over int would
+    be read as text here while the mirror holds ints."""
     from applier.catalog import TypeCache
     from applier.protocol.messages import Type
 
     types = TypeCache()
     for oid, nsp, name in conn.execute(
-            "SELECT t.oid::int, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
-            "WHERE t.oid >= 10000 AND t.typtype IN ('e', 'd', 'c')"):
+            "WITH RECURSIVE chain(oid, cur) AS ("
+            " SELECT t.oid, t.oid FROM pg_type t WHERE t.oid >= 10000"
+            " UNION ALL SELECT c.oid, t.typbasetype FROM chain c JOIN pg_type t ON t.oid = c.cur"
+            " WHERE t.typtype = 'd')"
+            " SELECT c.oid::int, n.nspname, b.typname FROM chain c JOIN pg_type b ON b.oid = c.cur"
+            " JOIN pg_namespace n ON n.oid = b.typnamespace WHERE b.typtype <> 'd'"):
         types.update(Type(None, oid, nsp, name))
     return types
 
