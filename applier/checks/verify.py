@@ -103,15 +103,19 @@ class _RawText(Loader):
 
 
 def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns: list[tuple[str, int, int]],
-                  converters: list[Any]) -> Iterator[tuple[Any, ...]]:
-    """Rows of ``namespace.table`` as Python values, via text output and the given per-column converters."""
+                  converters: list[Any], row_filter: str | None = None) -> Iterator[tuple[Any, ...]]:
+    """Rows of ``namespace.table`` as Python values, via text output and the given per-column converters;
+    with ``row_filter`` (a publication's WHERE clause, SQL over the table's columns, as PostgreSQL
+    itself prints it in ``pg_publication_tables.rowfilter``) only the rows it passes, the rows a
+    mirror of that publication holds."""
     pin_session(conn)
     cols = ", ".join(_pg_ident(c[0]) for c in columns)
     rel = f"{_pg_ident(namespace)}.{_pg_ident(table)}"
     with conn.transaction(), conn.cursor(name="applier_verify") as cur:  # server-side: constant memory
         for oid in _result_type_oids(conn, [c[1] for c in columns]):
             cur.adapters.register_loader(oid, _RawText)
-        cur.execute(f"SELECT {cols} FROM {rel}")  # identifiers quoted; no values in the SQL
+        where = f" WHERE {row_filter}" if row_filter else ""  # the server's own text of the filter
+        cur.execute(f"SELECT {cols} FROM {rel}{where}")  # identifiers quoted; no values in the SQL
         for raw in cur:
             yield tuple(None if v is None else conv(v) for v, conv in zip(raw, converters, strict=True))
 
@@ -212,10 +216,11 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
 
 def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
                         keep: Callable[[str], bool] | None = None,
-                        policy: SpecialValuePolicy = "error") -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+                        policy: SpecialValuePolicy = "error", row_filter: str | None = None,
+                        ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     """Column names and rows of a Postgres table as the mirror's Python values (through the values
     layer, under the mirror's special-value ``policy``); ``keep`` chooses the columns (default: all
-    live ones)."""
+    live ones), ``row_filter`` the rows (a publication's row filter)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
@@ -225,20 +230,22 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
     types = _type_cache_from_postgres(conn)
     converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name,
                           policy=policy) for name, oid, typmod in cols]
-    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters)
+    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters, row_filter)
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
                  *, detail: bool = True, exclude: Iterable[str] = (),
                  only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error",
-                 soft_deleted: str | None = None) -> TableComparison:
+                 soft_deleted: str | None = None, row_filter: str | None = None) -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
     the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
-    list), with Postgres' values converted under the mirror's special-value ``policy`` (a mirror that
-    clamps ``infinity`` holds the clamped value: verify compares with exactly that)."""
+    list), on the rows the publication sends (``row_filter``: its WHERE clause), with Postgres' values
+    converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
+    clamped value: verify compares with exactly that)."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
-                                      lambda c: c not in excluded and (kept is None or c in kept), policy)
+                                      lambda c: c not in excluded and (kept is None or c in kept), policy,
+                                      row_filter)
     return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
 
 
@@ -247,17 +254,18 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
                             publication: str | None = None,
                             policy: SpecialValuePolicy = "error") -> list[TableComparison]:
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
-    config's tables section) and the publication's column lists say the mirror writes it."""
+    config's tables section) and the publication's column lists and row filters say the mirror writes
+    it (``publication``: one name or a comma-separated list, as the mirror's ``source.publication``;
+    a table in several is filtered as pgoutput filters it, see ``published_tables``)."""
     from applier.config import TablesSettings
     from applier.sink.extras import ExtraColumns
     from applier.sink.targets import TableTargets
     from applier.sources.publication import published_selection
 
     targets = TableTargets(spark, target_dir, settings or TablesSettings())
-    column_lists: dict[tuple[str, str], Any] = {}
+    published: dict[tuple[str, str], Any] = {}
     if publication is not None:
-        column_lists = {(t.namespace, t.name): t.columns
-                        for t in published_selection(conn, publication, targets.tables)}
+        published = {(t.namespace, t.name): t for t in published_selection(conn, publication, targets.tables)}
     settings = targets.tables
 
     def soft_deleted(ns: str, name: str) -> str | None:
@@ -265,6 +273,8 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
         return extra.deleted if extra is not None else None
 
     return [verify_table(spark, conn, targets.path_for(ns, name), ns, name,
-                         exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)),
-                         policy=policy, soft_deleted=soft_deleted(ns, name))
+                         exclude=targets.excluded_columns(ns, name),
+                         only=published[(ns, name)].columns if (ns, name) in published else None,
+                         policy=policy, soft_deleted=soft_deleted(ns, name),
+                         row_filter=published[(ns, name)].row_filter if (ns, name) in published else None)
             for ns, name in sorted(tables)]

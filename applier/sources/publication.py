@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from applier.errors import SourceError
+from applier.errors import ConfigError, SourceError
 
 if TYPE_CHECKING:
     from applier.config import TablesSettings
@@ -29,19 +29,84 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def publication_names(text: str) -> list[str]:
+    """The publications of a ``source.publication`` setting, read as pgoutput reads its
+    ``publication_names`` option (SplitIdentifierString): comma-separated, blanks around a name ignored,
+    unquoted names folded to lower case, "double-quoted" names taken as written ("" is a quote)."""
+    names: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            j, name = i + 1, []
+            while True:
+                end = text.find('"', j)
+                if end < 0:
+                    raise ConfigError(f"unterminated quoted name in publication list {text!r}")
+                name.append(text[j:end])
+                if text.startswith('"', end + 1):  # "" inside quotes
+                    name.append('"')
+                    j = end + 2
+                    continue
+                i = end + 1
+                break
+            value = "".join(name)
+        else:
+            j = i
+            while i < n and text[i] != "," and not text[i].isspace():
+                i += 1
+            value = text[j:i].lower()
+        while i < n and text[i].isspace():
+            i += 1
+        if not value or (i < n and text[i] != ","):
+            raise ConfigError(f"not a comma-separated list of publication names: {text!r}")
+        names.append(value)
+        if i >= n:
+            return names
+        i += 1  # the comma
+
+
 def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
-    """The tables the publication sends changes for (as pgoutput names them), with column lists and
-    row filters on servers that have them (PG 15+)."""
-    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
-    if exists is None:
-        raise SourceError(f"publication {publication!r} does not exist; create it first, e.g. "
-                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES)",
-                          publication=publication)
+    """The tables the publications send changes for (as pgoutput names them), with column lists and
+    row filters on servers that have them (PG 15+).
+
+    ``publication`` is one name or a comma-separated list, as pgoutput's ``publication_names``. A table
+    in several of them is sent once, with the row filters combined as PostgreSQL's table sync and
+    pgoutput combine them: OR-ed, and no filter at all when any of those publications has none for it
+    (a FOR ALL TABLES or TABLES IN SCHEMA publication never has one). Different column lists for one
+    table are refused, as pgoutput refuses them."""
+    names = publication_names(publication)
+    found = {r[0] for r in conn.execute("SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)",
+                                        (names,)).fetchall()}
+    for name in names:
+        if name not in found:
+            raise SourceError(f"publication {name!r} does not exist; create it first, e.g. "
+                              f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE ... (or FOR ALL TABLES)",
+                              publication=name)
     has_lists = conn.info.server_version >= 150000
     extra = ", attnames, rowfilter" if has_lists else ", NULL::name[], NULL::text"
-    rows = conn.execute(f"SELECT schemaname, tablename{extra} FROM pg_publication_tables WHERE pubname = %s "
-                        "ORDER BY 1, 2", (publication,)).fetchall()
-    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf) for ns, name, cols, rf in rows]
+    rows = conn.execute(f"SELECT schemaname, tablename{extra}, pubname FROM pg_publication_tables "
+                        "WHERE pubname = ANY(%s) ORDER BY 1, 2, 5", (names,)).fetchall()
+    merged: dict[tuple[str, str], PublishedTable] = {}
+    unfiltered: set[tuple[str, str]] = set()
+    filters: dict[tuple[str, str], list[str]] = {}
+    for ns, name, cols, rf, pubname in rows:
+        key, columns = (ns, name), tuple(cols) if cols is not None else None
+        first = merged.setdefault(key, PublishedTable(ns, name, columns, None))
+        if first.columns != columns:
+            raise SourceError(f"table {ns}.{name} has different column lists in the publications {publication!r}; "
+                              "PostgreSQL cannot send it (pgoutput refuses different column lists): give it one "
+                              "column list in all of them, or leave it in one", publication=pubname,
+                              table=f"{ns}.{name}")
+        if rf is None:
+            unfiltered.add(key)
+        elif rf not in filters.setdefault(key, []):
+            filters[key].append(rf)
+    return [PublishedTable(t.namespace, t.name, t.columns,
+                           None if key in unfiltered or not filters.get(key) else
+                           filters[key][0] if len(filters[key]) == 1 else " OR ".join(f"({f})" for f in filters[key]))
+            for key, t in merged.items()]
 
 
 def published_selection(conn: psycopg.Connection, publication: str, tables: TablesSettings) -> list[PublishedTable]:
