@@ -12,7 +12,7 @@ import fnmatch
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from applier.config.files import load_config
 from applier.errors import ConfigError
@@ -56,7 +56,10 @@ class SourceSettings(_Model):
         "libpq's own PGHOST/PGSERVICE/PGPASSWORD and ~/.pgpass, which keep the password out of the file")
     dsn_env: str = Field("APPLIER_DSN", description="environment variable holding the DSN when dsn is unset")
     slot: str = Field("applier", description="logical replication slot (pgoutput); created when absent")
-    publication: str = Field("applier", description="publication whose tables are mirrored")
+    publication: str = Field(
+        "applier", description="publication whose tables are mirrored, or several as a comma-separated list, read "
+        "as pgoutput reads publication_names (unquoted names fold to lower case, \"Quoted\" ones do not); a table "
+        "in several is filtered as PostgreSQL filters it: their row filters OR-ed, none when one of them has none")
     proto_version: Literal[1, 2, 3, 4] = Field(1, description="pgoutput protocol version")
     streaming: Literal["off", "on", "parallel"] = Field(
         "off", description="stream in-progress transactions (on: proto >= 2, parallel: proto >= 4, PG 16+)")
@@ -72,6 +75,18 @@ class SourceSettings(_Model):
     max_retries: int = Field(
         10, ge=0, description="mirror: reconnect attempts after the connection drops or the server restarts "
         "(backoff 1 s doubling to 30 s); counted per outage, then the mirror stops with the last error")
+
+    @field_validator("publication")
+    @classmethod
+    def _publication_list(cls, value: str) -> str:
+        from applier.errors import ConfigError
+        from applier.sources.publication import publication_names
+
+        try:
+            publication_names(value)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return value
 
     @model_validator(mode="after")
     def _versions(self) -> SourceSettings:

@@ -105,7 +105,8 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
             filters[key].append(rf)
     return [PublishedTable(t.namespace, t.name, t.columns,
                            None if key in unfiltered or not filters.get(key) else
-                           filters[key][0] if len(filters[key]) == 1 else " OR ".join(f"({f})" for f in filters[key]))
+                           filters[key][0] if len(filters[key]) == 1 else
+                           "(" + " OR ".join(f"({f})" for f in filters[key]) + ")")
             for key, t in merged.items()]
 
 
