@@ -16,8 +16,10 @@ import yaml
 from applier.cli import main as cli_main
 from applier.config import MirrorConfig
 from applier.drivers.mirror import mirror
+from applier.errors import SourceError
+from applier.sources.publication import published_tables
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+pytestmark = [pytest.mark.postgres]
 
 
 def _config(pg, tmp_path: Path, publication: str, slot: str) -> tuple[MirrorConfig, Path]:
@@ -36,6 +38,7 @@ def _verify(config: Path, capsys) -> tuple[int, str]:
     return code, out.out + out.err
 
 
+@pytest.mark.spark
 def test_002_types_workload_verifies_equal(pg, spark, tmp_path, capsys):
     with pg.connect() as conn:
         conn.execute(types002.DDL)
@@ -112,6 +115,7 @@ INSERT INTO schema_rf_x.tab_rf_x (x) VALUES (-99), (99);
 """
 
 
+@pytest.mark.spark
 def test_row_filtered_publications_verify_equal(pg, spark, tmp_path, capsys):
     with pg.connect() as conn:
         conn.execute(ROW_FILTER_DDL)
@@ -167,3 +171,40 @@ def test_row_filtered_publications_verify_equal(pg, spark, tmp_path, capsys):
     code, out = _verify(path, capsys)
     assert code == 1 and "public.tab_rowfilter_1: postgres 3 rows, delta 3 rows: DIFFERENT" in out, out
     assert "only in delta:    1980 | tampered" in out
+
+
+def test_publications_combine_as_pgoutput_combines_them(pg_any):
+    """The rule of pgoutput_row_filter_init and table sync, on every major: filters of the named
+    publications OR-ed; none when one of them has none (a FOR TABLES IN SCHEMA one never has one);
+    publications not named do not count; different column lists refused; every name must exist."""
+    with pg_any.connect() as conn:
+        conn.execute("""
+            CREATE TABLE t1 (a int PRIMARY KEY, b text);
+            CREATE TABLE t2 (a int PRIMARY KEY);
+            CREATE SCHEMA s;
+            CREATE TABLE s.t3 (a int PRIMARY KEY);
+            CREATE TABLE t4 (a int PRIMARY KEY, b int, c int);
+            INSERT INTO t1 SELECT x, 'v' || x FROM generate_series(-5, 10) x;
+            CREATE PUBLICATION pub_a FOR TABLE t1 WHERE (a > 5), t2 WHERE (a > 5);
+            CREATE PUBLICATION pub_b FOR TABLE t1 WHERE (a < 0 AND b <> 'v-1');
+            CREATE PUBLICATION pub_c FOR TABLE t2;
+            CREATE PUBLICATION pub_d FOR TABLE s.t3 WHERE (a > 5);
+            CREATE PUBLICATION pub_e FOR TABLES IN SCHEMA s;
+            CREATE PUBLICATION "Pub_Cols1" FOR TABLE t4 (a, b);
+            CREATE PUBLICATION pub_cols2 FOR TABLE t4 (a, c);
+        """)
+        tables = {t.qualified_name: t for t in published_tables(conn, 'pub_a,PUB_B , pub_d, "Pub_Cols1"')}
+        assert sorted(tables) == ["public.t1", "public.t2", "public.t4", "s.t3"]
+        t1 = tables["public.t1"].row_filter
+        assert t1 is not None and " OR " in t1
+        rows = conn.execute(f"SELECT a FROM t1 WHERE {t1} ORDER BY a").fetchall()
+        assert [r[0] for r in rows] == [-5, -4, -3, -2, 6, 7, 8, 9, 10]
+        assert tables["public.t2"].row_filter == "(a > 5)" and tables["s.t3"].row_filter == "(a > 5)"
+        assert tables["public.t4"].columns == ("a", "b") and tables["public.t4"].row_filter is None
+        both = {t.qualified_name: t for t in published_tables(conn, "pub_a, pub_c, pub_d, pub_e")}
+        assert both["public.t2"].row_filter is None and both["s.t3"].row_filter is None
+        assert both["public.t1"].row_filter == "(a > 5)"
+        with pytest.raises(SourceError, match="different column lists"):
+            published_tables(conn, '"Pub_Cols1", pub_cols2')
+        with pytest.raises(SourceError, match="publication 'pub_cols1' does not exist"):
+            published_tables(conn, "pub_a, Pub_Cols1")  # unquoted: folded to lower case, as pgoutput does
