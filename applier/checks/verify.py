@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -111,6 +111,12 @@ def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns:
     pin_session(conn)
     cols = ", ".join(_pg_ident(c[0]) for c in columns)
     rel = f"{_pg_ident(namespace)}.{_pg_ident(table)}"
+    kind = conn.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = %s AND c.relname = %s", (namespace, table)).fetchone()
+    if kind is None or kind[0] != "p":
+        # pgoutput sends an inheritance parent's own rows (children are tables of their own), and the
+        # initial copy reads them with ONLY; a partitioned table is read through its root
+        rel = f"ONLY {rel}"
     with conn.transaction(), conn.cursor(name="applier_verify") as cur:  # server-side: constant memory
         for oid in _result_type_oids(conn, [c[1] for c in columns]):
             cur.adapters.register_loader(oid, _RawText)
@@ -183,14 +189,18 @@ def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterato
     return result
 
 
-def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> list[tuple[str, int, int]]:
-    """(name, type oid, typmod) of the table's live columns, in column order."""
+def postgres_columns(conn: psycopg.Connection, namespace: str, table: str,
+                     generated: Collection[str] = ()) -> list[tuple[str, int, int]]:
+    """(name, type oid, typmod) of the table's live columns that pgoutput sends, in column order:
+    generated columns only when named in ``generated`` and stored (PostgreSQL 18 sends stored ones a
+    publication asks for; earlier servers never send them, though their pg_publication_tables lists
+    them)."""
     rows = conn.execute(
-        "SELECT a.attname, a.atttypid::int, a.atttypmod FROM pg_attribute a "
+        "SELECT a.attname, a.atttypid::int, a.atttypmod, a.attgenerated::text FROM pg_attribute a "
         "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped "
         "ORDER BY a.attnum", (namespace, table)).fetchall()
-    return [(r[0], int(r[1]), int(r[2])) for r in rows]
+    return [(r[0], int(r[1]), int(r[2])) for r in rows if not r[3] or (r[3] == "s" and r[0] in generated)]
 
 
 def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
@@ -217,16 +227,17 @@ def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
 def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
                         keep: Callable[[str], bool] | None = None,
                         policy: SpecialValuePolicy = "error", row_filter: str | None = None,
-                        ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+                        generated: Collection[str] = ()) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     """Column names and rows of a Postgres table as the mirror's Python values (through the values
     layer, under the mirror's special-value ``policy``); ``keep`` chooses the columns (default: all
-    live ones), ``row_filter`` the rows (a publication's row filter)."""
+    live ones but generated columns not in ``generated``), ``row_filter`` the rows (a publication's
+    row filter)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
     from applier.values import convert_value
 
-    cols = [c for c in postgres_columns(conn, namespace, table) if keep is None or keep(c[0])]
+    cols = [c for c in postgres_columns(conn, namespace, table, generated) if keep is None or keep(c[0])]
     types = _type_cache_from_postgres(conn)
     converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name,
                           policy=policy) for name, oid, typmod in cols]
@@ -243,9 +254,11 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
     converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
     clamped value: verify compares with exactly that)."""
     excluded, kept = set(exclude), None if only is None else set(only)
+    # PostgreSQL 18 lists a generated column in a publication's columns exactly when it sends it
+    generated = kept if kept is not None and conn.info.server_version >= 180000 else set()
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
-                                      row_filter)
+                                      row_filter, generated)
     return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
 
 
