@@ -13,6 +13,7 @@ import pytest
 import tap_types_002 as types002
 import yaml
 
+from applier.checks.verify import verify_table
 from applier.cli import main as cli_main
 from applier.config import MirrorConfig
 from applier.drivers.mirror import mirror
@@ -225,3 +226,29 @@ def test_publications_combine_as_pgoutput_combines_them(pg_any):
             published_tables(conn, '"Pub_Cols1", pub_cols2')
         with pytest.raises(SourceError, match="publication 'pub_cols1' does not exist"):
             published_tables(conn, "pub_a, Pub_Cols1")  # unquoted: folded to lower case, as pgoutput does
+
+
+@pytest.mark.spark
+def test_a_missing_column_or_table_is_a_difference_not_a_crash(pg, spark, tmp_path, capsys):
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        conn.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    target = tmp_path / "delta"
+    spark.createDataFrame([(1, "a"), (2, "b")], "id int, v string").write.format("delta") \
+        .save(str(target / "public" / "t"))
+    spark.createDataFrame([(1,)], "id int").write.format("delta").save(str(target / "public" / "u"))
+    with pg.connect() as conn:
+        assert verify_table(spark, conn, str(target / "public" / "t"), "public", "t").equal
+        conn.execute("ALTER TABLE t ADD COLUMN added int")  # Postgres gained a column the mirror has not seen
+        res = verify_table(spark, conn, str(target / "public" / "t"), "public", "t")
+        assert not res.equal and res.problems == ["column 'added' is not in the Delta table"]
+        assert res.source_rows == res.target_rows == 2 and res.source_checksum == res.target_checksum
+        res = verify_table(spark, conn, str(tmp_path / "nowhere"), "public", "t")
+        assert not res.equal and res.problems == [f"no Delta table at {tmp_path / 'nowhere'}"]
+        assert (res.source_rows, res.target_rows) == (2, 0)
+    capsys.readouterr()
+    assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert "public.t: postgres 2 rows, delta 2 rows: DIFFERENT" in out
+    assert "  column 'added' is not in the Delta table" in out and "public.u: postgres 0 rows, delta 1 rows" in out

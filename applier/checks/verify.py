@@ -75,10 +75,12 @@ class TableComparison:
     target_checksum: int = 0
     only_in_source: list[str] = field(default_factory=list)
     only_in_target: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # differences beyond rows: no table, missing columns
 
     @property
     def equal(self) -> bool:
-        return self.source_rows == self.target_rows and self.source_checksum == self.target_checksum
+        return (not self.problems and self.source_rows == self.target_rows
+                and self.source_checksum == self.target_checksum)
 
 
 def _checksum(rows: Iterator[tuple[Any, ...]], keep: Counter[str] | None) -> tuple[int, int]:
@@ -259,7 +261,30 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter, generated)
-    return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
+    have = _delta_columns(spark, path)
+    if have is None:
+        result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)
+        result.problems.append(f"no Delta table at {path}")
+        return result
+    # a column Postgres sends and the Delta table lacks is a difference to report, not a crash; the
+    # other columns are still compared (Spark resolves names case-insensitively, as here)
+    missing = [n for n in names if n.lower() not in {c.lower() for c in have}]
+    if missing:
+        keep_at = [i for i, n in enumerate(names) if n not in missing]
+        names = [names[i] for i in keep_at]
+        rows = (tuple(row[i] for i in keep_at) for row in rows)
+    result = compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
+    result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
+    return result
+
+
+def _delta_columns(spark: SparkSession, path: str) -> list[str] | None:
+    """The Delta table's column names, or None when there is no Delta table at ``path``."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return list(spark.read.format("delta").load(path).columns)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.source_name}: postgres {r.source_rows} rows, delta {r.target_rows} rows: {state}")
         if not r.equal:
             bad += 1
+            for problem in r.problems:
+                print(f"  {problem}")
             for row in r.only_in_source:
                 print(f"  only in postgres: {row.replace(chr(31), ' | ')}")
             for row in r.only_in_target:
