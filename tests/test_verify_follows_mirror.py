@@ -17,7 +17,7 @@ from applier.checks.verify import verify_table
 from applier.cli import main as cli_main
 from applier.config import MirrorConfig
 from applier.drivers.mirror import mirror
-from applier.errors import SourceError
+from applier.errors import ApplierError, ConfigError
 from applier.sources.publication import published_tables
 
 pytestmark = [pytest.mark.postgres]
@@ -222,9 +222,9 @@ def test_publications_combine_as_pgoutput_combines_them(pg_any):
         both = {t.qualified_name: t for t in published_tables(conn, "pub_a, pub_c, pub_d, pub_e")}
         assert both["public.t2"].row_filter is None and both["s.t3"].row_filter is None
         assert both["public.t1"].row_filter == "(a > 5)"
-        with pytest.raises(SourceError, match="different column lists"):
+        with pytest.raises(ConfigError, match="different column lists"):  # exit 2: fix the publications
             published_tables(conn, '"Pub_Cols1", pub_cols2')
-        with pytest.raises(SourceError, match="publication 'pub_cols1' does not exist"):
+        with pytest.raises(ApplierError, match="publication 'pub_cols1' does not exist"):
             published_tables(conn, "pub_a, Pub_Cols1")  # unquoted: folded to lower case, as pgoutput does
 
 

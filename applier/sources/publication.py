@@ -95,7 +95,8 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
         key, columns = (ns, name), tuple(cols) if cols is not None else None
         first = merged.setdefault(key, PublishedTable(ns, name, columns, None))
         if first.columns != columns:
-            raise SourceError(f"table {ns}.{name} has different column lists in the publications {publication!r}; "
+            # exit 2, not a source outage: the publications must change, a restart will not help
+            raise ConfigError(f"table {ns}.{name} has different column lists in the publications {publication!r}; "
                               "PostgreSQL cannot send it (pgoutput refuses different column lists): give it one "
                               "column list in all of them, or leave it in one", publication=pubname,
                               table=f"{ns}.{name}")
