@@ -75,10 +75,12 @@ class TableComparison:
     target_checksum: int = 0
     only_in_source: list[str] = field(default_factory=list)
     only_in_target: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # differences beyond rows: no table, missing columns
 
     @property
     def equal(self) -> bool:
-        return self.source_rows == self.target_rows and self.source_checksum == self.target_checksum
+        return (not self.problems and self.source_rows == self.target_rows
+                and self.source_checksum == self.target_checksum)
 
 
 def _checksum(rows: Iterator[tuple[Any, ...]], keep: Counter[str] | None) -> tuple[int, int]:
@@ -103,17 +105,41 @@ class _RawText(Loader):
 
 
 def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns: list[tuple[str, int, int]],
-                  converters: list[Any]) -> Iterator[tuple[Any, ...]]:
-    """Rows of ``namespace.table`` as Python values, via text output and the given per-column converters."""
+                  converters: list[Any], row_filter: str | None = None) -> Iterator[tuple[Any, ...]]:
+    """Rows of ``namespace.table`` as Python values, via text output and the given per-column converters;
+    with ``row_filter`` (a publication's WHERE clause, SQL over the table's columns, as PostgreSQL
+    itself prints it in ``pg_publication_tables.rowfilter``) only the rows it passes, the rows a
+    mirror of that publication holds."""
     pin_session(conn)
     cols = ", ".join(_pg_ident(c[0]) for c in columns)
     rel = f"{_pg_ident(namespace)}.{_pg_ident(table)}"
+    kind = conn.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "WHERE n.nspname = %s AND c.relname = %s", (namespace, table)).fetchone()
+    if kind is None or kind[0] != "p":
+        # pgoutput sends an inheritance parent's own rows (children are tables of their own), and the
+        # initial copy reads them with ONLY; a partitioned table is read through its root
+        rel = f"ONLY {rel}"
     with conn.transaction(), conn.cursor(name="applier_verify") as cur:  # server-side: constant memory
-        for _name, oid, _typmod in columns:
+        for oid in _result_type_oids(conn, [c[1] for c in columns]):
             cur.adapters.register_loader(oid, _RawText)
-        cur.execute(f"SELECT {cols} FROM {rel}")  # identifiers quoted; no values in the SQL
+        where = f" WHERE {row_filter}" if row_filter else ""  # the server's own text of the filter
+        cur.execute(f"SELECT {cols} FROM {rel}{where}")  # identifiers quoted; no values in the SQL
         for raw in cur:
             yield tuple(None if v is None else conv(v) for v, conv in zip(raw, converters, strict=True))
+
+
+def _result_type_oids(conn: psycopg.Connection, type_oids: list[int]) -> set[int]:
+    """The column types and, for domains, their base types (down the chain of domains over domains).
+
+    PostgreSQL describes a domain column of a result by its base type (printtup.c), so the raw-text
+    loader must be registered for that OID too, or psycopg parses the value itself (an int, not bytes)."""
+    found = set(type_oids)
+    rows = conn.execute(
+        "WITH RECURSIVE chain(base) AS ("
+        " SELECT t.typbasetype FROM pg_type t WHERE t.oid = ANY(%s) AND t.typtype = 'd'"
+        " UNION SELECT t.typbasetype FROM chain c JOIN pg_type t ON t.oid = c.base WHERE t.typtype = 'd')"
+        " SELECT base::int FROM chain", (sorted(found),)).fetchall()
+    return found | {int(r[0]) for r in rows}
 
 
 def _pg_ident(name: str) -> str:
@@ -179,24 +205,33 @@ def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> li
 
 
 def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
-    """A TypeCache filled from pg_type for user types (what 'Y' messages would have told the decoder)."""
+    """A TypeCache filled from pg_type as the mirror's decoder fills it from 'Y' messages: one entry per
+    type with an OID from 10000 on (pgoutput sends 'Y' for those: enums, composites, ranges, arrays of
+    user types, extension types, domains), named as 'Y' names it: a domain by its base type, down a
+    chain of domains (logicalrep_write_typ calls getBaseType). Named otherwise, a domain over int would
+    be read as text here while the mirror holds ints."""
     from applier.catalog import TypeCache
     from applier.protocol.messages import Type
 
     types = TypeCache()
     for oid, nsp, name in conn.execute(
-            "SELECT t.oid::int, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
-            "WHERE t.oid >= 10000 AND t.typtype IN ('e', 'd', 'c')"):
+            "WITH RECURSIVE chain(oid, cur) AS ("
+            " SELECT t.oid, t.oid FROM pg_type t WHERE t.oid >= 10000"
+            " UNION ALL SELECT c.oid, t.typbasetype FROM chain c JOIN pg_type t ON t.oid = c.cur"
+            " WHERE t.typtype = 'd')"
+            " SELECT c.oid::int, n.nspname, b.typname FROM chain c JOIN pg_type b ON b.oid = c.cur"
+            " JOIN pg_namespace n ON n.oid = b.typnamespace WHERE b.typtype <> 'd'"):
         types.update(Type(None, oid, nsp, name))
     return types
 
 
 def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
                         keep: Callable[[str], bool] | None = None,
-                        policy: SpecialValuePolicy = "error") -> tuple[list[str], Iterator[tuple[Any, ...]]]:
+                        policy: SpecialValuePolicy = "error", row_filter: str | None = None,
+                        ) -> tuple[list[str], Iterator[tuple[Any, ...]]]:
     """Column names and rows of a Postgres table as the mirror's Python values (through the values
     layer, under the mirror's special-value ``policy``); ``keep`` chooses the columns (default: all
-    live ones)."""
+    live ones), ``row_filter`` the rows (a publication's row filter)."""
     from functools import partial
 
     from applier.protocol.messages import COL_TEXT
@@ -206,21 +241,46 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
     types = _type_cache_from_postgres(conn)
     converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name,
                           policy=policy) for name, oid, typmod in cols]
-    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters)
+    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters, row_filter)
 
 
 def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
                  *, detail: bool = True, exclude: Iterable[str] = (),
                  only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error",
-                 soft_deleted: str | None = None) -> TableComparison:
+                 soft_deleted: str | None = None, row_filter: str | None = None) -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
     the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
-    list), with Postgres' values converted under the mirror's special-value ``policy`` (a mirror that
-    clamps ``infinity`` holds the clamped value: verify compares with exactly that)."""
+    list), on the rows the publication sends (``row_filter``: its WHERE clause), with Postgres' values
+    converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
+    clamped value: verify compares with exactly that)."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
-                                      lambda c: c not in excluded and (kept is None or c in kept), policy)
-    return compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
+                                      lambda c: c not in excluded and (kept is None or c in kept), policy,
+                                      row_filter)
+    have = _delta_columns(spark, path)
+    if have is None:
+        result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)
+        result.problems.append(f"no Delta table at {path}")
+        return result
+    # a column Postgres sends and the Delta table lacks is a difference to report, not a crash; the
+    # other columns are still compared (Spark resolves names case-insensitively, as here)
+    missing = [n for n in names if n.lower() not in {c.lower() for c in have}]
+    if missing:
+        keep_at = [i for i, n in enumerate(names) if n not in missing]
+        names = [names[i] for i in keep_at]
+        rows = (tuple(row[i] for i in keep_at) for row in rows)
+    result = compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
+    result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
+    return result
+
+
+def _delta_columns(spark: SparkSession, path: str) -> list[str] | None:
+    """The Delta table's column names, or None when there is no Delta table at ``path``."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return list(spark.read.format("delta").load(path).columns)
 
 
 def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
@@ -228,17 +288,18 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
                             publication: str | None = None,
                             policy: SpecialValuePolicy = "error") -> list[TableComparison]:
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
-    config's tables section) and the publication's column lists say the mirror writes it."""
+    config's tables section) and the publication's column lists and row filters say the mirror writes
+    it (``publication``: one name or a comma-separated list, as the mirror's ``source.publication``;
+    a table in several is filtered as pgoutput filters it, see ``published_tables``)."""
     from applier.config import TablesSettings
     from applier.sink.extras import ExtraColumns
     from applier.sink.targets import TableTargets
     from applier.sources.publication import published_selection
 
     targets = TableTargets(spark, target_dir, settings or TablesSettings())
-    column_lists: dict[tuple[str, str], Any] = {}
+    published: dict[tuple[str, str], Any] = {}
     if publication is not None:
-        column_lists = {(t.namespace, t.name): t.columns
-                        for t in published_selection(conn, publication, targets.tables)}
+        published = {(t.namespace, t.name): t for t in published_selection(conn, publication, targets.tables)}
     settings = targets.tables
 
     def soft_deleted(ns: str, name: str) -> str | None:
@@ -246,6 +307,8 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
         return extra.deleted if extra is not None else None
 
     return [verify_table(spark, conn, targets.path_for(ns, name), ns, name,
-                         exclude=targets.excluded_columns(ns, name), only=column_lists.get((ns, name)),
-                         policy=policy, soft_deleted=soft_deleted(ns, name))
+                         exclude=targets.excluded_columns(ns, name),
+                         only=published[(ns, name)].columns if (ns, name) in published else None,
+                         policy=policy, soft_deleted=soft_deleted(ns, name),
+                         row_filter=published[(ns, name)].row_filter if (ns, name) in published else None)
             for ns, name in sorted(tables)]

@@ -44,7 +44,8 @@ Flags override the config file (and APPLIER_* variables) and may supply what it 
     p.add_argument("--config", help="YAML config (see configs/mirror.yaml and docs/config.md); relative paths "
                    "in it are resolved from its folder")
     p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN: command lines are visible)")
-    p.add_argument("--publication", help="publication to mirror (overrides source.publication)")
+    p.add_argument("--publication", help="publication to mirror, or several comma-separated "
+                   "(overrides source.publication)")
     p.add_argument("--slot", help="logical replication slot (overrides source.slot; created if absent)")
     p.add_argument("--target", help="directory of the Delta tables (overrides target.path)")
     p.add_argument("--once", action="store_true",

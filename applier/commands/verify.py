@@ -13,9 +13,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "verify",
         help="compare each mirrored Delta table with Postgres; exit 1 when any differs",
         description="For every Delta table under TARGET/<schema>/<table> (with --config: every table "
-        "of the config's publication that it selects, where its rules put it, on the columns it "
-        "mirrors), compare its rows with the Postgres table of the same name: row counts and an "
-        "order-independent checksum of canonical "
+        "of the config's publications that it selects, where its rules put it, on the columns and rows "
+        "it mirrors: column lists and row filters), compare its rows with the Postgres table of the same "
+        "name: row counts and an order-independent checksum of canonical "
         "values (Postgres values go through the same conversion as replicated ones). On a mismatch, "
         "rows found on one side only are listed. The DSN comes from --dsn, the config, $APPLIER_DSN "
         "or libpq's PGHOST/PGSERVICE variables, and is never printed. Exit 0: all equal; 1: some "
@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r.source_name}: postgres {r.source_rows} rows, delta {r.target_rows} rows: {state}")
         if not r.equal:
             bad += 1
+            for problem in r.problems:
+                print(f"  {problem}")
             for row in r.only_in_source:  # '' is a row of a table without columns
                 print(f"  only in postgres: {row.replace(chr(31), ' | ') or '(a row without columns)'}")
             for row in r.only_in_target:

@@ -13,7 +13,7 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from applier.config.files import load_config
 from applier.errors import ConfigError
@@ -76,7 +76,10 @@ class SourceSettings(_Model):
     slot: SlotName = Field(
         "applier", description="logical replication slot (pgoutput); created when absent; lower-case letters, "
         "digits and underscores only (PostgreSQL's rule), at most 63 characters")
-    publication: str = Field("applier", description="publication whose tables are mirrored")
+    publication: str = Field(
+        "applier", description="publication whose tables are mirrored, or several as a comma-separated list, read "
+        "as pgoutput reads publication_names (unquoted names fold to lower case, \"Quoted\" ones do not); a table "
+        "in several is filtered as PostgreSQL filters it: their row filters OR-ed, none when one of them has none")
     proto_version: Literal[1, 2, 3, 4] = Field(1, description="pgoutput protocol version")
     streaming: Literal["off", "on", "parallel"] = Field(
         "off", description="stream in-progress transactions (on: proto >= 2, parallel: proto >= 4, PG 16+)")
@@ -92,6 +95,18 @@ class SourceSettings(_Model):
     max_retries: int = Field(
         10, ge=0, description="mirror: reconnect attempts after the connection drops or the server restarts "
         "(backoff 1 s doubling to 30 s); counted per outage, then the mirror stops with the last error")
+
+    @field_validator("publication")
+    @classmethod
+    def _publication_list(cls, value: str) -> str:
+        from applier.errors import ConfigError
+        from applier.sources.publication import publication_names
+
+        try:
+            publication_names(value)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return value
 
     @model_validator(mode="after")
     def _versions(self) -> SourceSettings:

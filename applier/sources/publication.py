@@ -30,15 +30,57 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def publication_names(text: str) -> list[str]:
+    """The publications of a ``source.publication`` setting, read as pgoutput reads its
+    ``publication_names`` option (SplitIdentifierString): comma-separated, blanks around a name ignored,
+    unquoted names folded to lower case, "double-quoted" names taken as written ("" is a quote)."""
+    names: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            j, name = i + 1, []
+            while True:
+                end = text.find('"', j)
+                if end < 0:
+                    raise ConfigError(f"unterminated quoted name in publication list {text!r}")
+                name.append(text[j:end])
+                if text.startswith('"', end + 1):  # "" inside quotes
+                    name.append('"')
+                    j = end + 2
+                    continue
+                i = end + 1
+                break
+            value = "".join(name)
+        else:
+            j = i
+            while i < n and text[i] != "," and not text[i].isspace():
+                i += 1
+            value = text[j:i].lower()
+        while i < n and text[i].isspace():
+            i += 1
+        if not value or (i < n and text[i] != ","):
+            raise ConfigError(f"not a comma-separated list of publication names: {text!r}")
+        names.append(value)
+        if i >= n:
+            return names
+        i += 1  # the comma
+
+
 def require_publication(conn: psycopg.Connection, publication: str) -> None:
     """ConfigError (exit 2: a name in the config or a flag, which a restart will not fix) when the
-    server has no such publication. The commands call it right after the DSN check, before Spark
-    starts; a publication dropped while a mirror runs ends the run the same way."""
-    exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
-    if exists is None:
-        raise ConfigError(f"publication {publication!r} does not exist in this database; create it first, e.g. "
-                          f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE ... (or FOR ALL TABLES), or "
-                          "fix source.publication (--publication)")
+    server lacks one of the publications (``publication``: one name or a comma-separated list, see
+    ``publication_names``). The commands call it right after the DSN check, before Spark starts; a
+    publication dropped while a mirror runs ends the run the same way."""
+    names = publication_names(publication)
+    found = {r[0] for r in conn.execute("SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
+                                        (names,)).fetchall()}
+    for name in names:
+        if name not in found:
+            raise ConfigError(f"publication {name!r} does not exist in this database; create it first, e.g. "
+                              f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE ... (or FOR ALL TABLES), or "
+                              "fix source.publication (--publication)")
 
 
 def check_publication(dsn: str, publication: str) -> None:
@@ -48,12 +90,19 @@ def check_publication(dsn: str, publication: str) -> None:
 
 
 def published_tables(conn: psycopg.Connection, publication: str) -> list[PublishedTable]:
-    """The tables the publication sends changes for (as pgoutput names them), with column lists and
+    """The tables the publications send changes for (as pgoutput names them), with column lists and
     row filters on servers that have them (PG 15+). The column list is exactly the columns pgoutput
     sends: stored generated columns only on PostgreSQL 18+ where the publication publishes them
     (``publish_generated_columns = stored`` or a column list naming them); PostgreSQL 15 to 17 list
-    generated columns in ``pg_publication_tables.attnames`` but never send them."""
+    generated columns in ``pg_publication_tables.attnames`` but never send them.
+
+    ``publication`` is one name or a comma-separated list, as pgoutput's ``publication_names``. A table
+    in several of them is sent once, with the row filters combined as PostgreSQL's table sync and
+    pgoutput combine them: OR-ed, and no filter at all when any of those publications has none for it
+    (a FOR ALL TABLES or TABLES IN SCHEMA publication never has one). Different column lists for one
+    table are refused, as pgoutput refuses them."""
     require_publication(conn, publication)
+    names = publication_names(publication)
     version = conn.info.server_version
     if version >= 180000:  # attnames is what pgoutput sends, stored generated columns included when published
         extra = ", attnames, rowfilter"
@@ -63,11 +112,30 @@ def published_tables(conn: psycopg.Connection, publication: str) -> list[Publish
                  "AND a.attgenerated <> '')), rowfilter")
     else:
         extra = ", NULL::name[], NULL::text"
-    rows = conn.execute(f"SELECT schemaname, tablename{extra}, (quote_ident(schemaname) || '.' || "
-                        "quote_ident(tablename))::regclass::oid::int8 FROM pg_publication_tables WHERE pubname = %s "
-                        "ORDER BY 1, 2", (publication,)).fetchall()
-    return [PublishedTable(ns, name, tuple(cols) if cols is not None else None, rf, int(oid))
-            for ns, name, cols, rf, oid in rows]
+    rows = conn.execute(f"SELECT schemaname, tablename{extra}, pubname, (quote_ident(schemaname) || '.' || "
+                        "quote_ident(tablename))::regclass::oid::int8 FROM pg_publication_tables "
+                        "WHERE pubname = ANY(%s) ORDER BY 1, 2, 5", (names,)).fetchall()
+    merged: dict[tuple[str, str], PublishedTable] = {}
+    unfiltered: set[tuple[str, str]] = set()
+    filters: dict[tuple[str, str], list[str]] = {}
+    for ns, name, cols, rf, pubname, oid in rows:
+        key, columns = (ns, name), tuple(cols) if cols is not None else None
+        first = merged.setdefault(key, PublishedTable(ns, name, columns, None, int(oid)))
+        if first.columns != columns:
+            # exit 2, not a source outage: the publications must change, a restart will not help
+            raise ConfigError(f"table {ns}.{name} has different column lists in the publications {publication!r}; "
+                              "PostgreSQL cannot send it (pgoutput refuses different column lists): give it one "
+                              "column list in all of them, or leave it in one", publication=pubname,
+                              table=f"{ns}.{name}")
+        if rf is None:
+            unfiltered.add(key)
+        elif rf not in filters.setdefault(key, []):
+            filters[key].append(rf)
+    return [PublishedTable(t.namespace, t.name, t.columns,
+                           None if key in unfiltered or not filters.get(key) else
+                           filters[key][0] if len(filters[key]) == 1 else
+                           "(" + " OR ".join(f"({f})" for f in filters[key]) + ")", t.oid)
+            for key, t in merged.items()]
 
 
 def published_selection(conn: psycopg.Connection, publication: str, tables: TablesSettings) -> list[PublishedTable]:
