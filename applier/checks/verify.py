@@ -179,14 +179,18 @@ def postgres_columns(conn: psycopg.Connection, namespace: str, table: str) -> li
 
 
 def _type_cache_from_postgres(conn: psycopg.Connection) -> Any:
-    """A TypeCache filled from pg_type for user types (what 'Y' messages would have told the decoder)."""
+    """A TypeCache filled from pg_type for user types (what 'Y' messages would have told the decoder: for a
+    domain, the namespace and name of its base type, as logicalrep_write_typ and describe_relation send)."""
     from applier.catalog import TypeCache
     from applier.protocol.messages import Type
 
     types = TypeCache()
     for oid, nsp, name in conn.execute(
-            "SELECT t.oid::int, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
-            "WHERE t.oid >= 10000 AND t.typtype IN ('e', 'd', 'c')"):
+            "WITH RECURSIVE b(oid, cur) AS (SELECT oid, oid FROM pg_type WHERE oid >= 10000 AND typtype IN "
+            "('e', 'd', 'c') UNION ALL SELECT b.oid, t.typbasetype FROM b JOIN pg_type t ON t.oid = b.cur "
+            "WHERE t.typbasetype <> 0) "
+            "SELECT b.oid::int, n.nspname, t.typname FROM b JOIN pg_type t ON t.oid = b.cur "
+            "JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.typbasetype = 0"):
         types.update(Type(None, oid, nsp, name))
     return types
 
