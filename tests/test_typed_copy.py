@@ -251,3 +251,17 @@ def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_pol
             _mirror(pg, spark, tmp_path, "error", [])
         assert caught.value.context.get("column") in {c for c, _ in SPECIAL_ROWS}
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_bytea_hex_decoder_handles_nulls_empty_values_slices_and_refuses_what_is_not_hex():
+    import pyarrow as pa
+
+    from applier.sources.typedcopy import NotFast, _bytea
+
+    raw = pa.array([b"\\x00ff", None, b"\\x", b"\\xDEADbeef", None, b"\\x0a"], type=pa.binary())
+    want = [b"\x00\xff", None, b"", b"\xde\xad\xbe\xef", None, b"\n"]
+    assert _bytea(pa.chunked_array([raw])).to_pylist() == want
+    assert _bytea(pa.chunked_array([raw.slice(2), raw.slice(0, 2)])).to_pylist() == want[2:] + want[:2]
+    for bad in (b"\\x0", b"\\xzz", b"00ff", b"\\", b"x00ff"):
+        with pytest.raises(NotFast):
+            _bytea(pa.chunked_array([pa.array([b"\\x00", bad], type=pa.binary())]))
