@@ -1,7 +1,11 @@
 """Benchmark: the initial copy of a pgbench database, applier vs PostgreSQL's own table sync vs a
 plain delta-rs copy.
 
-    .venv/bin/python bench/snapshot.py [--scale 20] [--parallelism 1,2]
+    .venv/bin/python bench/snapshot.py [--scale 20] [--parallelism 1,2] [--typed]
+
+``--typed``: instead of pgbench's tables (integers and char(n) only), one table of SCALE x 100,000 rows
+of the types real schemas have: (bigint key, timestamptz, date, numeric(12,2), float8, uuid, text, bool,
+jsonb), the same in ``replica``.
 
 Setup (not timed): a throw-away server started by the script, ``pgbench -i -s SCALE`` (SCALE x 100,000
 ``pgbench_accounts`` rows, plus branches, tellers and the empty history), the four tables published;
@@ -38,6 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from memory import mirror_once_measured  # noqa: E402  (bench/memory.py)
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
+TYPED_TABLES = ("typed",)
+TYPED_DDL = ("CREATE TABLE typed (id bigint PRIMARY KEY, ts timestamptz, d date, n numeric(12,2), f float8, "
+             "u uuid, t text, b bool, j jsonb)")
+TYPED_ROWS = """INSERT INTO typed SELECT i, timestamptz '2020-01-01 00:00:00+00' + i * interval '1.000123 second',
+    date '1990-01-01' + (i % 20000), (i % 10000000) / 100.0 - 5000, i / 7.0, md5(i::text)::uuid,
+    'customer ' || i || ' note', i % 3 = 0, jsonb_build_object('id', i, 'tags', jsonb_build_array('a', i % 10))
+FROM generate_series(1, {rows}) i"""
 
 
 def log(msg: str) -> None:
@@ -86,14 +97,14 @@ def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
     return result
 
 
-def deltars_copy(conn: object, target: Path) -> float:
+def deltars_copy(conn: object, target: Path, tables: tuple[str, ...]) -> float:
     """The plain copy a user could write: COPY csv -> pyarrow -> write_deltalake, table by table."""
     import pyarrow as pa
     from deltalake import write_deltalake
     from pyarrow import csv
 
     started = time.monotonic()
-    for table in TABLES:
+    for table in tables:
         data = bytearray()
         with conn.cursor().copy(f"COPY {table} TO STDOUT (FORMAT csv, HEADER)") as copy:  # type: ignore[attr-defined]
             for block in copy:
@@ -109,6 +120,8 @@ def main() -> None:
     p.add_argument("--scale", type=int, default=20)
     p.add_argument("--parallelism", default=f"1,{os.cpu_count() or 1}",
                    help="snapshot.parallelism values to run applier with (comma list)")
+    p.add_argument("--typed", action="store_true",
+                   help="one table of the common types (timestamptz, date, numeric, float8, uuid, jsonb, ...)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -126,18 +139,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
-        pgbench = cluster.installation.binary("pgbench")
-        if not Path(pgbench).exists():
-            pgbench = shutil.which("pgbench") or "pgbench"
+        tables = TYPED_TABLES if args.typed else TABLES
+        main_table = tables[0]
         started = time.monotonic()
-        subprocess.run([pgbench, "-i", "-q", "-s", str(args.scale), cluster.dsn()], check=True,
-                       capture_output=True)
-        (rows,) = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()  # type: ignore[misc]
-        log(f"pgbench -i -s {args.scale}: {rows} accounts in {time.monotonic() - started:.1f} s")
-        conn.execute(f"CREATE PUBLICATION bench_pub FOR TABLE {', '.join(TABLES)}")
+        if args.typed:
+            conn.execute(TYPED_DDL)
+            conn.execute(TYPED_ROWS.replace("{rows}", str(args.scale * 100_000)))
+            conn.execute("VACUUM ANALYZE typed")
+        else:
+            pgbench = cluster.installation.binary("pgbench")
+            if not Path(pgbench).exists():
+                pgbench = shutil.which("pgbench") or "pgbench"
+            subprocess.run([pgbench, "-i", "-q", "-s", str(args.scale), cluster.dsn()], check=True,
+                           capture_output=True)
+        (rows,) = conn.execute(f"SELECT count(*) FROM {main_table}").fetchone()  # type: ignore[misc]
+        log(f"{'typed' if args.typed else f'pgbench -i -s {args.scale}'}: {rows} rows in {main_table} in "
+            f"{time.monotonic() - started:.1f} s")
+        conn.execute(f"CREATE PUBLICATION bench_pub FOR TABLE {', '.join(tables)}")
         conn.execute("CREATE DATABASE replica")
-        subprocess.run([pgbench, "-i", "-q", "-I", "dtp", "-s", str(args.scale), cluster.dsn("replica")],
-                       check=True, capture_output=True)
+        if args.typed:
+            with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+                rep.execute(TYPED_DDL)
+        else:
+            subprocess.run([pgbench, "-i", "-q", "-I", "dtp", "-s", str(args.scale), cluster.dsn("replica")],
+                           check=True, capture_output=True)
         conn.execute("CHECKPOINT")
 
         with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
@@ -152,18 +177,19 @@ def main() -> None:
                 (ready, total) = rep.execute(  # type: ignore[misc]
                     "SELECT count(*) FILTER (WHERE srsubstate = 'r'), count(*) FROM pg_subscription_rel r "
                     "JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = 'pgsub'").fetchone()
-                if total == len(TABLES) and ready == total:
+                if total == len(tables) and ready == total:
                     break
                 time.sleep(0.05)
             postgres_seconds = time.monotonic() - started
-            (rep_rows,) = rep.execute("SELECT count(*) FROM pgbench_accounts").fetchone()  # type: ignore[misc]
+            (rep_rows,) = rep.execute(f"SELECT count(*) FROM {main_table}").fetchone()  # type: ignore[misc]
             rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
             rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
             rep.execute("DROP SUBSCRIPTION pgsub")
         drop_slot(conn, "pgsub")
-        log(f"PostgreSQL's subscription copied every table in {postgres_seconds:.1f} s ({rep_rows} accounts)")
+        log(f"PostgreSQL's subscription copied every table in {postgres_seconds:.1f} s "
+            f"({rep_rows} rows in {main_table})")
         if rep_rows != rows:
-            raise SystemExit(f"bench/snapshot: the subscription copied {rep_rows} accounts of {rows}")
+            raise SystemExit(f"bench/snapshot: the subscription copied {rep_rows} rows of {rows}")
 
         runs: dict[int, dict[str, object]] = {}
         for level in levels:
@@ -172,7 +198,7 @@ def main() -> None:
             log(f"applier (parallelism {level}): {float(runs[level]['seconds']):.1f} s "  # type: ignore[arg-type]
                 f"({json.dumps(runs[level])})")
 
-        deltars_seconds = deltars_copy(conn, work / "deltars")
+        deltars_seconds = deltars_copy(conn, work / "deltars", tables)
         log(f"delta-rs plain copy: {deltars_seconds:.1f} s")
 
         from applier.spark.session import build_spark_session
@@ -180,19 +206,19 @@ def main() -> None:
         spark = build_spark_session()
         for level in levels:
             results = verify_against_postgres(spark, conn, str(work / f"delta-{level}"),
-                                              [("public", t) for t in TABLES])
+                                              [("public", t) for t in tables])
             bad = [r.source_name for r in results if not r.equal]
             if bad:
                 raise SystemExit(f"bench/snapshot: applier (parallelism {level}) differs from Postgres: {bad}")
-        deltars_rows = spark.read.format("delta").load(str(work / "deltars" / "pgbench_accounts")).count()
+        deltars_rows = spark.read.format("delta").load(str(work / "deltars" / main_table)).count()
         if deltars_rows != rows:
-            raise SystemExit(f"bench/snapshot: the delta-rs copy has {deltars_rows} accounts of {rows}")
+            raise SystemExit(f"bench/snapshot: the delta-rs copy has {deltars_rows} rows of {rows}")
         spark.stop()
 
     best = min(levels, key=lambda lv: float(runs[lv]["seconds"]))  # type: ignore[arg-type]
     best_seconds = float(runs[best]["seconds"])  # type: ignore[arg-type]
     print(json.dumps({
-        "scale": args.scale, "accounts": rows, "cores": os.cpu_count(),
+        "scale": args.scale, "typed": args.typed, "rows": rows, "cores": os.cpu_count(),
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "deltars_seconds": round(deltars_seconds, 1),
         "applier": {str(lv): {

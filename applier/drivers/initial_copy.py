@@ -4,8 +4,9 @@ Every worker opens its own connection and imports the snapshot (``SET TRANSACTIO
 it reads anything; the exporting replication connection stays open and idle meanwhile (the caller
 holds it), which is what keeps the snapshot importable. The chunks of all tables go into one queue in
 table order, so the workers spread over several tables at once when a table has fewer chunks than
-workers, and over the chunks of one table when it is big. A worker reads a chunk (COPY into Arrow, or
-the stream's per-value conversion for types pyarrow cannot give exactly) and hands it to the table's
+workers, and over the chunks of one table when it is big. A worker reads a chunk (COPY into Arrow,
+typed column by column; a chunk with a value Spark's type cannot hold, again through the stream's
+per-value conversion, which applies the special-value policy) and hands it to the table's
 SnapshotLoader, which commits in large pieces; the worker that finishes a table's last chunk writes
 its final, tagged commit. The first error stops every worker and is raised: a table without its
 final commit is never presented as copied.
@@ -47,6 +48,7 @@ class CopyJob:
     started: float | None = None
     finished: float | None = None
     rows: int = field(default=0)
+    per_value_chunks: int = 0  # chunks of a fast-path table copied per value (special values in them)
 
 
 class InitialCopy:
@@ -109,11 +111,14 @@ class InitialCopy:
                 job.started = time.monotonic()
         names = [c.name for c in job.relation.columns]
         sql = select_sql(job.plan, names, chunk)
-        if job.arrow_types is not None:
-            piece = read_arrow_chunk(conn, sql, names, job.arrow_types, job.table)
+        piece = None if job.arrow_types is None else read_arrow_chunk(conn, sql, names, job.arrow_types, job.table)
+        if piece is not None:
             job.loader.add_arrow(piece)
             self._count(job, piece.num_rows)
-        else:
+        else:  # a table the fast path cannot read, or a chunk with a special value: the stream's conversion
+            if job.arrow_types is not None:
+                with self._lock:
+                    job.per_value_chunks += 1
             for batch in copy_rows(conn, job.table, job.relation, select=sql):
                 if self._stop.is_set():
                     return
@@ -127,7 +132,9 @@ class InitialCopy:
             job.finished = time.monotonic()
             seconds = job.finished - (job.started or job.finished)
             rate = f", {job.rows / seconds:,.0f} rows/s" if seconds > 0 else ""
-            self.progress(f"snapshot: {job.table.qualified_name}: {job.rows} rows in {seconds:.1f}s{rate}")
+            slow = f", {job.per_value_chunks} of {len(job.plan.chunks)} chunks per value (special values)" \
+                if job.per_value_chunks else ""
+            self.progress(f"snapshot: {job.table.qualified_name}: {job.rows} rows in {seconds:.1f}s{rate}{slow}")
 
     def _count(self, job: CopyJob, rows: int) -> None:
         with self._lock:

@@ -6,13 +6,13 @@ open-ended so pages added after the estimate are read too), and every range is r
 ``COPY (SELECT ...) TO STDOUT (FORMAT csv)`` on any of several connections that all ``SET
 TRANSACTION SNAPSHOT`` the exported snapshot, so every chunk sees exactly the slot's starting point.
 
-Why CSV into pyarrow: pyarrow's CSV reader builds the columns in C without a Python object per value.
-It is used only for columns whose exact value it produces itself: integers, booleans and every
-column the stream keeps as PostgreSQL's own text (text, varchar, char(n), uuid, json, time, interval,
-enums, ...), with SQL NULL (unquoted empty) kept apart from '' (quoted empty). A chunk of a table with
-any other column (dates, timestamps, numeric, floats, bytea, arrays) goes through the stream's own
-per-value conversion (``copy_rows`` + RowConverter), so special values and the policy are exactly
-the stream's.
+Why CSV into pyarrow: pyarrow's CSV reader builds the columns in C without a Python object per value,
+with SQL NULL (unquoted empty) kept apart from '' (quoted empty). Each column is then turned into
+exactly the stream's value by the cheapest exact reader for its type (``applier.sources.typedcopy``:
+Arrow casts for dates, timestamps, numeric(p, s) and floats, numpy for bytea, the stream's own parser
+per value for arrays and rare types). A chunk holding a value Spark's type cannot hold (±infinity,
+BC years, numeric NaN in a DECIMAL) goes alone through the stream's own per-value conversion
+(``copy_rows`` + RowConverter), so special values and the policy are exactly the stream's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import psycopg
 from applier.errors import SourceError
 from applier.protocol.messages import Relation
 from applier.sources.publication import PublishedTable, quote_ident
-from applier.values import scalars
+from applier.sources.typedcopy import column_readers, convert_chunk
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -75,28 +75,16 @@ def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
 
 
 def arrow_types(relation: Relation, types: TypeCache | None, schema: StructType) -> list[Any] | None:
-    """The Arrow type of every column when pyarrow's CSV reader gives exactly the stream's values for
-    all of them, else None (the table takes the per-value path)."""
-    if not relation.columns:
-        return None  # CSV lines of no columns are not rows to pyarrow; the per-value path counts them
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from applier.values.registry import handler_for
-
-    arrow = to_arrow_schema(schema, timezone="UTC")
-    out = []
-    for col, field in zip(relation.columns, arrow, strict=True):
-        text = handler_for(col.type_oid, col.type_modifier, types).text
-        if text is scalars.text_str or text is scalars.int_text or text is scalars.bool_text:
-            out.append(field.type)
-        else:
-            return None
-    return out
+    """How every column of the table is read on the fast path (``applier.sources.typedcopy``), or None
+    when the table takes the per-value path (a table without columns)."""
+    return column_readers(relation, types, schema)
 
 
-def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], types: list[Any],
-                     table: PublishedTable) -> Any:
-    """One chunk as a pyarrow Table (``COPY ... (FORMAT csv)`` parsed by pyarrow, no per-value Python)."""
+def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], readers: list[Any],
+                     table: PublishedTable) -> Any | None:
+    """One chunk as a pyarrow Table (``COPY ... (FORMAT csv)`` parsed by pyarrow and converted column by
+    column), or None when a value in it must take the per-value path (the caller copies the chunk
+    again that way, under the same snapshot)."""
     import pyarrow as pa
     from pyarrow import csv
 
@@ -108,9 +96,9 @@ def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], types
     except psycopg.Error as e:
         raise SourceError(f"copying the table failed: {str(e).splitlines()[0] if str(e) else e!r}",
                           table=table.qualified_name, sqlstate=e.sqlstate) from None
-    fields = [pa.field(f"c{i}", t) for i, t in enumerate(types)]  # positional: any column name is safe
     if not data:
-        return pa.schema([pa.field(n, t) for n, t in zip(names, types, strict=True)]).empty_table()
+        return pa.schema([pa.field(n, r.target) for n, r in zip(names, readers, strict=True)]).empty_table()
+    fields = [pa.field(f"c{i}", r.csv_type) for i, r in enumerate(readers)]  # positional: any name is safe
     result = csv.read_csv(
         pa.py_buffer(data),
         read_options=csv.ReadOptions(column_names=[f.name for f in fields], block_size=16 << 20),
@@ -118,4 +106,5 @@ def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], types
         convert_options=csv.ConvertOptions(
             column_types={f.name: f.type for f in fields}, null_values=[""], strings_can_be_null=True,
             quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
-    return result.rename_columns(names)
+    del data
+    return convert_chunk(result, readers, names)
