@@ -241,6 +241,7 @@ def _replay_captured(spark, conn, tmp_path: Path) -> Path:
     return target
 
 
+@pytest.mark.usefixtures("replay_path")  # on the driver, and with ranges folded on executors
 def test_a_stored_log_follows_a_rename_by_oid(pg, spark, tmp_path):
     """A replay has no catalog, but the OID proves a rename: the renamed table's rows (before and after)
     end in one Delta table under its new name, and a new table that takes the old name afterwards in
@@ -260,6 +261,7 @@ def test_a_stored_log_follows_a_rename_by_oid(pg, spark, tmp_path):
         _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
 
 
+@pytest.mark.usefixtures("replay_path")
 def test_a_stored_log_that_cannot_prove_identity_stops(pg, spark, tmp_path):
     """t1 renamed away with no change after the rename, and a new t1 written: in the log, the new t1
     simply appears with another OID; without a catalog nobody can say whether the old one was renamed or

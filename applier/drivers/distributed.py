@@ -101,6 +101,10 @@ class LogSurvey:
     catalog: RelationCache = field(default_factory=RelationCache)  # as at the end of the log
     relations: set[tuple[str, str]] = field(default_factory=set)  # every (namespace, name) described
     messages: int = 0
+    #: LSN of the first Relation that renames a relation or gives a name another relation had: folds are
+    #: made by name, so from there on the driver path, which meets the names in log order, takes over
+    identity_change_lsn: int | None = None
+    oids_by_name: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,8 @@ class Surveyor:
         self.survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
         self.survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
                                  for v in (catalog_json or {}).get("relations", [])}
+        self.survey.oids_by_name = {(v["namespace"] or "pg_catalog", v["name"]): int(v["oid"])
+                                    for v in (catalog_json or {}).get("relations", [])}
         self.checker = OrderChecker()
         self.prepared: set[int] = set()  # xids of prepared transactions not yet committed or rolled back
         self.preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
@@ -188,7 +194,7 @@ class Surveyor:
         if kind in _PASSED:
             return
         if kind in (0x52, 0x59):  # R, Y: the catalog moves on
-            _follow_catalog(self.survey, data, checker.in_stream is not None)
+            _follow_catalog(self.survey, data, checker.in_stream is not None, lsn)
         elif kind == 0x62:  # b
             self.preparing = checker.current.xid if checker.current is not None else None
         elif kind == 0x50 and self.preparing is not None:  # P
@@ -204,12 +210,13 @@ class Surveyor:
             self.preparing = None
 
     def nothing_open(self) -> bool:
-        return _nothing_open(self.checker, self.prepared)
+        """Nothing open, and no rename or reused name met (ranges after one are the driver path's)."""
+        return _nothing_open(self.checker, self.prepared) and self.survey.identity_change_lsn is None
 
     def may_cut_after(self, data: bytes) -> bool:
         """Whether a range may end with the message just added: one that ends something, with nothing
         left open."""
-        return bool(data) and data[0] not in _NO_CUT and _nothing_open(self.checker, self.prepared)
+        return bool(data) and data[0] not in _NO_CUT and self.nothing_open()
 
     def cut(self, index: int, segments: tuple[Segment, ...], start_catalog: dict[str, Any], messages: int,
             first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None) -> LogRange:
@@ -280,14 +287,19 @@ def _nothing_open(checker: OrderChecker, prepared: set[int]) -> bool:
     return checker.current is None and not checker.streams and checker.in_stream is None and not prepared
 
 
-def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool) -> None:
+def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool, lsn: int) -> None:
     try:
         msg = decode_message(data, in_stream=in_stream)
     except ApplierError:
         return  # the range holding it fails to decode it too, and the driver path reports it
     if isinstance(msg, Relation):
+        name = (msg.namespace or "pg_catalog", msg.name)
+        renamed = msg.oid in survey.catalog and survey.catalog.get(msg.oid).qualified_name != ".".join(name)
+        if (renamed or survey.oids_by_name.get(name, msg.oid) != msg.oid) and survey.identity_change_lsn is None:
+            survey.identity_change_lsn = lsn
+        survey.oids_by_name[name] = msg.oid
         survey.catalog.update(msg)
-        survey.relations.add((msg.namespace or "pg_catalog", msg.name))
+        survey.relations.add(name)
     elif isinstance(msg, Type):
         survey.catalog.update_type(msg)
 
@@ -638,7 +650,8 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         then handed over to the driver path)."""
         nonlocal group, in_flight
         if group:
-            why = may_commit(list(group.tables.values())) if may_commit is not None else None
+            why = ((may_commit(list(group.tables.values())) if may_commit is not None else None)
+                   or applier.hand_over_for_identity(list(group.tables.values())))
             if why is not None:
                 log.info("catch-up on executors ends at LSN %s: %s; the driver path takes over from there",
                          format_lsn(group.ranges[0].first_lsn), why)

@@ -343,6 +343,24 @@ class DeltaApplier:
             commits.append((table.path, table.spec, table.plan, description))
         self._run_commits(commits, group_end, transactions, [])
 
+    def hand_over_for_identity(self, folded: Sequence[FoldedTable]) -> str | None:
+        """Why folds made on executors cannot be committed as they are (a rename or a reused name in
+        them: executors fold by name, and only the driver path meets the names in log order), or None."""
+        if self.identities is None:
+            return None
+        seen: dict[int, str] = {}
+        for table in folded:
+            oid, name = table.schema.relation.oid, table.spec.source_name
+            if seen.setdefault(oid, name) != name:
+                return f"relation {oid} is {seen[oid]} and {name} in these ranges (a rename)"
+            bound = self.identities.bound(oid)
+            if bound is not None and (bound.retired or bound.name != name):
+                return f"{name} was {bound.name} (a rename)"
+            holder = self.identities.holder_of(table.path)
+            if holder is not None and holder.oid != oid:
+                return f"{name} is a new relation where relation {holder.oid} was (a reused name)"
+        return None
+
     def _run_commits(self, commits: list[tuple[str, TableSpec, TablePlan, str]], group_end: int, transactions: int,
                      histories: list[HistoryJob]) -> None:
         results = self._sessions.run([partial(self._commit, path=path, spec=spec, plan=plan, version=group_end,
