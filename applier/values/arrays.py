@@ -28,8 +28,35 @@ def _flatten(value: object) -> list[object]:
     return [value]
 
 
+class _Elements:
+    """An element parser that lets the array finish when an element is Unrepresentable: the element's
+    clamped value stands in for it, and ``raise_if_any`` then raises for the whole array, with the
+    array of clamped elements as the array's clamp (none if one element cannot clamp). Without it, the
+    element's own clamp (a datetime) became the whole column's value under ``clamp``."""
+
+    def __init__(self, element: Callable[[bytes], object]) -> None:
+        self.element = element
+        self.special: list[Unrepresentable] = []
+
+    def __call__(self, raw: bytes) -> object:
+        try:
+            return self.element(raw)
+        except Unrepresentable as e:
+            self.special.append(e)
+            return e.clamped if e.can_clamp else None
+
+    def raise_if_any(self, value: list[object]) -> None:
+        if self.special:
+            first = self.special[0]
+            clamped = value if all(e.can_clamp for e in self.special) else None
+            raise Unrepresentable(f"array element: {first.what}", clamped) if clamped is not None else \
+                Unrepresentable(f"array element: {first.what}")
+
+
 def parse_text_array(raw: bytes, element: Callable[[bytes], object], delimiter: int = ord(",")) -> list[object]:
     """Parse '{a,"b c",NULL,{...}}' (optionally prefixed by bounds '[0:2]=')."""
+    elements = _Elements(element)
+    element = elements
     text = raw
     bounded = False
     if text.startswith(b"["):
@@ -42,7 +69,9 @@ def parse_text_array(raw: bytes, element: Callable[[bytes], object], delimiter: 
         raise ValueError("trailing characters after array value")
     nested = any(isinstance(v, list) for v in value)
     if nested or bounded:
+        elements.raise_if_any(_flatten(value))
         raise Unrepresentable("array with several dimensions or a lower bound other than 1", _flatten(value))
+    elements.raise_if_any(value)
     return value
 
 
@@ -91,6 +120,8 @@ def _parse_level(text: bytes, pos: int, element: Callable[[bytes], object], deli
 
 
 def parse_binary_array(raw: bytes, element: Callable[[bytes], object]) -> list[object]:
+    elements = _Elements(element)
+    element = elements
     ndim, _flags, _elem_oid = _HEAD.unpack_from(raw, 0)
     pos = _HEAD.size
     if ndim == 0:
@@ -117,6 +148,7 @@ def parse_binary_array(raw: bytes, element: Callable[[bytes], object]) -> list[o
             pos += length
     if pos != len(raw):
         raise ValueError("trailing bytes after array elements")
+    elements.raise_if_any(items)
     if ndim != 1 or dims[0][1] != 1:
         raise Unrepresentable("array with several dimensions or a lower bound other than 1", items)
     return items
