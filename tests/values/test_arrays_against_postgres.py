@@ -54,3 +54,29 @@ def test_text_arrays_read_like_postgres_prints_them(conn, elements, lower_bound)
         assert binary_array_as_text(shifted_binary, text_str) == shifted_text.decode()
         assert convert_value(COL_TEXT, shifted_text, oid, typmod, None, "clamp") == elements
         assert convert_value(COL_BINARY, shifted_binary, oid, typmod, None, "clamp") == elements
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_an_array_with_an_element_spark_cannot_hold_follows_the_policy_as_an_array(conn, binary):
+    """'{2020-01-01, infinity, NULL}'::timestamptz[] as PostgreSQL sends it (text and binary): under clamp
+    an array of clamped elements, under null a NULL array, under error a stop; never the element's
+    clamp as the whole value."""
+    import datetime as dt
+
+    from applier.errors import ValueConversionError
+
+    with conn.cursor(binary=binary) as cur:
+        cur.execute("SELECT '{\"2020-01-01 00:00:00+00\",infinity,NULL}'::timestamptz[]")
+        oid, typmod = cur.pgresult.ftype(0), cur.pgresult.fmod(0)
+        raw = bytes(cur.pgresult.get_value(0, 0))
+    kind = COL_BINARY if binary else COL_TEXT
+
+    def convert(policy: str) -> object:
+        return convert_value(kind, raw, type_oid=oid, typmod=typmod, types=None, column="c", policy=policy)
+
+    utc = dt.UTC
+    assert convert("clamp") == [dt.datetime(2020, 1, 1, tzinfo=utc),
+                                dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc), None]
+    assert convert("null") is None
+    with pytest.raises(ValueConversionError, match="infinity"):
+        convert("error")
