@@ -194,7 +194,8 @@ def replay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(replay, "on_executors", on_executors)
         survey = replay.BackgroundSurvey
         monkeypatch.setattr(replay, "BackgroundSurvey",
-                            lambda path, catalog, partition_messages: survey(path, catalog, partition_messages=37))
+                            lambda path, catalog, partition_messages, **kw: survey(path, catalog, partition_messages=37,
+                                                                                   **kw))
         run = replay.replay_on_executors
 
         def replay_on_executors(*args: Any, **kwargs: Any) -> Any:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from applier.catalog import RelationCache
+from applier.catalog.relations import ColumnsChanged
 from applier.config import MirrorConfig
 from applier.drivers.distributed import (
     LogRange,
@@ -71,9 +72,10 @@ class StreamRanges:
     ``stop()``; what is not cut then is the tail. The stream is the thread's until ``result()``."""
 
     def __init__(self, stream: WalSenderStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
-                 target: int, queued: int = 3, quiet_seconds: float = 0.5) -> None:
+                 target: int, queued: int = 3, quiet_seconds: float = 0.5,
+                 columns_changed: ColumnsChanged | None = None) -> None:
         self.stream = stream
-        self.surveyor = Surveyor(catalog_json)
+        self.surveyor = Surveyor(catalog_json, columns_changed)
         self.partition_messages = partition_messages
         self.target = target
         self.quiet_seconds = quiet_seconds
@@ -197,8 +199,9 @@ def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: Apply
     from applier.drivers.replay import ReplaySummary
 
     catalog = loop.feeder.catalog
+    ids = loop.applier.identities
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
-                          target=target)
+                          target=target, columns_changed=ids.columns_changed if ids is not None else None)
     fed = 0
     executors_end: int | None = None
     applied_before = loop.applier.stats.transactions

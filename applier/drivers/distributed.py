@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from applier.catalog import RelationCache, SchemaVersion
+from applier.catalog.relations import ColumnsChanged
 from applier.changes import OP_TRUNCATE, SkippedTransaction
 from applier.config import ApplySettings, ReplayConfig, TablesSettings
 from applier.errors import ApplierError, SinkError
@@ -175,8 +176,11 @@ class Surveyor:
     and what is open (see the module). Shared by the survey of a stored log and the catch-up of a live
     stream (applier.drivers.backlog)."""
 
-    def __init__(self, catalog_json: dict[str, Any] | None) -> None:
+    def __init__(self, catalog_json: dict[str, Any] | None, columns_changed: ColumnsChanged | None = None) -> None:
         self.survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
+        # the survey meets every Relation in log order on the driver: it tells the identity layer which
+        # columns were renamed or dropped (executors fold by the Relations they see, and tell nobody)
+        self.survey.catalog.columns_changed = columns_changed
         self.survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
                                  for v in (catalog_json or {}).get("relations", [])}
         self.survey.oids_by_name = {(v["namespace"] or "pg_catalog", v["name"]): int(v["oid"])
@@ -225,10 +229,11 @@ class Surveyor:
 
 
 def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
-               on_range: Callable[[LogRange], None] | None = None) -> LogSurvey:
+               on_range: Callable[[LogRange], None] | None = None,
+               columns_changed: ColumnsChanged | None = None) -> LogSurvey:
     """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges
     (each handed to ``on_range`` as soon as it is cut, the last one included, not the tail)."""
-    surveyor = Surveyor(catalog_json)
+    surveyor = Surveyor(catalog_json, columns_changed)
     survey = surveyor.survey
     add = surveyor.add
     segments: list[Segment] = []
@@ -309,7 +314,8 @@ class BackgroundSurvey:
     the log is surveyed. Nothing may be committed before :meth:`result` returns: only then is the
     whole log known to be in order."""
 
-    def __init__(self, path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int) -> None:
+    def __init__(self, path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
+                 columns_changed: ColumnsChanged | None = None) -> None:
         self._cut: queue.SimpleQueue[LogRange | None] = queue.SimpleQueue()
         self._survey: LogSurvey | None = None
         self._error: BaseException | None = None
@@ -320,6 +326,7 @@ class BackgroundSurvey:
             started = time.monotonic()
             try:
                 self._survey = survey_log(path, catalog_json, partition_messages=partition_messages,
+                                          columns_changed=columns_changed,
                                           on_range=self._cut.put)
             except BaseException as e:  # noqa: BLE001  # handed to the caller's thread by result()
                 self._error = e

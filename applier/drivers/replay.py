@@ -126,9 +126,11 @@ def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: State
                          progress: Callable[[str], None] | None, progress_every: float) -> ReplaySummary:
     if progress is not None:
         progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
-    surveying = BackgroundSurvey(config.source_log, state.load("catalog"),
-                                 partition_messages=config.distributed.partition_messages)
     loop = _loop(spark, config, state, progress=progress)
+    ids = loop.applier.identities
+    surveying = BackgroundSurvey(config.source_log, state.load("catalog"),
+                                 partition_messages=config.distributed.partition_messages,
+                                 columns_changed=ids.columns_changed if ids is not None else None)
 
     def drive(ranges: list[LogRange]) -> ReplaySummary:
         rest = _loop(spark, config, state, progress=progress, catalog=ranges[0].catalog)
