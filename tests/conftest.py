@@ -145,8 +145,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     try:
+        # 4g, not the default 2g: this one JVM serves every test of the run (650+), and near the end of a
+        # full run a MERGE failed to acquire execution memory (SparkOutOfMemoryError) at 2g
         session = build_spark_session(SparkSettings(master="local[2]", app_name="applier-tests",
-                                                    shuffle_partitions=2, warehouse_dir=str(warehouse)))
+                                                    shuffle_partitions=2, warehouse_dir=str(warehouse),
+                                                    driver_memory="4g"))
     except EnvironmentSetupError as e:
         unavailable(str(e))
     yield session
