@@ -37,10 +37,11 @@ from applier.sink.engine import DeltaApplier, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.schema import SchemaEvolution
+from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
@@ -120,17 +121,17 @@ class ApplyLoop:
     in flight: dispatching the next one first waits for it.
     """
 
-    def __init__(self, spark: SparkSession, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
+    def __init__(self, spark: SparkLike, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
                  state: StateDir, feeder: TransactionFeeder | None = None, progress: Progress | None = None,
                  dry_run: Progress | None = None, save_catalog_each_group: bool = False, check_order: bool = False,
                  on_applied: Callable[[CommittedTransaction], None] | None = None) -> None:
-        self.spark = spark
+        self.spark = SparkProvider.of(spark)  # started by the first write that needs it (issue 31 item 2)
         self.settings = apply
         self.state = state
         self.progress: Progress = progress or (lambda _m: None)
         self.dry_run = dry_run
         self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
-        self.applier = DeltaApplier(spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
+        self.applier = DeltaApplier(self.spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run,
                                     identities=None if dry_run is not None else partial(TableIdentities, state))
         if self.applier.identities is not None:  # renamed columns are decided as Relations are read
@@ -237,7 +238,8 @@ class ApplyLoop:
         if self.dry_run is not None:
             return
         if self.settings.messages_table:
-            record_messages(self.spark, self.settings.messages_table, work.messages, work.end)
+            record_messages(self.spark.get("recording logical decoding messages"), self.settings.messages_table,
+                            work.messages, work.end)
         self._record_skips(work.skipped)
 
     def _finish_in_flight(self) -> int | None:
@@ -290,7 +292,7 @@ class ApplyLoop:
         confirmed to the server."""
         if not skipped:
             return
-        record_skips(self.spark, str(self.state.skipped_table), skipped)
+        record_skips(self.spark.get("recording skipped transactions"), str(self.state.skipped_table), skipped)
         done = set(self.state.load("skipped") or []) | {format_lsn(s.commit_lsn) for s in skipped}
         self.state.save("skipped", sorted(done, key=parse_lsn))
 

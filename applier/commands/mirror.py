@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.drivers.mirror import mirror
     from applier.sources.dsn import check_connection
     from applier.sources.publication import check_publication
-    from applier.spark.session import build_spark_session_for
+    from applier.spark.session import SparkProvider
 
     cfg = config_from_args(args)
     stop = threading.Event()
@@ -88,14 +88,15 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        # One writer per target first (a local check), then the server, then Spark.
+        # One writer per target first (a local check), then the server; Spark only when an operation
+        # needs it (a table delta-rs does not write, executors...): the provider starts it then.
         with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):
             # Before Spark (and maybe a jar download) starts: a DSN that does not parse, a bad sslmode, a
             # wrong password or a server that is not there fails here, once, with exit 2 or 3.
             # Reconnecting with backoff is for outages after this first connection succeeded.
             check_connection(cfg.source.resolved_dsn())
             check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
-            spark = build_spark_session_for(cfg.spark)
+            spark = SparkProvider.for_config(cfg.spark)
             summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:
         signal.signal(signal.SIGINT, previous)

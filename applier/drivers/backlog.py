@@ -49,9 +49,9 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.walsender import WalSenderStream
+from applier.spark.session import SparkLike, session_of
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
     from applier.drivers.replay import ReplaySummary
     from applier.loop import ApplyLoop
@@ -175,22 +175,28 @@ class StreamRanges:
         self._thread.join()
 
 
-def catch_up_eligibility(spark: SparkSession, config: MirrorConfig, loop: ApplyLoop, backlog_bytes: int) -> str | None:
-    """None when a backlog of ``backlog_bytes`` of WAL is to be caught up on executors, else why not."""
+def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, backlog_bytes: int) -> str | None:
+    """None when a backlog of ``backlog_bytes`` of WAL is to be caught up on executors, else why not.
+
+    Spark's cores are asked last: a provider (applier.spark.session) is started only for a backlog
+    that is otherwise one for executors."""
     settings = config.distributed
     if settings.mode == "off":
         return "distributed.mode is 'off'"
     if config.source.read_mode != "replication":
         return "source.read_mode is 'sql'"
-    if settings.mode == "auto":
-        if spark.sparkContext.defaultParallelism < 2:
-            return "Spark has one core"
-        if backlog_bytes < settings.min_backlog_mb << 20:
-            return f"the backlog ({backlog_bytes >> 20} MiB) is under distributed.min_backlog_mb"
-    return folds_unfit(config.apply, config.tables, loop.state)
+    if settings.mode == "auto" and backlog_bytes < settings.min_backlog_mb << 20:
+        return f"the backlog ({backlog_bytes >> 20} MiB) is under distributed.min_backlog_mb"
+    unfit = folds_unfit(config.apply, config.tables, loop.state)
+    if unfit is not None:
+        return unfit
+    if settings.mode == "auto" and session_of(spark, f"a backlog of {backlog_bytes >> 20} MiB to catch up on "
+                                              "executors (distributed.mode)").sparkContext.defaultParallelism < 2:
+        return "Spark has one core"
+    return None
 
 
-def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
+def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
                           progress: Callable[[str], None], progress_every: float) -> None:
     """Read the started ``stream`` up to ``target`` and apply it on executors (see the module); what the
@@ -230,7 +236,8 @@ def catch_up_on_executors(spark: SparkSession, config: MirrorConfig, loop: Apply
 
     started = time.monotonic()
     try:
-        summary = fold_and_commit(spark, config.apply, config.tables, loop, source, progress=progress,
+        session = session_of(spark, "catching up a backlog on executors")
+        summary = fold_and_commit(session, config.apply, config.tables, loop, source, progress=progress,
                                   progress_every=progress_every, drive=drive, whole_source_first=False,
                                   may_commit=may_commit)
     except BaseException:

@@ -49,6 +49,7 @@ from applier.sink.engine import DeltaApplier, table_spec
 from applier.sink.naming import quote_identifier
 from applier.sink.schema import ensure_table, table_options
 from applier.sources.sql_slot import pin_session
+from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 from applier.values import convert_value
 
@@ -94,9 +95,9 @@ def first_carrying(transactions: GroupedTransactions, key: tuple[str, str], colu
 class ColumnFills:
     """The fills not yet behind a group commit, kept in the state (``filled_columns``)."""
 
-    def __init__(self, spark: SparkSession, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
+    def __init__(self, spark: SparkLike, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
                  state: StateDir, progress: Callable[[str], None]) -> None:
-        self.spark = spark
+        self._spark = SparkProvider.of(spark)
         self.config = config
         self.applier = applier
         self.types = types
@@ -104,6 +105,11 @@ class ColumnFills:
         self.progress = progress
         saved = state.load(STATE_KEY) or {}
         self._pending: dict[str, dict[str, list[str]]] = {table: dict(cols) for table, cols in saved.items()}
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session (started now when it is not: filling a column is a Spark UPDATE)."""
+        return self._spark.get("filling a column added with a default")
 
     def record(self, key: tuple[str, str], fills: Sequence[Fill]) -> None:
         """Save ``fills`` for table ``key`` before anything is written for them."""

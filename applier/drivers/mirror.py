@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -43,11 +42,9 @@ from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slots import slot_info
 from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
+from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 from applier.values import RowConverter, spark_schema_for
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -84,22 +81,22 @@ class MirrorSummary:
 class Mirror:
     """One mirror run: the snapshot when the target has none, then the stream."""
 
-    def __init__(self, spark: SparkSession, config: MirrorConfig, *, progress: Progress | None = None,
+    def __init__(self, spark: SparkLike, config: MirrorConfig, *, progress: Progress | None = None,
                  stop: threading.Event | None = None, progress_every: float = 10.0) -> None:
-        self.spark = spark
+        self.spark = SparkProvider.of(spark)  # started by the first operation that needs Spark
         self.config = config
         self.dsn = config.source.resolved_dsn()
         self.progress: Progress = progress or (lambda _m: None)
         self.stop = stop or threading.Event()
         self.progress_every = progress_every
         self.state = StateDir.for_target(config.target.path, config.target.state_dir)
-        self.loop = ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=self.state,
-                              progress=self.progress, save_catalog_each_group=True)
+        self.loop = ApplyLoop(self.spark, config.target.path, apply=config.apply, tables=config.tables,
+                              state=self.state, progress=self.progress, save_catalog_each_group=True)
         self.feeder = self.loop.feeder
         self.applier = self.loop.applier
         self.summary = MirrorSummary()
         self.stats = FollowStats()
-        self.tablesync = TableSync(spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
+        self.tablesync = TableSync(self.spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
         if self.applier.identities is not None:  # a live catalog tells renames from new tables
@@ -295,7 +292,10 @@ class Mirror:
         self.tablesync.check_publication()
         self.summary.synced_rows = dict(self.tablesync.synced)
 
-def mirror(spark: SparkSession, config: MirrorConfig, *, once: bool = False, progress: Progress | None = None,
+def mirror(spark: SparkLike, config: MirrorConfig, *, once: bool = False, progress: Progress | None = None,
            stop: threading.Event | None = None) -> MirrorSummary:
-    """Run the mirror (see the module docstring); returns when ``once`` has drained the slot, or on stop."""
+    """Run the mirror (see the module docstring); returns when ``once`` has drained the slot, or on stop.
+
+    ``spark``: a started session, or a provider (applier.spark.session.SparkProvider) that starts one
+    only when an operation needs Spark: a mirror whose tables delta-rs writes runs without a JVM."""
     return Mirror(spark, config, progress=progress, stop=stop).run(once=once)

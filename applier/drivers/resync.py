@@ -33,10 +33,9 @@ from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from applier.config import MirrorConfig
     from applier.drivers.mirror import Progress
+    from applier.spark.session import SparkLike
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def require_mirror(config: MirrorConfig) -> None:
                          "run `applier mirror` first (it copies every table)", target=config.target.path)
 
 
-def resync(spark: SparkSession, config: MirrorConfig, names: list[str], *,
+def resync(spark: SparkLike, config: MirrorConfig, names: list[str], *,
            progress: Progress | None = None) -> dict[str, int]:
     """``applier resync``: the named tables of the mirror of ``config`` copied again (the mirror must
     have taken its snapshot: this follows a mirror, it does not start one)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -32,16 +31,15 @@ from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missin
 from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
+from applier.sink.idempotence import is_delta_table
 from applier.sources.catalog_lookup import column_attnums
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
+from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 from applier.values import RowConverter
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +47,9 @@ STATE_KEY = "copied_tables"
 
 
 class TableSync:
-    def __init__(self, spark: SparkSession, config: MirrorConfig, dsn: str, applier: DeltaApplier,
+    def __init__(self, spark: SparkLike, config: MirrorConfig, dsn: str, applier: DeltaApplier,
                  catalog: RelationCache, state: StateDir, progress: Callable[[str], None]) -> None:
-        self.spark = spark
+        self.spark = SparkProvider.of(spark)
         self.config = config
         self.dsn = dsn
         self.applier = applier
@@ -61,7 +59,7 @@ class TableSync:
         self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
         self._columns: dict[tuple[str, str], set[str]] = {}  # (schema, table) -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
-        self.fills = ColumnFills(spark, config, applier, catalog.types, state, progress)
+        self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
 
     # --- what is known --------------------------------------------------------------------------
 
@@ -71,10 +69,8 @@ class TableSync:
         if self._known is None:
             saved = self.state.load(STATE_KEY)
             if saved is None:
-                from delta.tables import DeltaTable
-
                 saved = {t.qualified_name: "" for t in published
-                         if DeltaTable.isDeltaTable(self.spark, self.applier.path_for(t.namespace, t.name))}
+                         if is_delta_table(self.applier.path_for(t.namespace, t.name))}
                 self.state.save(STATE_KEY, saved)
             self._known = dict(saved)
         return self._known

@@ -27,6 +27,7 @@ from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.merge import arrow_table
+from applier.spark.session import SparkLike, SparkProvider
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,13 +39,13 @@ class SnapshotLoader:
     """Gathers one table's copied rows (Arrow tables or converted rows, in the source's column order)
     and writes them in commits of about ``commit_bytes``; thread-safe."""
 
-    def __init__(self, spark: SparkSession, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
+    def __init__(self, spark: SparkLike, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
                  tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
                  deltars: bool = False, constants: tuple[Any, ...] = ()) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self.spark = spark
+        self._spark = SparkProvider.of(spark)
         self.path = path
         self.spec = spec
         self.tag = tag
@@ -64,6 +65,12 @@ class SnapshotLoader:
         self._first = True
         self._finished = False
         self.deltars = deltars
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session (started now when it is not: the copy of a table delta-rs does not write)."""
+        return self._spark.get(f"the copy of {self.spec.source_name} (a table delta-rs does not write, or "
+                               "a value Arrow cannot hold)")
 
     def add_arrow(self, table: Any) -> None:
         """One piece of the copy as a pyarrow Table with the source's columns (by name)."""

@@ -39,6 +39,7 @@ from applier.sink.merge import write_rows
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, needs_column_mapping, table_location
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
+from applier.spark.session import SparkLike, SparkProvider
 from applier.values import UNCHANGED_TOAST
 
 if TYPE_CHECKING:
@@ -77,9 +78,9 @@ def derived_table_dirs(target_dir: str | Path) -> list[tuple[_Kind, Path]]:
 class DerivedTables:
     """The history and change feed tables of a target's mirrored tables."""
 
-    def __init__(self, spark: SparkSession, target_dir: str, tables: TablesSettings,
+    def __init__(self, spark: SparkLike, target_dir: str, tables: TablesSettings,
                  mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str]) -> None:
-        self.spark = spark
+        self._spark = SparkProvider.of(spark)
         self.target_dir = target_dir
         self.tables = tables
         self._mirror_version = mirror_version  # (namespace, name) -> the mirror table's applied version
@@ -87,6 +88,11 @@ class DerivedTables:
         self._applied: dict[str, int] = {}  # derived table path -> applied end LSN
         self._schema_seen: dict[str, SchemaVersion] = {}
         self._exists: set[str] = set()
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session (started now when it is not: only tables with derived tables get here)."""
+        return self._spark.get("history or change feed tables")
 
     def kinds(self, qualified: str) -> list[_Kind]:
         rule = self.tables.rule_for(qualified)

@@ -49,10 +49,11 @@ from applier.sink.schema import (
 )
 from applier.sink.targets import TableTargets
 from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
+from applier.spark.session import SparkLike, SparkProvider
 from applier.values import UNCHANGED_TOAST, spark_schema_for
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 
 log = logging.getLogger(__name__)
@@ -180,15 +181,17 @@ class FoldedTable:
 class DeltaApplier:
     """Applies transactions to the Delta tables under ``target_dir``."""
 
-    def __init__(self, spark: SparkSession, target_dir: str, *, tables: TablesSettings | None = None,
+    def __init__(self, spark: SparkLike, target_dir: str, *, tables: TablesSettings | None = None,
                  apply: ApplySettings | None = None, types: TypeCache | None = None,
                  on_schema_change: Callable[[str, SchemaEvolution], None] | None = None,
                  dry_run: Callable[[str], None] | None = None,
                  identities: Callable[[TableTargets], TableIdentities] | None = None) -> None:
-        self.spark = spark
+        #: started by the first write that needs Spark (a MERGE delta-rs does not do, a schema change...);
+        #: a mirror whose tables delta-rs reads and writes runs without a JVM (issue 31 item 2)
+        self.spark = SparkProvider.of(spark)
         self.target_dir = target_dir
         self.tables = tables or TablesSettings()
-        self.targets = TableTargets(spark, target_dir, self.tables)
+        self.targets = TableTargets(self.spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
         self.types = types
         self.stats = ApplyStats()
@@ -197,10 +200,10 @@ class DeltaApplier:
         self._schema_seen: dict[str, SchemaVersion] = {}  # table path -> SchemaVersion the Delta table matches
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
-        self._sessions = SessionPool(spark, self.settings.parallel_tables)
+        self._sessions = SessionPool(self.spark, self.settings.parallel_tables)
         self._written: set[str] = set()  # table paths this run has written rows to
         self._deltars_writable: dict[str, bool] = {}  # table path -> delta-rs can write its protocol
-        self.derived = DerivedTables(spark, target_dir, self.tables, self._mirror_version, self.path_for)
+        self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for)
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
         self.identities = identities(self.targets) if identities is not None else None
         if self.identities is not None:
@@ -375,10 +378,13 @@ class DeltaApplier:
             self.stats.applied += transactions
         self.stats.last_end_lsn = group_end
 
-    def _commit(self, spark: SparkSession, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
+    def _commit(self, spark: SparkProvider, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
                 description: str) -> CommitResult:
         """One table's commit of a group (run side by side with the other tables', in ``spark``, a
-        session of its own)."""
+        session of its own, started only when this commit needs Spark)."""
+        why = "a MERGE merge_engine 'spark' asks for" if self.settings.merge_engine == "spark" else \
+            "a MERGE delta-rs does not write (a key-less table, unchanged TOAST values, a feature or key type " \
+            "delta-rs does not handle)"
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
         result = None
         if self._merges_with_deltars(path, spec, plan):
@@ -388,8 +394,8 @@ class DeltaApplier:
                 table=spec.source_name)
         if result is None:
             result = retry_on_conflict(
-                partial(apply_plan, spark, path, spec.schema, plan, app_id=app_id, version=version,
-                        description=description, may_be_empty=may_be_empty),
+                partial(apply_plan, spark.get(f"{spec.source_name}: {why}"), path, spec.schema, plan, app_id=app_id,
+                        version=version, description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
         self._applied[path] = version
         if result.rows_upserted:
@@ -399,7 +405,8 @@ class DeltaApplier:
         if plan.restart_identity:
             # The tables applier creates have no identity columns of their own; record the reset so
             # that sequences owned by a consumer can follow it.
-            set_table_property(spark, path, PROP_RESTART_IDENTITY, format_lsn(version))
+            set_table_property(spark.get(f"{spec.source_name}: recording a TRUNCATE RESTART IDENTITY"), path,
+                               PROP_RESTART_IDENTITY, format_lsn(version))
         return result
 
     def _merges_with_deltars(self, path: str, spec: TableSpec, plan: TablePlan) -> bool:
@@ -474,7 +481,7 @@ class DeltaApplier:
             return False
         from applier.sink.schema import empty_with_schema
 
-        empty_with_schema(self.spark, path, spec)
+        empty_with_schema(self.spark.get(f"{spec.source_name}: replacing the table for a fresh copy"), path, spec)
         self.targets.created(path)
         return True
 
@@ -487,7 +494,8 @@ class DeltaApplier:
         if not is_delta_table(path):
             return None
         if not deltars_can_open(path):
-            return tuple(self.spark.read.format("delta").load(path).columns)
+            return tuple(self.spark.get(f"{namespace}.{name}: a table delta-rs cannot open")
+                         .read.format("delta").load(path).columns)
         return tuple(f.name for f in delta_table(path).schema().fields)
 
     def snapshot_version(self, namespace: str, name: str) -> int | None:
@@ -502,7 +510,7 @@ class DeltaApplier:
             loader.add_rows(chunk)
         return loader.finish()
 
-    def _maybe_optimize(self, spark: SparkSession, path: str, source_name: str) -> None:
+    def _maybe_optimize(self, spark: SparkProvider, path: str, source_name: str) -> None:
         """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few
         files each; without compaction a long-running mirror's reads slow down)."""
         every = self.settings.optimize_every_commits
@@ -513,7 +521,8 @@ class DeltaApplier:
             from delta.tables import DeltaTable
 
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
-            retry_on_conflict(lambda: DeltaTable.forPath(spark, path).optimize().executeCompaction(),
+            session = spark.get("OPTIMIZE (apply.optimize_every_commits)")
+            retry_on_conflict(lambda: DeltaTable.forPath(session, path).optimize().executeCompaction(),
                               table=source_name)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
 from applier.infra.deltars import deltars_can_open, deltars_path
+from applier.spark.session import SparkLike, session_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,7 +45,7 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int, user_metada
         conf.unset(USER_METADATA)
 
 
-def applied_version(spark: SparkSession | None, table_path: str, app_id: str) -> int | None:
+def applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> int | None:
     """The last ``txnVersion`` Delta recorded for ``app_id`` on the table at ``table_path`` (None if never).
 
     Read with delta-rs (``deltalake.DeltaTable.transaction_version``), a public reader of the Delta log's
@@ -52,7 +53,8 @@ def applied_version(spark: SparkSession | None, table_path: str, app_id: str) ->
     runs without a JVM and the sink works on a Spark session without ``_jvm`` (Spark Connect). It only
     reads the log, so tables with reader features delta-rs cannot scan (type widening) still answer.
     This is the authoritative record of what has been applied, independent of any state file of ours.
-    ``spark`` is unused and kept so that callers need not care which reader answers.
+    ``spark`` is used (a provider started) only for such a path, so that callers need not care which
+    reader answers.
     """
     if not deltars_can_open(table_path):
         return _jvm_applied_version(spark, table_path, app_id)
@@ -74,12 +76,12 @@ def delta_table(table_path: str) -> Any:
                         error=f"{type(e).__name__}: {e}"[:500]) from e
 
 
-def holds_no_files(spark: SparkSession | None, table_path: str) -> bool:
+def holds_no_files(spark: SparkLike | None, table_path: str) -> bool:
     """True when the table's newest version has no data files at all (so it has no rows)."""
     if not deltars_can_open(table_path):
         if spark is None:
             return False  # unknown: the caller then takes the path that works either way
-        return int(_jvm_snapshot(spark, table_path).numOfFiles()) == 0
+        return int(_jvm_snapshot(session_of(spark, "a table delta-rs cannot open"), table_path).numOfFiles()) == 0
     return len(delta_table(table_path).file_uris()) == 0
 
 
@@ -102,15 +104,15 @@ def _jvm_snapshot(spark: SparkSession, table_path: str) -> Any:
     return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
 
 
-def _jvm_applied_version(spark: SparkSession | None, table_path: str, app_id: str) -> int | None:
+def _jvm_applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> int | None:
     if spark is None:
         raise SinkError("this table's path holds '%' (an escaped name), which delta-rs cannot open; "
                         "its applied version needs a Spark session", path=table_path)
-    txn = _jvm_snapshot(spark, table_path).transactions().get(app_id)
+    txn = _jvm_snapshot(session_of(spark, "a table delta-rs cannot open"), table_path).transactions().get(app_id)
     return None if txn.isEmpty() else int(txn.get())
 
 
-def carry_applied_version(spark: SparkSession | None, table_path: str, old_app_id: str, new_app_id: str,
+def carry_applied_version(spark: SparkLike | None, table_path: str, old_app_id: str, new_app_id: str,
                           properties: dict[str, str]) -> None:
     """Record under ``new_app_id`` the version ``old_app_id`` has applied, with ``properties``, in one
     Delta commit (a table that moved to a new source name keeps what it applied; idempotent)."""
@@ -132,6 +134,7 @@ def carry_applied_version(spark: SparkSession | None, table_path: str, old_app_i
                 raise
     if spark is None:
         raise SinkError("moving this table's applied version needs a Spark session", path=table_path)
+    spark = session_of(spark, "moving a renamed table's applied version (a table delta-rs does not write)")
     from applier.sink.naming import delta_path_sql, sql_string_literal
 
     if properties:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
+from applier.spark.session import SparkLike, SparkProvider
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -25,14 +27,17 @@ T = TypeVar("T")
 
 
 class SessionPool:
-    """Up to ``size`` Spark sessions, each used by one commit at a time."""
+    """Up to ``size`` Spark sessions, each used by one commit at a time.
 
-    def __init__(self, spark: SparkSession, size: int) -> None:
-        self.spark = spark
+    Each is a provider (applier.spark.session): a commit that delta-rs writes never asks for its
+    session, so neither the JVM nor the extra sessions are started for it."""
+
+    def __init__(self, spark: SparkLike, size: int) -> None:
+        self.spark = SparkProvider.of(spark)
         self.size = max(1, size)
-        self._free: queue.SimpleQueue[SparkSession] | None = None
+        self._free: queue.SimpleQueue[SparkProvider] | None = None
 
-    def run(self, tasks: Sequence[Callable[[SparkSession], T]]) -> list[T]:
+    def run(self, tasks: Sequence[Callable[[SparkProvider], T]]) -> list[T]:
         """Run every task, each given a session no other running task holds; return their results in
         order. When a task fails, the others still run to their end (their commits are as good as
         any), then the first failure, in task order, is raised."""
@@ -40,15 +45,15 @@ class SessionPool:
             return [task(self.spark) for task in tasks]
         free = self._sessions()
 
-        def run_one(task: Callable[[SparkSession], T]) -> T:
-            session = free.get()
+        def run_one(task: Callable[[SparkProvider], T]) -> T:
+            provider = free.get()
             try:
-                # Code on the JVM side that reads SQLConf.get sees this thread's session, not the
-                # one the process started with.
-                session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]  # _jvm is set on a classic (non-Connect) session
-                return task(session)
+                session = provider.if_started()
+                if session is not None:
+                    _make_active(session)
+                return task(provider)  # a session it starts is made active on this thread (_make_active)
             finally:
-                free.put(session)
+                free.put(provider)
 
         with ThreadPoolExecutor(min(self.size, len(tasks)), thread_name_prefix="applier-commit") as pool:
             futures = [pool.submit(run_one, task) for task in tasks]
@@ -58,9 +63,15 @@ class SessionPool:
                 raise error
         return [future.result() for future in futures]
 
-    def _sessions(self) -> queue.SimpleQueue[SparkSession]:
+    def _sessions(self) -> queue.SimpleQueue[SparkProvider]:
         if self._free is None:
             self._free = queue.SimpleQueue()
             for _ in range(self.size):
-                self._free.put(self.spark.newSession())
+                self._free.put(self.spark.new_session(on_start=_make_active))
         return self._free
+
+
+def _make_active(session: SparkSession) -> None:
+    """Code on the JVM side that reads SQLConf.get sees this thread's session, not the one the
+    process started with."""
+    session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]  # a classic session

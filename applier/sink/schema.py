@@ -26,6 +26,7 @@ from applier.errors import SinkError, TypeChangeError
 from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
 from applier.sink.zerocol import ROW_COLUMN
+from applier.spark.session import SparkLike, session_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -128,7 +129,7 @@ class SchemaEvolution:
         return bool(self.added or self.widened)
 
 
-def _table_exists(spark: SparkSession, path: str) -> bool:
+def _table_exists(spark: SparkLike, path: str) -> bool:
     """Read with delta-rs where it can open the path (no JVM round trip), else through Spark."""
     if deltars_can_open(path):
         from deltalake import DeltaTable as RsTable
@@ -136,7 +137,7 @@ def _table_exists(spark: SparkSession, path: str) -> bool:
         return bool(RsTable.is_deltatable(deltars_path(path)))
     from delta.tables import DeltaTable
 
-    return bool(DeltaTable.isDeltaTable(spark, path))
+    return bool(DeltaTable.isDeltaTable(session_of(spark, "a table delta-rs cannot open"), path))
 
 
 def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, str]:
@@ -381,22 +382,26 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
-def ensure_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None,
+def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None,
                  *, check_options: bool = True, renames: Renames | None = None) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
 
     The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
-    column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it."""
+    column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it.
+    A table delta-rs reads that needs none of this is checked without Spark (a provider is not started)."""
+    name = spec.source_name
     if not _table_exists(spark, path):
-        create_table(spark, path, spec, options)
+        create_table(session_of(spark, f"{name}: creating its Delta table"), path, spec, options)
         return SchemaEvolution(added=spec.column_names)
     if options is not None and options.any and check_options:
-        _warn_option_mismatches(spark, path, spec, options)
+        _warn_option_mismatches(session_of(spark, f"{name}: comparing its table options"), path, spec, options)
     if check_options and not column_mapping_state(spark, path).readable_by_deltars:
-        enable_column_mapping(spark, path, table=spec.source_name)  # a reader-2 table of an earlier version
+        # a reader-2 table of an earlier version
+        enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
     if _unchanged(path, spec):
         return SchemaEvolution()
-    return evolve_table(spark, path, spec, renames)
+    return evolve_table(session_of(spark, f"{name}: a schema change (or a table delta-rs cannot read)"), path, spec,
+                        renames)
 
 
 def _unchanged(path: str, spec: TableSpec) -> bool:
@@ -447,7 +452,7 @@ class MappingState:
         return self.mode == "none" or (self.min_reader_version >= 3 and "columnMapping" in self.reader_features)
 
 
-def column_mapping_state(spark: SparkSession | None, path: str) -> MappingState:
+def column_mapping_state(spark: SparkLike | None, path: str) -> MappingState:
     """The table's column mapping state, read from its log with delta-rs (no Spark job) where it can
     open the path, else with DESCRIBE DETAIL."""
     if deltars_can_open(path):
@@ -459,7 +464,8 @@ def column_mapping_state(spark: SparkSession | None, path: str) -> MappingState:
                             protocol.min_reader_version, tuple(protocol.reader_features or ()))
     if spark is None:
         raise SinkError("reading this table's protocol needs Spark (delta-rs cannot open its path)", path=path)
-    detail = spark.sql(f"DESCRIBE DETAIL {delta_path_sql(path)}").collect()[0]
+    detail = session_of(spark, "a table delta-rs cannot open").sql(
+        f"DESCRIBE DETAIL {delta_path_sql(path)}").collect()[0]
     # DESCRIBE DETAIL lists reader and writer features together; below reader 3 there are no reader features
     features = tuple(detail["tableFeatures"] or ()) if int(detail["minReaderVersion"]) >= 3 else ()
     return MappingState((detail["properties"] or {}).get(COLUMN_MAPPING_MODE, "none"),

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
 from applier.sink.naming import table_location
+from applier.spark.session import SparkLike, SparkProvider
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from applier.config import TablesSettings
 
 
@@ -27,8 +26,8 @@ def _quoted_name(name: str) -> str:
 class TableTargets:
     """Resolves ``schema.table`` to the Delta path it is mirrored at (and its catalog name, if any)."""
 
-    def __init__(self, spark: SparkSession | None, target_dir: str, tables: TablesSettings) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkLike | None, target_dir: str, tables: TablesSettings) -> None:
+        self.spark = SparkProvider.of(spark) if spark is not None else None  # only catalog names need it
         self.target_dir = target_dir
         self.tables = tables
         self._paths: dict[str, str] = {}
@@ -61,9 +60,10 @@ class TableTargets:
     def _catalog_location(self, table: str, qualified: str) -> str | None:
         if self.spark is None:
             raise SinkError("a catalog table name needs a Spark session", table=qualified, catalog_table=table)
-        if not self.spark.catalog.tableExists(table):
+        spark = self.spark.get(f"the catalog table {table} (tables.rules)")
+        if not spark.catalog.tableExists(table):
             return None
-        detail = self.spark.sql(f"DESCRIBE DETAIL {_quoted_name(table)}").collect()[0]
+        detail = spark.sql(f"DESCRIBE DETAIL {_quoted_name(table)}").collect()[0]
         if (detail["format"] or "").lower() != "delta":
             raise SinkError("the catalog table is not a Delta table; name another table or drop it",
                             table=qualified, catalog_table=table, format=detail["format"])
@@ -76,7 +76,8 @@ class TableTargets:
             return
         location = path.replace("\\", "\\\\").replace("'", "\\'")
         try:
-            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {_quoted_name(name)} USING DELTA LOCATION '{location}'")
+            self.spark.get(f"registering the catalog table {name}").sql(
+                f"CREATE TABLE IF NOT EXISTS {_quoted_name(name)} USING DELTA LOCATION '{location}'")
         except Exception as e:  # noqa: BLE001 - the catalog's own error is the useful part
             self._unregistered[path] = name
             raise SinkError(f"could not register the catalog table: {e}", catalog_table=name, path=path,

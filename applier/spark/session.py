@@ -12,13 +12,15 @@ variable or ``spark-defaults.conf`` wins; ``spark.master`` of the config is the 
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 from applier.errors import EnvironmentSetupError
 from applier.infra.cache import default_cache_dir
@@ -156,3 +158,83 @@ def build_spark_session_for(config: SparkConfig) -> SparkSession:
     return build_spark_session(SparkSettings(
         master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
         driver_memory=config.driver_memory, extra=dict(config.conf)))
+
+
+class SparkProvider:
+    """The run's SparkSession, started on the first call of :meth:`get` (issue 31 item 2).
+
+    A mirror whose tables delta-rs reads and writes (keyed tables, a protocol delta-rs writes,
+    ``merge_engine: auto``) copies and follows without a JVM; the code paths that need Spark (a
+    key-less table's MERGE, a feature delta-rs cannot write, ``merge_engine: spark``, executors, a
+    catalog table name, history tables...) call ``get(why)``, which starts the session once and
+    logs one line saying why. Built from a session already started (``SparkProvider.of(spark)``,
+    what ``applier.mirror(spark, ...)`` callers pass), it just hands that session out.
+
+    Thread-safe: a group's commits run side by side (applier.sink.parallel). Not global state: one
+    provider is made per command run and passed in, as the session was.
+    """
+
+    def __init__(self, build: Callable[[], SparkSession] | None = None, *, session: SparkSession | None = None,
+                 parent: SparkProvider | None = None,
+                 on_start: Callable[[SparkSession], None] | None = None) -> None:
+        if (build is None) == (session is None) and parent is None:
+            raise ValueError("a SparkProvider needs exactly one of build and session")
+        self._build = build
+        self._session = session
+        self._parent = parent
+        self._on_start = on_start  # called with the session once it started, on the thread that started it
+        self._lock = threading.Lock()
+        self.why: str | None = None  # what started it (None: given a started session, or not started)
+
+    @classmethod
+    def of(cls, spark: SparkSession | SparkProvider) -> SparkProvider:
+        """``spark`` itself when it is a provider, else a provider of that (started) session."""
+        return spark if isinstance(spark, SparkProvider) else cls(session=spark)
+
+    @classmethod
+    def for_config(cls, config: SparkConfig) -> SparkProvider:
+        """A provider that starts the session the job's ``spark:`` config section describes, when needed."""
+        return cls(lambda: build_spark_session_for(config))
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def if_started(self) -> SparkSession | None:
+        """The session when it runs already, else None (never starts it)."""
+        return self._session
+
+    def get(self, why: str) -> SparkSession:
+        """The session, started now (logging ``starting Spark: <why>``) when it is not running yet."""
+        session = self._session
+        if session is not None:
+            return session
+        with self._lock:
+            if self._session is None:
+                if self._parent is not None:  # a session of its own on the parent's SparkContext
+                    parent = self._parent.get(why)
+                    session = parent.newSession()
+                else:
+                    assert self._build is not None
+                    logging.getLogger("applier.spark").info("starting Spark: %s", why)
+                    session = self._build()
+                    self.why = why
+                if self._on_start is not None:
+                    self._on_start(session)
+                self._session = session
+            return self._session
+
+    def new_session(self, *, on_start: Callable[[SparkSession], None] | None = None) -> SparkProvider:
+        """A provider of a session of its own (``SparkSession.newSession()``: own conf, shared
+        SparkContext), made from this one's session only when it is asked for; ``on_start`` is called
+        with it then (on the asking thread)."""
+        return SparkProvider(parent=self, on_start=on_start)
+
+
+#: What the engine's classes take: a started session, or a provider that starts one when needed.
+SparkLike: TypeAlias = Union["SparkSession", SparkProvider]
+
+
+def session_of(spark: SparkLike, why: str) -> SparkSession:
+    """The session of ``spark`` (a provider starts it now, see SparkProvider.get)."""
+    return spark.get(why) if isinstance(spark, SparkProvider) else spark

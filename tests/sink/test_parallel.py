@@ -32,7 +32,8 @@ def test_each_table_commit_side_by_side_records_only_its_own_id_and_version(spar
     threads: set[str] = set()
 
     def commit(table: str, version: int, changes):
-        def task(session):
+        def task(provider):
+            session = provider.get("test")
             threads.add(threading.current_thread().name)
             return apply_plan(session, paths[table], SCHEMA, plan_of(changes), app_id=app_id_for(table),
                               version=version, description=f"public.{table}")

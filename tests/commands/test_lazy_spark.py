@@ -1,0 +1,118 @@
+"""Issue 31 item 2: Spark only when needed.
+
+``applier mirror --once`` runs the real command in-process. On a publication whose tables all have a
+key and common types (delta-rs writes them), the initial copy, a run applying an UPDATE, INSERT and
+DELETE, and a run with nothing to do never start Spark (``no_spark`` makes starting it a failure);
+the Delta tables, read with delta-rs, equal Postgres. A key-less table (REPLICA IDENTITY FULL: a
+multiset, merged by Spark) still works: Spark starts then, once, and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from applier.checks.verify import compare, postgres_table_rows
+from applier.cli import main
+
+pytestmark = [pytest.mark.postgres]
+
+deltalake = pytest.importorskip("deltalake")
+
+SETUP = """
+CREATE TABLE items (
+    id bigint PRIMARY KEY, name text, qty int, price numeric(12, 2), ratio double precision, flag boolean,
+    born date, seen timestamptz, at timestamp, doc jsonb, raw bytea, tags text[], uid uuid, small smallint);
+INSERT INTO items SELECT g, 'item ' || g, g % 7, g * 1.25, g / 3.0, g % 2 = 0, date '2024-01-01' + g,
+    timestamptz '2024-01-01 00:00:00+00' + g * interval '1 hour', timestamp '2024-01-01' + g * interval '1 minute',
+    jsonb_build_object('g', g), decode(md5(g::text), 'hex'), ARRAY['a' || g, 'b'], md5(g::text)::uuid, g % 100
+FROM generate_series(1, 500) g;
+CREATE TABLE notes (k text PRIMARY KEY, body text);
+INSERT INTO notes VALUES ('a', 'first'), ('b', NULL);
+CREATE PUBLICATION pub FOR TABLE items, notes;
+"""
+
+CHANGES = """
+UPDATE items SET name = 'renamed ' || id, price = price + 1, tags = NULL WHERE id % 10 = 0;
+INSERT INTO items (id, name, qty, seen, doc) VALUES (1001, 'new', 1, now(), '{"x": [1, 2]}'), (1002, NULL, NULL, NULL, NULL);
+DELETE FROM items WHERE id BETWEEN 400 AND 450;
+UPDATE notes SET body = 'second' WHERE k = 'b';
+INSERT INTO notes VALUES ('c', 'third');
+DELETE FROM notes WHERE k = 'a';
+"""
+
+
+@pytest.fixture(autouse=True)
+def no_dsn_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("APPLIER_DSN", raising=False)
+
+
+def mirror_once(dsn: str, target: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    code = main(["mirror", "--once", "--dsn", dsn, "--publication", "pub", "--slot", "lazy", "--target", str(target)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def assert_equal_to_postgres(pg: Any, target: Path, tables: list[str]) -> None:
+    with pg.connect() as conn:
+        for table in tables:
+            names, pg_rows = postgres_table_rows(conn, "public", table)
+            rows = deltalake.DeltaTable(str(target / "public" / table)).to_pyarrow_table().to_pylist()
+            result = compare(f"public.{table}", pg_rows, iter([tuple(r[c] for c in names) for r in rows]))
+            assert result.equal, (table, result.only_in_source[:3], result.only_in_target[:3])
+
+
+def test_a_mirror_of_keyed_tables_copies_follows_and_idles_without_starting_spark(
+        pg: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spark: None) -> None:
+    with pg.connect() as conn:
+        conn.execute(SETUP)
+    target = tmp_path / "delta"
+
+    out = mirror_once(pg.dsn, target, capsys)  # the initial copy
+    assert "502 rows in 2 tables" in out, out
+    assert_equal_to_postgres(pg, target, ["items", "notes"])
+
+    with pg.connect() as conn:
+        conn.execute(CHANGES)
+    out = mirror_once(pg.dsn, target, capsys)  # applies them
+    assert "transactions applied: 1" in out, out
+    assert_equal_to_postgres(pg, target, ["items", "notes"])
+
+    out = mirror_once(pg.dsn, target, capsys)  # up to date
+    assert "transactions applied: 0" in out, out
+    assert_equal_to_postgres(pg, target, ["items", "notes"])
+
+
+def test_a_key_less_table_starts_spark_once_and_says_why(
+        pg: Any, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    started: list[object] = []
+
+    def build(config: object) -> Any:  # the run's session is the test run's one (getOrCreate would return it)
+        started.append(config)
+        return spark
+
+    monkeypatch.setattr("applier.spark.session.build_spark_session_for", build)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE bag (v text, n int); ALTER TABLE bag REPLICA IDENTITY FULL;"
+                     "INSERT INTO bag VALUES ('a', 1), ('a', 1), ('b', 2);"
+                     "CREATE TABLE keyed (id int PRIMARY KEY, v text); INSERT INTO keyed VALUES (1, 'x');"
+                     "CREATE PUBLICATION pub FOR TABLE bag, keyed")
+    target = tmp_path / "delta"
+    mirror_once(pg.dsn, target, capsys)  # the copy: delta-rs creates and writes both
+    assert started == []
+    assert_equal_to_postgres(pg, target, ["bag", "keyed"])
+
+    with pg.connect() as conn:
+        conn.execute("DELETE FROM bag WHERE ctid = (SELECT min(ctid) FROM bag WHERE v = 'a');"
+                     "INSERT INTO bag VALUES ('c', 3); UPDATE keyed SET v = 'y'")
+    with caplog.at_level(logging.INFO, logger="applier.spark"):
+        mirror_once(pg.dsn, target, capsys)  # a multiset's commit is a Spark MERGE
+    assert len(started) == 1
+    assert any(r.getMessage().startswith("starting Spark: public.bag: a MERGE delta-rs does not write")
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert_equal_to_postgres(pg, target, ["bag", "keyed"])
