@@ -13,8 +13,6 @@ import shutil
 import time
 from pathlib import Path
 
-import psycopg
-
 from applier.commands.exitcodes import ExitCode
 from applier.errors import ConfigError
 
@@ -71,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(dsn: str, out: Path, transactions: int) -> int:
+    import psycopg  # here, not when `applier` builds its parser
+
     from applier.checks.verify import verify_against_postgres
     from applier.config import ReplayConfig, TargetSettings
     from applier.devtools.sample import create_schema, run_workload

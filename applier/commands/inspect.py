@@ -7,9 +7,7 @@ import argparse
 import json
 import logging
 
-from applier.checks.inspect import format_report, inspect_messages
 from applier.lsn import format_lsn
-from applier.sources.rawlog import read_raw_log
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +32,10 @@ def _progress(count: int, lsn: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not when `applier` builds its parser: every command (mirror --once too) pays for that
+    from applier.checks.inspect import format_report, inspect_messages
+    from applier.sources.rawlog import read_raw_log
+
     report = inspect_messages(read_raw_log(args.source, check_order=False), progress=_progress)
     if args.json:
         print(json.dumps({"source": args.source, **report.to_json()}, indent=2))

@@ -33,11 +33,15 @@ confirms them and exits 0 (a second Ctrl-C exits at once; the next run re-applie
 
 The DSN comes from --dsn, source.dsn, the variable named by source.dsn_env (APPLIER_DSN by
 default), or libpq's own PGHOST/PGSERVICE/... variables; it is never printed. It is parsed and one
-connection is made before Spark starts: a DSN that does not parse or a bad sslmode exits 2, a server
+connection is made before anything else: a DSN that does not parse or a bad sslmode exits 2, a server
 that cannot be reached or a refused login exits 3, at once. Reconnects with backoff
 (source.max_retries) are for outages after that. A publication the database does not have, a slot
 name PostgreSQL refuses (lower-case letters, digits, underscores) and a target that is a file or
-cannot be written exit 2, also before Spark starts.
+cannot be written exit 2, also at once.
+
+Spark starts only when an operation needs it (a table delta-rs does not write, e.g. one without a
+key; a schema change; executors; see README "Spark only when needed"), with one log line saying
+why: a mirror of keyed tables delta-rs writes copies and follows without a JVM.
 
 Flags override the config file (and APPLIER_* variables) and may supply what it lacks.""",
     )

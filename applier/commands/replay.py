@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
     from applier.checks.position import check_log_continues_target
     from applier.drivers.replay import replay_log
     from applier.infra.lock import target_writer
-    from applier.spark.session import build_spark_session_for
+    from applier.spark.session import SparkProvider
 
     cfg = config_from_args(args)
     with target_writer(cfg.target.path, cfg.target.state_dir, command="replay", dry_run=args.dry_run):
         for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
             logging.getLogger("applier.replay").warning("%s", warning)
-        spark = build_spark_session_for(cfg.spark)
+        spark = SparkProvider.for_config(cfg.spark)  # started by the first operation that needs it
         summary = replay_log(spark, cfg, progress=progress("replay"),
                              dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():

@@ -27,10 +27,11 @@ from applier.drivers.distributed import (
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.sources.rawlog import RawMessage, read_raw_log
+from applier.spark.session import SparkLike, session_of
 from applier.state import StateDir
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,13 @@ class ReplaySummary:
         return out
 
 
-def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
+def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
                progress_every: float = 10.0, dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
     """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either).
 
     Large logs are decoded and folded on Spark's executors (``distributed``, see
-    applier.drivers.distributed); the rest, and every log that needs it, go through the driver path."""
+    applier.drivers.distributed); the rest, and every log that needs it, go through the driver path.
+    ``spark``: a started session, or a provider that starts one only when an operation needs it."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)
     why_not = on_executors(spark, config, state) if dry_run is None else "--dry-run"
@@ -81,20 +83,24 @@ def replay_log(spark: SparkSession, config: ReplayConfig, *, progress: Callable[
     return summary
 
 
-def on_executors(spark: SparkSession, config: ReplayConfig, state: StateDir) -> str | None:
-    """None when the log is to be replayed on executors, else why not (for a log line)."""
+def on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir) -> str | None:
+    """None when the log is to be replayed on executors, else why not (for a log line). Spark's cores
+    are asked last: a provider is started only for a log that is otherwise one for executors."""
     settings = config.distributed
     if settings.mode == "off":
         return "distributed.mode is 'off'"
-    if settings.mode == "auto":
-        if spark.sparkContext.defaultParallelism < 2:
-            return "Spark has one core (distributed.mode 'on' uses executors anyway)"
-        if log_messages(config.source_log) < settings.min_messages:
-            return f"the log has fewer than distributed.min_messages ({settings.min_messages}) messages"
-    return eligibility(config, state)
+    if settings.mode == "auto" and log_messages(config.source_log) < settings.min_messages:
+        return f"the log has fewer than distributed.min_messages ({settings.min_messages}) messages"
+    unfit = eligibility(config, state)
+    if unfit is not None:
+        return unfit
+    if settings.mode == "auto" and session_of(spark, "a large log to replay on executors (distributed.mode)") \
+            .sparkContext.defaultParallelism < 2:
+        return "Spark has one core (distributed.mode 'on' uses executors anyway)"
+    return None
 
 
-def _loop(spark: SparkSession, config: ReplayConfig, state: StateDir, *, progress: Callable[[str], None] | None,
+def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: Callable[[str], None] | None,
           dry_run: Callable[[str], None] | None = None, catalog: dict[str, Any] | None = None) -> ApplyLoop:
     feeder = TransactionFeeder.from_state(state, config.apply, catalog_json=catalog, check_order=False) \
         if catalog is not None else None
@@ -122,7 +128,7 @@ def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callabl
         last_end_lsn=stats.last_end_lsn)
 
 
-def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: StateDir, *,
+def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir, *,
                          progress: Callable[[str], None] | None, progress_every: float) -> ReplaySummary:
     if progress is not None:
         progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
@@ -137,5 +143,6 @@ def _replay_on_executors(spark: SparkSession, config: ReplayConfig, state: State
         messages = (raw for r in ranges for raw in range_messages(r))
         return _drive(rest, messages, progress=progress, progress_every=progress_every)
 
-    return replay_on_executors(spark, config, loop, surveying, progress=progress, progress_every=progress_every,
+    session = session_of(spark, "replaying a large log on executors")
+    return replay_on_executors(session, config, loop, surveying, progress=progress, progress_every=progress_every,
                                drive=drive)

@@ -545,7 +545,7 @@ class DeltaApplier:
                 return done
         applied: dict[str, str] = {}
         evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
-                                 renames=renames)
+                                 renames=renames, deltars_create=self.settings.merge_engine == "auto")
         if self.identities is not None:
             self.identities.renames_applied(schema_version.relation.oid, applied)
             # after the evolution: the renames were proven with the attnums recorded before

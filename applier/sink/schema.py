@@ -383,14 +383,20 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
 
 
 def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None,
-                 *, check_options: bool = True, renames: Renames | None = None) -> SchemaEvolution:
+                 *, check_options: bool = True, renames: Renames | None = None,
+                 deltars_create: bool = False) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
 
     The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
     column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it.
-    A table delta-rs reads that needs none of this is checked without Spark (a provider is not started)."""
+    A table delta-rs reads that needs none of this is checked without Spark (a provider is not started);
+    with ``deltars_create`` a new table that delta-rs creates as Spark would (``deltars_can_create``) is
+    created by delta-rs."""
     name = spec.source_name
     if not _table_exists(spark, path):
+        if deltars_create and deltars_can_create(path, spec, options):
+            create_table_deltars(path, spec, options)
+            return SchemaEvolution(added=spec.column_names)
         create_table(session_of(spark, f"{name}: creating its Delta table"), path, spec, options)
         return SchemaEvolution(added=spec.column_names)
     if options is not None and options.any and check_options:
