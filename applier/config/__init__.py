@@ -311,7 +311,9 @@ class ApplySettings(_Model):
 
 
 class SparkConfig(_Model):
-    """The SparkSession the job runs on (ignored when the job is given a session).
+    """The SparkSession the job runs on (ignored when the job is given a session). ``mirror`` and
+    ``replay`` start it only when an operation needs Spark (a table delta-rs does not write, a schema
+    change, executors...; README "Spark only when needed").
 
     ``master`` is a fallback: a master that spark-submit (``--master``), ``PYSPARK_SUBMIT_ARGS``, the
     ``MASTER`` environment variable or ``spark-defaults.conf`` already set wins, so
@@ -344,7 +346,8 @@ _SOURCE = "the slot, publication, DSN and pgoutput options"
 _TARGET = "where the Delta tables and the applier's state go"
 _TABLES = "which published tables are mirrored, and per-table rules"
 _APPLY = "how transactions are grouped and applied, and what stops the run"
-_SPARK = "the SparkSession applier starts when it is not given one"
+_SPARK = ("the SparkSession applier starts when it is not given one (mirror and replay: only when an "
+          "operation needs Spark)")
 
 
 class DistributedSettings(_Model):

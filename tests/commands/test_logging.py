@@ -30,7 +30,7 @@ def log_with_progress(tmp_path, monkeypatch):
     path = tmp_path / "log.parquet"
     write_raw_log(path, rows)
     original = inspect_module.inspect_messages
-    monkeypatch.setattr("applier.commands.inspect.inspect_messages",
+    monkeypatch.setattr("applier.checks.inspect.inspect_messages",  # imported by the command when it runs
                         lambda msgs, progress: original(msgs, progress=progress, progress_every=50))
     return path
 
