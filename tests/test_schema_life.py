@@ -280,3 +280,48 @@ def test_a_stored_log_that_cannot_prove_identity_stops(pg, spark, tmp_path):
             _replay_captured(spark, conn, tmp_path)
     assert for_exception(stopped.value) == ExitCode.BAD_DATA
     assert "renamed or dropped" in str(stopped.value)
+
+
+def test_history_follows_a_renamed_table_and_a_new_table_with_its_name_starts_its_own(pg, spark, tmp_path):
+    """A renamed table keeps its history (the history table moves with it and goes on); the new table
+    that takes the old name, and the one that takes it after a DROP, get histories of their own; the
+    dropped table's history is retired beside its mirror table. Never one table's versions in
+    another's history."""
+    import deltalake
+
+    from applier.config import TableRule, TablesSettings
+
+    target = tmp_path / "delta"
+    config = _config(pg, target).model_copy(update={
+        "tables": TablesSettings(rules=[TableRule(match="public.*", history=True)])})
+    history = target / "_history" / "public"
+
+    def versions(table: str) -> list[tuple[int, str]]:
+        rows = deltalake.DeltaTable(str(history / table)).to_pyarrow_table(columns=["id", "v"]).to_pylist()
+        return sorted((r["id"], r["v"]) for r in rows)
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (1, 'a'), (2, 'b')")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        mirror(spark, config, once=True)
+        conn.execute("UPDATE h SET v = 'a2' WHERE id = 1")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TABLE h RENAME TO h2")
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (1, 'new')")
+        conn.execute("UPDATE h2 SET v = 'a3' WHERE id = 1")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "h"), ("public", "h2")])
+        assert versions("h2") == [(1, "a"), (1, "a2"), (1, "a3"), (2, "b")]
+        assert versions("h") == [(1, "new")]
+        conn.execute("DROP TABLE h")
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (5, 'x')")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "h"), ("public", "h2")])
+        assert versions("h") == [(5, "x")]
+        retired = sorted(p.name for p in (target / "_retired" / "public").iterdir())
+        assert len(retired) == 2 and retired[1] == f"{retired[0]}.history", retired
+        retired_history = deltalake.DeltaTable(str(target / "_retired" / "public" / retired[1]))
+        assert sorted(r["id"] for r in retired_history.to_pyarrow_table(columns=["id"]).to_pylist()) == [1]

@@ -227,15 +227,21 @@ class DeltaApplier:
         bound = self.identities.bound(oid) if self.identities is not None else None
         return bound.path if bound is not None else self.targets.path_for(namespace, name)
 
-    def _move_table(self, src: str, dst: str, old_name: str, new_name: str) -> None:
+    def _move_table(self, src: str, dst: str, old_name: str, new_name: str | None) -> None:
         """A renamed source table's Delta table moved from ``src`` to ``dst``: its applied version
-        goes with it to the new name's app id (one commit, which also records the new source name)."""
+        goes with it to the new name's app id (one commit, which also records the new source name), and
+        so do its history and change feed tables. ``new_name`` None: the table was dropped and its name
+        taken, its Delta table retired to ``dst`` (its derived tables beside it)."""
         from applier.sink.schema import PROP_SOURCE
 
         for cache in (self._applied, self._commits, self._schema_seen, self._deltars_writable):
             cache.pop(src, None)
             cache.pop(dst, None)
         self._written.discard(src)
+        if old_name != new_name:  # (the same name: parked while two tables swap names)
+            self.derived.follow(old_name, new_name, dst)
+        if new_name is None:
+            return
         carry_applied_version(self.spark, dst, app_id_for(old_name), app_id_for(new_name), {PROP_SOURCE: new_name})
         if old_name != new_name:  # (the same name: parked while two tables swap names)
             log.warning("%s was renamed to %s: its Delta table moved from %s to %s", old_name, new_name, src, dst)

@@ -70,7 +70,7 @@ class Bound:
 
 #: Moves a Delta table from one path to another and carries its applied version to the new name's
 #: app id; given (old path, new path, old name, new name). Supplied by the engine (it knows the engines).
-Mover = Callable[[str, str, str, str], None]
+Mover = Callable[[str, str, str, str | None], None]
 
 
 class TableIdentities:
@@ -231,8 +231,7 @@ class TableIdentities:
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
             _prune_empty_parent(Path(src))
-        if new_name:
-            self.mover(src, dst, old_name, new_name)
+        self.mover(src, dst, old_name, new_name or None)
         from applier.sink.registry import TargetRegistry
 
         TargetRegistry(self.state, self.targets.target_dir).moved(src, dst if new_name else None)
