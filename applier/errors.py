@@ -152,7 +152,19 @@ class SchemaDecisionError(SinkError):
     service manager would restart the mirror forever)."""
 
 
-class TypeChangeError(SchemaDecisionError):
+class ResyncNeededError(SchemaDecisionError):
+    """The table cannot follow the stream past this point, but a fresh copy of it at a new position
+    can (``applier resync --table``, or ``apply.schema_changes: resync``, which the mirror does by
+    itself): exit 4 otherwise. ``table`` is the source's ``schema.table``."""
+
+
+class KeyChangeError(ResyncNeededError):
+    """The columns a table's rows are merged on changed between two row changes of one transaction (DDL
+    and DML in one transaction): the two parts cannot be committed apart (the idempotence key is the
+    transaction's end LSN), so no fold of that transaction is exact; a copy taken after it is."""
+
+
+class TypeChangeError(ResyncNeededError):
     """A column's new type is not one Delta can widen the old one to (``ALTER COLUMN ... TYPE text``, or
     a column dropped and added again with another type). Not an outage (a restart meets it again) and
     not one transaction's data (``--skip-transaction`` does not help): the table needs a decision, so

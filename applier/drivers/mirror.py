@@ -30,9 +30,9 @@ from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
 from applier.drivers.initial_copy import CopyJob, InitialCopy, copy_job
-from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_type_change
+from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import TableSync
-from applier.errors import SourceError, TransientSourceError, TypeChangeError
+from applier.errors import ResyncNeededError, SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
@@ -245,12 +245,12 @@ class Mirror:
                 if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
                     self.tablesync.wait_for_copies(self.stop)
                 return
-            except TypeChangeError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
+            except ResyncNeededError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
                 resyncs += 1
                 if self.config.apply.schema_changes != "resync" or resyncs > MAX_AUTOMATIC_RESYNCS:
                     raise
                 self.loop.abandon_session()
-                resync_after_type_change(self.tablesync, e)
+                resync_after_schema_change(self.tablesync, e)
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
                         e.sqlstate, True, str(e)):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import CatalogError, SchemaDecisionError, SinkError
+from applier.errors import KeyChangeError, SchemaDecisionError, SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -140,8 +140,9 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
     and a delete of the other fold to a deleted key. Each run is folded and committed on its own, as
     one commit per transaction would have. Nearly always there is one run (the keys are computed
     once per schema version). A cut between two changes of ONE transaction cannot be given Delta
-    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run
-    (a CatalogError: exit 4, the transaction can be skipped)."""
+    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run with a
+    KeyChangeError: a copy of the table taken after that transaction is exact (``applier resync``, or
+    ``apply.schema_changes: resync``, which the mirror then does by itself)."""
     keys_of: dict[int, tuple[str, ...]] = {}
     runs: list[list[tuple[int, TableBatch]]] = []
     current: tuple[str, ...] | None = None
@@ -151,12 +152,13 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
             keys = keys_of[id(batch.schema)] = merge_keys(batch, tables)
         if not runs or keys != current:
             if runs and runs[-1][-1][0] == end_lsn:
-                raise CatalogError(
+                raise KeyChangeError(
                     "the table's merge key changed inside one transaction, between its row changes (e.g. "
                     "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
-                    "applier cannot apply the two parts exactly as separate commits. Skip the transaction "
-                    "(--skip-transaction and its commit LSN) and rebuild this table from a snapshot; run such "
-                    "DDL in a transaction of its own",
+                    "applier cannot apply the two parts exactly as separate commits. A copy taken after it is "
+                    f"exact: `applier resync --config FILE --table {batch.qualified_name}`, then run the mirror "
+                    "again (or set apply.schema_changes: resync to do this automatically); a replay of a stored "
+                    "log cannot re-copy: rebuild the table from a new snapshot",
                     table=batch.qualified_name, commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
                     keys_before=", ".join(current or ()) or "(none: whole row)",
                     keys_after=", ".join(keys) or "(none: whole row)")
