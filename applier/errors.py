@@ -172,6 +172,14 @@ class TypeChangeError(ResyncNeededError):
     ``apply.schema_changes: resync``). ``table`` is the source's ``schema.table``."""
 
 
+class DroppedTypeChangeError(SchemaDecisionError):
+    """A retype Delta cannot widen, of a table that has been dropped in Postgres since (the stream is
+    behind the catalog): no fresh copy of it can be taken, and ``applier resync --table`` by its name
+    would copy nothing, or another table that took the name. Not a ``TypeChangeError``, so
+    ``apply.schema_changes: resync`` does not try. ``path`` is its Delta table, which nothing was
+    written to."""
+
+
 class SourceError(ApplierError):
     """Reading from a slot or a stored raw log failed."""
 

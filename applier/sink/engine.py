@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import KeyChangeError, SchemaDecisionError, SinkError
+from applier.errors import DroppedTypeChangeError, KeyChangeError, SchemaDecisionError, SinkError, TypeChangeError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -543,8 +543,12 @@ class DeltaApplier:
                 applied.update(done)
                 return done
         applied: dict[str, str] = {}
-        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
-                                 renames=renames)
+        try:
+            evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
+                                     renames=renames)
+        except TypeChangeError as e:
+            self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
+            raise
         if self.identities is not None:
             self.identities.renames_applied(schema_version.relation.oid, applied)
             # after the evolution: the renames were proven with the attnums recorded before
@@ -554,6 +558,29 @@ class DeltaApplier:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
         self._deltars_writable.pop(path, None)  # a new schema may have brought a feature delta-rs cannot write
+
+    def _type_change_of_a_dropped_table(self, error: TypeChangeError, oid: int, path: str) -> None:
+        """DroppedTypeChangeError when the relation of ``error`` no longer exists in Postgres (asked of the
+        live catalog): a resync by its name would copy nothing, or the other table that took the name,
+        and stop here again after it, for the same change of the dropped table."""
+        ids = self.identities
+        if ids is None or ids.lookup is None:
+            return
+        bound = ids.bound(oid)
+        if not (bound is not None and bound.retired) and ids.lookup.relation(oid) is not None:
+            return
+        c, table = error.context, str(error.context.get("table"))
+        reused = ids.bound_by_name(table)
+        other = (f"; {table} is now another table (relation OID {reused.oid}), which `applier resync --table "
+                 f"{table}` would copy instead" if reused is not None and reused.oid != oid else "")
+        raise DroppedTypeChangeError(
+            f"column {c.get('column')!r} of {table} (relation OID {oid}) changed type from {c.get('old_type')} to "
+            f"{c.get('new_type')}, which Delta cannot widen in place, and that table has been dropped in Postgres "
+            f"since, so no fresh copy of it can be taken{other}. Nothing was written to its Delta table at {path}, "
+            "which holds its rows as of before the change. To go on: move that Delta directory away (it stays the "
+            "dropped table's copy); the mirror then writes the dropped table's last changes to a new Delta table "
+            "there and goes on", table=table, relation_oid=oid, path=path, column=c.get("column"),
+            old_type=c.get("old_type"), new_type=c.get("new_type")) from error
 
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""
