@@ -284,6 +284,13 @@ class DeltaApplier:
         histories: list[HistoryJob] = []
         for path, (last_batch, parts) in per_table.items():
             spec = self._spec(last_batch)
+            bound = self.identities.bound(last_batch.relation_oid) if self.identities is not None else None
+            if bound is not None and not bound.retired and bound.name != spec.source_name:
+                # The stream is behind a rename the mirror already followed (the catalog's name decided
+                # where the table is): its applied version, commits and errors go by the name it has now,
+                # the one its version was carried to, or changes applied under the stream's older name
+                # would be applied again under the new one (not idempotent for a multiset table).
+                spec = replace(spec, source_name=bound.name)
             self.stats.tables.add((last_batch.namespace, last_batch.name))
             if self._dry_run is None and self.derived.kinds(spec.source_name):
                 history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
