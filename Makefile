@@ -1,6 +1,6 @@
 # The two commands the README starts with. Both run scripts/setup first (idempotent, fast when done).
 # `make test` (what CI runs) checks the code first: ruff, then mypy (strict, see pyproject.toml).
-.PHONY: setup demo test lint check
+.PHONY: setup demo test test-fast lint check
 
 setup:
 	@scripts/setup
@@ -10,6 +10,11 @@ demo: setup
 
 test: setup check
 	.venv/bin/python -m pytest
+
+# The tier without servers (no PostgreSQL, no Spark): decoder, assembly, values, config, CLI errors.
+# Under a minute on 2 cores; for the edit-test loop, not instead of `make test`.
+test-fast: setup
+	.venv/bin/python -m pytest -m "not postgres and not spark" -q
 
 lint: setup check
 

@@ -152,12 +152,32 @@ class SchemaDecisionError(SinkError):
     service manager would restart the mirror forever)."""
 
 
-class TypeChangeError(SchemaDecisionError):
+class ResyncNeededError(SchemaDecisionError):
+    """The table cannot follow the stream past this point, but a fresh copy of it at a new position
+    can (``applier resync --table``, or ``apply.schema_changes: resync``, which the mirror does by
+    itself): exit 4 otherwise. ``table`` is the source's ``schema.table``."""
+
+
+class KeyChangeError(ResyncNeededError):
+    """The columns a table's rows are merged on changed between two row changes of one transaction (DDL
+    and DML in one transaction): the two parts cannot be committed apart (the idempotence key is the
+    transaction's end LSN), so no fold of that transaction is exact; a copy taken after it is."""
+
+
+class TypeChangeError(ResyncNeededError):
     """A column's new type is not one Delta can widen the old one to (``ALTER COLUMN ... TYPE text``, or
     a column dropped and added again with another type). Not an outage (a restart meets it again) and
     not one transaction's data (``--skip-transaction`` does not help): the table needs a decision, so
     exit 4, and the way forward is a fresh copy of that one table (``applier resync --table``, or
     ``apply.schema_changes: resync``). ``table`` is the source's ``schema.table``."""
+
+
+class DroppedTypeChangeError(SchemaDecisionError):
+    """A retype Delta cannot widen, of a table that has been dropped in Postgres since (the stream is
+    behind the catalog): no fresh copy of it can be taken, and ``applier resync --table`` by its name
+    would copy nothing, or another table that took the name. Not a ``TypeChangeError``, so
+    ``apply.schema_changes: resync`` does not try. ``path`` is its Delta table, which nothing was
+    written to."""
 
 
 class SourceError(ApplierError):

@@ -144,6 +144,9 @@ class ApplyLoop:
         #: Called with each group just before it is applied (the mirror copies tables that joined the
         #: publication there, so that their copy's position is known before their changes apply).
         self.before_apply: Callable[[GroupedTransactions], None] | None = None
+        #: Called by a live source's follower while the stream is idle, with nothing in flight (the mirror
+        #: makes a table sync whose slot now exists there, see ``tick``).
+        self.when_idle: Callable[[], None] | None = None
         self.messages = 0  # raw messages fed
         self.received = 0  # committed transactions completed by what was fed
         self.transactions = 0  # transactions applied (or found applied) by this loop
@@ -184,6 +187,12 @@ class ApplyLoop:
             self.last_commit_time = txn.commit_time
             if self.group.full():
                 self._dispatch(wait=False)
+
+    def tick(self) -> None:
+        """The source has nothing to read just now: run ``when_idle`` unless a group is in flight (its
+        commits and what ``when_idle`` writes must not overlap)."""
+        if self.when_idle is not None and self._in_flight is None and self.dry_run is None:
+            self.when_idle()
 
     def idle(self) -> bool:
         """Nothing received that is not applied: no pending or in-flight group, no open transaction."""

@@ -160,24 +160,38 @@ def test_killed_after_the_fill_before_the_group_commit_and_restarted_ends_equal(
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "events")], "ev_pub")
 
 
-def test_a_volatile_default_copies_the_table_again_and_names_what_the_copy_waits_for(pg, spark, tmp_path):
+def _delta_ids(target: Path, table: str) -> list[int]:
+    from deltalake import DeltaTable
+
+    path = target / "public" / table
+    if not (path / "_delta_log").exists():
+        return []
+    return sorted(DeltaTable(str(path)).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
+
+
+def test_a_volatile_default_copies_the_table_again_without_holding_up_the_other_tables(pg, spark, tmp_path):
     """A volatile default rewrote the table: its values are only in the rows, so the table is copied
-    again under a new slot. While a prepared transaction is open that slot waits: the log names it
-    (and the open transactions) instead of hanging silently, and so does ``status``; once it ends the
-    copy goes on and the table equals Postgres."""
+    again under a new slot. While a prepared transaction is open that slot waits: the log names it (and
+    the open transactions) instead of hanging silently, and so does ``status``. Meanwhile the other
+    tables go on (issue 30 item 8: PostgreSQL's tablesync waits alone while the apply worker goes on):
+    their changes reach Delta while the copy still waits, and the changes of the waiting table, held
+    meanwhile, are applied on its copy once the slot exists. ``--once`` returns only then."""
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="vol", publication="vol_pub"),
                           target=TargetSettings(path=str(tmp_path / "delta")))
+    target = tmp_path / "delta"
     with pg.connect() as conn:
         conn.execute("CREATE TABLE vol (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE busy (id int PRIMARY KEY, v text)")
         conn.execute("CREATE TABLE other (id int)")
         conn.execute("INSERT INTO vol SELECT i, 'v' || i FROM generate_series(1, 30) i")
-        conn.execute("CREATE PUBLICATION vol_pub FOR TABLE vol")
+        conn.execute("CREATE PUBLICATION vol_pub FOR TABLE vol, busy")
         mirror(spark, config, once=True)
         conn.execute("BEGIN")
         conn.execute("INSERT INTO other VALUES (1)")
         conn.execute("PREPARE TRANSACTION 'gid-waited'")
         conn.execute("ALTER TABLE vol ADD COLUMN t timestamptz DEFAULT clock_timestamp()")
         conn.execute("INSERT INTO vol (id, v) VALUES (31, 'after')")
+        conn.execute("INSERT INTO busy VALUES (1, 'before the wait')")
         lines: list[str] = []
         errors: list[BaseException] = []
         summaries = []
@@ -199,13 +213,72 @@ def test_a_volatile_default_copies_the_table_again_and_names_what_the_copy_waits
             assert thread.is_alive() and time.monotonic() < deadline, (errors, lines)
             time.sleep(0.2)
         assert "prepared transaction gid-waited" in waits, waits
-        time.sleep(1)
-        assert thread.is_alive(), lines  # the slot waits for the prepared transaction
+        # the other table is not held up: its change reaches Delta while the copy of vol waits
+        deadline = time.monotonic() + 120
+        while _delta_ids(target, "busy") != [1]:
+            assert thread.is_alive() and not errors and time.monotonic() < deadline, (errors, lines)
+            time.sleep(0.5)
+        conn.execute("INSERT INTO vol (id, v) VALUES (32, 'while waiting')")  # held, then applied on the copy
+        conn.execute("UPDATE vol SET v = 'changed while waiting' WHERE id = 1")
+        time.sleep(2)
+        assert thread.is_alive(), lines  # --once waits for the copy: it must not end with vol's changes held
         conn.execute("ROLLBACK PREPARED 'gid-waited'")
         thread.join(timeout=180)
         assert not thread.is_alive() and not errors, (errors, lines)
-        assert summaries[0].synced_rows == {"public.vol": 31}, lines
-        _assert_equal(spark, conn, tmp_path / "delta", [("public", "vol")], "vol_pub")
+        assert summaries[0].synced_rows["public.vol"] >= 31, lines
+        _assert_equal(spark, conn, target, [("public", "vol"), ("public", "busy")], "vol_pub")
+
+
+def test_a_mirror_stopped_while_a_copy_waits_copies_the_table_on_its_next_run(pg, spark, tmp_path):
+    """The waiting table's changes are confirmed to the slot with the other tables' while they are held
+    in memory: a run that stops then (here a stop request; a crash is the same) must leave the table to
+    the next run's copy, which holds them, and never present it as copied."""
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="volstop", publication="volstop_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")))
+    target = tmp_path / "delta"
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE vol (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE busy (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE other (id int)")
+        conn.execute("INSERT INTO vol SELECT i, 'v' || i FROM generate_series(1, 10) i")
+        conn.execute("CREATE PUBLICATION volstop_pub FOR TABLE vol, busy")
+        mirror(spark, config, once=True)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO other VALUES (1)")
+        conn.execute("PREPARE TRANSACTION 'gid-stop'")
+        conn.execute("ALTER TABLE vol ADD COLUMN r float8 DEFAULT random()")
+        conn.execute("UPDATE vol SET v = 'held' WHERE id <= 5")
+        conn.execute("INSERT INTO busy VALUES (1, 'goes on')")
+        lines: list[str] = []
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                Mirror(spark, config, progress=lines.append, stop=stop).run(once=False)
+            except BaseException as e:  # noqa: BLE001  (reported by the test thread)
+                errors.append(e)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 180
+        while _delta_ids(target, "busy") != [1]:
+            assert thread.is_alive() and not errors and time.monotonic() < deadline, (errors, lines)
+            time.sleep(0.5)
+        conn.execute("UPDATE vol SET v = 'held too' WHERE id = 10")
+        time.sleep(3)  # confirmed to the slot with the busy table's next change
+        conn.execute("INSERT INTO busy VALUES (2, 'confirms past the held change')")
+        while _delta_ids(target, "busy") != [1, 2]:
+            assert thread.is_alive() and not errors and time.monotonic() < deadline, (errors, lines)
+            time.sleep(0.5)
+        stop.set()
+        thread.join(timeout=120)
+        assert not thread.is_alive() and not errors, (errors, lines)
+        assert any("the next run copies" in line for line in lines), lines
+        conn.execute("ROLLBACK PREPARED 'gid-stop'")
+        summary = mirror(spark, config, once=True)
+        assert summary.synced_rows == {"public.vol": 10}, summary
+        _assert_equal(spark, conn, target, [("public", "vol"), ("public", "busy")], "volstop_pub")
 
 
 def test_constant_defaults_of_many_types_are_filled_with_the_streams_values(pg, spark, tmp_path):

@@ -17,7 +17,7 @@ from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TablesSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.drivers.replay import replay_log
-from applier.errors import CatalogError
+from applier.errors import KeyChangeError
 from applier.sink.engine import key_runs
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
@@ -189,14 +189,14 @@ def test_a_key_change_between_the_changes_of_one_transaction_stops_instead_of_gu
                      (40, batch(keyed, 40))], tables)
     assert [[lsn for lsn, _b in run] for run in runs] == [[10, 20], [30, 40]]
     assert len(key_runs([(10, batch(keyed, 10)), (20, batch(keyed, 20))], tables)) == 1
-    with pytest.raises(CatalogError, match="inside one transaction"):
+    with pytest.raises(KeyChangeError, match="inside one transaction"):
         key_runs([(10, batch(full, 10)), (10, batch(keyed, 10))], tables)
 
 
 def test_a_key_added_between_the_changes_of_one_transaction_is_equal_or_stops(pg, spark, tmp_path):
     """Never exit 0 with a difference: the transaction is either applied exactly or stops the run.
     PostgreSQL 15 sends the new Relation (identity DEFAULT, key id) between the transaction's changes,
-    so today it stops (CatalogError, exit 4) under either grouping."""
+    so a replay (no source to copy from) stops (KeyChangeError, exit 4) under either grouping."""
     with pg.connect() as conn:
         conn.execute("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL;"
                      "CREATE PUBLICATION ktp FOR TABLE kt")
@@ -215,7 +215,43 @@ def test_a_key_added_between_the_changes_of_one_transaction_is_equal_or_stops(pg
             try:
                 replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
                                                apply=ApplySettings(grouping=grouping)))
-            except CatalogError as e:
+            except KeyChangeError as e:
                 assert "inside one transaction" in str(e) and e.commit_lsn is not None
                 continue
             _assert_equal(spark, conn, target, [("public", "kt")])
+
+
+def test_a_mirror_meeting_a_key_change_inside_a_transaction_resyncs_the_table_and_ends_equal(pg, spark, tmp_path):
+    """The mirror has what a replay lacks: the source. With ``apply.schema_changes: resync`` the table is
+    copied again after that transaction (the stream's changes up to the copy's position are left out)
+    and the run goes on; without it the run stops with exit 4 naming ``applier resync``."""
+    from applier.commands.exitcodes import ExitCode, for_exception
+
+    def config(schema_changes: str) -> MirrorConfig:
+        return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ktm", publication="ktm_pub"),
+                            target=TargetSettings(path=str(tmp_path / "delta")),
+                            apply=ApplySettings(schema_changes=schema_changes))
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL;"
+                     "CREATE TABLE other (id int PRIMARY KEY); CREATE PUBLICATION ktm_pub FOR TABLE kt, other")
+        conn.execute("INSERT INTO kt VALUES (1, 'a'), (1, 'a'), (2, 'b')")
+        mirror(spark, config("evolve"), once=True)
+
+        def key_added_mid_transaction() -> None:
+            with conn.transaction():
+                conn.execute("UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
+                conn.execute("DELETE FROM kt WHERE id = 1 AND v = 'a'")
+                conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
+                conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
+                conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
+            conn.execute("INSERT INTO other VALUES (1)")
+            conn.execute("INSERT INTO kt VALUES (3, 'after')")
+
+        key_added_mid_transaction()
+        with pytest.raises(KeyChangeError, match="applier resync") as info:
+            mirror(spark, config("evolve"), once=True)
+        assert for_exception(info.value) == ExitCode.BAD_DATA
+        summary = mirror(spark, config("resync"), once=True)
+        assert summary.synced_rows == {"public.kt": 3}, summary
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "kt"), ("public", "other")])

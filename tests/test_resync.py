@@ -15,7 +15,7 @@ import pytest
 
 from applier.checks.verify import verify_against_postgres
 from applier.cli import main as cli_main
-from applier.commands.exitcodes import ExitCode
+from applier.commands.exitcodes import ExitCode, for_exception
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.errors import TypeChangeError
@@ -207,3 +207,52 @@ def test_a_resync_cut_short_is_finished_by_the_next_mirror(source, spark, tmp_pa
     summary = mirror(spark, cfg, once=True)
     assert set(summary.synced_rows) == {"public.t"}, summary.lines()
     assert_equal(spark, source, target)
+
+
+
+@pytest.mark.parametrize("schema_changes", ["evolve", "resync"])
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_retype_of_a_table_dropped_since_stops_with_exit_4_and_a_way_forward(source, spark, tmp_path,
+                                                                              schema_changes, reused):
+    """The stream holds a retype Delta cannot widen of t, and t has been dropped since (its name maybe
+    taken by a new t): no copy of the dropped t can be taken. It stopped with `applier resync --table
+    public.t` as the way forward, which failed (exit 2: not a table this mirror follows) or copied the
+    new t, after which the dropped t's retype stopped the mirror again, forever; with
+    apply.schema_changes: resync the mirror itself stopped with exit 2, or copied the new t 20 times.
+    Now: exit 4 naming the dropped table and its Delta directory, and moving that away lets it go on."""
+    import shutil
+
+    from applier.errors import DroppedTypeChangeError
+
+    target = tmp_path / "delta"
+    cfg = _config(source, target, schema_changes)
+    mirror(spark, cfg, once=True)
+    with source.connect() as conn:
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        conn.execute("INSERT INTO t VALUES (30, 'x', 'old t')")
+        conn.execute("DROP TABLE t")
+        if reused:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, c int, v text)")
+            conn.execute("ALTER PUBLICATION pub ADD TABLE t")
+            conn.execute("INSERT INTO t VALUES (1, 1, 'new t')")
+        conn.execute("INSERT INTO other VALUES (6, 'after')")
+    with pytest.raises(DroppedTypeChangeError) as info:
+        mirror(spark, cfg, once=True)
+    message = str(info.value)
+    assert for_exception(info.value) == ExitCode.BAD_DATA
+    assert "column 'c' of public.t (relation OID" in message and "dropped in Postgres since" in message, message
+    assert ("is now another table" in message) == reused, message
+    path = Path(str(info.value.context["path"]))
+    # (a new t that joined the publication had the dropped t's Delta table retired first, by table sync)
+    assert (path.parent == target / "_retired" / "public" if reused else path == target / "public" / "t"), path
+    assert (path / "_delta_log").is_dir()
+    shutil.move(str(path), str(tmp_path / "dropped_t"))  # the way forward the message gives
+    mirror(spark, cfg, once=True)
+    tables = [("public", "k"), ("public", "other")] + ([("public", "t")] if reused else [])
+    with source.connect() as conn:
+        for result in verify_against_postgres(spark, conn, str(target), tables):
+            assert result.equal, (result.source_name, result.only_in_source[:3], result.only_in_target[:3])
+    last = list(target.glob("_retired/public/t@*")) if reused else [path]
+    assert len(last) == 1, last  # the dropped t's last changes: its one row changed after the retype
+    assert [tuple(r) for r in spark.read.format("delta").load(str(last[0])).select("id", "c").collect()] == \
+        [(30, "x")]

@@ -169,6 +169,76 @@ def test_without_a_catalog_a_reused_name_stops(tmp_path):
     assert ids.renames_for(16384, "public.t", ("a",), ("b",), {"a": ("b",)}) == {}  # noted as dropped
 
 
+def test_identity_lookups_by_name_and_path_follow_every_change_of_the_bindings(tmp_path):
+    """bound_by_name and holder_of answer from indexes: after each bind, rename, swap (parking), retire
+    and reload from relations.json they answer what a scan of every binding answers."""
+    from applier.config import TablesSettings
+
+    class Catalog:
+        def __init__(self) -> None:
+            self.names: dict[int, tuple[str, str]] = {}
+
+        def relation(self, oid: int) -> tuple[str, str] | None:
+            return self.names.get(oid)
+
+        def attnums(self, oid: int) -> dict[str, int]:
+            return {}
+
+    target = tmp_path / "delta"
+    state = StateDir.for_target(target)
+    catalog = Catalog()
+    moves: list[tuple[str, str]] = []
+
+    def make(lookup: Catalog | None = catalog) -> TableIdentities:
+        return TableIdentities(state, TableTargets(None, str(target), TablesSettings()), lookup=lookup,
+                               mover=lambda src, dst, _old, _new: moves.append((src, dst)))
+
+    def check(ids: TableIdentities) -> None:
+        bindings = list(ids._bound.values())
+        keys = {b.name for b in bindings} | {"public.nope"}
+        for name in keys:
+            assert ids.bound_by_name(name) is next((b for b in bindings if b.name == name and not b.retired), None)
+        for path in {b.path for b in bindings} | {str(target / "public" / "nope")}:
+            assert ids.holder_of(path) is next((b for b in bindings if b.path == path), None), path
+        assert {n for n, oids in ids._by_name.items() if oids} == {b.name for b in bindings if not b.retired}
+        assert set(ids._by_path) == {b.path for b in bindings}
+        reloaded = make()  # and the same from relations.json
+        assert {o: (b.name, b.path, b.retired) for o, b in reloaded._bound.items()} == \
+            {o: (b.name, b.path, b.retired) for o, b in ids._bound.items()}
+        assert reloaded._by_name == ids._by_name and reloaded._by_path == ids._by_path
+
+    def delta(path: str) -> None:
+        (Path(path) / "_delta_log").mkdir(parents=True, exist_ok=True)
+
+    ids = make()
+    for oid, name in ((1, "t1"), (2, "t2"), (3, "t3")):
+        catalog.names[oid] = ("public", name)
+        delta(ids.path_of(oid, "public", name))
+    check(ids)
+    catalog.names[1] = ("public", "t1b")  # a rename: the table moves
+    assert ids.path_of(1, "public", "t1b") == str(target / "public" / "t1b")
+    assert ids.bound_by_name("public.t1") is None and ids.bound_by_name("public.t1b").oid == 1
+    assert ids.holder_of(str(target / "public" / "t1")) is None
+    check(ids)
+    catalog.names[2], catalog.names[3] = ("public", "t3"), ("public", "t2")  # names swapped: one is parked
+    assert ids.path_of(2, "public", "t3") == str(target / "public" / "t3")
+    assert ids.bound_by_name("public.t3").oid == 2 and ids.bound_by_name("public.t2").oid == 3
+    assert any(".parking" in dst for _src, dst in moves)
+    check(ids)
+    del catalog.names[2]  # dropped, and its name taken by a new table: retired
+    catalog.names[4] = ("public", "t3")
+    delta(ids.path_of(4, "public", "t3"))
+    assert ids.bound(2).retired and ids.bound_by_name("public.t3").oid == 4
+    assert ids.holder_of(ids.bound(2).path).oid == 2
+    check(ids)
+    catalog.names[5] = ("public", "t5")  # bound before its Delta table exists, then renamed: no move
+    ids.path_of(5, "public", "t5")
+    catalog.names[5] = ("public", "t6")
+    assert ids.path_of(5, "public", "t6") == str(target / "public" / "t6")
+    assert ids.bound_by_name("public.t5") is None and ids.holder_of(str(target / "public" / "t5")) is None
+    check(ids)
+
+
 def test_the_cli_follows_a_rename_and_its_registry_check_passes_afterwards(pg, tmp_path):
     """Through the CLI (which keeps the target registry, tables.json): a moved table is not reported as
     gone on the next run, and status lists it under its new name only."""
@@ -280,3 +350,48 @@ def test_a_stored_log_that_cannot_prove_identity_stops(pg, spark, tmp_path):
             _replay_captured(spark, conn, tmp_path)
     assert for_exception(stopped.value) == ExitCode.BAD_DATA
     assert "renamed or dropped" in str(stopped.value)
+
+
+def test_history_follows_a_renamed_table_and_a_new_table_with_its_name_starts_its_own(pg, spark, tmp_path):
+    """A renamed table keeps its history (the history table moves with it and goes on); the new table
+    that takes the old name, and the one that takes it after a DROP, get histories of their own; the
+    dropped table's history is retired beside its mirror table. Never one table's versions in
+    another's history."""
+    import deltalake
+
+    from applier.config import TableRule, TablesSettings
+
+    target = tmp_path / "delta"
+    config = _config(pg, target).model_copy(update={
+        "tables": TablesSettings(rules=[TableRule(match="public.*", history=True)])})
+    history = target / "_history" / "public"
+
+    def versions(table: str) -> list[tuple[int, str]]:
+        rows = deltalake.DeltaTable(str(history / table)).to_pyarrow_table(columns=["id", "v"]).to_pylist()
+        return sorted((r["id"], r["v"]) for r in rows)
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (1, 'a'), (2, 'b')")
+        conn.execute("CREATE PUBLICATION life_pub FOR ALL TABLES")
+        mirror(spark, config, once=True)
+        conn.execute("UPDATE h SET v = 'a2' WHERE id = 1")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TABLE h RENAME TO h2")
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (1, 'new')")
+        conn.execute("UPDATE h2 SET v = 'a3' WHERE id = 1")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "h"), ("public", "h2")])
+        assert versions("h2") == [(1, "a"), (1, "a2"), (1, "a3"), (2, "b")]
+        assert versions("h") == [(1, "new")]
+        conn.execute("DROP TABLE h")
+        conn.execute("CREATE TABLE h (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO h VALUES (5, 'x')")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "h"), ("public", "h2")])
+        assert versions("h") == [(5, "x")]
+        retired = sorted(p.name for p in (target / "_retired" / "public").iterdir())
+        assert len(retired) == 2 and retired[1] == f"{retired[0]}.history", retired
+        retired_history = deltalake.DeltaTable(str(target / "_retired" / "public" / retired[1]))
+        assert sorted(r["id"] for r in retired_history.to_pyarrow_table(columns=["id"]).to_pylist()) == [1]

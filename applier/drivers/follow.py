@@ -161,6 +161,7 @@ class ReplicationFollower(SlotFollower):
                         break
                     if frame is None and not pending:  # idle for 0.5 s
                         stream.send_status(reply_requested=True)
+                        self.loop.tick()
                 except KeyboardInterrupt:
                     self.flush()
                     raise
@@ -224,5 +225,6 @@ class SqlFollower(SlotFollower):
                     if once:
                         self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
                         return
+                    self.loop.tick()
                     self.stop.wait(poll_seconds)
             self.stats.stopped_by = "stop requested"

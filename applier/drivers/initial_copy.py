@@ -24,14 +24,17 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from applier.errors import ApplierError, SourceError
-from applier.sources.copy import TablePlan, read_arrow_chunk, select_sql
+from applier.sources.copy import TablePlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
+from applier.values import RowConverter, SpecialValuePolicy, spark_schema_for
 
 if TYPE_CHECKING:
+    from applier.catalog import SchemaVersion, TypeCache
+    from applier.config import SnapshotSettings
     from applier.protocol.messages import Relation
     from applier.sink.bulkload import SnapshotLoader, TeeLoader
-    from applier.values import RowConverter
+    from applier.sink.engine import DeltaApplier
 
 
 @dataclass
@@ -49,6 +52,20 @@ class CopyJob:
     finished: float | None = None
     rows: int = field(default=0)
     per_value_chunks: int = 0  # chunks of a fast-path table copied per value (special values in them)
+
+
+def copy_job(snap: psycopg.Connection, table: PublishedTable, relation: Relation, schema: SchemaVersion, *,
+             applier: DeltaApplier, types: TypeCache, lsn: int, settings: SnapshotSettings,
+             special_values: SpecialValuePolicy) -> CopyJob:
+    """How one table is copied under the snapshot ``snap`` holds, its copy tagged with ``lsn``: the one
+    way both the mirror's first copy and a table sync (a table added later, or copied again) read a
+    table, so both take the typed fast path and commit alike."""
+    converter = RowConverter(schema, types, special_values)
+    plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
+    loader = applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
+                                     large=plan.bytes >= settings.commit_mb << 20)
+    fast = arrow_types(relation, types, spark_schema_for(schema, types))
+    return CopyJob(table, relation, plan, loader, converter, fast)
 
 
 class InitialCopy:

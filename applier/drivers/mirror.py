@@ -28,15 +28,14 @@ from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
-from applier.drivers.initial_copy import CopyJob, InitialCopy
-from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_type_change
+from applier.drivers.initial_copy import CopyJob, InitialCopy, copy_job
+from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import TableSync
-from applier.errors import SourceError, TransientSourceError, TypeChangeError
+from applier.errors import ResyncNeededError, SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
 from applier.sources.catalog_lookup import LiveCatalog, column_attnums
-from applier.sources.copy import arrow_types, plan_table
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slots import slot_info
@@ -44,7 +43,6 @@ from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
-from applier.values import RowConverter, spark_schema_for
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -99,6 +97,7 @@ class Mirror:
         self.tablesync = TableSync(self.spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
+        self.loop.when_idle = self.tablesync.tick
         if self.applier.identities is not None:  # a live catalog tells renames from new tables
             self.applier.identities.lookup = LiveCatalog(self.dsn)
         self._snapshot_recorded = False
@@ -192,14 +191,10 @@ class Mirror:
                         self.progress(f"snapshot: {table.qualified_name}: copied before, kept")
                         continue
                     self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
-                converter = RowConverter(schema, self.feeder.types, self.config.apply.special_values)
-                plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
-                loader = self.applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
-                                                      large=plan.bytes >= settings.commit_mb << 20)
+                jobs.append(copy_job(snap, table, relation, schema, applier=self.applier, types=self.feeder.types,
+                                     lsn=lsn, settings=settings, special_values=self.config.apply.special_values))
                 if self.applier.identities is not None:  # the columns' attnums as of the copy
                     self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
-                fast = arrow_types(relation, self.feeder.types, spark_schema_for(schema, self.feeder.types))
-                jobs.append(CopyJob(table, relation, plan, loader, converter, fast))
             snap.execute("COMMIT")
         copier = InitialCopy(self.dsn, snapshot_name, workers=settings.workers(), progress=self.progress,
                              progress_every=min(self.progress_every, 5.0))
@@ -211,7 +206,10 @@ class Mirror:
         started = time.monotonic()
         try:
             with self.loop.running():
-                self._run_with_retries(once)
+                try:
+                    self._run_with_retries(once)
+                finally:
+                    self.tablesync.close()  # a copy still waiting for its slot is left to the next run
         except KeyboardInterrupt:
             self.stats.stopped_by = "Ctrl-C"
         finally:
@@ -241,13 +239,15 @@ class Mirror:
                 if isinstance(follower, ReplicationFollower):
                     follower.catch_up = self._catch_up
                 follower.run(once)
+                if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
+                    self.tablesync.wait_for_copies(self.stop)
                 return
-            except TypeChangeError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
+            except ResyncNeededError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
                 resyncs += 1
                 if self.config.apply.schema_changes != "resync" or resyncs > MAX_AUTOMATIC_RESYNCS:
                     raise
                 self.loop.abandon_session()
-                resync_after_type_change(self.tablesync, e)
+                resync_after_schema_change(self.tablesync, e)
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
                         e.sqlstate, True, str(e)):

@@ -28,7 +28,7 @@ import psycopg
 
 from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
-from applier.errors import ConfigError, InputError, TypeChangeError
+from applier.errors import ConfigError, InputError, ResyncNeededError, TypeChangeError
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 
@@ -85,17 +85,23 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
     return {t.qualified_name: tablesync.synced[t.qualified_name] for t in tables}
 
 
-def resync_after_type_change(tablesync: TableSync, error: TypeChangeError) -> None:
+def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -> None:
     """``apply.schema_changes: resync``: the table of ``error`` copied again; the caller then starts a new
     decoding session from the slot, whose transactions up to the copy's position the table leaves out."""
     name = str(error.context.get("table"))
     c = error.context
-    tablesync.progress(f"resync: {name}: column {c.get('column')!r} changed type from {c.get('old_type')} to "
-                       f"{c.get('new_type')}, which Delta cannot widen; copying the table again "
-                       "(apply.schema_changes: resync)")
+    if isinstance(error, TypeChangeError):
+        why = (f"column {c.get('column')!r} changed type from {c.get('old_type')} to {c.get('new_type')}, which "
+               "Delta cannot widen")
+        reason = "changed a column's type in a way Delta cannot widen"
+    else:
+        why = (f"its merge key changed between two row changes of one transaction (keys "
+               f"{c.get('keys_before')} -> {c.get('keys_after')})")
+        reason = "changed its key inside a transaction"
+    tablesync.progress(f"resync: {name}: {why}; copying the table again (apply.schema_changes: resync)")
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
         tables = choose_tables(conn, tablesync.config, [name])
-    resync_tables(tablesync, tables, reason="changed a column's type in a way Delta cannot widen")
+    resync_tables(tablesync, tables, reason=reason)
 
 
 def require_mirror(config: MirrorConfig) -> None:

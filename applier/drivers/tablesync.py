@@ -10,6 +10,10 @@ table's applied version is P; those after P are applied. The publication change 
 before P (the mirror saw its effect before creating the slot), so every transaction after P is
 decoded with the table published.
 
+Creating that slot waits for every transaction open on the server, prepared ones too; the copy waits
+alone, as PostgreSQL's tablesync worker does (``PendingCopy``): the other tables go on, the waiting
+table's changes are held and applied on its copy.
+
 Known tables (copied by the snapshot or by a sync, with the position they were copied at) are kept
 in the state file ``copied_tables``. A table is synced when it is published but not known: checked when
 the mirror starts following the slot, and before each group is applied (the first change of a newly
@@ -18,14 +22,18 @@ published table arrives with its Relation message).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, MutableSequence
+from dataclasses import dataclass, field
 
 import psycopg
 
 from applier.catalog import RelationCache
-from applier.changes import GroupedTransactions
+from applier.changes import GroupedTransactions, TableBatch
 from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError
@@ -35,15 +43,41 @@ from applier.sink.idempotence import is_delta_table
 from applier.sources.catalog_lookup import column_attnums
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
-from applier.sources.snapshot import copy_rows, describe_relation, open_snapshot
-from applier.sources.walsender import WalSenderStream
+from applier.sources.snapshot import describe_relation, open_snapshot
+from applier.sources.syncslot import SyncSlot
+from applier.sources.walsender import CreatedSlot
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
-from applier.values import RowConverter
 
 log = logging.getLogger(__name__)
 
 STATE_KEY = "copied_tables"
+
+#: seconds a table sync waits in line for its slot before the mirror goes on without it (holding the
+#: table's changes): with no transaction open on the server, creating a slot takes well under this
+QUICK_WAIT_SECONDS = 5.0
+#: how often the log repeats what a waiting table sync waits for
+REPORT_EVERY_SECONDS = 30.0
+
+_slot_numbers = itertools.count(1)
+
+
+@dataclass
+class PendingCopy:
+    """Tables whose copy waits for its slot. The mirror goes on with the other tables; the changes of
+    these are held here, in commit order, and applied on top of the copy once it exists (those that end
+    at or before the copy's position are in it and left out by the applied version, as always).
+
+    Why this cannot lose a change: the tables are taken off the state's list of copied tables before
+    the first of their changes is held, so a run that stops (or crashes) with changes held, which the
+    slot has been told are applied, copies those tables again at a new position, which holds every
+    such change; they go back on the list only once their copy and their held changes are committed."""
+
+    slot: SyncSlot
+    tables: dict[str, PublishedTable] = field(default_factory=dict)  # qualified name -> table
+    reasons: dict[str, str] = field(default_factory=dict)
+    held: list[tuple[int, list[TableBatch]]] = field(default_factory=list)
+    last_report: float = field(default_factory=time.monotonic)
 
 
 class TableSync:
@@ -59,6 +93,7 @@ class TableSync:
         self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
         self._columns: dict[tuple[str, str], set[str]] = {}  # (schema, table) -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
+        self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
         self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
 
     # --- what is known --------------------------------------------------------------------------
@@ -94,13 +129,13 @@ class TableSync:
             for name in gone:
                 del known[name]
             self.state.save(STATE_KEY, known)
-        missing = [t for t in published if t.qualified_name not in known]
+        missing = [t for t in published if t.qualified_name not in known and not self.waiting(t.qualified_name)]
         if missing:
-            self.sync(missing)
+            self.sync(missing, wait=False)
         underived = [t for t in published if t.qualified_name in known
                      and self.applier.derived.missing(t.namespace, t.name)]
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
-            self.sync(underived, reason="has history or changes on but no such table yet")
+            self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
 
     def _follow_identities(self, published: list[PublishedTable], known: dict[str, str]) -> None:
         """Tables are source relations (OIDs), not names (applier.sink.identity): a copied table renamed
@@ -141,10 +176,18 @@ class TableSync:
         """Called with each group before it is applied (one catalog query): a table the group
         touches that the mirror does not know joined the publication while the mirror ran, and is
         copied first; a table no longer published is forgotten; a table that gained a column whose
-        existing rows are not NULL in Postgres is copied again (see ``_recopy_for_added_columns``)."""
+        existing rows are not NULL in Postgres is copied again (see ``_recopy_for_added_columns``).
+        A copy whose slot is still waiting for open transactions holds up only its own tables: their
+        changes are taken out of the group and held (``PendingCopy``)."""
+        self.finish_pending(0.0)
         self.check_publication()
         self._recopy_for_added_columns(transactions)
+        self._hold(transactions)
         self.fills.apply(transactions)
+
+    def waiting(self, qualified: str) -> bool:
+        """The table's copy waits for its slot (its changes are held)."""
+        return self._pending is not None and qualified in self._pending.tables
 
     def must_sync(self, touched: list[tuple[str, str, int, tuple[str, ...]]]) -> str | None:
         """Why a group touching these tables ((schema, table, relation OID, its columns in the stream))
@@ -152,10 +195,14 @@ class TableSync:
         copied, or a column a Delta table lacks whose existing rows are not NULL in Postgres (see
         ``_recopy_for_added_columns``). Nothing is copied here: the catch-up on executors
         (applier.drivers.backlog) hands such a group to the driver path, which does it."""
+        waiting = sorted(f"{ns}.{name}" for ns, name, _oid, _columns in touched if self.waiting(f"{ns}.{name}"))
+        if waiting:
+            return f"the copy of {', '.join(waiting)} waits for its slot (their changes are held until it exists)"
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             published = published_selection(conn, self.config.source.publication, self.config.tables)
             known = self.known(published)
-            missing = [t.qualified_name for t in published if t.qualified_name not in known]
+            missing = [t.qualified_name for t in published
+                       if t.qualified_name not in known and not self.waiting(t.qualified_name)]
             if missing:
                 return f"tables joined the publication: {', '.join(sorted(missing))}"
             for namespace, name, oid, columns in touched:
@@ -194,6 +241,8 @@ class TableSync:
         for _end, batches in transactions:
             for batch in batches:
                 key = (batch.namespace, batch.name)
+                if self.waiting(batch.qualified_name):
+                    continue  # copied as it is once its slot exists
                 have = self._columns.get(key)
                 if have is None:
                     current = self.applier.target_columns(*key)
@@ -241,7 +290,7 @@ class TableSync:
             published = published_selection(conn, self.config.source.publication, self.config.tables)
         tables = [t for t in published if (t.namespace, t.name) in recopy]
         if tables:
-            self.sync(tables, reason="gained a column with values the stream does not send")
+            self.sync(tables, reason="gained a column with values the stream does not send", wait=False)
 
     # --- the copy -------------------------------------------------------------------------------
 
@@ -261,40 +310,138 @@ class TableSync:
                           f"transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''}) "
                           "to end")
 
-    def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication") -> None:
-        src = self.config.source
-        names = ", ".join(t.qualified_name for t in tables)
-        slot = f"{sync_slot_prefix(src.slot)}{os.getpid()}"[:63]
-        self._report_waits(names)
-        walsender = WalSenderStream(self.dsn)
+    def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication", wait: bool = True) -> None:
+        """Copy ``tables`` at a new position, then follow them from the stream (see the module docstring).
+        With ``wait`` (``applier resync``) this returns once they are copied. Without it (the mirror's
+        apply loop) it waits for the copy's slot only ``QUICK_WAIT_SECONDS``: a slot still waiting then
+        (for a prepared or long transaction) is left to its thread, and the mirror goes on with the other
+        tables while the changes of these are held (``PendingCopy``), as PostgreSQL's tablesync worker
+        waits alone while the apply worker goes on."""
+        self._begin(tables, reason)
+        self.finish_pending(None if wait else QUICK_WAIT_SECONDS)
+
+    def _begin(self, tables: list[PublishedTable], reason: str) -> None:
+        known = self.known([])
+        left = [t.qualified_name for t in tables if t.qualified_name in known]
+        for name in left:  # first: from here on a stop or a crash leaves them to the next run's table sync
+            del known[name]
+        if left:
+            self.state.save(STATE_KEY, known)
+        pending = self._pending
+        if pending is None:
+            names = ", ".join(t.qualified_name for t in tables)
+            self._report_waits(names)
+            slot = f"{sync_slot_prefix(self.config.source.slot)}{os.getpid()}_{next(_slot_numbers)}"[:63]
+            pending = self._pending = PendingCopy(SyncSlot(self.dsn, slot))
+        for table in tables:
+            pending.tables[table.qualified_name] = table
+            pending.reasons[table.qualified_name] = reason
+            self._columns.pop((table.namespace, table.name), None)  # what its Delta table has changes with the copy
+
+    def finish_pending(self, timeout: float | None) -> bool:
+        """Copy the waiting tables once their slot exists (waiting up to ``timeout`` seconds for it; None:
+        until it exists, repeating what it waits for in the log), then apply their held changes on top
+        and only then count them as copied. True when no copy waits any more."""
+        pending = self._pending
+        if pending is None:
+            return True
+        while True:
+            created = pending.slot.created(REPORT_EVERY_SECONDS if timeout is None else timeout)
+            if created is not None:
+                break
+            if timeout is not None and time.monotonic() - pending.last_report < REPORT_EVERY_SECONDS:
+                return False
+            pending.last_report = time.monotonic()
+            self._report_waits(", ".join(pending.tables))
+            if timeout is not None:
+                return False
+        self._pending = None
         try:
-            created = walsender.create_slot(slot, two_phase=False, export_snapshot=True, temporary=True)
-            assert created.snapshot_name is not None  # asked for with export_snapshot
-            point = created.consistent_point
-            self.progress(f"table sync: {names} {reason}; copying at {format_lsn(point)}, then "
-                          "following them from the stream")
-            with psycopg.connect(self.dsn, autocommit=True) as snap:
-                open_snapshot(snap, created.snapshot_name)
-                for table in tables:
-                    relation, types = describe_relation(snap, table)
-                    for typ in types:
-                        self.catalog.update_type(typ)
-                    # A catalog of its own: the stream may still be behind a later ALTER of this
-                    # table, and its own Relation messages must keep deciding how its changes decode.
-                    schema = RelationCache(self.catalog.types).update(relation)
-                    converter = RowConverter(schema, self.catalog.types, self.config.apply.special_values)
-                    chunks = ([converter.convert(t) for t in batch] for batch in copy_rows(snap, table, relation))
-                    rows = self.applier.load_snapshot(schema, chunks, point)
-                    if self.applier.identities is not None:  # the columns' attnums as of the copy
-                        self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
-                    self.synced[table.qualified_name] = rows
-                    known = self.known([])
-                    known[table.qualified_name] = format_lsn(point)
-                    self.state.save(STATE_KEY, known)
-                    self.progress(f"table sync: {table.qualified_name}: {rows} rows at {format_lsn(point)}")
-                snap.execute("COMMIT")
+            self._copy(pending, created)
         finally:
-            walsender.close()  # drops the temporary slot
+            pending.slot.close()  # drops the temporary slot
+        return True
+
+    def tick(self) -> None:
+        """The stream is idle: a copy whose slot now exists is made (its tables' held changes would
+        otherwise wait for the next group)."""
+        self.finish_pending(0.0)
+
+    def wait_for_copies(self, stop: threading.Event) -> None:
+        """``--once`` reached its end: the copies still waiting for their slot are waited for (their
+        tables' changes are held, and the run must not end with them unapplied), unless ``stop`` is set."""
+        while not stop.is_set() and not self.finish_pending(1.0):
+            pass
+
+    def close(self) -> None:
+        """The run ends: a copy still waiting for its slot is given up (the slot's creation cancelled).
+        Its tables are off the list of copied tables, so the next run copies them; the changes held for
+        them are in that copy."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.slot.close()
+        self.progress(f"table sync: {', '.join(pending.tables)}: the copy's slot was still waiting; the next run "
+                      "copies them (their Delta tables are behind until then)")
+
+    def _hold(self, transactions: GroupedTransactions) -> None:
+        """Take the changes of the waiting tables out of the group, in place, and keep them in order."""
+        pending = self._pending
+        if pending is None:
+            return
+        for end, batches in transactions:
+            mine = [b for b in batches if b.qualified_name in pending.tables]
+            if not mine:
+                continue
+            if not isinstance(batches, MutableSequence):
+                raise SinkError("internal: a group's batches cannot be held", end_lsn=format_lsn(end))
+            batches[:] = [b for b in batches if b.qualified_name not in pending.tables]
+            if not pending.held or end > pending.held[-1][0]:  # a group sent again after a reconnect: once
+                pending.held.append((end, mine))
+
+    def _copy(self, pending: PendingCopy, created: CreatedSlot) -> None:
+        """Copy the tables under the slot's snapshot (the initial copy's parallel typed reader), apply
+        the changes held for them (those ending at or before the slot's point are in the copy and are left
+        out by the applied version), and only then put them on the list of copied tables."""
+        from applier.drivers.initial_copy import InitialCopy, copy_job
+
+        tables = list(pending.tables.values())
+        point = created.consistent_point
+        assert created.snapshot_name is not None  # asked for with export_snapshot
+        for table in tables:
+            self.progress(f"table sync: {table.qualified_name} {pending.reasons[table.qualified_name]}; copying "
+                          f"at {format_lsn(point)}, then following it from the stream")
+        jobs = []
+        with psycopg.connect(self.dsn, autocommit=True) as snap:
+            open_snapshot(snap, created.snapshot_name)
+            for table in tables:
+                relation, types = describe_relation(snap, table)
+                for typ in types:
+                    self.catalog.update_type(typ)
+                # A catalog of its own: the stream may still be behind a later ALTER of this
+                # table, and its own Relation messages must keep deciding how its changes decode.
+                schema = RelationCache(self.catalog.types).update(relation)
+                jobs.append(copy_job(snap, table, relation, schema, applier=self.applier, types=self.catalog.types,
+                                     lsn=point, settings=self.config.snapshot,
+                                     special_values=self.config.apply.special_values))
+                if self.applier.identities is not None:  # the columns' attnums as of the copy
+                    self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
+            snap.execute("COMMIT")
+        copier = InitialCopy(self.dsn, created.snapshot_name, workers=self.config.snapshot.workers(),
+                             progress=self.progress, progress_every=REPORT_EVERY_SECONDS)
+        rows = copier.run(jobs)
+        if pending.held:
+            self.progress(f"table sync: {', '.join(pending.tables)}: applying the {len(pending.held)} "
+                          "transaction(s) held while the copy waited")
+            self.applier.apply_group(pending.held)
+        known = self.known([])
+        for table in tables:
+            self.synced[table.qualified_name] = rows[table.qualified_name]
+            known[table.qualified_name] = format_lsn(point)
+            self._columns.pop((table.namespace, table.name), None)
+            self.progress(f"table sync: {table.qualified_name}: {rows[table.qualified_name]} rows at "
+                          f"{format_lsn(point)}")
+        self.state.save(STATE_KEY, known)
 
 
 def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tuple[set[str], set[str]]:

@@ -9,6 +9,8 @@ it commits before it (applier.sink.changefeed); the history reads only itself, a
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -33,7 +35,7 @@ from applier.sink.history import (
     plan_history,
     read_open_versions,
 )
-from applier.sink.idempotence import applied_version, is_delta_table
+from applier.sink.idempotence import applied_version, carry_applied_version, is_delta_table
 from applier.sink.layouts import Layouts
 from applier.sink.merge import write_rows
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, needs_column_mapping, table_location
@@ -41,6 +43,8 @@ from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.spark.session import SparkLike, SparkProvider
 from applier.values import UNCHANGED_TOAST
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,6 +106,45 @@ class DerivedTables:
         rule = self.tables.rule_for(f"{namespace}.{name}")
         custom = kind.custom_path(rule) if rule is not None else None
         return custom or str(table_location(Path(self.target_dir) / kind.directory, namespace, name))
+
+    def follow(self, old_name: str, new_name: str | None, retired_to: str) -> None:
+        """The source table ``old_name`` is now ``new_name`` (renamed: its mirror table moved) or, with
+        None, was dropped and its name taken by a new table (its mirror table retired to ``retired_to``).
+        Its history and change feed tables in their default places go with it, and a renamed one keeps
+        its applied versions under the new name, so that a renamed table keeps its own history and a
+        new table that takes a name never writes into the history of the table that had it. Idempotent
+        (a move a crash interrupted is finished by repeating it). A derived table of another relation in
+        the way (two tables with history swapped names) stops the run: nothing is merged into it."""
+        old_ns, _, old_table = old_name.partition(".")
+        for kind in KINDS:
+            rule = self.tables.rule_for(old_name)
+            if rule is not None and kind.custom_path(rule):
+                continue  # a path the user chose: the rules decide where the new name's table goes
+            src = str(table_location(Path(self.target_dir) / kind.directory, old_ns, old_table))
+            if new_name is None:
+                dst = f"{retired_to}.{kind.name}"
+            else:
+                new_ns, _, new_table = new_name.partition(".")
+                dst = self.path(kind, new_ns, new_table)
+            if src == dst:
+                continue
+            if Path(src, "_delta_log").is_dir():
+                if Path(dst, "_delta_log").is_dir():
+                    raise SinkError(
+                        f"the {kind.name} table of {old_name} must follow it to {dst}, where the {kind.name} table "
+                        f"of another table already is (two tables with {kind.name} swapped names); nothing was "
+                        f"written to either. Move one of them away (or delete it: the mirror then copies its "
+                        "table again and starts it anew), then run again", table=new_name or old_name,
+                        path=dst)
+                Path(dst).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+                log.warning("the %s table of %s moved from %s to %s", kind.name, old_name, src, dst)
+            for cache in (self._applied, self._schema_seen):
+                cache.pop(src, None)
+                cache.pop(dst, None)
+            self._exists.discard(src)
+            if new_name is not None and Path(dst, "_delta_log").is_dir():
+                carry_applied_version(self.spark, dst, kind.app_id(old_name), kind.app_id(new_name), {})
 
     def missing(self, namespace: str, name: str) -> bool:
         """A derived table the rules ask for does not exist (turned on after the copy, or deleted)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import CatalogError, SchemaDecisionError, SinkError
+from applier.errors import DroppedTypeChangeError, KeyChangeError, SchemaDecisionError, SinkError, TypeChangeError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
@@ -141,8 +141,9 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
     and a delete of the other fold to a deleted key. Each run is folded and committed on its own, as
     one commit per transaction would have. Nearly always there is one run (the keys are computed
     once per schema version). A cut between two changes of ONE transaction cannot be given Delta
-    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run
-    (a CatalogError: exit 4, the transaction can be skipped)."""
+    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run with a
+    KeyChangeError: a copy of the table taken after that transaction is exact (``applier resync``, or
+    ``apply.schema_changes: resync``, which the mirror then does by itself)."""
     keys_of: dict[int, tuple[str, ...]] = {}
     runs: list[list[tuple[int, TableBatch]]] = []
     current: tuple[str, ...] | None = None
@@ -152,12 +153,13 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
             keys = keys_of[id(batch.schema)] = merge_keys(batch, tables)
         if not runs or keys != current:
             if runs and runs[-1][-1][0] == end_lsn:
-                raise CatalogError(
+                raise KeyChangeError(
                     "the table's merge key changed inside one transaction, between its row changes (e.g. "
                     "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
-                    "applier cannot apply the two parts exactly as separate commits. Skip the transaction "
-                    "(--skip-transaction and its commit LSN) and rebuild this table from a snapshot; run such "
-                    "DDL in a transaction of its own",
+                    "applier cannot apply the two parts exactly as separate commits. A copy taken after it is "
+                    f"exact: `applier resync --config FILE --table {batch.qualified_name}`, then run the mirror "
+                    "again (or set apply.schema_changes: resync to do this automatically); a replay of a stored "
+                    "log cannot re-copy: rebuild the table from a new snapshot",
                     table=batch.qualified_name, commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
                     keys_before=", ".join(current or ()) or "(none: whole row)",
                     keys_after=", ".join(keys) or "(none: whole row)")
@@ -230,15 +232,21 @@ class DeltaApplier:
         bound = self.identities.bound(oid) if self.identities is not None else None
         return bound.path if bound is not None else self.targets.path_for(namespace, name)
 
-    def _move_table(self, src: str, dst: str, old_name: str, new_name: str) -> None:
+    def _move_table(self, src: str, dst: str, old_name: str, new_name: str | None) -> None:
         """A renamed source table's Delta table moved from ``src`` to ``dst``: its applied version
-        goes with it to the new name's app id (one commit, which also records the new source name)."""
+        goes with it to the new name's app id (one commit, which also records the new source name), and
+        so do its history and change feed tables. ``new_name`` None: the table was dropped and its name
+        taken, its Delta table retired to ``dst`` (its derived tables beside it)."""
         from applier.sink.schema import PROP_SOURCE
 
         for cache in (self._applied, self._commits, self._schema_seen, self._deltars_writable):
             cache.pop(src, None)
             cache.pop(dst, None)
         self._written.discard(src)
+        if old_name != new_name:  # (the same name: parked while two tables swap names)
+            self.derived.follow(old_name, new_name, dst)
+        if new_name is None:
+            return
         carry_applied_version(self.spark, dst, app_id_for(old_name), app_id_for(new_name), {PROP_SOURCE: new_name})
         if old_name != new_name:  # (the same name: parked while two tables swap names)
             log.warning("%s was renamed to %s: its Delta table moved from %s to %s", old_name, new_name, src, dst)
@@ -279,6 +287,13 @@ class DeltaApplier:
         histories: list[HistoryJob] = []
         for path, (last_batch, parts) in per_table.items():
             spec = self._spec(last_batch)
+            bound = self.identities.bound(last_batch.relation_oid) if self.identities is not None else None
+            if bound is not None and not bound.retired and bound.name != spec.source_name:
+                # The stream is behind a rename the mirror already followed (the catalog's name decided
+                # where the table is): its applied version, commits and errors go by the name it has now,
+                # the one its version was carried to, or changes applied under the stream's older name
+                # would be applied again under the new one (not idempotent for a multiset table).
+                spec = replace(spec, source_name=bound.name)
             self.stats.tables.add((last_batch.namespace, last_batch.name))
             if self._dry_run is None and self.derived.kinds(spec.source_name):
                 history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
@@ -544,8 +559,12 @@ class DeltaApplier:
                 applied.update(done)
                 return done
         applied: dict[str, str] = {}
-        evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
-                                 renames=renames, deltars_create=self.settings.merge_engine == "auto")
+        try:
+            evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
+                                     renames=renames, deltars_create=self.settings.merge_engine == "auto")
+        except TypeChangeError as e:
+            self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
+            raise
         if self.identities is not None:
             self.identities.renames_applied(schema_version.relation.oid, applied)
             # after the evolution: the renames were proven with the attnums recorded before
@@ -555,6 +574,29 @@ class DeltaApplier:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
         self._deltars_writable.pop(path, None)  # a new schema may have brought a feature delta-rs cannot write
+
+    def _type_change_of_a_dropped_table(self, error: TypeChangeError, oid: int, path: str) -> None:
+        """DroppedTypeChangeError when the relation of ``error`` no longer exists in Postgres (asked of the
+        live catalog): a resync by its name would copy nothing, or the other table that took the name,
+        and stop here again after it, for the same change of the dropped table."""
+        ids = self.identities
+        if ids is None or ids.lookup is None:
+            return
+        bound = ids.bound(oid)
+        if not (bound is not None and bound.retired) and ids.lookup.relation(oid) is not None:
+            return
+        c, table = error.context, str(error.context.get("table"))
+        reused = ids.bound_by_name(table)
+        other = (f"; {table} is now another table (relation OID {reused.oid}), which `applier resync --table "
+                 f"{table}` would copy instead" if reused is not None and reused.oid != oid else "")
+        raise DroppedTypeChangeError(
+            f"column {c.get('column')!r} of {table} (relation OID {oid}) changed type from {c.get('old_type')} to "
+            f"{c.get('new_type')}, which Delta cannot widen in place, and that table has been dropped in Postgres "
+            f"since, so no fresh copy of it can be taken{other}. Nothing was written to its Delta table at {path}, "
+            "which holds its rows as of before the change. To go on: move that Delta directory away (it stays the "
+            "dropped table's copy); the mirror then writes the dropped table's last changes to a new Delta table "
+            "there and goes on", table=table, relation_oid=oid, path=path, column=c.get("column"),
+            old_type=c.get("old_type"), new_type=c.get("new_type")) from error
 
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""

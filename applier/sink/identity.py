@@ -70,7 +70,7 @@ class Bound:
 
 #: Moves a Delta table from one path to another and carries its applied version to the new name's
 #: app id; given (old path, new path, old name, new name). Supplied by the engine (it knows the engines).
-Mover = Callable[[str, str, str, str], None]
+Mover = Callable[[str, str, str, str | None], None]
 
 
 class TableIdentities:
@@ -83,9 +83,14 @@ class TableIdentities:
         self.lookup = lookup
         self.mover = mover
         data: dict[str, Any] = state.load(_FILE) or {}
-        self._bound: dict[int, Bound] = {int(k): Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}),
-                                                       bool(v.get("retired")))
-                                         for k, v in (data.get("tables") or {}).items()}
+        self._bound: dict[int, Bound] = {}
+        #: indexes of ``_bound``, kept in step by ``_put``, ``_rename`` and ``_pop`` (the only writers of a
+        #: binding's name, path or retired flag): name -> OIDs of the live (not retired) bindings of that
+        #: name, and path -> OIDs of every binding at that path, each in binding order
+        self._by_name: dict[str, dict[int, None]] = {}
+        self._by_path: dict[str, dict[int, None]] = {}
+        for k, v in (data.get("tables") or {}).items():
+            self._put(Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired"))))
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
         self._in_progress: set[int] = set()  # relations whose path_of is running (a swap of names nests)
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
@@ -116,10 +121,53 @@ class TableIdentities:
         return self._bound.get(oid)
 
     def bound_by_name(self, qualified: str) -> Bound | None:
-        return next((b for b in self._bound.values() if b.name == qualified and not b.retired), None)
+        """The live (not retired) binding named ``qualified``; the first bound when several are (a swap
+        of names in progress)."""
+        return self._first(self._by_name.get(qualified))
 
     def holder_of(self, path: str) -> Bound | None:
-        return next((b for b in self._bound.values() if b.path == path), None)
+        """The binding at ``path``; the first bound when several are."""
+        return self._first(self._by_path.get(path))
+
+    def _first(self, oids: dict[int, None] | None) -> Bound | None:
+        if not oids:
+            return None
+        if len(oids) == 1:
+            return self._bound[next(iter(oids))]
+        return next(b for b in self._bound.values() if b.oid in oids)  # rare: binding order decides, as it did
+
+    # --- the bindings and their indexes (every change of a name, path or retired flag goes here) -------
+
+    def _index(self, entry: Bound) -> None:
+        if not entry.retired:
+            self._by_name.setdefault(entry.name, {})[entry.oid] = None
+        self._by_path.setdefault(entry.path, {})[entry.oid] = None
+
+    def _unindex(self, entry: Bound) -> None:
+        for index, key in ((self._by_name, entry.name), (self._by_path, entry.path)):
+            oids = index.get(key)
+            if oids is not None:
+                oids.pop(entry.oid, None)
+                if not oids:
+                    del index[key]
+
+    def _put(self, entry: Bound) -> None:
+        """Bind ``entry.oid`` to ``entry`` (in its old place in binding order, or last)."""
+        old = self._bound.get(entry.oid)
+        if old is not None:
+            self._unindex(old)
+        self._bound[entry.oid] = entry
+        self._index(entry)
+
+    def _rename(self, entry: Bound, name: str, path: str) -> None:
+        self._unindex(entry)
+        entry.name, entry.path = name, path
+        self._index(entry)
+
+    def _pop(self, oid: int) -> None:
+        entry = self._bound.pop(oid, None)
+        if entry is not None:
+            self._unindex(entry)
 
     def path_of(self, oid: int, namespace: str, name: str) -> str:
         """The Delta path relation ``oid`` (now called ``namespace.name``) writes to, after following a
@@ -158,7 +206,7 @@ class TableIdentities:
                 raise IdentityError(f"{qualified} (relation OID {oid}) and relation OID {still.oid} both claim "
                                     f"{desired}; nothing was written to it", relation=qualified, path=desired)
         if entry is None:
-            self._bound[oid] = Bound(oid, qualified, desired, {})
+            self._put(Bound(oid, qualified, desired, {}))
             self._save()
             return desired
         if Path(entry.path, "_delta_log").is_dir() and entry.path != desired:
@@ -166,7 +214,7 @@ class TableIdentities:
             self._rename_rules_check(entry.name, qualified)
             self._move(oid, entry.path, desired, entry.name, qualified)
         else:
-            entry.path, entry.name = desired, qualified
+            self._rename(entry, qualified, desired)
             self._save()
         return desired
 
@@ -197,7 +245,7 @@ class TableIdentities:
                     "(OID %d): its Delta table is retired to %s, never merged into", holder.name, holder.oid,
                     for_oid, retired)
         self._move(holder.oid, holder.path, retired, holder.name, None)
-        self._bound[holder.oid] = Bound(holder.oid, holder.name, retired, holder.attnums, retired=True)
+        self._put(Bound(holder.oid, holder.name, retired, holder.attnums, retired=True))
         self._save()
 
     def retired_path(self, holder: Bound) -> str:
@@ -231,16 +279,18 @@ class TableIdentities:
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
             _prune_empty_parent(Path(src))
-        if new_name:
-            self.mover(src, dst, old_name, new_name)
+        self.mover(src, dst, old_name, new_name or None)
         from applier.sink.registry import TargetRegistry
 
         TargetRegistry(self.state, self.targets.target_dir).moved(src, dst if new_name else None)
         if new_name:
-            entry = self._bound.setdefault(oid, Bound(oid, new_name, dst, {}))
-            entry.name, entry.path = new_name, dst
+            entry = self._bound.get(oid)
+            if entry is None:
+                self._put(Bound(oid, new_name, dst, {}))
+            else:
+                self._rename(entry, new_name, dst)
         else:
-            self._bound.pop(oid, None)
+            self._pop(oid)
         self._moving = None
         self._save()
 

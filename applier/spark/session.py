@@ -18,6 +18,7 @@ import shlex
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias, Union
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, TypeAlias, Union
 from applier.errors import EnvironmentSetupError
 from applier.infra.cache import default_cache_dir
 from applier.spark.jars import check_java, delta_jars
+from applier.spark.quiet import jvm_stderr_filtered, log4j_config, quiet_python_side
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -98,6 +100,13 @@ def _defaults_file_master() -> str | None:
     return None
 
 
+def _launches_jvm() -> bool:
+    """pyspark will start a JVM of its own (not spark-submit's, not one already running)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
+
+
 def _merged_jars(jars: list[Path]) -> str:
     """``spark.jars`` with the Delta jars added to what spark-submit's ``--jars`` already set (not replacing it)."""
     conf = _jvm_conf()
@@ -111,7 +120,8 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     """Start (or attach to) a SparkSession with Delta; fails with a clear error when Java or jars are missing."""
     settings = settings or SparkSettings()
     check_java()
-    jars = delta_jars(settings.cache_dir or default_cache_dir())
+    cache_dir = settings.cache_dir or default_cache_dir()
+    jars = delta_jars(cache_dir)
     # Spark picks a non-loopback address by default and warns; a local engine has no reason to.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers (UDFs, the pgoutput data source) must see this interpreter's packages.
@@ -119,6 +129,10 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     from pyspark.sql import SparkSession
 
     preset = preset_master()
+    launching = _launches_jvm()
+    java_options = "-Duser.timezone=UTC"
+    if launching:  # our JVM: Spark's errors only on stderr (applier.spark.quiet), not its start-up chatter
+        java_options += f" -Dlog4j2.configurationFile=file:{log4j_config(cache_dir)}"
     builder = SparkSession.builder
     if preset is None:
         builder = builder.master(settings.master or DEFAULT_MASTER)
@@ -136,7 +150,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
-        .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+        .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
     )
     if jars:
@@ -146,10 +160,12 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     for key, value in settings.extra.items():
         builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
+        with jvm_stderr_filtered() if launching else nullcontext():
+            session = builder.getOrCreate()
     except Exception as e:  # py4j/gateway failures carry their own detail
         raise EnvironmentSetupError(f"Spark did not start: {e}") from e
     session.sparkContext.setLogLevel("ERROR")
+    quiet_python_side()
     return session
 
 
