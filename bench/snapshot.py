@@ -15,14 +15,16 @@ Timed, one after the other so they do not share the cores:
 - PostgreSQL: from enabling a subscription (``copy_data = true``, created disabled over a slot made
   beforehand: one to the same server cannot create its slot itself) in ``replica`` until every table
   of the subscription is ready (``pg_subscription_rel.srsubstate = 'r'``);
-- applier: ``applier mirror --once`` into a fresh target for each ``--parallelism`` (the
-  ``snapshot.parallelism`` setting), in a process whose Spark session is already up (its start-up
-  time is reported separately, and the whole process time too); the result is verified against
-  Postgres row by row (count and checksum per table);
+- applier: the whole command as a user runs it, ``python -m applier.cli mirror --once`` in a process of
+  its own, into a fresh target for each ``--parallelism`` (the ``snapshot.parallelism`` setting); Spark
+  starts only if the command needs it (a keyed table delta-rs writes does not); the run's own time
+  (its ``time:`` line) is reported too; the result is verified against Postgres row by row (count and
+  checksum per table);
 - delta-rs: ``COPY ... TO STDOUT (FORMAT csv)`` -> ``pyarrow.csv`` -> ``deltalake.write_deltalake``,
   one table after another, in this process.
 
-The applier's process reports its peak RSS (bench/memory.py). The last line is one JSON object with
+The applier's peak RSS is the largest of the command's process and its children (a JVM, if it
+started one), from ``getrusage(RUSAGE_CHILDREN)``. The last line is one JSON object with
 each time and the ratios (PostgreSQL's seconds / applier's: >= 1.0 means applier is no slower).
 """
 
@@ -39,7 +41,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import mirror_once_measured  # noqa: E402  (bench/memory.py)
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
 TYPED_TABLES = ("typed",)
@@ -53,11 +54,6 @@ FROM generate_series(1, {rows}) i"""
 
 def log(msg: str) -> None:
     print(f"bench/snapshot: {msg}", file=sys.stderr, flush=True)
-
-
-def run_mirror(args: argparse.Namespace) -> None:
-    """(child process) mirror --once with the Spark session already started."""
-    print(json.dumps(mirror_once_measured(args.config, args.dsn)))
 
 
 def drop_slot(conn: object, slot: str) -> None:
@@ -83,18 +79,27 @@ def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
         "target": {"path": str(work / f"delta-{parallelism}")},
         "snapshot": {"parallelism": parallelism},
     }))
+    import resource
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "APPLIER_DSN": dsn, "PYTHONPATH": str(repo)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.monotonic()
-    out = subprocess.run([sys.executable, __file__, "--child", "--config", str(config), "--dsn", dsn],
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"],
+                         capture_output=True, text=True, env=env)
     process_seconds = time.monotonic() - started
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if out.returncode != 0:
         raise SystemExit(f"bench/snapshot: mirror failed:\n{out.stderr[-3000:]}")
+    spark = False
     for line in out.stderr.splitlines():
-        if "snapshot:" in line:
+        if "snapshot:" in line or "starting Spark" in line:
             log(line)
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["process_seconds"] = process_seconds
-    return result
+        spark = spark or "starting Spark" in line
+    run_seconds = next(float(line.split()[1].rstrip("s")) for line in out.stdout.splitlines()
+                       if line.startswith("time: "))
+    return {"seconds": run_seconds, "process_seconds": process_seconds, "spark_started": spark,
+            "peak_rss_mb": round(peak_kb / 1024) if peak_kb > before else None}
 
 
 def deltars_copy(conn: object, target: Path, tables: tuple[str, ...]) -> float:
@@ -122,13 +127,7 @@ def main() -> None:
                    help="snapshot.parallelism values to run applier with (comma list)")
     p.add_argument("--typed", action="store_true",
                    help="one table of the common types (timestamptz, date, numeric, float8, uuid, jsonb, ...)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--config", help=argparse.SUPPRESS)
-    p.add_argument("--dsn", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        run_mirror(args)
-        return
 
     import psycopg
 
@@ -225,8 +224,7 @@ def main() -> None:
             "seconds": round(float(r["seconds"]), 1),  # type: ignore[arg-type]
             "rows_per_s": round(rows / float(r["seconds"])),  # type: ignore[arg-type]
             "process_seconds": round(float(r["process_seconds"]), 1),  # type: ignore[arg-type]
-            "spark_startup_seconds": round(float(r["spark_startup_seconds"]), 1),  # type: ignore[arg-type]
-            "python_peak_rss_mb": r["python_peak_rss_mb"], "jvm_peak_heap_mb": r["jvm_peak_heap_mb"]}
+            "spark_started": r["spark_started"], "peak_rss_mb": r["peak_rss_mb"]}
             for lv, r in runs.items()},
         "applier_vs_postgres": round(postgres_seconds / best_seconds, 2),
         "applier_process_vs_postgres": round(postgres_seconds / float(runs[best]["process_seconds"]), 2),  # type: ignore[arg-type]
