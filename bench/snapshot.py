@@ -200,9 +200,11 @@ def main() -> None:
         deltars_seconds = deltars_copy(conn, work / "deltars", tables)
         log(f"delta-rs plain copy: {deltars_seconds:.1f} s")
 
-        from applier.spark.session import build_spark_session
+        from applier.spark.session import SparkSettings, build_spark_session
 
-        spark = build_spark_session()
+        # verify reads each table through Spark's toLocalIterator, one partition at a time: 10M rows
+        # that delta-rs wrote in few files make partitions a 2g driver cannot hold (OOM at --scale 100)
+        spark = build_spark_session(SparkSettings(driver_memory="8g"))
         for level in levels:
             results = verify_against_postgres(spark, conn, str(work / f"delta-{level}"),
                                               [("public", t) for t in tables])
