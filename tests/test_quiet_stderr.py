@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import sys
+from applier.infra.redact import register
 from applier.spark.session import build_spark_session
+register("postgresql://mirror:s3cret-pw@db.example/app")
 spark = build_spark_session()
 assert spark.range(5).count() == 5
 try:
@@ -27,6 +29,7 @@ try:
 except Exception as e:
     print("raised", type(e).__name__)
 spark._jvm.java.lang.System.err.println("a line the JVM writes to stderr")
+spark._jvm.java.lang.System.err.println("failed on postgresql://mirror:s3cret-pw@db.example/app")
 spark.stop()
 """
 
@@ -38,4 +41,6 @@ def test_starting_spark_leaves_stderr_to_what_matters(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["raised", "AnalysisException"], proc.stdout
-    assert proc.stderr.splitlines() == ["a line the JVM writes to stderr"], proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "a line the JVM writes to stderr" and len(lines) == 2, proc.stderr[-3000:]
+    assert lines[1].startswith("failed on ") and "s3cret-pw" not in proc.stderr, lines  # masked like our own lines

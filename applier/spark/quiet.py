@@ -9,7 +9,8 @@ Two parts: a log4j2 configuration of our own (written once into the cache, hande
 with ``-Dlog4j2.configurationFile``) that logs Spark's errors and nothing below, in the format of
 applier's lines; and, while pyspark launches the JVM, its stderr taken through a pipe whose reader
 drops the JVM's fixed start-up notices and passes every other line on, for the JVM's whole life
-(a JVM crash or an error still reaches the user). Not used when the JVM already runs (spark-submit):
+(a JVM crash or an error still reaches the user), scrubbed of the secrets applier masks in its own
+lines (a DSN, a password) like everything else on stderr. Not used when the JVM already runs (spark-submit):
 then the launcher's settings are the user's.
 """
 
@@ -20,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from applier.infra.redact import scrub
 
 LOG4J2_PROPERTIES = """\
 # written by applier (applier/spark/quiet.py): Spark's errors only, on stderr
@@ -83,7 +86,11 @@ def _forward(read_end: int, real: int) -> None:
             *lines, pending = pending.split(b"\n")
             out = b"".join(line + b"\n" for line in lines if not line.startswith(JVM_NOTICES))
             if out:
-                os.write(real, out)
+                os.write(real, _scrubbed(out))
         if pending and not pending.startswith(JVM_NOTICES):
-            os.write(real, pending)
+            os.write(real, _scrubbed(pending))
     os.close(real)
+
+
+def _scrubbed(data: bytes) -> bytes:
+    return scrub(data.decode("utf-8", "replace")).encode("utf-8")
