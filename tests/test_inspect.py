@@ -91,7 +91,7 @@ def test_progress_goes_to_stderr(tmp_path, capsys, monkeypatch):
     log = tmp_path / "log.parquet"
     write_raw_log(log, captured(STREAMING))
     original = inspect_module.inspect_messages
-    monkeypatch.setattr("applier.commands.inspect.inspect_messages",
+    monkeypatch.setattr("applier.checks.inspect.inspect_messages",  # the command imports it when it runs
                         lambda msgs, progress: original(msgs, progress=progress, progress_every=50))
     assert main(["inspect", "--source", str(log)]) == 0
     captured_io = capsys.readouterr()
