@@ -55,6 +55,17 @@ def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = N
     return out.stdout
 
 
+def assert_equal(spark, conn, target: Path) -> None:
+    results = verify_against_postgres(spark, conn, str(target), SHOP)
+    assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
+    assert sum(r.source_rows for r in results) > 0
+
+
+def registered_apps(cluster: StandaloneCluster) -> list[dict]:
+    state = master_json(cluster.webui_port)
+    return state.get("completedapps", []) + state.get("activeapps", [])
+
+
 def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_path):
     with pg.connect() as conn:
         create_schema(conn, "pub")
@@ -68,17 +79,25 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
         out = submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "on-executors"),
                      "--distributed", "on", extra_env={"APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40"})
         assert "folded on executors:" in out, out
-        # the mirror as the README advises on a cluster: every commit a Spark MERGE, run by the executors
-        submit(cluster, "mirror.py", "--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"),
-               "--once", dsn=pg.dsn, extra_env={"APPLIER_APPLY__MERGE_ENGINE": "spark"})
+        for target in (tmp_path / "replayed", tmp_path / "on-executors"):
+            assert_equal(spark, conn, target)
+        # the mirror as the README advises on a cluster: every commit a Spark MERGE, run by the executors.
+        # Its first run only copies (delta-rs, no Spark application); the second merges the new changes.
+        mirror_args = ("--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"), "--once")
+        mirror_env = {"APPLIER_APPLY__MERGE_ENGINE": "spark"}
+        submit(cluster, "mirror.py", *mirror_args, dsn=pg.dsn, extra_env=mirror_env)
+        assert len(registered_apps(cluster)) == 2  # Spark starts only when a run needs it, on a cluster too
+        for statement in ("UPDATE shop.customers SET name = name || ' (moved)' WHERE id % 3 = 0",
+                          "DELETE FROM shop.customers WHERE id % 7 = 0"
+                          " AND id NOT IN (SELECT customer_id FROM shop.orders)",
+                          "UPDATE shop.products SET price = price + 1"):
+            conn.execute(statement)
+            conn.commit()
+        submit(cluster, "mirror.py", *mirror_args, dsn=pg.dsn, extra_env=mirror_env)
 
-        for target in (tmp_path / "replayed", tmp_path / "on-executors", tmp_path / "mirrored"):
-            results = verify_against_postgres(spark, conn, str(target), SHOP)
-            assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
-            assert sum(r.source_rows for r in results) > 0
+        assert_equal(spark, conn, tmp_path / "mirrored")
 
-    state = master_json(cluster.webui_port)
-    apps = state.get("completedapps", []) + state.get("activeapps", [])
+    apps = registered_apps(cluster)
     assert len(apps) == 3, apps  # every job registered with the cluster's master, not a local engine
     assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps
     for app in apps:  # and the worker launched executors for each (their work directories)
