@@ -406,8 +406,62 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
         enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
     if _unchanged(path, spec):
         return SchemaEvolution()
+    evolution = evolve_table_deltars(path, spec, renames)
+    if evolution is not None:
+        return evolution
     return evolve_table(session_of(spark, f"{name}: a schema change (or a table delta-rs cannot read)"), path, spec,
                         renames)
+
+
+def evolve_table_deltars(path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution | None:
+    """``evolve_table`` through delta-rs for the common changes, columns added and columns dropped, on a
+    table delta-rs writes (None: anything else, left to ``evolve_table``: a rename, a retype, a column
+    name that needs column mapping, a type that needs a table feature). Starting Spark for an ADD COLUMN
+    costs a fresh process most of its run; the Delta log gets the same metaData either way."""
+    from applier.sink.bulkload import deltars_can_write
+
+    if not deltars_can_write(path):
+        return None
+    from deltalake import DeltaTable, Schema
+
+    table = DeltaTable(deltars_path(path))
+    have_fields = json.loads(table.schema().to_json())["fields"]
+    have = {f["name"]: f["type"] for f in have_fields}
+    configuration = table.metadata().configuration
+    source = spec.source_column_names
+    earlier = set(json.loads(configuration.get(PROP_DROPPED) or "[]"))
+    own = set(spec.column_names) - set(source)
+    old_order = [n for n in have if n not in own and n not in earlier and n != ROW_COLUMN]
+    gone = tuple(n for n in old_order if n not in source)
+    new = tuple(n for n in source if n not in have)
+    if gone and new and renames is not None:
+        from applier.catalog.relations import rename_candidates
+
+        if renames(gone, new, rename_candidates(old_order, source)):
+            return None  # a rename: column mapping, through Spark
+    added = [f for f in spec.schema.fields if f.name not in have]
+    if any(have[f.name] != f.dataType.jsonValue() for f in spec.schema.fields if f.name in have):
+        return None  # a retype: widened, or the error, by evolve_table
+    if needs_column_mapping([f.name for f in added]) or "timestamp_ntz" in json.dumps([f.jsonValue() for f in added]):
+        return None
+    if added:
+        fields = [dict(f.jsonValue(), nullable=True) for f in added]  # as ALTER TABLE ADD COLUMNS adds them
+        table.alter.add_columns(Schema.from_json(json.dumps({"type": "struct", "fields": fields})).fields)
+    source_names = set(spec.column_names)
+    dropped = tuple(n for n in have if n not in source_names and n != ROW_COLUMN)
+    properties: dict[str, str] = {}
+    if dropped:
+        if set(dropped) - earlier:  # said once, when they go
+            log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
+                        spec.source_name, ", ".join(dropped))
+        properties[PROP_DROPPED] = json.dumps(sorted(dropped))
+    keys = configuration.get(PROP_KEYS)
+    if keys is not None and json.loads(keys) != list(spec.key_columns):
+        properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
+    properties = {k: v for k, v in properties.items() if configuration.get(k) != v}
+    if properties:
+        table.alter.set_table_properties(properties, raise_if_not_exists=False)
+    return SchemaEvolution(tuple(f.name for f in added), (), dropped)
 
 
 def _unchanged(path: str, spec: TableSpec) -> bool:

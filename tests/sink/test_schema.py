@@ -51,3 +51,37 @@ def test_create_add_widen_drop_and_refuse_narrowing(spark, tmp_path):
               StructField("new 'col\\", StringType()))
     with pytest.raises(SinkError, match="cannot widen"):
         ensure_table(spark, path, v3)
+
+
+def test_columns_added_and_dropped_on_a_table_delta_rs_writes_need_no_spark(spark, tmp_path):
+    """An ADD COLUMN or a DROP COLUMN evolves a plain table through delta-rs: a Spark provider is never
+    started, and Spark reads the table and its properties as if it had made the change itself."""
+    from applier.spark.session import SparkProvider
+
+    def refuse() -> None:
+        raise AssertionError("Spark was started for a change delta-rs makes")
+
+    never = SparkProvider(refuse)  # type: ignore[arg-type]
+    path = str(tmp_path / "public" / "plain")
+    v1 = spec(StructField("id", IntegerType()), StructField("a", StringType()))
+    assert ensure_table(never, path, v1, deltars_create=True).added == ("id", "a")
+    spark.createDataFrame([(1, "x")], v1.schema).write.format("delta").mode("append").save(path)
+
+    v2 = spec(StructField("id", IntegerType()), StructField("b", StringType()),
+              StructField("c", StructType([StructField("d", LongType())])), keys=("id", "b"))
+    evo = ensure_table(never, path, v2)
+    assert (evo.added, evo.widened, evo.dropped) == (("b", "c"), (), ("a",))
+    table = spark.read.format("delta").load(path)
+    assert [f.name for f in table.schema.fields] == ["id", "a", "b", "c"]
+    assert table.schema["c"].dataType == StructType([StructField("d", LongType())])
+    assert [tuple(r) for r in table.collect()] == [(1, "x", None, None)]
+    p = props(spark, path)
+    assert json.loads(p[PROP_DROPPED]) == ["a"] and json.loads(p[PROP_KEYS]) == ["id", "b"]
+    again = ensure_table(never, path, v2)  # nothing left to change
+    assert (again.added, again.widened, again.dropped) == ((), (), ("a",))
+
+    # a retype is not delta-rs's: it needs Spark (here: the refusing provider says so)
+    v3 = spec(StructField("id", LongType()), StructField("b", StringType()),
+              StructField("c", StructType([StructField("d", LongType())])), keys=("id", "b"))
+    with pytest.raises(AssertionError, match="Spark was started"):
+        ensure_table(never, path, v3)
