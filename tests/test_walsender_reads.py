@@ -9,9 +9,10 @@ over a hundred frames a read; the test asks for 16. Without gather most runs her
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-from applier.protocol.replication import PrimaryKeepalive
+from applier.protocol.replication import PrimaryKeepalive, XLogData
 from applier.sources.walsender import WalSenderStream
 
 pytestmark = pytest.mark.postgres
@@ -57,3 +58,40 @@ def test_gathered_reads_take_every_frame_in_fewer_socket_reads(pg):
     assert len(plain) == 2000 * 12 + 1  # Begin, 10 Inserts, Commit per transaction; one Relation
     assert gathered == plain
     assert gathered_per_read >= 16, (gathered_per_read, plain_per_read)
+
+
+def _busy_then_read(dsn: str, slot: str, *, heartbeat: bool) -> None:
+    """Start streaming with a 1 s wal_sender_timeout, read nothing for 3 s (a reader busy with a
+    group's commits, or waiting for Spark to start), then read a transaction committed after that."""
+    import time
+
+    stream = WalSenderStream(dsn, status_interval=0.25)
+    try:
+        stream._command("SET wal_sender_timeout = '1s'")
+        stream.start(slot, OPTIONS)
+        if heartbeat:
+            stream.start_heartbeat()
+        time.sleep(3)  # busy: the reader does not touch the connection
+        with psycopg.connect(dsn, autocommit=True) as conn:  # a change made after it, to be read now
+            conn.execute("INSERT INTO g VALUES ((SELECT coalesce(max(id), 0) + 1 FROM g), 'one')")
+        got = []
+        while not any(f.payload[:1] == b"C" for f in got):  # the insert's transaction, to its Commit
+            frame = stream.read(5.0)
+            assert frame is not None
+            if isinstance(frame, XLogData):
+                got.append(frame)
+    finally:
+        stream.close()
+
+
+def test_a_reader_busy_past_wal_sender_timeout_keeps_its_connection_with_the_heartbeat(pg):
+    from applier.errors import SourceError
+
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        conn.execute("SELECT pg_create_logical_replication_slot('g_beat', 'pgoutput')")
+    _busy_then_read(pg.dsn, "g_beat", heartbeat=True)
+    with pg.connect() as conn:  # after that run's change: this slot has none before its own
+        conn.execute("SELECT pg_create_logical_replication_slot('g_silent', 'pgoutput')")
+    with pytest.raises(SourceError):  # the control: without it the server ends the connection
+        _busy_then_read(pg.dsn, "g_silent", heartbeat=False)

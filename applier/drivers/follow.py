@@ -129,6 +129,7 @@ class ReplicationFollower(SlotFollower):
                 self.stats.transactions = self.loop.transactions
                 if self.loop.confirmed_lsn is not None:
                     self.stats.confirmed_lsn = self.loop.confirmed_lsn
+            stream.start_heartbeat()  # the status updates go on while a group is applied or Spark starts
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
             last_report = time.monotonic()

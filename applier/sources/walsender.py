@@ -10,6 +10,7 @@ so for what is durably applied: :meth:`WalSenderStream.confirm` is the one place
 from __future__ import annotations
 
 import select
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,6 +72,12 @@ class WalSenderStream:
         self.frames_read = 0  # CopyData frames taken from libpq
         self.socket_reads = 0  # reads of the socket into libpq's buffer that brought something
         self._frames_at_read = 0  # frames_read at the last socket read
+        # The connection is shared with the heartbeat thread (start_heartbeat): whoever touches it
+        # through read() or send_status() holds this lock. read_message() (the catch-up's hot reader,
+        # which runs before the heartbeat starts and keeps itself alive) does not take it.
+        self._lock = threading.RLock()
+        self._heartbeat: threading.Thread | None = None
+        self._heartbeat_stop = threading.Event()
 
     def _command(self, sql: str) -> pq.abc.PGresult:
         res = self.pgconn.exec_(sql.encode("utf-8"))
@@ -111,14 +118,37 @@ class WalSenderStream:
         """The next frame, or None when nothing came within ``timeout`` seconds (0: only what has
         already arrived, without waiting). Keepalives that ask for a reply are answered here (with the
         confirmed position, never more)."""
-        data = self._next(timeout)
-        if data is None:
-            return None
-        frame = parse_copy_data(bytes(data))
-        if isinstance(frame, PrimaryKeepalive):
-            self._keepalive(frame)
-        self._status_if_due()
-        return frame
+        with self._lock:
+            data = self._next(timeout)
+            if data is None:
+                return None
+            frame = parse_copy_data(bytes(data))
+            if isinstance(frame, PrimaryKeepalive):
+                self._keepalive(frame)
+            self._status_if_due()
+            return frame
+
+    def start_heartbeat(self) -> None:
+        """From now on a thread sends the status update the walsender expects every ``status_interval``
+        seconds whenever the reader does not (it is waiting for a group's Delta commits, or for Spark
+        to start): without it the server ends the connection after ``wal_sender_timeout`` (60 s by
+        default) of silence, and the run reconnects and reads the same changes again. Only our
+        confirmed position is sent, so the heartbeat never lets the slot move past what is applied."""
+        if self._heartbeat is not None:
+            return
+        self._heartbeat = threading.Thread(target=self._beat, name="applier-walsender-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        tick = min(1.0, self.status_interval / 4)
+        while not self._heartbeat_stop.wait(tick):
+            with self._lock:
+                if not self.streaming:
+                    return
+                try:
+                    self._status_if_due()
+                except TransientSourceError:
+                    return  # the reader meets the broken connection itself and reconnects
 
     def read_message(self, timeout: float, *, gather: float = 0.0) -> tuple[int, bytes] | PrimaryKeepalive | None:
         """``read`` for a hot loop (the catch-up's reader, ~10 M frames): an XLogData frame comes as
@@ -202,12 +232,13 @@ class WalSenderStream:
 
     def send_status(self, *, reply_requested: bool = False) -> None:
         """Tell the server our position: written = flushed = applied = the last confirmed LSN."""
-        try:
-            self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
-            self.pgconn.flush()
-        except psycopg.OperationalError as e:
-            raise TransientSourceError(f"replication connection lost: {e}") from None
-        self._last_status = time.monotonic()
+        with self._lock:
+            try:
+                self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
+                self.pgconn.flush()
+            except psycopg.OperationalError as e:
+                raise TransientSourceError(f"replication connection lost: {e}") from None
+            self._last_status = time.monotonic()
 
     def confirm(self, lsn: int) -> None:
         """Everything up to ``lsn`` is durably applied: the slot may release it."""
@@ -216,6 +247,9 @@ class WalSenderStream:
             self.send_status()
 
     def close(self) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         if self.streaming and not self.conn.closed:
             try:
                 self.send_status()
