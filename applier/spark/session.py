@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeAlias, Union
 
 from applier.errors import EnvironmentSetupError
 from applier.infra.cache import default_cache_dir
+from applier.spark.classdata import archive_options
 from applier.spark.jars import check_java, delta_jars
 from applier.spark.quiet import jvm_stderr_filtered, log4j_config, quiet_python_side
 
@@ -44,6 +45,10 @@ class SparkSettings:
     ui: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
     cache_dir: Path | None = None
+    # C1 only (-XX:TieredStopAtLevel=1): a JVM that lives seconds to minutes spends its CPU running,
+    # not compiling with C2 (SparkConfig.jit)
+    quick_jit: bool = False
+    java_options: str = ""  # more driver JVM options (only when applier launches the JVM)
 
 
 DEFAULT_MASTER = "local[2]"
@@ -133,6 +138,11 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     java_options = "-Duser.timezone=UTC"
     if launching:  # our JVM: Spark's errors only on stderr (applier.spark.quiet), not its start-up chatter
         java_options += f" -Dlog4j2.configurationFile=file:{log4j_config(cache_dir)}"
+        # Spark's classes mapped from the archive `applier setup` wrote (applier.spark.classdata)
+        java_options += f" {archive_options(cache_dir)}" if "ArchiveClassesAtExit" not in settings.java_options else ""
+        if settings.quick_jit:
+            java_options += " -XX:TieredStopAtLevel=1"
+        java_options = f"{java_options} {settings.java_options}".strip()
     builder = SparkSession.builder
     if preset is None:
         builder = builder.master(settings.master or DEFAULT_MASTER)
@@ -173,7 +183,7 @@ def build_spark_session_for(config: SparkConfig) -> SparkSession:
     """The session a job's ``spark:`` config section describes (its master only when none is set already)."""
     return build_spark_session(SparkSettings(
         master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
-        driver_memory=config.driver_memory, extra=dict(config.conf)))
+        driver_memory=config.driver_memory, extra=dict(config.conf), quick_jit=config.jit == "quick"))
 
 
 class SparkProvider:
