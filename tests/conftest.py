@@ -150,9 +150,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     try:
         # 4g, not the default 2g: this one JVM serves every test of the run (650+), and near the end of a
         # full run a MERGE failed to acquire execution memory (SparkOutOfMemoryError) at 2g
-        session = build_spark_session(SparkSettings(master="local[2]", app_name="applier-tests",
-                                                    shuffle_partitions=2, warehouse_dir=str(warehouse),
-                                                    driver_memory="4g"))
+        # Delta keeps up to 10,000 DeltaLogs (each with its snapshot's plans) in a JVM-wide cache for an
+        # hour: a full run opens thousands of throw-away tables, and by its last third the old generation
+        # of the heap was full of them (3.6 of 4 GB live after a full GC, mostly Catalyst trees), every
+        # test paying for the collector. A test never needs a table of an earlier test.
+        session = build_spark_session(SparkSettings(
+            master="local[2]", app_name="applier-tests", shuffle_partitions=2, warehouse_dir=str(warehouse),
+            driver_memory="4g", extra={"spark.databricks.delta.delta.log.cacheSize": "32",
+                                       "spark.databricks.delta.delta.log.cacheRetentionMinutes": "5"}))
     except EnvironmentSetupError as e:
         unavailable(str(e))
     yield session

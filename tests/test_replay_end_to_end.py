@@ -20,7 +20,12 @@ from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
-pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.usefixtures("replay_path")]
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+#: the tests that also run with decoding and folding on Spark's executors (conftest ``replay_path``): the
+#: ones whose logs cross ranges in every way (TOAST chains, key changes, multisets, truncates, schema
+#: changes, streamed and two-phase transactions). Value conversion, majors and rules are the same code
+#: on either path and run on the driver only (test_random_workloads runs both paths over random logs).
+both_paths = pytest.mark.usefixtures("replay_path")
 
 
 def capture(conn, slot: str, options: dict[str, str], path: Path) -> Path:
@@ -56,6 +61,7 @@ def replay_and_verify(spark, conn, raw_log: Path, target: Path, tables, **apply)
 SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop", "events")]
 
 
+@both_paths
 def test_sample_workload_grouped_replay_equals_postgres(pg, spark, tmp_path, caplog):
     caplog.set_level("INFO", logger="applier.sink.engine")
     with pg.connect() as conn:
@@ -137,6 +143,7 @@ def edge_workload(conn) -> None:
 EDGE_TABLES = [("public", "kv"), ("public", "bag"), ("public", "parent"), ("public", "child"), ("public", 'Odd "name"')]
 
 
+@both_paths
 @pytest.mark.parametrize("grouping", ["grouped", "transaction"])
 def test_toast_key_changes_multisets_truncate_cascade_and_schema_changes(pg, spark, tmp_path, grouping):
     with pg.connect() as conn:
@@ -157,6 +164,7 @@ def test_toast_key_changes_multisets_truncate_cascade_and_schema_changes(pg, spa
         assert any(m.endswith("TRUNCATE CASCADE RESTART IDENTITY") for m in metadata), (table, metadata)
 
 
+@both_paths
 def test_streamed_transactions_with_subtransaction_and_top_level_aborts(pg, spark, tmp_path):
     with pg.connect() as conn:
         conn.execute(EDGE_SCHEMA)
@@ -178,6 +186,7 @@ def test_streamed_transactions_with_subtransaction_and_top_level_aborts(pg, spar
         replay_and_verify(spark, conn, raw, tmp_path / "delta", [("public", "kv")])
 
 
+@both_paths
 def test_two_phase_commit_rollback_and_pending_prepared(pg, spark, tmp_path):
     with pg.connect() as conn:
         conn.execute(EDGE_SCHEMA)
