@@ -75,7 +75,7 @@ def _is_connection_failure(error: BaseException) -> bool:
 
 
 def table_markdown() -> str:
-    """The exit-code table as Markdown (README and ``--help`` show the same words)."""
+    """The exit-code table as Markdown (docs/operations.md and ``--help`` show the same words)."""
     rows = [f"| {c.value} | {MEANING[c].replace('|', chr(92) + '|')} |" for c in ExitCode]
     return "| code | meaning |\n| --- | --- |\n" + "\n".join(rows)
 
