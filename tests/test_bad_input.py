@@ -157,7 +157,7 @@ def test_fix_and_resume_and_a_reordered_log(captured, spark, tmp_path):
     assert table(spark, target) == expected
 
     # A change after its own Commit stops at once, naming its LSN. B's Commit was already taken as
-    # an empty transaction, so the fixed log is replayed into a new target (README: bad input).
+    # an empty transaction, so the fixed log is replayed into a new target (docs/guarantees.md: bad input).
     bad, target2 = tmp_path / "bad.parquet", tmp_path / "delta2"
     write_raw_log(bad, [r for r in damage(rows, xids[1], "reordered") if r[1] != xids[3]])
     with pytest.raises(ApplierError, match="change outside a transaction") as info:

@@ -5,7 +5,7 @@ The example pipeline (pipelines/from_change_feed) rebuilds the mirrored table fr
 materialized view; the result must equal Postgres. Its AUTO CDC flow is switched on too, and must
 fail for the one documented reason: open-source Spark 4.2 runs create_auto_cdc_flow only into tables
 whose connector supports row-level operations, which Delta 4.4's tables do not (if a later Delta
-does, this test says so and the README must be updated).
+does, this test says so and docs/features.md must be updated).
 """
 
 from __future__ import annotations
@@ -59,4 +59,4 @@ def test_example_pipeline_rebuilds_the_table_from_the_change_feed(pg, spark, tmp
     rows = deltalake.DeltaTable(str(tmp_path / "warehouse" / "acct_latest")).to_pyarrow_table().to_pylist()
     assert {(r["id"], r["v"], r["big"]) for r in rows} == want
     assert run.returncode != 0 and "AUTOCDC_TARGET_DOES_NOT_SUPPORT_MERGE" in output, (
-        "create_auto_cdc_flow into a Delta table ran: update the README's Spark Declarative Pipelines section")
+        "create_auto_cdc_flow into a Delta table ran: update docs/features.md's Spark Declarative Pipelines section")

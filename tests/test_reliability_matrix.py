@@ -1,7 +1,7 @@
 """The reliability matrix: damaged raw logs, each built from a real capture, either stop cleanly
 (a SourceError naming the row and LSN, nothing applied from the damaged part) or are read in their
 true log order and give exactly Postgres' data. The outcome "exit 0 with data that differs from
-Postgres" (silent-wrong) must never happen; the README's recovery section quotes the counts.
+Postgres" (silent-wrong) must never happen; docs/guarantees.md quotes the counts.
 
 The capture (PostgreSQL 15, one slot, SQL interface) holds five transactions on a keyed table
 ``t`` and a REPLICA IDENTITY FULL table ``m`` without a key:

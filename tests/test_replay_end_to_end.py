@@ -288,7 +288,7 @@ SPECIAL_ROWS = (
 @pytest.mark.parametrize("policy", ["error", "null", "clamp"])
 def test_special_values_under_each_policy(pg, spark, tmp_path, policy):
     """The special-value policy end to end: 'error' stops naming the column and the LSN; 'null' and
-    'clamp' store what the README's table says; values Spark holds (float NaN/±Infinity, 24:00:00,
+    'clamp' store what docs/types.md's table says; values Spark holds (float NaN/±Infinity, 24:00:00,
     numeric NaN in a text-mapped numeric) are kept under every policy."""
     from applier.errors import ApplierError
 

@@ -81,7 +81,7 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
         assert "folded on executors:" in out, out
         for target in (tmp_path / "replayed", tmp_path / "on-executors"):
             assert_equal(spark, conn, target)
-        # the mirror as the README advises on a cluster: every commit a Spark MERGE, run by the executors.
+        # the mirror as docs/distributed.md advises on a cluster: every commit a Spark MERGE, run by the executors.
         # Its first run only copies (delta-rs, no Spark application); the second merges the new changes.
         mirror_args = ("--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"), "--once")
         mirror_env = {"APPLIER_APPLY__MERGE_ENGINE": "spark"}

@@ -85,12 +85,12 @@ def check_log_continues_target(target_dir: str | Path, log: str | Path) -> list[
             raise PositionError(
                 f"{where}, after the end of this log ({format_lsn(last)}): the target is ahead of the log, "
                 "so nothing in it would be applied. Replay a log that reaches the target's position, or "
-                "rebuild the target from scratch (README: rebuild a table)", table=p.name, path=str(p.path))
+                "rebuild the target from scratch (docs/guarantees.md: rebuild a table)", table=p.name, path=str(p.path))
         if p.applied >= first and p.applied not in found:
             raise PositionError(
                 f"{where}, but no transaction of this log ends there: the target was written from another "
                 "history than this log, and skipping what it 'already has' would leave wrong data. Rebuild "
-                "the target from scratch (README: rebuild a table)", table=p.name, path=str(p.path))
+                "the target from scratch (docs/guarantees.md: rebuild a table)", table=p.name, path=str(p.path))
         if p.applied < first:
             warnings.append(f"{where}; this log's first transaction ends at {format_lsn(first)}: nothing "
                             "shows whether transactions in between are missing")

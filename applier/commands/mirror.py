@@ -40,7 +40,7 @@ name PostgreSQL refuses (lower-case letters, digits, underscores) and a target t
 cannot be written exit 2, also at once.
 
 Spark starts only when an operation needs it (a table delta-rs does not write, e.g. one without a
-key; a schema change; executors; see README "Spark only when needed"), with one log line saying
+key; a schema change; executors; see docs/applying.md, "Spark only when needed"), with one log line saying
 why: a mirror of keyed tables delta-rs writes copies and follows without a JVM.
 
 Flags override the config file (and APPLIER_* variables) and may supply what it lacks.""",

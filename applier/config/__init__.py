@@ -169,8 +169,8 @@ class TableRule(_Model):
         None, json_schema_extra=PATH, description="history: Delta path of the history table (default "
         "<target>/_history/<schema>/<table>)")
     # Delta table options: applied when the table is created and never to an existing table (a mismatch is
-    # a warning and shows in `applier status`). Each may add a Delta table feature; see the README's
-    # "Delta table features" for which of them readers outside Spark (delta-rs) can open.
+    # a warning and shows in `applier status`). Each may add a Delta table feature; see docs/delta-tables.md,
+    # "Delta table features", for which of them readers outside Spark (delta-rs) can open.
     type_widening: bool = Field(
         False, description="create the table with Delta type widening enabled (otherwise it is enabled only when "
         "a source column is actually widened); adds the 'typeWidening' reader feature, which delta-rs cannot read")
@@ -313,7 +313,7 @@ class ApplySettings(_Model):
 class SparkConfig(_Model):
     """The SparkSession the job runs on (ignored when the job is given a session). ``mirror`` and
     ``replay`` start it only when an operation needs Spark (a table delta-rs does not write, a schema
-    change, executors...; README "Spark only when needed").
+    change, executors...; docs/applying.md, "Spark only when needed").
 
     ``master`` is a fallback: a master that spark-submit (``--master``), ``PYSPARK_SUBMIT_ARGS``, the
     ``MASTER`` environment variable or ``spark-defaults.conf`` already set wins, so

@@ -1,5 +1,5 @@
 """The one place that maps a PostgreSQL type (OID + typmod) to its Spark type and its text and binary
-parsers. docs/type-mapping.md (pasted into the README) documents exactly this registry.
+parsers. docs/types.md documents exactly this registry.
 """
 
 from __future__ import annotations
