@@ -60,10 +60,18 @@ def replay(spark: SparkSession, config: ReplayConfig | str | Path | Mapping[str,
     Returns the summary (transactions applied or already applied, row changes per table, LSN reached).
     With ``dry_run``, each commit that would be made is described to it and nothing is written.
     A transaction that cannot be applied raises ``DataError`` after every earlier one is applied."""
+    import logging
+
+    from applier.checks.position import check_log_continues_target
     from applier.drivers.replay import replay_log
+    from applier.infra.lock import target_writer
 
     cfg = as_config(config, ReplayConfig)
-    return replay_log(spark, cfg, progress=progress or log_progress("replay"), dry_run=dry_run)
+    # the CLI's guards (one writer, stale spill, the target registry, the log's position), here too
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="replay", dry_run=dry_run is not None):
+        for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
+            logging.getLogger("applier.replay").warning("%s", warning)
+        return replay_log(spark, cfg, progress=progress or log_progress("replay"), dry_run=dry_run)
 
 
 def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str, Any], *, once: bool = True,
@@ -77,8 +85,11 @@ def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str,
     from applier.sources.dsn import check_connection
 
     cfg = as_config(config, MirrorConfig)
-    check_connection(cfg.source.resolved_dsn())
-    return run_mirror(spark, cfg, once=once, progress=progress or log_progress("mirror"), stop=stop)
+    from applier.infra.lock import target_writer
+
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):  # as the CLI: one writer etc.
+        check_connection(cfg.source.resolved_dsn())
+        return run_mirror(spark, cfg, once=once, progress=progress or log_progress("mirror"), stop=stop)
 
 
 @dataclass(frozen=True, slots=True)

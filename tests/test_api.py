@@ -66,3 +66,48 @@ def test_replay_through_the_api_equals_the_cli(spark, tmp_path, monkeypatch):
         api_rows = sorted(map(tuple, spark.read.format("delta").load(str(tmp_path / "api" / t)).collect()))
         cli_rows = sorted(map(tuple, spark.read.format("delta").load(str(tmp_path / "cli" / t)).collect()))
         assert api_rows == cli_rows and api_rows, t
+
+
+def test_two_writers_through_the_api_and_the_sink_are_refused_like_two_through_the_cli(tmp_path):
+    """The one-writer lock is taken by the API and the foreachBatch sink too (before any Spark or
+    server work: a held target is refused at once, the session is never touched)."""
+    from applier.drivers.streaming import DeltaApplySink
+    from applier.infra.lock import TargetLockedError, target_writer
+
+    target = tmp_path / "delta"
+    with target_writer(target, command="mirror"):  # another run writing the target
+        with pytest.raises(TargetLockedError):
+            applier.replay(None, {"source_log": str(tmp_path / "log"), "target": {"path": str(target)}})  # type: ignore[arg-type]
+        with pytest.raises(TargetLockedError):
+            applier.mirror(None, {"source": {"dsn": "host=/nonexistent dbname=x", "slot": "s",  # type: ignore[arg-type]
+                                             "publication": "p"}, "target": {"path": str(target)}})
+        with pytest.raises(TargetLockedError):
+            DeltaApplySink(str(target))(None, 0)  # type: ignore[arg-type]
+    with target_writer(target, command="mirror"):
+        pass  # released by each of them
+
+
+@pytest.mark.spark
+def test_the_api_refuses_a_target_whose_table_was_replaced(spark, tmp_path):
+    """The target registry is checked by the API as by the CLI: a Delta table swapped for another
+    stops the replay (exit 2 from the CLI; TargetMissingError here) instead of merging into it."""
+    import shutil
+
+    from applier.sink.registry import TargetMissingError
+    from applier.sources.rawlog_writer import write_raw_log
+
+    rows = []
+    for o in map(json.loads, FIXTURE.read_text().splitlines()):
+        hi, lo = o["lsn"].split("/")
+        rows.append(((int(hi, 16) << 32) | int(lo, 16), o["xid"], bytes.fromhex(o["data"])))
+    log = tmp_path / "log.parquet"
+    write_raw_log(log, rows)
+    target = tmp_path / "api"
+    config = {"source_log": str(log), "target": {"path": str(target)}}
+    assert applier.replay(spark, config).transactions > 0
+    tables = sorted(p for p in target.glob("*/*") if (p / "_delta_log").exists())
+    assert len(tables) >= 2, tables
+    shutil.rmtree(tables[0])
+    shutil.copytree(tables[1], tables[0])  # another Delta table (its own table id) in its place
+    with pytest.raises(TargetMissingError, match="no longer the Delta table earlier runs wrote"):
+        applier.replay(spark, config)

@@ -11,6 +11,13 @@ batch id; the next batch starts from the newest saved state of an *earlier* batc
 retried batch (same id, after a failure) start from exactly the state the first attempt started
 from, and Delta's per-table transaction ids make re-applying its transactions a no-op. Prepared
 transactions' staged copies are only released one batch later, so a retried batch still finds them.
+
+The sink is a target's writer like ``applier replay``: every batch runs inside the target's session
+(applier.infra.lock.target_writer: the one-writer lock, stale spill removed, the target registry
+checked before and recorded after), so a CLI run, an API call or another stream writing the same
+target at the same time is refused instead of racing this batch on the Delta commits and the batch
+states. Per batch, not for the query's life: a query restarted in the same process (a new sink on
+the same checkpoint) must not find the target held by the old, stopped one.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class DeltaApplySink:
         self.state = StateDir.for_target(target, state_dir)
         self.batches_dir = self.state.root / "stream"
         self.transactions = 0  # applied by this object (all batches)
+        self.state_dir = state_dir
 
     # --- batch state ----------------------------------------------------------------------------
 
@@ -72,7 +80,9 @@ class DeltaApplySink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         # The whole batch under the loop's garbage-collection policy (applier.infra.gcpolicy):
         # building the batch's state allocates as much per message as applying it.
-        with collect_between_groups():
+        from applier.infra.lock import target_writer
+
+        with target_writer(self.target, self.state_dir, command="replay"), collect_between_groups():
             self._apply_batch(df, batch_id)
 
     def _apply_batch(self, df: DataFrame, batch_id: int) -> None:

@@ -74,7 +74,11 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
     """Be the only writer of a target (``replay``, ``mirror``): hold the lock in its state
     directory, remove the spill files a killed run left there, and check that every table earlier
     runs wrote is still there and still the same Delta table (sink/registry.py); the tables are
-    remembered again when the body ends, even by an error. A dry run writes nothing and takes no lock."""
+    remembered again when the body ends, even by an error. A dry run writes nothing and takes no lock.
+
+    Every entry point that writes a target opens this first: the commands (and so the spark-submit
+    jobs), the Python API (``applier.replay``, ``applier.mirror``) and the foreachBatch sink
+    (``DeltaApplySink``, for the streaming query's life), so that their guarantees are the same."""
     from applier.checks.writable import check_writable_directory
     from applier.sink.registry import TargetRegistry
     from applier.state import StateDir
