@@ -142,7 +142,7 @@ def pg_any(pg_pool: ClusterPool, pg_major: int) -> Iterator[PgDatabase]:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def spark(tmp_path_factory: pytest.TempPathFactory):
     """The one SparkSession of the run: local[2], Delta, 2 shuffle partitions, no UI."""
     from applier.spark.session import SparkSettings, build_spark_session
 
