@@ -1,5 +1,5 @@
 # The two commands the README starts with. Both run scripts/setup first (idempotent, fast when done).
-# `make test` (what CI runs) checks the code first: ruff, then mypy (strict, see pyproject.toml).
+# `make test` (what CI runs) checks the code first: ruff, then mypy (applier strict, tests and bench too; see pyproject.toml).
 .PHONY: setup demo test test-fast lint check
 
 setup:

@@ -101,11 +101,11 @@ def capture(dsn: str, workdir: Path, transactions: int, accounts: int, sample: i
 
 # --- the modes, each in its own process ---------------------------------------------------------
 
-def _memory(spark) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _memory(spark) -> dict[str, float]:
     return {"python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}
 
 
-def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:  # type: ignore[no-untyped-def]
+def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:
     from applier.config import ApplySettings, ReplayConfig, TargetSettings
     from applier.drivers.replay import replay_log
 
@@ -115,7 +115,7 @@ def _replay(spark, log_path: Path, target: Path, **apply: object) -> float:  # t
     return time.monotonic() - started
 
 
-def mode_grouped(spark, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def mode_grouped(spark, args: argparse.Namespace) -> dict[str, object]:
     import psycopg
 
     from applier.checks.verify import verify_against_postgres
@@ -132,7 +132,7 @@ def mode_grouped(spark, args: argparse.Namespace) -> dict[str, object]:  # type:
     return {"seconds": seconds, "verified_equal": True, **memory}
 
 
-def mode_per_transaction(spark, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def mode_per_transaction(spark, args: argparse.Namespace) -> dict[str, object]:
     work = Path(args.workdir)
     target = work / "per-transaction"
     _replay(spark, work / "load.parquet", target)  # the load: not timed
@@ -142,7 +142,7 @@ def mode_per_transaction(spark, args: argparse.Namespace) -> dict[str, object]: 
             "seconds_per_transaction": (seconds - prefix) / args.sample, **_memory(spark)}
 
 
-def mode_append(spark, args: argparse.Namespace) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def mode_append(spark, args: argparse.Namespace) -> dict[str, object]:
     import psycopg
 
     from applier.checks.verify import postgres_table_rows
@@ -157,10 +157,10 @@ def mode_append(spark, args: argparse.Namespace) -> dict[str, object]:  # type: 
             frames.append((name, list(rows), schema))
     started = time.monotonic()
     written = 0
-    for name, rows, schema in frames:
-        table = arrow_table(rows, schema)
+    for name, final_rows, schema in frames:
+        table = arrow_table(final_rows, schema)
         spark.createDataFrame(table, schema).write.format("delta").mode("append").save(str(work / "append" / name))
-        written += len(rows)
+        written += len(final_rows)
     return {"seconds": time.monotonic() - started, "rows": written, **_memory(spark)}
 
 

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CREATE PUBLICATION bench FOR TABLE orders")
             conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
             t0 = time.perf_counter()
-            conn.execute(WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts))  # type: ignore[arg-type]
+            conn.execute(WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts))
             conn.execute("INSERT INTO orders (id, customer) VALUES (-1, 'flush')")
             print(f"workload: {args.transactions} transactions in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
             t0 = time.perf_counter()

@@ -142,7 +142,7 @@ def pg_any(pg_pool: ClusterPool, pg_major: int) -> Iterator[PgDatabase]:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def spark(tmp_path_factory: pytest.TempPathFactory):
     """The one SparkSession of the run: local[2], Delta, 2 shuffle partitions, no UI."""
     from applier.spark.session import SparkSettings, build_spark_session
 
@@ -194,20 +194,22 @@ def replay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     second run, a replay that could use executors must have (checked at teardown)."""
     seen = ReplayPaths(str(request.param))
     if request.param == "executors":
+        import applier.drivers.distributed as distributed
         import applier.drivers.replay as replay
 
+        # replay's own names are patched; the originals are distributed's (replay imports them from there)
         def on_executors(_spark: Any, config: Any, state: Any) -> str | None:
-            why = replay.eligibility(config, state)
+            why = distributed.eligibility(config, state)
             if why is not None:
                 seen.driver_only.append(why)
             return why
 
         monkeypatch.setattr(replay, "on_executors", on_executors)
-        survey = replay.BackgroundSurvey
+        survey = distributed.BackgroundSurvey
         monkeypatch.setattr(replay, "BackgroundSurvey",
                             lambda path, catalog, partition_messages, **kw: survey(path, catalog, partition_messages=37,
                                                                                    **kw))
-        run = replay.replay_on_executors
+        run = distributed.replay_on_executors
 
         def replay_on_executors(*args: Any, **kwargs: Any) -> Any:
             seen.attempts += 1

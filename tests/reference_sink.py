@@ -69,11 +69,14 @@ class ReferenceSink:
             return
         old_key = im.old_key if im.old_row is None else tuple(im.old_row[i] for i in keys)
         if im.op == "D":
+            assert old_key is not None
             del table[old_key]
             return
         assert im.new_row is not None
         new_key = tuple(im.new_row[i] for i in keys)
         current = table.get(old_key if old_key is not None else new_key)
+        if current is None:  # a new row: none of its values is an unchanged TOAST one
+            current = ()
         row = tuple(current[i] if v is UNCHANGED_TOAST else v for i, v in enumerate(im.new_row))
         if old_key is not None and old_key != new_key:
             del table[old_key]
@@ -86,6 +89,7 @@ class ReferenceSink:
             self.truncates.append((name, im.cascade, im.restart_identity))
             return
         if im.op in ("U", "D"):
+            assert im.old_row is not None
             bag.remove(im.old_row)  # exactly one matching row
         if im.op in ("I", "U"):
             new = im.new_row

@@ -31,7 +31,7 @@ RULES = [
 ]
 
 
-def _equal(spark, conn, table: str, df) -> None:  # type: ignore[no-untyped-def]
+def _equal(spark, conn, table: str, df) -> None:
     names, pg_rows = postgres_table_rows(conn, "public", table)
     result = compare(table, pg_rows, df.select(*[quote_identifier(n) for n in names]).toLocalIterator())
     assert result.equal, (table, result.only_in_source[:3], result.only_in_target[:3])
@@ -69,7 +69,7 @@ def test_derived_tables_survive_kills_between_their_commits_and_equal_postgres(p
         _assert_derived_equal(spark, conn, target)
 
 
-def _assert_derived_equal(spark, conn, target: Path) -> None:  # type: ignore[no-untyped-def]
+def _assert_derived_equal(spark, conn, target: Path) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

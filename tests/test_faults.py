@@ -264,7 +264,7 @@ def test_an_idle_mirror_lets_unrelated_wal_be_recycled(pg, spark, tmp_path):
             (end,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             written = parse_lsn(end) - parse_lsn(start)
             assert written > 40 << 20
-            retained = None
+            retained: int | None = None
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
                 conn.execute("CHECKPOINT")  # logs running xacts: lets restart_lsn move with the confirmation
@@ -275,6 +275,7 @@ def test_an_idle_mirror_lets_unrelated_wal_be_recycled(pg, spark, tmp_path):
                     break
                 time.sleep(1)
             assert parse_lsn(confirmed) >= parse_lsn(end), (confirmed, end)
-            assert retained < 8 << 20, f"the idle slot still retains {retained} bytes of {written} written"
+            assert retained is not None and retained < 8 << 20, \
+                f"the idle slot still retains {retained} bytes of {written} written"
     assert m.error is None, m.error
     _assert_equal(spark, pg, target)

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -48,12 +49,14 @@ def _assert_equal(spark, conn, target: Path) -> None:
 
 
 def _confirmed(conn: psycopg.Connection, slot: str) -> int:
-    (lsn,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                          (slot,)).fetchone()
+    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    assert row is not None
+    (lsn,) = row
     return parse_lsn(lsn)
 
 
-def _mirror_in_background(spark, config: MirrorConfig, log_dir: Path, **kwargs: object):
+def _mirror_in_background(spark, config: MirrorConfig, log_dir: Path, **kwargs: Any):
     """Run the mirror (no --once) on a thread until the returned event is set; returns once the
     snapshot of the table whose Delta log is ``log_dir`` is written. Errors land in the list."""
     stop = threading.Event()

@@ -4,6 +4,7 @@ reference sink must both equal Postgres, row by row."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from reference_sink import ReferenceSink
@@ -21,7 +22,7 @@ from applier.state import StateDir
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.usefixtures("replay_path")]
 
-OPTION_SETS = {
+OPTION_SETS: dict[str, dict[str, Any]] = {
     "proto1-text": dict(),
     "proto1-binary": dict(binary=True),
     "proto2-streaming": dict(proto_version=2, streaming="on"),

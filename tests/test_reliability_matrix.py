@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,7 +48,7 @@ Row = tuple[int, int, bytes]
 class Capture:
     rows: list[Row]
     xids: list[int]  # A, B, C, D, E
-    expected: dict[str, object]  # what Postgres holds at the end
+    expected: dict[str, list[Any]]  # what Postgres holds at the end
     log: Path  # the same history captured by `applier capture` into a Delta raw log
 
 
@@ -207,8 +208,8 @@ CASES = [
 ]
 
 
-def tables(spark, target: Path) -> dict[str, object]:
-    out = {}
+def tables(spark, target: Path) -> dict[str, list[tuple[Any, ...]] | None]:
+    out: dict[str, list[tuple[Any, ...]] | None] = {}
     for name in ("t", "m"):
         path = target / "public" / name
         if not (path / "_delta_log").is_dir():

@@ -26,7 +26,7 @@ TABLES = [("public", "t"), ("public", "k"), ("public", "other")]
 
 
 @pytest.fixture
-def source(pg):  # type: ignore[no-untyped-def]
+def source(pg):
     with pg.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, c int, v text)")
         conn.execute("CREATE TABLE k (c int, v text)")
@@ -39,14 +39,14 @@ def source(pg):  # type: ignore[no-untyped-def]
     return pg
 
 
-def assert_equal(spark, pg, target: Path) -> None:  # type: ignore[no-untyped-def]
+def assert_equal(spark, pg, target: Path) -> None:
     with pg.connect() as conn:
         for result in verify_against_postgres(spark, conn, str(target), TABLES):
             assert result.equal, (result.source_name, result.source_rows, result.target_rows,
                                   result.only_in_source[:3], result.only_in_target[:3])
 
 
-def delta_type(spark, target: Path, table: str, column: str) -> str:  # type: ignore[no-untyped-def]
+def delta_type(spark, target: Path, table: str, column: str) -> str:
     return spark.read.format("delta").load(str(target / "public" / table)).schema[column].dataType.simpleString()
 
 
@@ -105,11 +105,11 @@ def test_resync_of_a_table_the_mirror_does_not_follow_is_exit_2_before_spark(sou
     assert len(err.strip().splitlines()) == 1, err
 
 
-def _config(pg, target: Path, schema_changes: str) -> MirrorConfig:  # type: ignore[no-untyped-def]
+def _config(pg, target: Path, schema_changes: str) -> MirrorConfig:
     return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ra", publication="pub"),
                         target=TargetSettings(path=str(target)),
                         apply=ApplySettings(max_group_transactions=3, max_group_seconds=1.0,
-                                            schema_changes=schema_changes))  # type: ignore[arg-type]
+                                            schema_changes=schema_changes))
 
 
 def test_schema_changes_resync_copies_the_table_again_by_itself(source, spark, tmp_path):
@@ -164,7 +164,7 @@ def test_schema_decisions_are_exit_4_not_3() -> None:
     assert for_exception(SchemaDecisionError("schema changed and apply.schema_changes is 'stop'")) == ExitCode.BAD_DATA
 
 
-def test_resync_help_explains_when_and_how(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_resync_help_explains_when_and_how(capsys) -> None:
     with pytest.raises(SystemExit) as done:
         cli_main(["resync", "--help"])
     assert done.value.code == 0

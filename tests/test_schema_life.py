@@ -173,6 +173,11 @@ def test_identity_lookups_by_name_and_path_follow_every_change_of_the_bindings(t
     """bound_by_name and holder_of answer from indexes: after each bind, rename, swap (parking), retire
     and reload from relations.json they answer what a scan of every binding answers."""
     from applier.config import TablesSettings
+    from applier.sink.identity import Bound
+
+    def there(bound: Bound | None) -> Bound:
+        assert bound is not None
+        return bound
 
     class Catalog:
         def __init__(self) -> None:
@@ -217,19 +222,19 @@ def test_identity_lookups_by_name_and_path_follow_every_change_of_the_bindings(t
     check(ids)
     catalog.names[1] = ("public", "t1b")  # a rename: the table moves
     assert ids.path_of(1, "public", "t1b") == str(target / "public" / "t1b")
-    assert ids.bound_by_name("public.t1") is None and ids.bound_by_name("public.t1b").oid == 1
+    assert ids.bound_by_name("public.t1") is None and there(ids.bound_by_name("public.t1b")).oid == 1
     assert ids.holder_of(str(target / "public" / "t1")) is None
     check(ids)
     catalog.names[2], catalog.names[3] = ("public", "t3"), ("public", "t2")  # names swapped: one is parked
     assert ids.path_of(2, "public", "t3") == str(target / "public" / "t3")
-    assert ids.bound_by_name("public.t3").oid == 2 and ids.bound_by_name("public.t2").oid == 3
+    assert there(ids.bound_by_name("public.t3")).oid == 2 and there(ids.bound_by_name("public.t2")).oid == 3
     assert any(".parking" in dst for _src, dst in moves)
     check(ids)
     del catalog.names[2]  # dropped, and its name taken by a new table: retired
     catalog.names[4] = ("public", "t3")
     delta(ids.path_of(4, "public", "t3"))
-    assert ids.bound(2).retired and ids.bound_by_name("public.t3").oid == 4
-    assert ids.holder_of(ids.bound(2).path).oid == 2
+    assert there(ids.bound(2)).retired and there(ids.bound_by_name("public.t3")).oid == 4
+    assert there(ids.holder_of(there(ids.bound(2)).path)).oid == 2
     check(ids)
     catalog.names[5] = ("public", "t5")  # bound before its Delta table exists, then renamed: no move
     ids.path_of(5, "public", "t5")

@@ -71,12 +71,13 @@ def test_changes_from_a_real_slot_merge_into_delta_equal_to_postgres(pg, spark, 
         op, old, new = tiny_decode(bytes(data))
         kinds.add(op)
         if op == "I" or op == "U":
-            assert new is not None
+            assert new is not None and new[0] is not None  # the key is never NULL
             if old is not None:  # key changed: the old key is gone
+                assert old[0] is not None
                 final[int(old[0])] = (int(old[0]), None, None, True)
             final[int(new[0])] = (int(new[0]), new[1], int(new[2]) if new[2] else None, False)
         elif op == "D":
-            assert old is not None
+            assert old is not None and old[0] is not None
             final[int(old[0])] = (int(old[0]), None, None, True)
     assert {"I", "U", "D"} <= kinds
 

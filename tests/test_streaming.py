@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 def _load_stream_job():
     spec = importlib.util.spec_from_file_location("stream_job", Path(__file__).parents[1] / "jobs" / "stream.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -137,7 +137,7 @@ def _assert_same(fast: Any, reference: Any) -> None:
 
 
 @pytest.fixture
-def conn(pg):  # type: ignore[no-untyped-def]
+def conn(pg):
     with pg.connect() as c:
         pin_session(c)  # the copy's session settings (open_snapshot pins the same)
         c.execute("BEGIN")  # copy_rows reads through a cursor
@@ -191,7 +191,7 @@ def test_a_chunk_with_a_value_spark_cannot_hold_falls_back_to_the_per_value_path
 def _mirror(pg: Any, spark: Any, tmp_path: Any, policy: str, lines: list[str]) -> MirrorConfig:
     cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot=f"tc_{policy}", publication="tc"),
                        target=TargetSettings(path=str(tmp_path / policy)),
-                       apply=ApplySettings(special_values=policy),  # type: ignore[arg-type]
+                       apply=ApplySettings(special_values=policy),
                        snapshot=SnapshotSettings(parallelism=2, chunk_mb=1, commit_mb=1))
     Mirror(spark, cfg, progress=lines.append, progress_every=0.0).run(once=True)
     return cfg
@@ -224,7 +224,7 @@ def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_pol
             # inserted later went to pages after the ones the copy's plan knew, its open-ended last chunk)
             assert 1 <= int(slow) < int(chunks) and int(chunks) >= 3, done
             [result] = verify_against_postgres(spark, conn, cfg.target.path, [("public", "every_type")],
-                                               policy=policy)  # type: ignore[arg-type]
+                                               policy=policy)
             pairs = zip(result.only_in_source, result.only_in_target, strict=False)
             assert result.equal, str([(i, a, b) for src, tgt in pairs
                                       for i, (a, b) in enumerate(zip(src.split("\x1f"), tgt.split("\x1f"), strict=True))

@@ -74,7 +74,7 @@ def _busy_then_read(dsn: str, slot: str, *, heartbeat: bool) -> None:
         time.sleep(3)  # busy: the reader does not touch the connection
         with psycopg.connect(dsn, autocommit=True) as conn:  # a change made after it, to be read now
             conn.execute("INSERT INTO g VALUES ((SELECT coalesce(max(id), 0) + 1 FROM g), 'one')")
-        got = []
+        got: list[XLogData] = []
         while not any(f.payload[:1] == b"C" for f in got):  # the insert's transaction, to its Commit
             frame = stream.read(5.0)
             assert frame is not None

@@ -9,6 +9,7 @@ import pytest
 
 from applier.assembly import PreparedStore, TransactionAssembler
 from applier.assembly.buffer import ChangeBuffer
+from applier.changes import SkippedTransaction
 from applier.errors import AssemblyError
 from applier.lsn import parse_lsn
 from applier.protocol.decoder import MessageDecoder
@@ -16,6 +17,7 @@ from applier.protocol.messages import (
     Begin,
     Commit,
     Insert,
+    Message,
     Relation,
     RelationColumn,
     StreamAbort,
@@ -79,7 +81,8 @@ def values(txn) -> list[bytes]:
 
 def test_subtransaction_abort_drops_its_changes_and_everything_after_its_first_change():
     asm = TransactionAssembler()
-    feed = [StreamStart(100, True), REL, ins(100, 1), ins(101, 2), ins(100, 3), ins(102, 4), StreamStop(),
+    feed: list[Message] = [
+            StreamStart(100, True), REL, ins(100, 1), ins(101, 2), ins(100, 3), ins(102, 4), StreamStop(),
             StreamStart(100, False), ins(101, 5), StreamStop(),
             StreamAbort(100, 103),  # a subxact that streamed nothing: no effect
             StreamAbort(100, 101),  # drops 2 and everything after it: 3, 4, 5
@@ -90,8 +93,9 @@ def test_subtransaction_abort_drops_its_changes_and_everything_after_its_first_c
 
 def test_resent_transaction_replaces_the_stale_buffer_and_framing_errors_are_loud():
     asm = TransactionAssembler()
-    for i, m in enumerate([StreamStart(7, True), REL, ins(7, 1), StreamStop(),
-                           StreamStart(7, True), REL, ins(7, 2), StreamStop(), StreamCommit(7, 0, 5, 6, 0)]):
+    resent: list[Message] = [StreamStart(7, True), REL, ins(7, 1), StreamStop(),
+                             StreamStart(7, True), REL, ins(7, 2), StreamStop(), StreamCommit(7, 0, 5, 6, 0)]
+    for i, m in enumerate(resent):
         out = asm.feed(i, m)
     assert [values(t) for t in out] == [[b"2"]]
     asm.feed(20, Begin(30, 0, 8))
@@ -148,17 +152,20 @@ def test_a_bad_change_is_held_to_its_commit_dropped_with_its_subtransaction_or_s
 
     # streamed: the bad change sits in subxact 101, which aborts: the transaction commits clean
     asm = TransactionAssembler()
-    for i, m in enumerate([StreamStart(100, True), REL, ins(100, 1), ins(101, 2)]):
+    streamed: list[Message] = [StreamStart(100, True), REL, ins(100, 1), ins(101, 2)]
+    for i, m in enumerate(streamed):
         asm.feed(i, m)
     asm.feed_error(4, bad(4))
-    for i, m in enumerate([StreamStop(), StreamAbort(100, 101)], start=5):
+    aborted: list[Message] = [StreamStop(), StreamAbort(100, 101)]
+    for i, m in enumerate(aborted, start=5):
         asm.feed(i, m)
     assert [values(t) for t in asm.feed(7, StreamCommit(100, 0, 10, 11, 0))] == [[b"1"]]
 
     # regular: raised at its Commit, naming the commit LSN; listed to skip: dropped and reported
-    skipped = []
+    skipped: list[SkippedTransaction] = []
     asm = TransactionAssembler(skip_lsns=frozenset({29}), on_skip=skipped.append)
-    for lsn, msg in [(20, REL), (21, Begin(40, 0, 8)), (22, ins(None, 1))]:
+    regular: list[tuple[int, Message]] = [(20, REL), (21, Begin(40, 0, 8)), (22, ins(None, 1))]
+    for lsn, msg in regular:
         asm.feed(lsn, msg)
     asm.feed_error(23, bad(23))
     with pytest.raises(DecodeError) as e:
@@ -180,8 +187,9 @@ def test_a_commit_prepared_resent_after_its_apply_is_recognised(tmp_path):
 
     store = PreparedStore(tmp_path / "prepared")
     asm = TransactionAssembler(prepared=store)
-    for lsn, m in [(1, REL), (2, BeginPrepare(20, 25, 0, 7, "g")), (3, ins(None, 1)),
-                   (4, Prepare(0, 20, 25, 0, 7, "g"))]:
+    prepared: list[tuple[int, Message]] = [(1, REL), (2, BeginPrepare(20, 25, 0, 7, "g")), (3, ins(None, 1)),
+                                           (4, Prepare(0, 20, 25, 0, 7, "g"))]
+    for lsn, m in prepared:
         asm.feed(lsn, m)
     [txn] = asm.feed(5, CommitPrepared(0, 30, 35, 0, 7, "g"))
     asm.finished(txn)  # applied: the staged copy goes, a tombstone stays

@@ -12,6 +12,7 @@ from applier.config import ApplySettings
 from applier.errors import ApplierError
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
+from applier.protocol.messages import Commit
 from applier.state import StateDir
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pgoutput" / "pg15_basic_proto1_messages.jsonl"
@@ -103,13 +104,15 @@ def test_a_damaged_change_or_a_listed_commit_in_a_plain_transaction_takes_the_lo
     at = next(i for i, d in enumerate(datas) if d[:1] == b"I" and datas[i - 1][:1] == b"B")
     damaged = datas[:at] + [datas[at][:-3]] + datas[at + 1:]
     errors = []
-    for whole in (True, False):
+    for as_whole in (True, False):
         with pytest.raises(ApplierError) as e:
-            _fed(tmp_path / f"bad{whole}", lsns, damaged, whole=whole)
+            _fed(tmp_path / f"bad{as_whole}", lsns, damaged, whole=as_whole)
         errors.append(str(e.value))
     assert errors[0] == errors[1] and "commit" in errors[0].lower()
     commit = next(i for i in range(at, len(datas)) if datas[i][:1] == b"C")
-    skip = [format_lsn(MessageDecoder().decode(datas[commit]).commit_lsn)]
+    commit_msg = MessageDecoder().decode(datas[commit])
+    assert isinstance(commit_msg, Commit)
+    skip = [format_lsn(commit_msg.commit_lsn)]
     whole, _ = _fed(tmp_path / "skip1", lsns, damaged, whole=True, skip_transactions=skip)
     one_by_one, _ = _fed(tmp_path / "skip2", lsns, damaged, whole=False, skip_transactions=skip)
     assert whole == one_by_one and "SkippedTransaction" in whole

@@ -27,10 +27,12 @@ def test_versions_and_changes():
     assert cache.update(rel((1, "id", 23, -1), (0, "a", 25, -1), (0, "b", 1700, 655366))) is v1  # re-send
     v2 = cache.update(rel((1, "id", 20, -1), (0, "b", 1700, 786438), (0, "c", 16, -1)))
     assert v2.version == 2 and cache.get(42) is v2
+    assert v2.change is not None
     assert v2.change.added == ("c",) and v2.change.dropped == ("a",)
     assert v2.change.retyped == (("id", 23, -1, 20, -1), ("b", 1700, 655366, 1700, 786438))
     assert not v2.change.key_changed and v2.change.renamed_relation is None
     v3 = cache.update(rel((1, "id", 20, -1), (1, "b", 1700, 786438), (0, "c", 16, -1), identity="f", name="t2"))
+    assert v3.change is not None
     assert v3.change.key_changed and v3.change.replica_identity_changed
     assert v3.change.renamed_relation == ("public.t", "public.t2")
     with pytest.raises(CatalogError) as e:
@@ -45,7 +47,8 @@ def test_json_round_trip_keeps_relations_versions_and_types():
     cache.update_type(Type(None, 16400, "public", "mood"))
     back = RelationCache.from_json(json.loads(json.dumps(cache.to_json())))
     assert back.get(42).relation == cache.get(42).relation and back.get(42).version == 2
-    assert back.types.get(16400).name == "mood"
+    mood = back.types.get(16400)
+    assert mood is not None and mood.name == "mood"
 
 
 def test_captured_streams_describe_every_changed_relation():

@@ -4,6 +4,7 @@ sink needs; re-sends in a new decoding session and after a restart from JSON are
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
@@ -35,7 +36,7 @@ def relations(conn) -> list[Relation]:
 
 
 @pytest.fixture
-def sent(pg) -> list[Relation]:
+def sent(pg) -> Iterator[list[Relation]]:
     with pg.connect() as conn:
         conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
         for i, step in enumerate(STEPS):
@@ -54,6 +55,8 @@ def test_each_alter_is_one_version_with_its_change(sent):
     assert [v.version for v in distinct] == [1, 2, 3, 4, 5, 6, 7]
     v1, v2, v3, v4, v5, v6, v7 = distinct
     assert v1.change is None and v1.key_indexes == (0,) and v1.qualified_name == "public.t"
+    assert (v2.change is not None and v3.change is not None and v4.change is not None
+            and v5.change is not None and v6.change is not None and v7.change is not None)
     assert (v2.change.added, v2.change.dropped, v2.change.retyped) == (("c",), (), ())
     assert (v3.change.added, v3.change.dropped) == ((), ("a",))
     numeric = 1700
@@ -82,4 +85,4 @@ def test_resends_after_a_restart_from_json_are_not_changes(sent, pg):
         conn.execute("INSERT INTO s2.t2 (id, c) VALUES (100, false)")
         newest = relations(conn)[-1]
     v8 = restored.update(newest)
-    assert v8.version == 8 and v8.change.added == ("d",)
+    assert v8.version == 8 and v8.change is not None and v8.change.added == ("d",)

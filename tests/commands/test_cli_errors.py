@@ -181,7 +181,10 @@ def test_an_unexpected_exception_is_exit_5_with_a_scrubbed_traceback(tmp_path, c
 
     parser = build_parser()
     monkeypatch.setattr("applier.cli.build_parser", lambda: parser)
-    parser._subparsers._group_actions[0].choices["inspect"].set_defaults(func=boom)
+    assert parser._subparsers is not None
+    commands = parser._subparsers._group_actions[0].choices
+    assert isinstance(commands, dict)
+    commands["inspect"].set_defaults(func=boom)
     assert main(["inspect", "--source", "x"]) == ExitCode.INTERNAL
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError" in err and "topsecret-77" not in err

@@ -27,7 +27,7 @@ def no_dsn_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def published(pg):  # type: ignore[no-untyped-def]
+def published(pg):
     """A database with a publication 'pub' of one table: everything right but the mistake under test."""
     with pg.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -42,7 +42,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-def slots(pg) -> list[str]:  # type: ignore[no-untyped-def]
+def slots(pg) -> list[str]:
     with pg.connect() as conn:
         return [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots")]
 

@@ -10,10 +10,11 @@ from applier.config import CaptureConfig, MirrorConfig, ReplayConfig, load_confi
 from applier.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-MODEL_BY_PREFIX = {"replay": ReplayConfig, "mirror": MirrorConfig, "capture": CaptureConfig}
+Model = ReplayConfig | MirrorConfig | CaptureConfig
+MODEL_BY_PREFIX: dict[str, type[Model]] = {"replay": ReplayConfig, "mirror": MirrorConfig, "capture": CaptureConfig}
 
 
-def model_for(path: Path) -> type:
+def model_for(path: Path) -> type[Model]:
     return MODEL_BY_PREFIX[path.stem.split("-")[0].split("_")[0]]
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pgoutput"
 
@@ -20,7 +21,7 @@ class Captured:
 
 
 @cache
-def manifest() -> dict[str, dict[str, object]]:
+def manifest() -> dict[str, dict[str, Any]]:
     entries = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))["files"]
     return {e["file"]: e for e in entries}
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pgoutput_fixtures import all_messages, files, load
+from pgoutput_fixtures import Captured, all_messages, files, load
 
 from applier.errors import DecodeError
 from applier.protocol import decode_message
-from applier.protocol.messages import KIND_NAMES, Message
+from applier.protocol.messages import KIND_NAMES, Message, StreamAbort
 
 MESSAGES = all_messages()
-FIRST_OF_KIND = {}
+FIRST_OF_KIND: dict[tuple[str, bool], Captured] = {}
 for _m in MESSAGES:
     FIRST_OF_KIND.setdefault((chr(_m.data[0]), _m.in_stream), _m)
 
@@ -79,7 +79,8 @@ def test_invalid_utf8_in_a_name_points_at_the_bad_byte():
 
 def test_stream_abort_length_must_be_9_or_25():
     abort = next(m for m in MESSAGES if m.data[:1] == b"A" and len(m.data) == 9)
-    assert decode_message(abort.data + bytes(16)).abort_lsn == 0
+    decoded = decode_message(abort.data + bytes(16))
+    assert isinstance(decoded, StreamAbort) and decoded.abort_lsn == 0
     for extra in (1, 8, 15, 17):
         with pytest.raises(DecodeError) as info:
             decode_message(abort.data + bytes(extra))

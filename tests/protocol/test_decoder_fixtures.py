@@ -18,6 +18,7 @@ from applier.protocol.messages import (
     Delete,
     Insert,
     LogicalMessage,
+    Message,
     Origin,
     Prepare,
     Relation,
@@ -35,7 +36,7 @@ from applier.protocol.messages import (
 )
 
 
-def decoded(file: str) -> list[tuple[str, int, object]]:
+def decoded(file: str) -> list[tuple[str, int, Message]]:
     """(lsn, xid, message) of every captured message of ``file``, through one MessageDecoder."""
     decoder = MessageDecoder()
     out = [(m.lsn, m.xid, decoder.decode(m.data, lsn=parse_lsn(m.lsn))) for m in load(file)]
@@ -138,6 +139,7 @@ def test_origin_follows_begin(file):
     begin = msgs[i - 1][2]
     assert isinstance(begin, Begin)
     origin = msgs[i][2]
+    assert isinstance(origin, Origin)
     assert origin.commit_lsn == 0xABCDEF and origin.name == "capture_capture_basic"
     assert pg_time_to_datetime(begin.commit_time) == datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -183,9 +185,10 @@ def test_stream_blocks_carry_xids_only_inside(file):
                 LogicalMessage: "M"}.get(type(msg))
         if kind is None:
             continue
+        assert isinstance(msg, (Insert, Update, Delete, Truncate, Relation, Type, LogicalMessage))
         if in_stream:
             counts[kind] += 1
-            assert msg.xid is not None and msg.xid >= top_xid
+            assert msg.xid is not None and top_xid is not None and msg.xid >= top_xid
             if kind == "M":
                 assert msg.xid == top_xid  # messages carry the top-level xid
         else:
@@ -231,7 +234,8 @@ def test_in_stream_flag_matters():
     streamed = [m for m in load(files("streaming")[0]) if m.in_stream and m.data[:1] in b"IUD"]
     assert streamed
     for m in streamed:
-        assert decode_message(m.data, in_stream=True).xid is not None
+        change = decode_message(m.data, in_stream=True)
+        assert isinstance(change, (Insert, Update, Delete)) and change.xid is not None
         with pytest.raises(DecodeError):
             decode_message(m.data, in_stream=False)
 
@@ -264,12 +268,12 @@ def test_fast_constructed_messages_equal_regular_ones():
                     assert type(tup)(tup.kinds, tup.values) == tup and len(tup.kinds) == len(tup.values)
                     assert type(tup) is TupleData
                     with pytest.raises(FrozenInstanceError):
-                        tup.kinds = b""
+                        tup.kinds = b""  # type: ignore[misc]  # on purpose: the test asserts the assignment raises
 
 
 def test_message_decoder_reports_errors_like_decode_message():
     decoder = MessageDecoder()
     for bad in (b"", b"Z", b"B\x00", bytearray(b"C" + bytes(3))):
         with pytest.raises(DecodeError) as info:
-            decoder.decode(bad, lsn=0x10)
+            decoder.decode(bad, lsn=0x10)  # type: ignore[arg-type]  # a bytearray on purpose: decode copies non-bytes
         assert info.value.lsn == 0x10 and info.value.offset is not None

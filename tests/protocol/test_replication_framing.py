@@ -38,8 +38,10 @@ def _read_frame(pgconn: pq.abc.PGconn, deadline: float) -> bytes:
 
 
 def _confirmed_flush(conn: psycopg.Connection, slot: str) -> int:
-    (lsn,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                          (slot,)).fetchone()
+    row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    assert row is not None
+    (lsn,) = row
     return parse_lsn(lsn)
 
 

@@ -6,13 +6,13 @@ import threading
 
 import pytest
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+from test_merge import Ch
 
 from applier.sink.idempotence import app_id_for, applied_version
 from applier.sink.merge import apply_plan
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
 from applier.sink.schema import TableSpec, ensure_table
-from tests.sink.test_merge import Ch
 
 pytestmark = pytest.mark.spark
 

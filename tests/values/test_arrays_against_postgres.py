@@ -13,6 +13,7 @@ from applier.sources.sql_slot import pin_session
 from applier.values import convert_value
 from applier.values.arrays import binary_array_as_text
 from applier.values.scalars import text_str
+from applier.values.special import SpecialValuePolicy
 
 pytestmark = pytest.mark.postgres
 
@@ -71,7 +72,7 @@ def test_an_array_with_an_element_spark_cannot_hold_follows_the_policy_as_an_arr
         raw = bytes(cur.pgresult.get_value(0, 0))
     kind = COL_BINARY if binary else COL_TEXT
 
-    def convert(policy: str) -> object:
+    def convert(policy: SpecialValuePolicy) -> object:
         return convert_value(kind, raw, type_oid=oid, typmod=typmod, types=None, column="c", policy=policy)
 
     utc = dt.UTC

@@ -3,6 +3,8 @@ PostgreSQL's text (numeric, interval, time, timetz): random values, binary re-sp
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from applier.errors import ValueConversionError
 from applier.protocol.messages import COL_BINARY, COL_TEXT
 from applier.sources.sql_slot import pin_session
 from applier.values import convert_value
+from applier.values.special import SpecialValuePolicy
 
 pytestmark = pytest.mark.postgres
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -70,7 +73,7 @@ def test_time_and_timetz_binary_spell_their_output(conn, micros, zone_seconds):
     assert from_text == from_binary == text
 
 
-def outcome(conn, sql: str, params: tuple[object, ...], policy: str) -> tuple[object, object]:
+def outcome(conn, sql: str, params: tuple[object, ...], policy: SpecialValuePolicy) -> tuple[Any, Any]:
     forms = []
     for binary in (False, True):
         with conn.cursor(binary=binary) as cur:
