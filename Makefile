@@ -11,10 +11,12 @@ demo: setup
 test: setup check
 	.venv/bin/python -m pytest
 
-# The tier without servers (no PostgreSQL, no Spark): decoder, assembly, values, config, CLI errors.
-# Under a minute on 2 cores; for the edit-test loop, not instead of `make test`.
+# The unit tier (tests/unit: no PostgreSQL, no Spark): decoder, assembly, config, CLI errors, layout.
+# Under a minute on 2 cores; for the edit-test loop, not instead of `make test`. The other tiers:
+# `pytest tests/integration` (real PostgreSQL and Spark), `pytest tests/scenario` (kill matrices,
+# random histories, a standalone cluster, pipelines); `-m unit|integration|scenario` selects the same.
 test-fast: setup
-	.venv/bin/python -m pytest -m "not postgres and not spark" -q
+	.venv/bin/python -m pytest tests/unit -q
 
 lint: setup check
 

@@ -9,7 +9,7 @@ finding room in the socket each time, sends every frame on its own. ``gather`` l
 when the reader has outrun the walsender. Per run and mode: the reader thread's CPU time, the
 walsender process's CPU time (from /proc), the wall time and the socket reads. Each run reads a slot
 of its own over the same backlog (the catch-up workload of bench/catchup.py), modes alternating.
-Every run must read the same number of messages (tests/test_walsender_reads.py checks that the frames
+Every run must read the same number of messages (tests/integration/test_walsender_reads.py checks that the frames
 are the same). The last line is one JSON object with the medians.
 """
 

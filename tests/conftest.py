@@ -46,6 +46,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="PostgreSQL major(s) for multi-version tests (default: every installed one)")
 
 
+TIERS = ("unit", "integration", "scenario")
+SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder is the tier (``-m unit``, ``-m integration``, ``-m scenario`` select them; ``make
+    test-fast`` runs tests/unit). A test outside the tier folders, or a unit test that needs a
+    server, is a mistake in where it was put: the run stops and says so."""
+    tests_dir = Path(__file__).resolve().parent
+    misplaced = []
+    for item in items:
+        parts = item.path.resolve().relative_to(tests_dir).parts
+        tier = parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+        if tier is None:
+            misplaced.append(f"{item.nodeid}: not under tests/unit, tests/integration or tests/scenario")
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "unit" and (item.get_closest_marker("postgres") or item.get_closest_marker("spark")
+                               or SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            misplaced.append(f"{item.nodeid}: needs PostgreSQL or Spark, so it belongs in tests/integration")
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(misplaced))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Tests that take `pg_major` run once per installed major (15 from Debian, 16 and 18 from wheels).
     if "pg_major" in metafunc.fixturenames:

@@ -10,7 +10,7 @@ None for anything else: another column kind (binary, unchanged TOAST), a length 
 a column count that differs from the Relation, a value a parser refuses. The caller then takes the
 long way (decode, convert, row_change) for that message, which is the reference and raises the
 precise error or applies the special-value policy. So for every message the result is the long way's,
-field for field: tests/assembly/test_short_rows.py checks it on bytes captured from real servers and
+field for field: tests/unit/assembly/test_short_rows.py checks it on bytes captured from real servers and
 on the random workloads.
 """
 

@@ -3,7 +3,7 @@
     python -m applier.config.docs > docs/config.md      # or: python -m applier.config.docs --write
 
 The models are the single source: every field's type, default and description come from them, so the
-reference cannot drift (tests/config/test_config_docs.py fails when docs/config.md is out of date).
+reference cannot drift (tests/unit/config/test_config_docs.py fails when docs/config.md is out of date).
 """
 
 from __future__ import annotations

@@ -1,0 +1,149 @@
+"""A mirror's backlog caught up on Spark's executors (applier.drivers.backlog): the driver reads and
+surveys the stream, executors decode and fold ranges of it, the driver commits them, and the same
+stream is then followed on the driver. Each case ends equal to Postgres, row by row: the random
+workloads (TOAST, key changes, truncates, schema changes, streamed and two-phase transactions), a
+prepared transaction left open in the backlog (no cut after it: the apply loop takes the rest), a
+column added with a default inside the backlog (its existing rows must be filled first: the
+driver path takes over from that group), and a table that joined the publication."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from workloads import SCHEMA, TABLES, random_workload
+
+from applier.checks.verify import verify_against_postgres
+from applier.config import ApplySettings, DistributedSettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.drivers.mirror import mirror
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+CASES = {
+    "proto2-streaming": dict(proto_version=2, streaming="on"),
+    "proto3-two-phase": dict(proto_version=3, streaming="on", two_phase=True),
+}
+
+
+def _config(pg, target: Path, publication: str, **source: object) -> MirrorConfig:
+    return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication=publication, **source),
+                        target=TargetSettings(path=str(target)),
+                        apply=ApplySettings(max_group_transactions=9, max_group_seconds=1.0),
+                        distributed=DistributedSettings(mode="on", partition_messages=37))
+
+
+def _assert_equal(spark, conn, target: Path, tables: list[tuple[str, str]]) -> None:
+    for r in verify_against_postgres(spark, conn, str(target), tables):
+        assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
+
+
+def _executor_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("catch-up on executors:")]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, case):
+    two_phase = bool(CASES[case].get("two_phase"))
+    target = tmp_path / "delta"
+    config = _config(pg, target, "rw_pub", **CASES[case])
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        random_workload(conn, 21, transactions=15)
+        assert mirror(spark, config, once=True).snapshot_lsn is not None
+
+        random_workload(conn, 22, transactions=50, prepared=two_phase)  # the backlog
+        conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
+        lines: list[str] = []
+        summary = mirror(spark, config, once=True, progress=lines.append)
+        done = _executor_lines(lines)
+        assert len(done) == 1 and " 0 ranges" not in done[0], lines
+        print("\n".join(lines))
+        assert summary.transactions >= 40
+        if two_phase:  # one prepared transaction is left open: the apply loop holds it, and the rest
+            conn.execute("COMMIT PREPARED 'rw-22-3'")
+            mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, TABLES)
+        if two_phase:
+            return
+
+        random_workload(conn, 23, transactions=30)  # a second backlog, on the same target
+        conn.execute("INSERT INTO rw_bag VALUES (-2, 'last')")
+        lines.clear()
+        mirror(spark, config, once=True, progress=lines.append)
+        assert _executor_lines(lines), lines
+        _assert_equal(spark, conn, target, TABLES)
+        assert mirror(spark, config, once=True).transactions == 0  # everything confirmed, nothing re-applied
+
+
+def test_a_column_with_a_default_added_inside_the_backlog_hands_over_to_the_driver_path(pg, spark, tmp_path,
+                                                                                       caplog):
+    """ADD COLUMN ... DEFAULT in the backlog: the existing rows' values are not in the stream, so the
+    table's rows must be filled with the default (a constant, from the catalog) before the group
+    holding the new column commits. The executors' groups before it commit; from that group on the
+    driver path applies (and fills; a volatile default would copy the table again)."""
+    target = tmp_path / "delta"
+    config = _config(pg, target, "ac_pub")
+    tables = [("public", "plain"), ("public", "constant")]
+    with pg.connect() as conn:
+        for name in ("plain", "constant"):
+            conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
+            conn.execute(f"INSERT INTO {name} SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION ac_pub FOR TABLE plain, constant")
+        mirror(spark, config, once=True)
+        for i in range(1, 120):
+            conn.execute("UPDATE plain SET v = v || '+' WHERE id = %s", (i % 50 + 1,))
+            conn.execute("INSERT INTO constant (id, v) VALUES (%s, 'after')", (1000 + i,))
+            if i == 70:
+                conn.execute("ALTER TABLE plain ADD COLUMN n int")  # no default: no copy needed
+            if i == 80:
+                conn.execute("ALTER TABLE constant ADD COLUMN d int DEFAULT 42")
+        lines: list[str] = []
+        caplog.set_level(logging.INFO, logger="applier.drivers.distributed")
+        summary = mirror(spark, config, once=True, progress=lines.append)
+        assert _executor_lines(lines), lines
+        assert "public.constant gained columns ['d']" in caplog.text  # the executors' part ended there
+        assert summary.synced_rows == {}, (summary.synced_rows, lines)  # filled from the catalog, not copied
+        assert any("filled with it from the catalog" in line for line in lines), lines
+        _assert_equal(spark, conn, target, tables)
+        assert mirror(spark, config, once=True).transactions == 0
+
+
+def test_killed_inside_a_catch_up_on_executors_and_restarted_ends_equal(pg, spark, tmp_path):
+    """SIGKILL between two tables' commits of a group folded on executors, and after all of the
+    catch-up's commits but before the slot is confirmed; each restart catches up again from the
+    slot's confirmed position, and what a table already holds is left out of the new folds."""
+    target = tmp_path / "delta"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"slot": "k", "publication": "rw_pub", "proto_version": 2, "streaming": "on"},
+        "target": {"path": str(target)},
+        "apply": {"max_group_transactions": 5},
+        "distributed": {"mode": "on", "partition_messages": 37},
+    }))
+    env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("APPLIER_CRASH_AT", None)
+    command = [sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"]
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        random_workload(conn, 31, transactions=10)
+        first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
+        for run, (point, hit) in enumerate([("between_tables", 5), ("before_confirm", 1)]):
+            random_workload(conn, 32 + run, transactions=20)
+            killed = subprocess.run(command, env={**env, "APPLIER_CRASH_AT": f"{point}:{hit}"},
+                                    capture_output=True, text=True, timeout=600)
+            output = killed.stdout + killed.stderr
+            assert killed.returncode == -signal.SIGKILL, (point, output[-3000:])
+            assert "on Spark's executors" in output and "catch-up on executors:" not in output, output[-3000:]
+        conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
+        final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-4000:]
+        _assert_equal(spark, conn, target, TABLES)
+        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0 and "transactions applied: 0" in again.stdout, again.stdout[-2000:]

@@ -1,0 +1,104 @@
+"""`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
+(a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
+`jobs/replay.py` (on the driver, and with decoding and folding on the executors) and `jobs/mirror.py
+--once`; the tables equal Postgres and the master's JSON shows
+the applications ran there (the session must not override spark-submit's master with local[2])."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from applier.checks.verify import verify_against_postgres
+from applier.devtools.sample import create_schema, run_workload
+from applier.devtools.sparkcluster import StandaloneCluster, master_json, spark_home
+from applier.infra.cache import default_cache_dir
+from applier.sources.rawlog_writer import write_raw_log
+from applier.sources.sql_slot import create_slot, peek, pgoutput_options
+from applier.spark.jars import delta_jars
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop", "events")]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
+    (tmp_path / "cluster").mkdir()
+    running = StandaloneCluster(tmp_path / "cluster")
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = None,
+           extra_env: dict[str, str] | None = None) -> str:
+    jars = delta_jars(default_cache_dir(), fetch=False)
+    env = dict(cluster.env, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               APPLIER_DELTA_JARS="provided")  # the jars come with --jars, as on a cluster that ships them
+    if dsn is not None:
+        env["APPLIER_DSN"] = dsn
+    env.update(extra_env or {})
+    out = subprocess.run(
+        [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
+         "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
+         "--conf", "spark.cores.max=2", str(REPO / "jobs" / job), *args],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    return out.stdout
+
+
+def assert_equal(spark, conn, target: Path) -> None:
+    results = verify_against_postgres(spark, conn, str(target), SHOP)
+    assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2]) for r in results]
+    assert sum(r.source_rows for r in results) > 0
+
+
+def registered_apps(cluster: StandaloneCluster) -> list[dict]:
+    state = master_json(cluster.webui_port)
+    return state.get("completedapps", []) + state.get("activeapps", [])
+
+
+def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_path):
+    with pg.connect() as conn:
+        create_schema(conn, "pub")
+        create_slot(conn, "s")
+        run_workload(conn, transactions=20, seed=9)
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+
+        submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "replayed"))
+        # decoding and folding on the cluster's executors, in ranges of ~40 messages
+        out = submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "on-executors"),
+                     "--distributed", "on", extra_env={"APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40"})
+        assert "folded on executors:" in out, out
+        for target in (tmp_path / "replayed", tmp_path / "on-executors"):
+            assert_equal(spark, conn, target)
+        # the mirror as docs/distributed.md advises on a cluster: every commit a Spark MERGE, run by the executors.
+        # Its first run only copies (delta-rs, no Spark application); the second merges the new changes.
+        mirror_args = ("--publication", "pub", "--slot", "m", "--target", str(tmp_path / "mirrored"), "--once")
+        mirror_env = {"APPLIER_APPLY__MERGE_ENGINE": "spark"}
+        submit(cluster, "mirror.py", *mirror_args, dsn=pg.dsn, extra_env=mirror_env)
+        assert len(registered_apps(cluster)) == 2  # Spark starts only when a run needs it, on a cluster too
+        for statement in ("UPDATE shop.customers SET name = name || ' (moved)' WHERE id % 3 = 0",
+                          "DELETE FROM shop.customers WHERE id % 7 = 0"
+                          " AND id NOT IN (SELECT customer_id FROM shop.orders)",
+                          "UPDATE shop.products SET price = price + 1"):
+            conn.execute(statement)
+            conn.commit()
+        submit(cluster, "mirror.py", *mirror_args, dsn=pg.dsn, extra_env=mirror_env)
+
+        assert_equal(spark, conn, tmp_path / "mirrored")
+
+    apps = registered_apps(cluster)
+    assert len(apps) == 3, apps  # every job registered with the cluster's master, not a local engine
+    assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps
+    for app in apps:  # and the worker launched executors for each (their work directories)
+        assert list((cluster.workdir / "work" / app["id"]).glob("*/stderr")), app["id"]

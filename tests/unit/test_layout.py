@@ -1,0 +1,54 @@
+"""The stages' import rules (docs/architecture.md), checked on the source so that a shortcut across
+stages fails here instead of drifting in unnoticed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "applier"
+
+#: stage -> the applier packages/modules it must never import
+FORBIDDEN = {
+    "protocol": ("sources", "assembly", "sink", "catalog", "values", "loop", "drivers", "commands", "checks"),
+    "catalog": ("sources", "assembly", "sink", "values", "loop", "drivers", "commands", "checks"),
+    "values": ("sources", "assembly", "sink", "loop", "drivers", "commands", "checks"),
+    "assembly": ("sources", "sink", "loop", "drivers", "commands", "checks"),
+    "sink": ("sources", "assembly", "loop", "drivers", "commands", "checks"),
+    "sources": ("assembly", "sink", "loop", "drivers", "commands", "checks"),
+    "changes": ("sources", "assembly", "sink", "loop", "drivers"),
+    "loop": ("drivers", "commands", "checks", "sources"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """applier modules imported anywhere in the file (module level, functions, TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("applier"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("applier")}
+    return found
+
+
+def _stage(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_go_one_way(path: Path) -> None:
+    stage = _stage(path)
+    wrong = sorted(m for m in _imports(path)
+                   for bad in FORBIDDEN.get(stage, ()) if m == f"applier.{bad}" or m.startswith(f"applier.{bad}."))
+    assert not wrong, f"{stage} must not import {wrong}"
+    if stage not in ("commands", "devtools"):
+        assert not any(m.startswith("applier.devtools") for m in _imports(path)), "runtime code imports devtools"
+
+
+def test_few_modules_sit_loose_at_the_top() -> None:
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 8, loose
