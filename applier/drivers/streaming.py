@@ -31,6 +31,7 @@ from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
 from applier.infra.gcpolicy import collect_between_groups
+from applier.infra.lock import target_writer
 from applier.loop import ApplyLoop
 from applier.lsn import parse_lsn
 from applier.state import StateDir, atomic_write_json
@@ -80,9 +81,7 @@ class DeltaApplySink:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         # The whole batch under the loop's garbage-collection policy (applier.infra.gcpolicy):
         # building the batch's state allocates as much per message as applying it.
-        from applier.infra.lock import target_writer
-
-        with target_writer(self.target, self.state_dir, command="replay"), collect_between_groups():
+        with collect_between_groups(), target_writer(self.target, self.state_dir, command="replay"):
             self._apply_batch(df, batch_id)
 
     def _apply_batch(self, df: DataFrame, batch_id: int) -> None:
