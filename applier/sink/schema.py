@@ -302,6 +302,19 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
 Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
 
 
+def _rename_suspects(have: list[str], spec: TableSpec,
+                     earlier: set[str]) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+    """The Delta columns that may have been renamed (in table order), those gone from the source, and
+    the source columns new to Delta. Columns an earlier drop left in Delta (``earlier``), applier's own
+    added columns and zerocol's ``_applier_row`` are no candidates."""
+    source = spec.source_column_names
+    own = set(spec.column_names) - set(source)
+    old_order = [n for n in have if n not in own and n not in earlier and n != ROW_COLUMN]
+    gone = tuple(n for n in old_order if n not in source)
+    new = tuple(n for n in source if n not in have)
+    return old_order, gone, new
+
+
 def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
                     renames: Renames | None) -> dict[str, DataType]:
     """Rename in place the Delta columns that were renamed in the source, keeping their values (column
@@ -313,15 +326,11 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
 
     if renames is None:  # a caller that does not follow renames (derived tables)
         return have
-    source = spec.source_column_names
     earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
-    own = set(spec.column_names) - set(source)
-    old_order = [n for n in have if n not in own and n not in earlier and n != ROW_COLUMN]  # (zerocol's)
-    gone = tuple(n for n in old_order if n not in source)
-    new = tuple(n for n in source if n not in have)
+    old_order, gone, new = _rename_suspects(list(have), spec, earlier)
     if not gone or not new:
         return have
-    mapping = renames(gone, new, rename_candidates(old_order, source))
+    mapping = renames(gone, new, rename_candidates(old_order, spec.source_column_names))
     if not mapping:
         return have
     enable_column_mapping(spark, path, table=spec.source_name)
@@ -428,16 +437,12 @@ def evolve_table_deltars(path: str, spec: TableSpec, renames: Renames | None) ->
     have_fields = json.loads(table.schema().to_json())["fields"]
     have = {f["name"]: f["type"] for f in have_fields}
     configuration = table.metadata().configuration
-    source = spec.source_column_names
     earlier = set(json.loads(configuration.get(PROP_DROPPED) or "[]"))
-    own = set(spec.column_names) - set(source)
-    old_order = [n for n in have if n not in own and n not in earlier and n != ROW_COLUMN]
-    gone = tuple(n for n in old_order if n not in source)
-    new = tuple(n for n in source if n not in have)
+    old_order, gone, new = _rename_suspects(list(have), spec, earlier)
     if gone and new and renames is not None:
         from applier.catalog.relations import rename_candidates
 
-        if renames(gone, new, rename_candidates(old_order, source)):
+        if renames(gone, new, rename_candidates(old_order, spec.source_column_names)):
             return None  # a rename: column mapping, through Spark
     added = [f for f in spec.schema.fields if f.name not in have]
     if any(have[f.name] != f.dataType.jsonValue() for f in spec.schema.fields if f.name in have):

@@ -139,7 +139,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     if launching:  # our JVM: Spark's errors only on stderr (applier.spark.quiet), not its start-up chatter
         java_options += f" -Dlog4j2.configurationFile=file:{log4j_config(cache_dir)}"
         # Spark's classes mapped from the archive `applier setup` wrote (applier.spark.classdata)
-        java_options += f" {archive_options(cache_dir)}" if "ArchiveClassesAtExit" not in settings.java_options else ""
+        java_options += f" {archive_options(cache_dir)}"
         if settings.quick_jit:
             java_options += " -XX:TieredStopAtLevel=1"
         java_options = f"{java_options} {settings.java_options}".strip()
