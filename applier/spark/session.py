@@ -141,7 +141,9 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         # Spark's classes mapped from the archive `applier setup` wrote (applier.spark.classdata)
         java_options += f" {archive_options(cache_dir)}"
         if settings.quick_jit:
-            java_options += " -XX:TieredStopAtLevel=1"
+            # C1 alone sizes the code cache at 48 MB (against 240 MB with C2), and C1's larger code
+            # fills it in a long catch-up ("Out of space in CodeCache for method handle intrinsic")
+            java_options += " -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
         java_options = f"{java_options} {settings.java_options}".strip()
     builder = SparkSession.builder
     if preset is None:
