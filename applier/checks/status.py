@@ -51,6 +51,11 @@ class SlotStatus:
     server_lsn: int | None = None
     #: while a table sync's slot is being created (it waits for every open transaction): what it waits for
     sync_waits: tuple[str, ...] = ()
+    wal_status: str | None = None  # reserved | extended | unreserved | lost (PostgreSQL 13+)
+    safe_wal_size: int | None = None  # bytes until the slot exceeds max_slot_wal_keep_size; None: no limit
+    failover: bool | None = None  # PostgreSQL 17+
+    #: why the slot may lose WAL it still needs (source.wal_warning_bytes); None: safe
+    risk: str | None = None
 
     @property
     def lag_bytes(self) -> int | None:
@@ -62,7 +67,8 @@ class SlotStatus:
         return {"slot": self.slot, "exists": self.exists, "active": self.active, "lag_bytes": self.lag_bytes,
                 "confirmed_lsn": format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else None,
                 "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None,
-                "table_sync_waits_for": list(self.sync_waits)}
+                "table_sync_waits_for": list(self.sync_waits), "wal_status": self.wal_status,
+                "safe_wal_size": self.safe_wal_size, "failover": self.failover, "risk": self.risk}
 
 
 def _app_id(kind: str, source: str) -> str:
@@ -117,9 +123,11 @@ def _row_count(table: Any) -> int | None:
     return int(sum(counts)) - int(deleted)
 
 
-def slot_status(dsn: str, slot: str) -> SlotStatus:
-    """The slot's position and lag; and, while a table sync of this mirror creates its temporary slot
-    (one with no confirmed position yet), the prepared and open transactions that creation waits for."""
+def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus:
+    """The slot's position, lag and WAL state (at risk when ``safe_wal_size`` is under ``warn_below``);
+    and, while a table sync of this mirror creates its temporary slot (one with no confirmed position
+    yet), the prepared and open transactions that creation waits for."""
+    from applier.sources.slothealth import read_slot_health
     from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 
     waits: tuple[str, ...] = ()
@@ -132,10 +140,14 @@ def slot_status(dsn: str, slot: str) -> SlotStatus:
         if creating:
             gids, running = slot_creation_blockers(conn)
             waits = tuple([f"prepared transaction {g}" for g in gids] + running)
-    if row is None:
+        health = read_slot_health(conn, slot)
+    if row is None or health is None:
         return SlotStatus(slot, False, sync_waits=waits)
+    risk = "wal_status is lost: the tables must be copied again (drop the slot, run mirror)" if health.lost \
+        else health.risk(warn_below)
     return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]),
-                      sync_waits=waits)
+                      sync_waits=waits, wal_status=health.wal_status, safe_wal_size=health.safe_wal_size,
+                      failover=health.failover, risk=risk)
 
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:

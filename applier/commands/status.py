@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, table_status
-    from applier.config import libpq_env_given
+    from applier.config import SourceSettings, libpq_env_given
     from applier.lsn import format_lsn
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
     # dropped in Postgres while a new table took the name: kept apart, no longer followed
     tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
-    slot_info = slot_status(dsn, slot or "applier") if dsn is not None else None
+    warn_below = cfg.source.wal_warning_bytes if args.config else SourceSettings().wal_warning_bytes
+    slot_info = slot_status(dsn, slot or "applier", warn_below=warn_below) if dsn is not None else None
     if args.json:
         print(status_json(tables, slot_info))
         return 0
@@ -103,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"slot {slot_info.slot}: {'active' if slot_info.active else 'idle'}, confirmed "
                   f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
                   f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
-                  f"lag {slot_info.lag_bytes} bytes")
+                  f"lag {slot_info.lag_bytes} bytes; wal_status {slot_info.wal_status or '-'}, safe_wal_size "
+                  f"{'unlimited' if slot_info.safe_wal_size is None else slot_info.safe_wal_size}"
+                  f"{', failover' if slot_info.failover else ''}")
+            if slot_info.risk:
+                print(f"  WARNING: the slot is at risk: {slot_info.risk}")
         if slot_info.sync_waits:
             print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
     return 0

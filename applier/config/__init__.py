@@ -92,6 +92,14 @@ class SourceSettings(_Model):
         "which avoids loops in bidirectional setups); 'any' sends all; unset: the server's default (any)")
     read_mode: Literal["replication", "sql"] = Field(
         "replication", description="streaming replication protocol, or SQL peek/advance")
+    failover: bool = Field(
+        False, description="PostgreSQL 17+: create the slot with FAILOVER (an existing slot is altered), so that "
+        "standbys with sync_replication_slots keep a copy and the mirror can follow the new primary after a "
+        "failover (docs/operations.md)")
+    wal_warning_bytes: int = Field(
+        1 << 30, ge=0, description="mirror: warn (log, applier status) when the slot's safe_wal_size, the WAL the "
+        "server may still write before the slot exceeds max_slot_wal_keep_size, falls under this; a slot whose "
+        "wal_status is extended or unreserved is always warned about, and a lost slot stops the mirror (exit 3)")
     max_retries: int = Field(
         10, ge=0, description="mirror: reconnect attempts after the connection drops or the server restarts "
         "(backoff 1 s doubling to 30 s); counted per outage, then the mirror stops with the last error")

@@ -87,7 +87,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     decoder = MessageDecoder()
     batch = config.batch_changes
     with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
-        sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase)
+        sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
         while not stop.is_set():
             target = sql_slot.current_flush_lsn(conn)
             rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))

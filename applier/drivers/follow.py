@@ -21,6 +21,7 @@ from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
 from applier.sources import sql_slot
+from applier.sources.slothealth import SlotWatch
 from applier.sources.slots import slot_info, slot_lost_error
 from applier.sources.walsender import WalSenderStream
 
@@ -43,6 +44,8 @@ class SlotFollower:
         self.stop = stop
         self.progress = progress
         self.progress_every = progress_every
+        # the slot's WAL state, read now and then: warns while the slot is at risk, stops when it is lost
+        self.watch = SlotWatch(dsn, source.slot, warn_below=source.wal_warning_bytes)
 
     def run(self, once: bool) -> None:
         raise NotImplementedError
@@ -64,6 +67,7 @@ class SlotFollower:
         """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any.
         ``wait=False``: with ``apply.overlap_groups``, only hand it over and keep reading."""
         end = self.loop.flush() if wait else self.loop.dispatch()
+        self.watch.check()  # at most every 30 s
         self.stats.transactions = self.loop.transactions
         if end is not None:
             self.stats.confirmed_lsn = end
@@ -123,6 +127,7 @@ class ReplicationFollower(SlotFollower):
                 stream.start(src.slot, sql_slot.options_for(self.source))
             except SourceError as e:
                 raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
+            self.watch.check(force=True)
             if self.catch_up is not None and confirmed:
                 self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
                 self.stats.messages = self.loop.messages
@@ -199,6 +204,7 @@ class SqlFollower(SlotFollower):
                     confirmed = sql_slot.advance(conn, src.slot, end)
 
             self.loop.confirm = advance
+            self.watch.check(force=True)
             while not self.stop.is_set():
                 target = sql_slot.current_flush_lsn(conn)
                 committed_before = self.loop.transactions

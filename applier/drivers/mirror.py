@@ -31,13 +31,14 @@ from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
 from applier.drivers.initial_copy import CopyJob, InitialCopy, copy_job
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import TableSync
-from applier.errors import ResyncNeededError, SourceError, TransientSourceError
+from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
 from applier.sources.catalog_lookup import LiveCatalog, column_attnums
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
+from applier.sources.slothealth import read_slot_health
 from applier.sources.slots import slot_info
 from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
@@ -122,6 +123,8 @@ class Mirror:
             slot = slot_info(conn, src.slot)
             if slot is not None and slot.plugin != "pgoutput":
                 raise SourceError(f"slot {src.slot!r} uses the {slot.plugin!r} plugin, not pgoutput", slot=src.slot)
+            if src.failover:
+                self._ensure_failover(conn, slot is not None)
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
                 return
             if slot is None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":
@@ -151,7 +154,8 @@ class Mirror:
         walsender = WalSenderStream(self.dsn)
         try:
             if resume_at is None:
-                created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True)
+                created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True,
+                                                failover=src.failover)
                 PreparedStore(self.state.staging_dir).cover(src.slot, created.consistent_point)  # issue 30 item 5
                 # from here on a crash keeps the tables whose copy finished (see the docstring)
                 self.state.save("mirror", {"slot": src.slot, "phase": "snapshot",
@@ -171,6 +175,23 @@ class Mirror:
         self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
         self.summary.snapshot_lsn = point
         self._snapshot_tables = [t.qualified_name for t in tables]
+
+    def _ensure_failover(self, conn: psycopg.Connection, exists: bool) -> None:
+        """``source.failover``: PostgreSQL 17+ only; a slot created without it is altered (no one reads
+        it now: the mirror has not started the stream)."""
+        src = self.config.source
+        if conn.info.server_version < 170000:
+            raise ConfigError(f"source.failover needs PostgreSQL 17 or later (failover slots); this server is "
+                              f"{conn.info.server_version // 10000}: remove failover from the config",
+                              slot=src.slot)
+        health = read_slot_health(conn, src.slot) if exists else None
+        if health is not None and health.failover is False:
+            walsender = WalSenderStream(self.dsn)
+            try:
+                walsender.set_failover(src.slot, True)
+            finally:
+                walsender.close()
+            self.progress(f"slot {src.slot}: failover enabled (standbys with sync_replication_slots keep a copy)")
 
     def _copy_tables(self, tables: list[PublishedTable], snapshot_name: str, lsn: int,
                      resume_at: int | None) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psycopg
 
 from applier.config import SourceSettings
-from applier.errors import SourceError
+from applier.errors import ConfigError, SourceError
 from applier.lsn import format_lsn, parse_lsn
 from applier.sources.failures import stream_error
 
@@ -109,7 +109,7 @@ def advance(conn: psycopg.Connection, slot: str, lsn: int) -> int:
     return parse_lsn(row[0])
 
 
-def create_slot(conn: psycopg.Connection, slot: str, *, two_phase: bool = False) -> int:
+def create_slot(conn: psycopg.Connection, slot: str, *, two_phase: bool = False, failover: bool = False) -> int:
     """Create a pgoutput slot (no-op if it exists); returns its confirmed position.
 
     Slot creation waits for every transaction running at that moment, prepared ones included; if it
@@ -120,6 +120,10 @@ def create_slot(conn: psycopg.Connection, slot: str, *, two_phase: bool = False)
     if row is not None:
         return parse_lsn(row[0])
     args: tuple[object, ...] = (slot, "pgoutput", False, two_phase) if two_phase else (slot, "pgoutput")
+    if failover and conn.info.server_version < 170000:
+        raise ConfigError("source.failover needs PostgreSQL 17 or later (failover slots)", slot=slot)
+    if failover:  # PostgreSQL 17+: pg_create_logical_replication_slot(name, plugin, temporary, twophase, failover)
+        args = (slot, "pgoutput", False, two_phase, True)
     placeholders = ", ".join(["%s"] * len(args))
     created = conn.execute(f"SELECT lsn::text FROM pg_create_logical_replication_slot({placeholders})",
                            args).fetchone()

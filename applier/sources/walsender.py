@@ -89,7 +89,7 @@ class WalSenderStream:
         return res
 
     def create_slot(self, slot: str, *, two_phase: bool, export_snapshot: bool,
-                    temporary: bool = False) -> CreatedSlot:
+                    temporary: bool = False, failover: bool = False) -> CreatedSlot:
         """Create the pgoutput slot. With ``export_snapshot`` the snapshot stays usable (``SET
         TRANSACTION SNAPSHOT``) until this connection runs its next command. A ``temporary`` slot is
         dropped by the server when this connection closes (table sync and a resumed copy use one for
@@ -97,12 +97,18 @@ class WalSenderStream:
         options = [f"SNAPSHOT {_literal('export' if export_snapshot else 'nothing')}"]
         if two_phase:
             options.append("TWO_PHASE true")
+        if failover:  # PostgreSQL 17+
+            options.append("FAILOVER true")
         kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
         res = self._command(f"CREATE_REPLICATION_SLOT {_ident(slot)} {kind} pgoutput ({', '.join(options)})")
         values = [res.get_value(0, i) for i in range(res.nfields)]
         point = parse_lsn((values[1] or b"").decode())
         snapshot = values[2].decode() if values[2] else None
         return CreatedSlot(slot, point, snapshot)
+
+    def set_failover(self, slot: str, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT ... (FAILOVER): PostgreSQL 17+, on a slot no one reads."""
+        self._command(f"ALTER_REPLICATION_SLOT {_ident(slot)} (FAILOVER {'true' if failover else 'false'})")
 
     def drop_slot(self, slot: str) -> None:
         self._command(f"DROP_REPLICATION_SLOT {_ident(slot)} WAIT")

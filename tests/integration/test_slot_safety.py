@@ -1,0 +1,130 @@
+"""Slot safety on real servers: the mirror warns while its slot holds WAL past ``max_wal_size`` or
+close to ``max_slot_wal_keep_size`` (``wal_status`` extended/unreserved, ``safe_wal_size`` low),
+``status`` shows it, a lost slot stops the mirror with exit 3 and the way back, and on PostgreSQL 17+
+``source.failover`` creates (or alters) the slot with FAILOVER (before 17 it is a config error, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import PgDatabase, _fresh_database
+
+from applier.cli import main as cli_main
+from applier.commands.exitcodes import ExitCode, for_exception
+from applier.config import MirrorConfig, SourceSettings, TargetSettings
+from applier.devtools.pgcluster import PgCluster, find_installation
+from applier.drivers.mirror import mirror
+from applier.errors import ConfigError, SourceError
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+MB = 1 << 20
+
+
+def _config(dsn: str, target: Path, slot: str = "s", **source: object) -> MirrorConfig:
+    return MirrorConfig(source=SourceSettings(dsn=dsn, slot=slot, publication="p", **source),
+                        target=TargetSettings(path=str(target)))
+
+
+def _wal_state(conn: psycopg.Connection, slot: str) -> tuple[str, int | None]:
+    row = conn.execute("SELECT wal_status, safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+                       (slot,)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def _write_wal(conn: psycopg.Connection, megabytes: int) -> None:
+    """About ``megabytes`` of WAL in a table the publication does not hold, then a checkpoint (which
+    recycles or removes the segments no slot needs)."""
+    conn.execute("INSERT INTO junk SELECT g, repeat('x', 1000) FROM generate_series(1, %s) g", (megabytes * 900,))
+    conn.execute("SELECT pg_switch_wal()")
+    conn.execute("CHECKPOINT")
+
+
+@pytest.fixture
+def small_wal(tmp_path: Path) -> Iterator[PgDatabase]:
+    """A server of its own whose slot may keep at most 64 MB of WAL (max_wal_size 32 MB): the other
+    tests' server is left alone."""
+    cluster = PgCluster(find_installation(15), {"max_wal_size": "32MB", "min_wal_size": "32MB",
+                                                "max_slot_wal_keep_size": "64MB"}).start()
+    try:
+        yield from _fresh_database(cluster)
+    finally:
+        cluster.stop()
+
+
+def test_a_slot_at_risk_is_warned_about_and_a_lost_slot_stops_with_exit_3(small_wal, spark, tmp_path, caplog,
+                                                                          capsys):
+    target = tmp_path / "delta"
+    config = _config(small_wal.dsn, target)
+    with small_wal.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE junk (id int, v text)")
+        conn.execute("CREATE PUBLICATION p FOR TABLE t")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        mirror(spark, config, once=True)
+        assert _wal_state(conn, "s")[0] == "reserved"
+
+        # the mirror is down while 45 MB are written: the slot holds WAL past max_wal_size
+        conn.execute("INSERT INTO t VALUES (2, 'b')")
+        _write_wal(conn, 45)
+        status, safe = _wal_state(conn, "s")
+        assert status in ("extended", "unreserved") and safe is not None and safe < 64 * MB, (status, safe)
+        capsys.readouterr()
+        assert cli_main(["status", "--target", str(target), "--dsn", small_wal.dsn, "--slot", "s", "--json"]) == 0
+        slot = json.loads(capsys.readouterr().out)["slot"]
+        assert slot["wal_status"] == status and slot["safe_wal_size"] == safe and slot["risk"], slot
+        assert cli_main(["status", "--target", str(target), "--dsn", small_wal.dsn, "--slot", "s"]) == 0
+        assert "WARNING: the slot is at risk" in capsys.readouterr().out
+
+        with caplog.at_level(logging.WARNING, logger="applier.slot"):
+            mirror(spark, config, once=True)  # warns, then catches up: the slot is safe again
+        assert any("slot s is at risk" in r.getMessage() for r in caplog.records), caplog.text
+        assert _wal_state(conn, "s")[0] == "reserved"
+
+        # down again while more than max_slot_wal_keep_size is written: the checkpoint removes WAL the
+        # slot needs, and the next run stops with exit 3 and the way back instead of skipping changes
+        conn.execute("INSERT INTO t VALUES (3, 'lost')")
+        for _ in range(3):
+            _write_wal(conn, 40)
+        assert _wal_state(conn, "s")[0] == "lost"
+        with pytest.raises(SourceError) as stopped:
+            mirror(spark, config, once=True)
+        assert for_exception(stopped.value) == ExitCode.UNAVAILABLE
+        assert "pg_drop_replication_slot('s')" in str(stopped.value) and "copied again" in str(stopped.value)
+        capsys.readouterr()
+        assert cli_main(["status", "--target", str(target), "--dsn", small_wal.dsn, "--slot", "s", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["slot"]["wal_status"] == "lost"
+
+
+@pytest.fixture
+def pg18(pg_pool) -> Iterator[PgDatabase]:
+    yield from _fresh_database(pg_pool.get(18))
+
+
+def test_failover_creates_or_alters_the_slot_on_postgresql_18_and_is_refused_before_17(pg18, pg, spark, tmp_path):
+    for db in (pg18, pg):
+        with db.connect() as conn:
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            conn.execute("CREATE PUBLICATION p FOR TABLE t")
+            conn.execute("INSERT INTO t VALUES (1, 'a')")
+    mirror(spark, _config(pg18.dsn, tmp_path / "new", slot="created", failover=True), once=True)
+    mirror(spark, _config(pg18.dsn, tmp_path / "old", slot="altered"), once=True)
+    with pg18.connect() as conn:
+        conn.execute("INSERT INTO t VALUES (2, 'b')")
+        assert conn.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = 'altered'").fetchone() \
+            == (False,)
+        mirror(spark, _config(pg18.dsn, tmp_path / "old", slot="altered", failover=True), once=True)
+        flags = dict(conn.execute("SELECT slot_name, failover FROM pg_replication_slots").fetchall())
+    assert flags == {"created": True, "altered": True}
+
+    with pytest.raises(ConfigError, match="PostgreSQL 17 or later") as refused:
+        mirror(spark, _config(pg.dsn, tmp_path / "pg15", failover=True), once=True)
+    assert for_exception(refused.value) == ExitCode.USAGE
+    with pg.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
