@@ -128,3 +128,71 @@ def test_failover_creates_or_alters_the_slot_on_postgresql_18_and_is_refused_bef
     assert for_exception(refused.value) == ExitCode.USAGE
     with pg.connect() as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("read_mode", ["replication", "sql"])
+def test_a_quiet_publication_on_a_busy_server_does_not_hold_wal(small_wal, spark, tmp_path, read_mode):
+    """Another database writes about 190 MB of WAL (three times the slot's 64 MB limit, at 20 MB/s) while
+    the published table is idle: the running mirror confirms the WAL that carries nothing for it, so the slot's
+    restart_lsn follows the server and the slot is never at risk (no heartbeat needed)."""
+    import threading
+    import time
+
+    from applier.lsn import parse_lsn
+
+    target = tmp_path / "delta"
+    config = _config(small_wal.dsn, target, read_mode=read_mode)
+    with small_wal.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE PUBLICATION p FOR TABLE t")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mirror(spark, config, stop=stop)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        with psycopg.connect(small_wal.cluster.dsn(), autocommit=True) as busy, small_wal.connect() as conn:
+            deadline = time.monotonic() + 120
+            while not (target / "public").exists() or conn.execute(
+                    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's' AND "
+                    "confirmed_flush_lsn IS NOT NULL").fetchone() != (1,):
+                assert not errors and time.monotonic() < deadline, errors
+                time.sleep(0.2)
+            (start,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            busy.execute("CREATE TABLE IF NOT EXISTS busy (id int, v text)")
+            worst = "reserved"
+            for _ in range(10):  # 20 MB a second, each followed by a checkpoint (the sql mode polls every second)
+                busy.execute("INSERT INTO busy SELECT g, repeat('y', 1000) FROM generate_series(1, 18000) g")
+                busy.execute("CHECKPOINT")
+                time.sleep(1.0)
+                status = _wal_state(conn, "s")[0]
+                worst = status if status in ("unreserved", "lost") else worst
+                assert not errors, errors
+            (written,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert parse_lsn(written) - parse_lsn(start) > 160 * MB
+            deadline = time.monotonic() + 60
+            while True:  # the slot follows: at most one segment and a checkpoint's worth behind
+                (restart,) = conn.execute("SELECT restart_lsn::text FROM pg_replication_slots "
+                                          "WHERE slot_name = 's'").fetchone()
+                if parse_lsn(written) - parse_lsn(restart) < 48 * MB:
+                    break
+                assert time.monotonic() < deadline, (start, restart, written)
+                busy.execute("CHECKPOINT")
+                time.sleep(0.5)
+            assert worst not in ("unreserved", "lost") and _wal_state(conn, "s")[0] != "lost"
+            conn.execute("INSERT INTO t VALUES (2, 'after')")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    mirror(spark, config, once=True)
+    from deltalake import DeltaTable
+
+    assert sorted(DeltaTable(str(target / "public" / "t")).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
