@@ -33,13 +33,16 @@ class TableStatus:
     reader_features: tuple[str, ...] = ()  # Delta reader features: a reader must support each to open it
     option_mismatches: tuple[str, ...] = ()  # configured table options the existing table does not have
     kind: str = "mirror"  # or 'history', 'changes': a table derived from the mirrored table's changes
+    files: int | None = None  # data files of the newest version
+    size_bytes: int | None = None  # their size
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.source_name, "kind": self.kind, "path": self.path, "rows": self.rows,
                 "last_commit": self.last_commit,
                 "applied_lsn": format_lsn(self.applied_lsn) if self.applied_lsn is not None else None,
                 "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
-                "option_mismatches": list(self.option_mismatches)}
+                "option_mismatches": list(self.option_mismatches), "files": self.files,
+                "size_bytes": self.size_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,26 +104,28 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
         if expected_options.cluster_by and "clustering" not in (table.protocol().writer_features or []):
             found.append(f"cluster_by {list(expected_options.cluster_by)} configured, table is not clustered")
         mismatches = tuple(found)
+    rows, files, size = _file_stats(table)
     return TableStatus(source, str(path), table.transaction_version(_app_id(kind, source)), last_commit,
-                       _row_count(table), widened, tuple(table.protocol().reader_features or ()), mismatches, kind)
+                       rows, widened, tuple(table.protocol().reader_features or ()), mismatches, kind, files, size)
 
 
-def _row_count(table: Any) -> int | None:
-    """Rows of the newest version from the add actions' ``numRecords`` (minus deletion-vector rows)."""
-    actions = table.get_add_actions(flatten=True)
-    names = list(actions.schema.names)
-    if "num_records" not in names:
-        return None
+def _file_stats(table: Any) -> tuple[int | None, int, int]:
+    """Rows of the newest version from the add actions' ``numRecords`` (minus deletion-vector rows; None
+    when a writer left no counts), its data files and their bytes."""
     import pyarrow as pa
 
-    columns = pa.table(actions)
+    columns = pa.table(table.get_add_actions(flatten=True))
+    names = list(columns.schema.names)
+    size = int(sum(columns.column("size_bytes").to_pylist())) if "size_bytes" in names else 0
+    if "num_records" not in names:
+        return None, columns.num_rows, size
     counts = columns.column("num_records").to_pylist()
     if any(c is None for c in counts):
-        return None
+        return None, columns.num_rows, size
     deleted = 0
     if "deletionVector.cardinality" in names:
         deleted = sum(c or 0 for c in columns.column("deletionVector.cardinality").to_pylist())
-    return int(sum(counts)) - int(deleted)
+    return int(sum(counts)) - int(deleted), columns.num_rows, size
 
 
 def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus:

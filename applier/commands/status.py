@@ -1,25 +1,34 @@
-"""``applier status``: per mirrored table the applied LSN, last commit and row count; the slot's lag."""
+"""``applier status``: per mirrored table the applied LSN, last commit, rows, files and size; the slot's lag
+and WAL state; ``--watch`` refreshes it."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from applier.errors import ConfigError
+
+if TYPE_CHECKING:
+    from applier.checks.status import SlotStatus, TableStatus
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="show each mirrored table's applied LSN, last commit and rows, and the slot's lag",
+        help="show each mirrored table's applied LSN, last commit, rows, files and size; the slot's lag and WAL",
         description="For every Delta table under TARGET/<schema>/<table>: the end LSN it has applied (the "
         "idempotent-write version in its Delta log), the time of its newest Delta commit, its row count, "
+        "data files and their size, "
         "columns widened in place (Delta type widening, which delta-rs cannot read) and, with --config, "
         "the rule's table options an existing table lacks. Reads the Delta logs with delta-rs: no JVM. "
         "With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
         "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes, "
+        "its wal_status and safe_wal_size (with a WARNING when the slot may lose WAL: source.wal_warning_bytes), "
         "and, while a table sync creates its copy's slot, the prepared and open transactions it waits for.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): target, DSN and slot")
@@ -27,13 +36,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
     p.add_argument("--slot", help="slot to report (default: the config's, or 'applier')")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.add_argument("--watch", type=float, metavar="SECONDS", default=None,
+                   help="refresh every SECONDS until Ctrl-C (with --json: one JSON object per line and refresh)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, table_status
     from applier.config import SourceSettings, libpq_env_given
-    from applier.lsn import format_lsn
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sources.dsn import check_connection
@@ -73,28 +83,73 @@ def run(args: argparse.Namespace) -> int:
         located = {Path(targets.path_for(t.namespace, t.name)): f"{t.namespace}.{t.name}" for t in selected}
         options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
-    tables = [table_status(p, expected_options=options.get(p)) for p in paths]
-    tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
-    # dropped in Postgres while a new table took the name: kept apart, no longer followed
-    tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
     warn_below = cfg.source.wal_warning_bytes if args.config else SourceSettings().wal_warning_bytes
-    slot_info = slot_status(dsn, slot or "applier", warn_below=warn_below) if dsn is not None else None
-    if args.json:
-        print(status_json(tables, slot_info))
+    slot_name = slot or "applier"
+
+    def report() -> None:
+        listed = sorted(set(paths) | set(mirrored_table_dirs(target)))  # and tables created since
+        tables = [table_status(p, expected_options=options.get(p)) for p in listed]
+        tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
+        # dropped in Postgres while a new table took the name: kept apart, no longer followed
+        tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
+        slot_info = slot_status(dsn, slot_name, warn_below=warn_below) if dsn is not None else None
+        if args.json:
+            print(status_json(tables, slot_info), flush=True)
+            return
+        print_status(tables, slot_info, target)
+
+    if not args.watch:
+        report()
         return 0
+    try:
+        while True:
+            if not args.json and sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # clear the terminal: the report replaces the last one
+            if not args.json:
+                print(f"{datetime.now(UTC).isoformat(timespec='seconds')} (every {args.watch:g} s; Ctrl-C stops)")
+            report()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    value, unit = float(n), "B"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target: str) -> None:
+    """The report as an aligned table, notes under it, then the slot."""
+    from applier.lsn import format_lsn
+
+    header = ("table", "applied", "last commit", "rows", "files", "size")
+    lines = [header]
     for t in tables:
-        applied = format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-"
-        rows = t.rows if t.rows is not None else "?"
         name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
-        print(f"{name}: applied {applied}, last commit {t.last_commit or '-'}, {rows} rows"
-              + (f" (dropped in Postgres, kept at {t.path})" if t.kind == "retired" else ""))
+        lines.append((name, format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-",
+                      (t.last_commit or "-")[:19], str(t.rows) if t.rows is not None else "?",
+                      str(t.files) if t.files is not None else "?", _size(t.size_bytes)))
+    if tables:
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        for line in lines:
+            print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths,
+                                                                                             strict=True))).rstrip())
+    for t in tables:
+        if t.kind == "retired":
+            print(f"{t.source_name}: dropped in Postgres, kept at {t.path}")
         if t.widened:
-            print(f"  widened in place: {', '.join(t.widened)} (Delta type widening is on; readers without it, "
-                  "such as delta-rs, cannot read this table)")
+            print(f"{t.source_name}: widened in place: {', '.join(t.widened)} (Delta type widening is on; readers "
+                  "without it, such as delta-rs, cannot read this table)")
         elif t.reader_features:
-            print(f"  Delta reader features: {', '.join(t.reader_features)}")
+            print(f"{t.source_name}: Delta reader features: {', '.join(t.reader_features)}")
         for mismatch in t.option_mismatches:
-            print(f"  table option differs from its rule (options apply only at creation): {mismatch}")
+            print(f"{t.source_name}: table option differs from its rule (options apply only at creation): {mismatch}")
     if not tables:
         print(f"no mirrored tables under {target}")
     if slot_info is not None:
@@ -111,4 +166,3 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  WARNING: the slot is at risk: {slot_info.risk}")
         if slot_info.sync_waits:
             print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
-    return 0

@@ -198,6 +198,42 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     assert parse_lsn(applied) >= table_applied and parse_lsn(applied) >= parse_lsn(tip)
     slot = report["slot"]
     assert slot["exists"] and slot["confirmed_lsn"] == applied and slot["lag_bytes"] > 0
+    assert slot["wal_status"] == "reserved" and slot["risk"] is None
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    bag = DeltaTable(str(target / "public" / "rw_bag"))
+    assert tables["public.rw_bag"]["files"] == len(bag.file_uris()) > 0
+    sizes = pa.table(bag.get_add_actions()).column("size_bytes").to_pylist()
+    assert tables["public.rw_bag"]["size_bytes"] == sum(sizes)
+
+    # on a terminal: one aligned row per table under a header, then the slot
+    assert main(["status", "--target", str(target), "--dsn", pg.dsn, "--slot", "m"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["table", "applied", "last", "commit", "rows", "files", "size"]
+    row = next(line for line in lines if line.startswith("public.rw_bag "))
+    assert row.split()[-4:-2] == ["3", str(tables["public.rw_bag"]["files"])], row
+    assert len({len(line) for line in lines[:len(TABLES) + 1]}) == 1, lines  # aligned: same width
+    assert lines[len(TABLES) + 1].startswith("slot m: idle") and "wal_status reserved" in lines[len(TABLES) + 1]
+
+    # --watch refreshes until Ctrl-C (here: JSON lines), then exits 0
+    watch = subprocess.Popen([sys.executable, "-m", "applier.cli", "status", "--target", str(target), "--dsn", pg.dsn,
+                              "--slot", "m", "--json", "--watch", "0.2"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert watch.stdout is not None
+    first = json.loads(watch.stdout.readline())
+    with pg.connect() as conn:
+        conn.execute("INSERT INTO rw_bag VALUES (5, 'e')")
+        mirror(spark, _config(pg, target, read_mode="sql"), once=True)
+    deadline = time.monotonic() + 60
+    while True:  # a later refresh shows the new rows
+        later = json.loads(watch.stdout.readline())
+        if {t["table"]: t for t in later["tables"]}["public.rw_bag"]["rows"] == 5:  # with the row inserted before
+            break
+        assert time.monotonic() < deadline, later
+    watch.send_signal(signal.SIGINT)
+    assert watch.wait(30) == 0
+    assert {t["table"]: t for t in first["tables"]}["public.rw_bag"]["rows"] == 3
 
 
 def test_under_steady_load_groups_are_applied_when_the_backlog_is_drained_not_when_a_limit_is_hit(
