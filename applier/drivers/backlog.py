@@ -198,9 +198,10 @@ def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop
 
 def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
-                          progress: Callable[[str], None], progress_every: float) -> None:
+                          progress: Callable[[str], None], progress_every: float, backlog: int | None = None) -> None:
     """Read the started ``stream`` up to ``target`` and apply it on executors (see the module); what the
-    driver path must take is fed to ``feed`` (the follower's, into ``loop``). Returns with the stream
+    driver path must take is fed to ``feed`` (the follower's, into ``loop``); ``backlog`` (bytes of WAL
+    up to ``target``) gives the progress lines a done fraction and an ETA. Returns with the stream
     the caller's again, the slot confirmed up to what was committed here."""
     from applier.drivers.replay import ReplaySummary
 
@@ -239,7 +240,8 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
         session = session_of(spark, "catching up a backlog on executors")
         summary = fold_and_commit(session, config.apply, config.tables, loop, source, progress=progress,
                                   progress_every=progress_every, drive=drive, whole_source_first=False,
-                                  may_commit=may_commit)
+                                  may_commit=may_commit,
+                                  span=(target - backlog, target) if backlog else None)
     except BaseException:
         source.abandon()
         raise

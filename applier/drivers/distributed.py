@@ -55,6 +55,7 @@ from applier.changes import OP_TRUNCATE, SkippedTransaction
 from applier.config import ApplySettings, ReplayConfig, TablesSettings
 from applier.errors import ApplierError, SinkError
 from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.infra.progress import Backlog
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import decode_message
 from applier.protocol.messages import LogicalMessage, Relation, Type
@@ -601,12 +602,13 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
 def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
                     source: RangeSource, *, progress: Callable[[str], None] | None, progress_every: float,
                     drive: Callable[[list[LogRange]], ReplaySummary], whole_source_first: bool,
-                    may_commit: MayCommit | None = None) -> ReplaySummary:
+                    may_commit: MayCommit | None = None, span: tuple[int, int] | None = None) -> ReplaySummary:
     """Steps 2 and 3 while step 1 goes on; ``drive(ranges)`` replays ranges on the driver path, from the
     catalog at the first one's start (the tail, or everything from a range an executor could not fold
     or a group ``may_commit`` refused). ``whole_source_first``: wait for the source to end before the
     first commit (a stored log's order check covers all of it); a live stream commits as it goes,
-    like the driver path."""
+    like the driver path. ``span``: the backlog's first and last LSN, for a done fraction and an ETA
+    in the progress lines."""
     from applier.drivers.replay import ReplaySummary
     from applier.sink.messages import record_messages
 
@@ -635,6 +637,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     group = _Group()
     last_report = time.monotonic()
     received = 0
+    backlog = Backlog(span[1] - span[0]) if span is not None else None
 
     committer = ThreadPoolExecutor(1, thread_name_prefix="applier-commit")
     in_flight: Future[None] | None = None
@@ -714,8 +717,9 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
                     break
                 if progress is not None and time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
+                    where = f", {backlog.line(span[1] - cut.last_lsn)}" if backlog is not None and span else ""
                     progress(f"{folded} ranges folded on executors, {received} transactions, "
-                             f"at LSN {format_lsn(cut.last_lsn)}")
+                             f"at LSN {format_lsn(cut.last_lsn)}{where}")
                 clock = time.monotonic()
             commit(wait=True)
     finally:

@@ -17,6 +17,7 @@ import psycopg
 
 from applier.config import SourceSettings
 from applier.errors import SourceError
+from applier.infra.progress import Backlog
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
@@ -46,6 +47,7 @@ class SlotFollower:
         self.progress_every = progress_every
         # the slot's WAL state, read now and then: warns while the slot is at risk, stops when it is lost
         self.watch = SlotWatch(dsn, source.slot, warn_below=source.wal_warning_bytes)
+        self._backlog: Backlog | None = None
 
     def run(self, once: bool) -> None:
         raise NotImplementedError
@@ -93,6 +95,10 @@ class SlotFollower:
         if self.loop.last_commit_time is not None and not self.loop.idle():
             seconds = max((pg_now() - self.loop.last_commit_time) / 1e6, 0.0)
         lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
+        if behind is not None and self._backlog is None:
+            self._backlog = Backlog(behind)  # from the first report: rate and ETA of working it down
+        elif behind is not None and self._backlog is not None:
+            lag += f" ({self._backlog.line(behind)})"
         return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
                 f"{seconds:.1f}s; {self.stats.transactions} transactions, {self.stats.messages} messages")
 

@@ -299,7 +299,7 @@ class Mirror:
         self.progress(f"backlog of {backlog >> 20} MiB: catching up to {format_lsn(flush)} on Spark's executors")
         catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
                               may_commit=self._may_commit, progress=self.progress,
-                              progress_every=self.progress_every)
+                              progress_every=self.progress_every, backlog=backlog)
 
     def _may_commit(self, tables: list[FoldedTable]) -> str | None:
         return self.tablesync.must_sync([(t.schema.namespace, t.schema.relation.name, t.schema.relation.oid,

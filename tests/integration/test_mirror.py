@@ -364,6 +364,8 @@ def test_the_lag_line_of_an_idle_mirror_is_measured_from_the_confirmed_position(
     assert lags, lines
     behind = int(lags[-1].split("lag ")[1].split(" bytes")[0])
     assert behind < 1 << 20, lags[-3:]  # the filler alone wrote ~6 MB of WAL
+    # after the first line, each says how the backlog goes ("caught up", or behind with a rate and ETA)
+    assert all(" bytes (" in line and ("caught up" in line or " behind" in line) for line in lags[1:]), lags
     with pg.connect() as conn:
         conn.execute("DROP DATABASE lag_other WITH (FORCE)")
 

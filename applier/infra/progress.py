@@ -1,0 +1,45 @@
+"""How far a long piece of work is and when it ends, for the progress lines of the catch-ups.
+
+Why one helper: the initial copy, the catch-up on the driver and the catch-up on executors all say
+"x of y, rate, ETA"; an on-call engineer reads the same fields in each (and a JSON log carries them
+in the message alike).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def byte_size(n: float) -> str:
+    """``1.2 GB``-style sizes (binary units, one decimal)."""
+    value, unit = float(n), "B"
+    for bigger in ("kB", "MB", "GB", "TB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+
+
+class Backlog:
+    """A backlog of WAL bytes being worked down: remembers where it started, and says how much of it is
+    done, at what rate, and when it ends at that rate (the server may add WAL meanwhile: the rate is
+    the net one, so the ETA is honest about a mirror that does not catch up)."""
+
+    def __init__(self, behind: int, *, clock: float | None = None) -> None:
+        self.start_behind = max(behind, 0)
+        self.started = time.monotonic() if clock is None else clock
+
+    def line(self, behind: int, *, clock: float | None = None) -> str:
+        now = time.monotonic() if clock is None else clock
+        seconds = now - self.started
+        behind = max(behind, 0)
+        worked = self.start_behind - behind
+        if behind == 0:
+            return "caught up"
+        if seconds <= 0 or self.start_behind == 0:
+            return f"{byte_size(behind)} behind"
+        rate = worked / seconds
+        done = f"{min(max(worked / self.start_behind, 0.0), 1.0):.0%} of {byte_size(self.start_behind)} done"
+        if rate <= 0:
+            return f"{byte_size(behind)} behind, {done}, not catching up (the server writes faster than we apply)"
+        return f"{byte_size(behind)} behind, {done}, {byte_size(rate)}/s, ETA {behind / rate:.0f}s"
