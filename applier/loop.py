@@ -41,7 +41,7 @@ from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
 if TYPE_CHECKING:
-    pass
+    from applier.infra.metrics import MirrorMetrics
 
 Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
@@ -147,6 +147,8 @@ class ApplyLoop:
         #: Called by a live source's follower while the stream is idle, with nothing in flight (the mirror
         #: makes a table sync whose slot now exists there, see ``tick``).
         self.when_idle: Callable[[], None] | None = None
+        #: The mirror's Prometheus metrics (metrics.port), told of each applied group; None: not served.
+        self.metrics: MirrorMetrics | None = None
         self.messages = 0  # raw messages fed
         self.received = 0  # committed transactions completed by what was fed
         self.transactions = 0  # transactions applied (or found applied) by this loop
@@ -243,6 +245,7 @@ class ApplyLoop:
     def _commit(self, work: _Dispatched) -> None:
         """The Delta side of a group: its tables' commits, then its messages and skips (each an
         idempotent write keyed by the group's end LSN, so the order of groups is kept)."""
+        started = time.monotonic()
         self.applier.apply_group(work.transactions)
         if self.dry_run is not None:
             return
@@ -250,6 +253,9 @@ class ApplyLoop:
             record_messages(self.spark.get("recording logical decoding messages"), self.settings.messages_table,
                             work.messages, work.end)
         self._record_skips(work.skipped)
+        if self.metrics is not None:
+            self.metrics.group_applied(time.monotonic() - started, len(work.transactions), self.applier.stats.rows)
+            self.metrics.skipped.inc(len(work.skipped))
 
     def _finish_in_flight(self) -> int | None:
         work, self._in_flight = self._in_flight, None

@@ -55,6 +55,9 @@ Flags override the config file (and APPLIER_* variables) and may supply what it 
     p.add_argument("--once", action="store_true",
                    help="drain what is committed up to the server's current WAL position, then exit 0")
     p.add_argument("--sql", action="store_true", help="read with SQL peek/advance (source.read_mode: sql)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics and a health check at /healthz "
+                   "(200 while the mirror makes progress or is caught up, 503 when stalled) (metrics.port)")
     add_skip_argument(p)
     p.set_defaults(func=run)
 
@@ -67,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
         "source.slot": (args.slot, "--slot"),
         "source.read_mode": ("sql" if args.sql else None, "--sql"),
         "target.path": (args.target, "--target"),
+        "metrics.port": (args.metrics_port, "--metrics-port"),
         "apply.skip_transactions+": (args.skip_transaction, "--skip-transaction"),
     })
     return cfg

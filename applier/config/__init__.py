@@ -363,6 +363,18 @@ _SPARK = ("the SparkSession applier starts when it is not given one (mirror and 
           "operation needs Spark)")
 
 
+class MetricsSettings(_Model):
+    """Prometheus metrics and a health check while the mirror runs (docs/operations.md, "Metrics")."""
+
+    port: int | None = Field(
+        None, ge=0, le=65535, description="serve /metrics (Prometheus text format) and /healthz on this port while "
+        "mirror runs (--metrics-port); unset: no server; 0: a free port, logged")
+    host: str = Field("0.0.0.0", description="the address the metrics server listens on")
+    stall_seconds: float = Field(
+        300.0, gt=0, description="/healthz answers 503 when the loop has not moved (read, applied a group, or "
+        "found the stream idle and caught up) for this long; 200 otherwise")
+
+
 class DistributedSettings(_Model):
     """Decoding and folding on Spark's executors (applier.drivers.distributed): for ``replay``, the driver
     surveys the log; for ``mirror``, a large backlog of the slot is read by the driver (applier.drivers.backlog).
@@ -431,6 +443,8 @@ class MirrorConfig(_Model):
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
     distributed: DistributedSettings = Field(
         default_factory=DistributedSettings, description="catching up a large backlog on Spark's executors")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings,
+                                     description="Prometheus metrics and /healthz while the mirror runs")
 
 
 class CaptureConfig(_Model):

@@ -22,6 +22,7 @@ from applier.config import (
     CaptureConfig,
     DistributedSettings,
     MetadataNames,
+    MetricsSettings,
     MirrorConfig,
     ReplayConfig,
     SnapshotSettings,
@@ -40,7 +41,8 @@ JOBS: tuple[tuple[str, type[BaseModel]], ...] = (
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
     ("tables.rules[]", TableRule), ("tables.metadata_names", MetadataNames), ("snapshot", SnapshotSettings),
-    ("apply", ApplySettings), ("distributed", DistributedSettings), ("spark", SparkConfig))
+    ("apply", ApplySettings), ("distributed", DistributedSettings), ("metrics", MetricsSettings),
+    ("spark", SparkConfig))
 
 HEADER = """\
 # Config reference

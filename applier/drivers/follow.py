@@ -22,7 +22,7 @@ from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
 from applier.sources import sql_slot
-from applier.sources.slothealth import SlotWatch
+from applier.sources.slothealth import SlotHealth, SlotWatch
 from applier.sources.slots import slot_info, slot_lost_error
 from applier.sources.walsender import WalSenderStream
 
@@ -69,11 +69,18 @@ class SlotFollower:
         """Apply the pending group (see applier.loop); returns the end LSN now confirmed, if any.
         ``wait=False``: with ``apply.overlap_groups``, only hand it over and keep reading."""
         end = self.loop.flush() if wait else self.loop.dispatch()
-        self.watch.check()  # at most every 30 s
+        self._checked_slot(self.watch.check())  # at most every 30 s
         self.stats.transactions = self.loop.transactions
         if end is not None:
             self.stats.confirmed_lsn = end
         return end
+
+    def _checked_slot(self, health: SlotHealth | None) -> None:
+        metrics = self.loop.metrics
+        if metrics is not None:
+            metrics.beat()  # a group was applied, or the stream was found idle
+            if health is not None:
+                metrics.slot(health)
 
     def _feed(self, lsn: int, data: bytes) -> None:
         try:
@@ -95,6 +102,8 @@ class SlotFollower:
         if self.loop.last_commit_time is not None and not self.loop.idle():
             seconds = max((pg_now() - self.loop.last_commit_time) / 1e6, 0.0)
         lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
+        if self.loop.metrics is not None:
+            self.loop.metrics.lag(behind, seconds)
         if behind is not None and self._backlog is None:
             self._backlog = Backlog(behind)  # from the first report: rate and ETA of working it down
         elif behind is not None and self._backlog is not None:
@@ -133,7 +142,7 @@ class ReplicationFollower(SlotFollower):
                 stream.start(src.slot, sql_slot.options_for(self.source))
             except SourceError as e:
                 raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
-            self.watch.check(force=True)
+            self._checked_slot(self.watch.check(force=True))
             if self.catch_up is not None and confirmed:
                 self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
                 self.stats.messages = self.loop.messages
@@ -174,6 +183,8 @@ class ReplicationFollower(SlotFollower):
                     if frame is None and not pending:  # idle for 0.5 s
                         stream.send_status(reply_requested=True)
                         self.loop.tick()
+                        if self.loop.metrics is not None and self.loop.idle():
+                            self.loop.metrics.beat()
                 except KeyboardInterrupt:
                     self.flush()
                     raise
@@ -210,7 +221,7 @@ class SqlFollower(SlotFollower):
                     confirmed = sql_slot.advance(conn, src.slot, end)
 
             self.loop.confirm = advance
-            self.watch.check(force=True)
+            self._checked_slot(self.watch.check(force=True))
             while not self.stop.is_set():
                 target = sql_slot.current_flush_lsn(conn)
                 committed_before = self.loop.transactions
@@ -239,5 +250,7 @@ class SqlFollower(SlotFollower):
                         self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
                         return
                     self.loop.tick()
+                    if self.loop.metrics is not None:
+                        self.loop.metrics.beat()  # drained: idle and caught up
                     self.stop.wait(poll_seconds)
             self.stats.stopped_by = "stop requested"

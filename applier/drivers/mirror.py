@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -44,6 +45,9 @@ from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
+
+if TYPE_CHECKING:
+    from applier.infra.metrics import MetricsServer
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -103,6 +107,7 @@ class Mirror:
             self.applier.identities.lookup = LiveCatalog(self.dsn)
         self._snapshot_recorded = False
         self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
+        self.metrics_port: int | None = None  # where /metrics is served (metrics.port 0: the free port taken)
 
     # --- snapshot -------------------------------------------------------------------------------
 
@@ -225,6 +230,7 @@ class Mirror:
 
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()
+        server = self._serve_metrics()
         try:
             with self.loop.running():
                 try:
@@ -234,6 +240,8 @@ class Mirror:
         except KeyboardInterrupt:
             self.stats.stopped_by = "Ctrl-C"
         finally:
+            if server is not None:
+                server.close()
             self.summary.messages = self.stats.messages
             self.summary.transactions = self.stats.transactions
             self.summary.confirmed_lsn = self.stats.confirmed_lsn
@@ -242,6 +250,24 @@ class Mirror:
         self.summary.synced_rows = dict(self.tablesync.synced)
         self.summary.seconds = time.monotonic() - started
         return self.summary
+
+    def _serve_metrics(self) -> MetricsServer | None:
+        """``metrics.port``: /metrics and /healthz for this run (applier.infra.metrics)."""
+        settings = self.config.metrics
+        if settings.port is None:
+            return None
+        from applier.infra.metrics import MetricsServer, MirrorMetrics
+
+        metrics = self.loop.metrics = self.loop.metrics or MirrorMetrics(stall_seconds=settings.stall_seconds)
+        metrics.beat()
+        try:
+            server = MetricsServer(metrics, settings.port, settings.host)
+        except OSError as e:
+            raise ConfigError(f"cannot serve metrics on {settings.host}:{settings.port}: {e}",
+                              port=settings.port) from None
+        self.progress(f"metrics at http://{settings.host}:{server.port}/metrics, health at /healthz")
+        self.metrics_port = server.port
+        return server
 
     def _run_with_retries(self, once: bool) -> None:
         """Snapshot (when needed) and follow the slot; after a dropped connection or a server restart,

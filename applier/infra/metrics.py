@@ -1,0 +1,118 @@
+"""Prometheus metrics and a health check for a running mirror (``metrics.port``, ``--metrics-port``).
+
+Why: a mirror runs for months; nobody runs ``status`` by hand at 3 a.m. The numbers that say whether
+it is healthy (lag in bytes and seconds, commits and their latency, the slot's WAL state) are served
+in Prometheus' text format at ``/metrics``, and ``/healthz`` answers 200 while the loop makes
+progress (or is idle and caught up) and 503 when it has not moved for ``metrics.stall_seconds``:
+a container's liveness probe. The registry is the run's own (no global state), so two mirrors in
+one process, or the tests, do not mix their numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import make_wsgi_app
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from applier.sources.slothealth import SlotHealth
+
+WAL_STATES = ("reserved", "extended", "unreserved", "lost")
+
+
+class MirrorMetrics:
+    """The mirror's numbers, updated by the loop, the follower and the slot watch."""
+
+    def __init__(self, *, stall_seconds: float = 300.0) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.lag_bytes = Gauge("applier_lag_bytes", "WAL bytes between the server's position and the applied one",
+                               registry=r)
+        self.lag_seconds = Gauge("applier_lag_seconds", "now minus the source commit time of the last applied "
+                                 "transaction (0 when caught up)", registry=r)
+        self.transactions = Counter("applier_transactions", "source transactions applied", registry=r)
+        self.commits = Counter("applier_group_commits", "groups applied (one Delta commit per table touched)",
+                               registry=r)
+        self.rows = Counter("applier_rows", "rows upserted or deleted, per table", ["table"], registry=r)
+        self.commit_seconds = Histogram("applier_group_commit_seconds", "time to apply one group",
+                                        buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
+        self.group_size = Histogram("applier_group_transactions", "transactions per applied group",
+                                    buckets=(1, 2, 5, 10, 50, 100, 500, 1000, 10_000, 100_000), registry=r)
+        self.skipped = Counter("applier_transactions_skipped", "transactions skipped (apply.skip_transactions)",
+                               registry=r)
+        self.wal_status = Gauge("applier_slot_wal_status", "1 for the slot's current wal_status", ["status"],
+                                registry=r)
+        self.safe_wal_size = Gauge("applier_slot_safe_wal_size_bytes", "WAL the server may still write before the "
+                                   "slot exceeds max_slot_wal_keep_size (-1: unlimited)", registry=r)
+        self.last_progress = Gauge("applier_last_progress_timestamp_seconds", "when the loop last moved (Unix time)",
+                                   registry=r)
+        self.stall_seconds = stall_seconds
+        self._moved = time.monotonic()
+        self._rows_seen: dict[str, int] = {}
+
+    def beat(self) -> None:
+        """The loop moved: read a frame, applied a group, or found the stream idle and caught up."""
+        self._moved = time.monotonic()
+        self.last_progress.set(time.time())
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self._moved < self.stall_seconds
+
+    def group_applied(self, seconds: float, transactions: int, rows: Mapping[str, int]) -> None:
+        """One applied group; ``rows`` is the run's cumulative count per table (the increase is counted)."""
+        self.commits.inc()
+        self.transactions.inc(transactions)
+        self.commit_seconds.observe(seconds)
+        self.group_size.observe(transactions)
+        for table, total in rows.items():
+            grown = total - self._rows_seen.get(table, 0)
+            if grown > 0:
+                self.rows.labels(table).inc(grown)
+            self._rows_seen[table] = total
+        self.beat()
+
+    def lag(self, behind: int | None, seconds: float) -> None:
+        if behind is not None:
+            self.lag_bytes.set(behind)
+        self.lag_seconds.set(seconds)
+
+    def slot(self, health: SlotHealth) -> None:
+        for status in WAL_STATES:
+            self.wal_status.labels(status).set(1 if health.wal_status == status else 0)
+        self.safe_wal_size.set(-1 if health.safe_wal_size is None else health.safe_wal_size)
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on ``port`` (0: a free one; ``port`` says which), on a daemon thread."""
+
+    def __init__(self, metrics: MirrorMetrics, port: int, host: str = "0.0.0.0") -> None:
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+                pass  # scrapes every few seconds would flood the log
+
+        prometheus = make_wsgi_app(metrics.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") == "/healthz":
+                ok = metrics.healthy()
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"ok\n" if ok else f"stalled: no progress for {metrics.stall_seconds:g} s\n".encode()]
+            return prometheus(environ, start_response)  # type: ignore[no-any-return]
+
+        self._server: WSGIServer = make_server(host, port, app, handler_class=_Quiet)
+        self.port = int(self._server.server_port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="applier-metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

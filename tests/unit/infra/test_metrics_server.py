@@ -1,0 +1,37 @@
+"""/metrics and /healthz over real HTTP: the health check turns 503 when the loop stops moving."""
+
+import time
+import urllib.error
+import urllib.request
+
+from applier.infra.metrics import MetricsServer, MirrorMetrics
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_healthz_is_200_while_the_loop_moves_and_503_when_it_stalls():
+    metrics = MirrorMetrics(stall_seconds=0.5)
+    server = MetricsServer(metrics, 0, "127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        metrics.beat()
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        time.sleep(0.7)
+        status, body = _get(f"{base}/healthz")
+        assert status == 503 and "stalled" in body
+        metrics.group_applied(1.5, 3, {"public.t": 7})
+        metrics.group_applied(0.2, 2, {"public.t": 9})
+        assert _get(f"{base}/healthz")[0] == 200
+        status, text = _get(f"{base}/metrics")
+        assert status == 200
+        assert 'applier_rows_total{table="public.t"} 9.0' in text
+        assert "applier_transactions_total 5.0" in text and "applier_group_commits_total 2.0" in text
+        assert 'applier_group_commit_seconds_bucket{le="2.5"} 2.0' in text
+    finally:
+        server.close()
