@@ -113,19 +113,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value, unit = float(n), "B"
-    for bigger in ("kB", "MB", "GB", "TB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
 def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target: str) -> None:
     """The report as an aligned table, notes under it, then the slot."""
+    from applier.infra.progress import byte_size
     from applier.lsn import format_lsn
 
     header = ("table", "applied", "last commit", "rows", "files", "size")
@@ -134,7 +124,8 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
         name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
         lines.append((name, format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-",
                       (t.last_commit or "-")[:19], str(t.rows) if t.rows is not None else "?",
-                      str(t.files) if t.files is not None else "?", _size(t.size_bytes)))
+                      str(t.files) if t.files is not None else "?",
+                      byte_size(t.size_bytes) if t.size_bytes is not None else "?"))
     if tables:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for line in lines:
