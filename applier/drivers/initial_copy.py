@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from applier.errors import ApplierError, SourceError
+from applier.infra.progress import count_line
 from applier.sources.copy import TablePlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
@@ -166,11 +167,4 @@ class InitialCopy:
 
 def progress_line(name: str, rows: int, estimated: int, seconds: float) -> str:
     """``name: rows of ~estimate (pct), rows/s, ETA`` (the estimate is pg_class.reltuples)."""
-    rate = rows / seconds if seconds > 0 else 0.0
-    line = f"snapshot: {name}: {rows:,} rows"
-    if estimated > 0:
-        line += f" of ~{estimated:,} ({min(rows / estimated, 1.0):.0%})"
-    line += f", {rate:,.0f} rows/s"
-    if estimated > rows and rate > 0:
-        line += f", ETA {(estimated - rows) / rate:.0f}s"
-    return line
+    return f"snapshot: {name}: {count_line(rows, estimated, seconds, 'rows', estimate=True)}"

@@ -24,6 +24,7 @@ from applier.drivers.distributed import (
     range_messages,
     replay_on_executors,
 )
+from applier.infra.progress import count_line
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.sources.rawlog import RawMessage, read_raw_log
@@ -77,7 +78,9 @@ def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[st
         if config.distributed.mode == "on":
             log.warning("replaying on the driver, not on executors: %s", why_not)
         loop = _loop(spark, config, state, progress=progress, dry_run=dry_run)
-        summary = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every)
+        total = log_messages(config.source_log) if progress is not None else None
+        summary = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every,
+                         total=total)
     summary.seconds = time.monotonic() - started
     summary.dry_run = dry_run is not None
     return summary
@@ -109,16 +112,17 @@ def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: 
 
 
 def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callable[[str], None] | None,
-           progress_every: float) -> ReplaySummary:
-    """The driver path: every message through the one apply loop, the catalog saved at the end."""
-    last_report = time.monotonic()
+           progress_every: float, total: int | None = None) -> ReplaySummary:
+    """The driver path: every message through the one apply loop, the catalog saved at the end.
+    ``total``: the log's messages, for a done fraction and an ETA in the progress lines."""
+    started = last_report = time.monotonic()
     with loop.running():
         for raw in messages:
             loop.feed(raw.lsn, raw.xid, raw.data)
             if progress is not None and time.monotonic() - last_report >= progress_every:
                 last_report = time.monotonic()
-                progress(f"{loop.messages} messages, {loop.applier.stats.transactions} transactions, "
-                         f"at LSN {format_lsn(raw.lsn)}")
+                progress(f"{count_line(loop.messages, total, last_report - started, 'messages')}, "
+                         f"{loop.applier.stats.transactions} transactions, at LSN {format_lsn(raw.lsn)}")
         loop.flush()
     loop.save()
     stats = loop.applier.stats

@@ -43,3 +43,16 @@ class Backlog:
         if rate <= 0:
             return f"{byte_size(behind)} behind, {done}, not catching up (the server writes faster than we apply)"
         return f"{byte_size(behind)} behind, {done}, {byte_size(rate)}/s, ETA {behind / rate:.0f}s"
+
+
+def count_line(done: int, total: int | None, seconds: float, unit: str, *, estimate: bool = False) -> str:
+    """``1,200 rows of ~40,000 (3%), 600 rows/s, ETA 65s``: a count against a known (or, with ``estimate``,
+    estimated) total; without a total only the count and the rate."""
+    rate = done / seconds if seconds > 0 else 0.0
+    line = f"{done:,} {unit}"
+    if total:
+        line += f" of {'~' if estimate else ''}{total:,} ({min(done / total, 1.0):.0%})"
+    line += f", {rate:,.0f} {unit}/s"
+    if total and total > done and rate > 0:
+        line += f", ETA {(total - done) / rate:.0f}s"
+    return line

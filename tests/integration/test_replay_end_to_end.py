@@ -91,6 +91,12 @@ def test_binary_values_replay_equals_postgres(pg, spark, tmp_path):
         run_workload(conn, transactions=20, seed=5)
         raw = capture(conn, "s", pgoutput_options("pub", binary=True), tmp_path / "raw.parquet")
         replay_and_verify(spark, conn, raw, tmp_path / "delta", SHOP)
+    # the progress lines count the log's messages against its total, with a rate
+    lines: list[str] = []
+    replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(tmp_path / "delta"))),
+               progress=lines.append, progress_every=0.0)
+    total = sum(1 for _ in read_raw_log(str(raw)))
+    assert any(line.startswith(f"{total:,} messages of {total:,} (100%), ") for line in lines), lines[-3:]
 
 
 def test_strict_per_transaction_mode_equals_postgres(pg, spark, tmp_path):

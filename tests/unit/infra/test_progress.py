@@ -17,3 +17,11 @@ def test_a_mirror_that_falls_further_behind_says_so_instead_of_an_eta():
 
 def test_sizes_in_binary_units():
     assert [byte_size(n) for n in (512, 1536, 5 << 30)] == ["512 B", "1.5 kB", "5.0 GB"]
+
+
+def test_a_count_against_its_total_or_an_estimate():
+    from applier.infra.progress import count_line
+
+    assert count_line(1_200, 40_000, 2.0, "rows", estimate=True) == "1,200 rows of ~40,000 (3%), 600 rows/s, ETA 65s"
+    assert count_line(50, 50, 1.0, "messages") == "50 messages of 50 (100%), 50 messages/s"
+    assert count_line(7, None, 0.0, "rows") == "7 rows, 0 rows/s"
