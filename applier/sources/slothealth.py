@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psycopg
 
 from applier.errors import SourceError
+from applier.sources.slots import slot_lost_error
 
 log = logging.getLogger("applier.slot")
 
@@ -60,14 +61,12 @@ def read_slot_health(conn: psycopg.Connection, slot: str) -> SlotHealth | None:
 
 
 def slot_lost(slot: str, health: SlotHealth) -> SourceError:
-    """The stop for a lost slot (exit 3), with the way back."""
-    return SourceError(
-        "the replication slot is lost (wal_status = lost): the server removed WAL the mirror had not read, "
-        "so changes are gone and the tables must be copied again. Drop the slot "
-        f"(SELECT pg_drop_replication_slot('{slot}')) and run mirror again: it creates the slot, takes a new "
-        "snapshot and replaces the tables. To keep it from happening again, raise max_slot_wal_keep_size or "
-        "keep the mirror running (applier status shows wal_status and safe_wal_size)",
-        slot=slot, wal_status=health.wal_status)
+    """The stop for a lost slot (exit 3), with the way back: the same error as a START_REPLICATION or a
+    peek on it gives (applier.sources.slots.slot_lost_error)."""
+    error = slot_lost_error(slot, "55000", "replication slot has wal_status lost: the server removed WAL "
+                            "the mirror had not read; raise max_slot_wal_keep_size to keep it from happening again")
+    assert error is not None  # 55000 and a message naming the slot
+    return error
 
 
 class SlotWatch:
