@@ -148,11 +148,9 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
         health = read_slot_health(conn, slot)
     if row is None or health is None:
         return SlotStatus(slot, False, sync_waits=waits)
-    risk = "wal_status is lost: the tables must be copied again (drop the slot, run mirror)" if health.lost \
-        else health.risk(warn_below)
     return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]),
                       sync_waits=waits, wal_status=health.wal_status, safe_wal_size=health.safe_wal_size,
-                      failover=health.failover, risk=risk)
+                      failover=health.failover, risk=health.risk(warn_below))
 
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:

@@ -38,6 +38,8 @@ class SlotHealth:
 
     def risk(self, warn_below: int) -> str | None:
         """Why the slot is at risk, in words for the log; None when it is not."""
+        if self.lost:
+            return "wal_status is lost: the tables must be copied again (drop the slot, run mirror)"
         if self.wal_status in AT_RISK:
             more = ("the next checkpoint may remove WAL it still needs" if self.wal_status == "unreserved"
                     else "the server keeps WAL past max_wal_size for it")
@@ -60,7 +62,7 @@ def read_slot_health(conn: psycopg.Connection, slot: str) -> SlotHealth | None:
     return SlotHealth(slot, row[0], int(row[1]) if row[1] is not None else None, row[2])
 
 
-def slot_lost(slot: str, health: SlotHealth) -> SourceError:
+def slot_lost(slot: str) -> SourceError:
     """The stop for a lost slot (exit 3), with the way back: the same error as a START_REPLICATION or a
     peek on it gives (applier.sources.slots.slot_lost_error)."""
     error = slot_lost_error(slot, "55000", "replication slot has wal_status lost: the server removed WAL "
@@ -98,7 +100,7 @@ class SlotWatch:
         if health is None:
             return None
         if health.lost:
-            raise slot_lost(self.slot, health)
+            raise slot_lost(self.slot)
         risk = health.risk(self.warn_below)
         key = None if risk is None else (health.wal_status if health.wal_status in AT_RISK else "low")
         if risk is not None and key != self._warned:
