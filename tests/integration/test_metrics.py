@@ -36,7 +36,9 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
         conn.execute("CREATE PUBLICATION p FOR TABLE t")
         conn.execute("INSERT INTO t VALUES (0, 'copied')")
         stop = threading.Event()
-        runner = Mirror(spark, config, stop=stop, progress_every=0.5)
+        lines: list[str] = []  # the mirror's progress, for a failure to say where it was
+        runner = Mirror(spark, config, stop=stop, progress_every=0.5,
+                        progress=lambda m: lines.append(f"{time.monotonic():.1f} {m}"))
         errors: list[BaseException] = []
 
         def run() -> None:
@@ -49,8 +51,10 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
         thread.start()
         try:
             deadline = time.monotonic() + 120
-            while runner.metrics_port is None:
-                assert not errors and time.monotonic() < deadline, errors
+            # the workload starts once the copy is taken: rows written before the slot's point are copied,
+            # not streamed, and the stream's metrics would never count them
+            while runner.metrics_port is None or runner.summary.snapshot_lsn is None:
+                assert not errors and time.monotonic() < deadline, (errors, lines)
                 time.sleep(0.1)
             port = runner.metrics_port
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
@@ -61,7 +65,7 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
                 values = _scrape(port)
                 if values.get('applier_rows_total{table="public.t"}', 0) >= 20:
                     break
-                assert not errors and time.monotonic() < deadline, (errors, values)
+                assert not errors and time.monotonic() < deadline, (errors, values, lines)
                 time.sleep(0.3)
             assert values["applier_transactions_total"] >= 20
             assert values["applier_group_commits_total"] >= 1
@@ -70,7 +74,7 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
             assert values["applier_slot_safe_wal_size_bytes"] == -1.0  # max_slot_wal_keep_size unlimited
             assert values["applier_last_progress_timestamp_seconds"] > time.time() - 60
             while "applier_lag_bytes" not in values or values["applier_lag_bytes"] > 1 << 20:
-                assert time.monotonic() < deadline, values  # the lag line (every 0.5 s) sets it
+                assert time.monotonic() < deadline, (values, lines)  # the lag line (every 0.5 s) sets it
                 time.sleep(0.3)
                 values = _scrape(port)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
