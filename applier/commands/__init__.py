@@ -11,5 +11,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "replay",
     "verify",
     "status",
+    "maintain",
     "inspect",
 )

@@ -19,8 +19,9 @@ from applier.config.files import load_config
 from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
 
-__all__ = ["ApplySettings", "CaptureConfig", "DistributedSettings", "MirrorConfig", "ReplayConfig", "SourceSettings",
-           "SparkConfig", "MetadataNames", "TableRule", "TablesSettings", "TargetSettings", "load_config"]
+__all__ = ["ApplySettings", "CaptureConfig", "DistributedSettings", "MaintenanceSettings", "MirrorConfig",
+           "ReplayConfig", "SourceSettings", "SparkConfig", "MetadataNames", "TableRule", "TablesSettings",
+           "TargetSettings", "load_config"]
 
 #: libpq variables that say which server to use: with one of them set, an empty DSN is a complete one.
 LIBPQ_SERVER_ENV = ("PGHOST", "PGHOSTADDR", "PGSERVICE", "PGDATABASE", "PGPORT")
@@ -375,6 +376,35 @@ class MetricsSettings(_Model):
         "found the stream idle and caught up) for this long; 200 otherwise")
 
 
+class MaintenanceSettings(_Model):
+    """``applier maintain`` (and ``every_minutes`` inside ``mirror``): compaction, VACUUM and checkpoints of the
+    mirrored tables, safe beside a running mirror (docs/operations.md, "Table maintenance")."""
+
+    min_small_files: int = Field(
+        16, ge=1, description="compact (OPTIMIZE) a table once it has at least this many small data files")
+    small_file_bytes: int = Field(32 << 20, ge=1, description="a data file under this size counts as small")
+    target_file_bytes: int | None = Field(
+        None, ge=1, description="size of the files compaction writes (unset: the table's delta.targetFileSize, "
+        "else 100 MiB)")
+    z_order: dict[str, list[str]] = Field(
+        default_factory=dict, description="glob over 'schema.table' -> columns: compaction of a matching table "
+        "Z-orders by them (rewrites every file of the table each time it runs); liquid-clustered tables (the "
+        "rule's cluster_by) are clustered by OPTIMIZE instead")
+    vacuum: bool = Field(True, description="VACUUM: delete data files no version within the retention references")
+    retention_hours: int | None = Field(
+        None, ge=0, description="VACUUM keeps files a version of the last N hours references (unset: the table's "
+        "delta.deletedFileRetentionDuration, 7 days by default)")
+    enforce_retention: bool = Field(
+        True, description="refuse a retention_hours under the table's delta.deletedFileRetentionDuration; false "
+        "only with no mirror running and no reader of older versions (their files may be deleted)")
+    checkpoint: bool = Field(True, description="write a Delta checkpoint (delta-rs tables; Spark writes its own "
+                             "every delta.checkpointInterval commits) and remove log files past "
+                             "delta.logRetentionDuration")
+    every_minutes: float | None = Field(
+        None, gt=0, description="mirror: maintain each table at most this often, between groups while the stream "
+                                "is idle (unset: only `applier maintain` does it)")
+
+
 class DistributedSettings(_Model):
     """Decoding and folding on Spark's executors (applier.drivers.distributed): for ``replay``, the driver
     surveys the log; for ``mirror``, a large backlog of the slot is read by the driver (applier.drivers.backlog).
@@ -445,6 +475,8 @@ class MirrorConfig(_Model):
         default_factory=DistributedSettings, description="catching up a large backlog on Spark's executors")
     metrics: MetricsSettings = Field(default_factory=MetricsSettings,
                                      description="Prometheus metrics and /healthz while the mirror runs")
+    maintenance: MaintenanceSettings = Field(
+        default_factory=MaintenanceSettings, description="compaction, VACUUM and checkpoints of the mirrored tables")
 
 
 class CaptureConfig(_Model):

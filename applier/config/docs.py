@@ -21,6 +21,7 @@ from applier.config import (
     ApplySettings,
     CaptureConfig,
     DistributedSettings,
+    MaintenanceSettings,
     MetadataNames,
     MetricsSettings,
     MirrorConfig,
@@ -42,6 +43,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
     ("tables.rules[]", TableRule), ("tables.metadata_names", MetadataNames), ("snapshot", SnapshotSettings),
     ("apply", ApplySettings), ("distributed", DistributedSettings), ("metrics", MetricsSettings),
+    ("maintenance", MaintenanceSettings),
     ("spark", SparkConfig))
 
 HEADER = """\

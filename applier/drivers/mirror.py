@@ -48,6 +48,7 @@ from applier.state import StateDir
 
 if TYPE_CHECKING:
     from applier.infra.metrics import MetricsServer
+    from applier.sink.maintenance import MaintenanceSchedule
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -103,11 +104,24 @@ class Mirror:
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
         self.loop.when_idle = self.tablesync.tick
+        self.maintenance: MaintenanceSchedule | None = None
+        if config.maintenance.every_minutes is not None:  # compaction, VACUUM, checkpoints while idle
+            from applier.sink.maintenance import MaintenanceSchedule, TableMaintainer  # noqa: F811
+
+            self.maintenance = MaintenanceSchedule(TableMaintainer(config.maintenance, self.spark,
+                                                                   progress=self.progress),
+                                                   config.target.path, config.maintenance.every_minutes * 60)
+            self.loop.when_idle = self._idle
         if self.applier.identities is not None:  # a live catalog tells renames from new tables
             self.applier.identities.lookup = LiveCatalog(self.dsn)
         self._snapshot_recorded = False
         self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
         self.metrics_port: int | None = None  # where /metrics is served (metrics.port 0: the free port taken)
+
+    def _idle(self) -> None:
+        self.tablesync.tick()
+        if self.maintenance is not None:
+            self.maintenance.tick()
 
     # --- snapshot -------------------------------------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""``applier maintain``: compact, VACUUM and checkpoint the Delta tables of a target, beside a running mirror."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from applier.commands.exitcodes import ExitCode
+from applier.commands.logsetup import progress
+from applier.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "maintain",
+        help="compact small files, VACUUM and checkpoint the mirrored tables (safe while mirror runs)",
+        description="For every Delta table under TARGET (mirrored tables, their history and change feed tables, "
+        "retired tables): when it holds at least maintenance.min_small_files data files smaller than "
+        "maintenance.small_file_bytes, compact them (OPTIMIZE; Z-ordered by maintenance.z_order's columns where a "
+        "glob matches); then VACUUM with maintenance.retention_hours (default: the table's own "
+        "delta.deletedFileRetentionDuration, 7 days) and write a checkpoint. Safe while `applier mirror` writes "
+        "the same tables: the mirror's exactly-once record (the txn actions) is untouched, and a compaction "
+        "that races a MERGE is a Delta commit conflict that the loser retries (docs/operations.md, \"Table "
+        "maintenance\"). delta-rs does the work on every table it can write (no JVM); the others go through "
+        "Spark's OPTIMIZE and VACUUM. One line per table, or one JSON object with --json.",
+    )
+    p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its target and maintenance section")
+    p.add_argument("--target", help="directory of the mirrored Delta tables (overrides target.path)")
+    p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
+    p.add_argument("--retention-hours", type=int, metavar="N",
+                   help="VACUUM keeps files a version of the last N hours needs (maintenance.retention_hours)")
+    p.add_argument("--min-small-files", type=int, metavar="N",
+                   help="compact a table with at least N small files (maintenance.min_small_files)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be compacted and how many files VACUUM would delete; change nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from applier.config import MaintenanceSettings, MirrorConfig, SparkConfig, load_config
+    from applier.sink.maintenance import TableMaintainer, tables_under
+    from applier.spark.session import SparkProvider
+
+    target, settings, spark_config = args.target, MaintenanceSettings(), SparkConfig()
+    if args.config:
+        cfg: MirrorConfig = load_config(args.config, MirrorConfig, overrides={
+            "target.path": (args.target, "--target")})
+        target, settings, spark_config = cfg.target.path, cfg.maintenance, cfg.spark
+    if not target:
+        raise ConfigError("no target: pass --target or --config")
+    if not Path(target).is_dir():
+        raise ConfigError(f"target {target} is not a directory", target=target)
+    changes: dict[str, object] = {}
+    if args.retention_hours is not None:
+        changes["retention_hours"] = args.retention_hours
+    if args.min_small_files is not None:
+        changes["min_small_files"] = args.min_small_files
+    if changes:
+        settings = MaintenanceSettings.model_validate({**settings.model_dump(), **changes})
+
+    tables = tables_under(target)
+    if args.table:
+        wanted = set(args.table)
+        unknown = wanted - {name.split(" ")[0] for name, _ in tables}
+        if unknown:
+            raise ConfigError(f"no such mirrored table under {target}: {', '.join(sorted(unknown))}")
+        tables = [(name, path) for name, path in tables if name.split(" ")[0] in wanted]
+
+    # Spark starts only for a table delta-rs cannot write (applier.sink.maintenance)
+    maintainer = TableMaintainer(settings, SparkProvider.for_config(spark_config), dry_run=args.dry_run,
+                                 progress=progress("maintain"))
+    results = []
+    for name, path in tables:
+        result = maintainer.maintain(path, name)
+        results.append(result)
+        if not args.json:
+            print(result.line(), flush=True)
+    if args.json:
+        print(json.dumps({"target": str(target), "dry_run": args.dry_run,
+                          "tables": [r.as_dict() for r in results]}))
+    elif not tables:
+        print(f"no Delta tables under {target}")
+    return ExitCode.OK

@@ -1,0 +1,274 @@
+"""Table maintenance: compaction (OPTIMIZE, Z-order), VACUUM and a checkpoint per mirrored table.
+
+A mirror commits one small set of files per group, so a table that follows a busy slot for a day
+holds thousands of files and every reader pays for them. Maintenance rewrites them into few, removes
+the files no version within the retention still needs, and writes a checkpoint so that opening the
+table reads one Parquet file instead of thousands of JSON commits.
+
+Why it is safe beside a running mirror of the same table (docs/operations.md, "Table maintenance"):
+- exactly-once lives in the tables' ``txn`` actions (applier.sink.idempotence). Compaction commits
+  only rewrites (``dataChange: false``) and never touches them; a checkpoint carries them all.
+- a compaction and a mirror's MERGE that race are ordinary Delta commit conflicts: whichever commits
+  second finds the other's commit, and retries (applier.sink.conflicts) — the mirror's write is
+  idempotent, so retrying it is exactly right; a compaction retried just plans again.
+- VACUUM deletes only files that no version within the retention references and that are older than
+  it: a file a MERGE has written but not yet committed is seconds old. (``full``, as Spark's VACUUM: files
+  a failed or conflicted commit left behind are deleted too.) The mirror reads the newest version. A
+  retention under the table's own ``delta.deletedFileRetentionDuration`` (7 days by default) is refused
+  unless ``maintenance.enforce_retention`` is false, which is for a stopped mirror and no readers of
+  older versions.
+
+delta-rs does the work (no JVM) on every table it can write; the others (deletion vectors, type
+widening, liquid clustering...) go through Spark's ``OPTIMIZE``/``VACUUM``, which checkpoint on their own
+every ``delta.checkpointInterval`` commits.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from applier.errors import SinkError
+from applier.infra.progress import byte_size
+from applier.sink.conflicts import retry_on_conflict
+from applier.sink.idempotence import delta_table
+from applier.sink.naming import delta_path_sql, quote_identifier
+
+if TYPE_CHECKING:
+    from applier.config import MaintenanceSettings
+    from applier.spark.session import SparkProvider
+
+
+@dataclass(frozen=True, slots=True)
+class DataFiles:
+    """The data files of a table's newest version: how many, how many are small, their bytes."""
+
+    count: int
+    small: int
+    size_bytes: int
+
+    @classmethod
+    def of(cls, table: Any, small_below: int) -> DataFiles:
+        import pyarrow as pa
+
+        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+        return cls(len(sizes), sum(1 for s in sizes if s < small_below), int(sum(sizes)))
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceResult:
+    """What maintenance did to one table (or would do, with ``dry_run``)."""
+
+    table: str
+    path: str
+    engine: str  # 'delta-rs' or 'spark'
+    before: DataFiles
+    after: DataFiles
+    compacted: bool  # compaction ran (it runs when before.small >= maintenance.min_small_files)
+    vacuumed: int | None  # files VACUUM deleted (None: not run, or not counted)
+    checkpoint_version: int | None  # the version a checkpoint was written at (None: not written here)
+    seconds: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def line(self) -> str:
+        files = f"{self.before.count} files ({self.before.small} small, {byte_size(self.before.size_bytes)})"
+        if self.compacted:
+            files += f" -> {self.after.count} files"
+        else:
+            files += " left as they are"
+        parts = [files]
+        if self.vacuumed is not None:
+            parts.append(f"vacuum deleted {self.vacuumed} files")
+        if self.checkpoint_version is not None:
+            parts.append(f"checkpoint at version {self.checkpoint_version}")
+        parts += list(self.notes)
+        return f"{self.table}: " + "; ".join(parts) + f" ({self.seconds:.1f}s, {self.engine})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "path": self.path, "engine": self.engine, "files_before": self.before.count,
+                "small_files_before": self.before.small, "bytes_before": self.before.size_bytes,
+                "files_after": self.after.count, "bytes_after": self.after.size_bytes, "compacted": self.compacted,
+                "vacuumed_files": self.vacuumed, "checkpoint_version": self.checkpoint_version,
+                "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+class TableMaintainer:
+    """Maintains one table at a time with the settings of ``maintenance`` (see the module docstring)."""
+
+    def __init__(self, settings: MaintenanceSettings, spark: SparkProvider | None = None, *,
+                 dry_run: bool = False, progress: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.spark = spark
+        self.dry_run = dry_run
+        self.progress = progress or (lambda _m: None)
+
+    def z_order_for(self, table: str) -> list[str]:
+        """The Z-order columns of the first ``maintenance.z_order`` glob matching ``schema.table``."""
+        return next((cols for pattern, cols in self.settings.z_order.items() if fnmatch.fnmatchcase(table, pattern)),
+                    [])
+
+    def maintain(self, path: Path | str, table: str) -> MaintenanceResult:
+        from applier.sink.bulkload import deltars_can_write
+
+        started = time.monotonic()
+        path = str(path)
+        if deltars_can_write(path):
+            return self._with_deltars(path, table, started)
+        if self.spark is None:
+            raise SinkError("this table needs Spark for maintenance (a Delta feature delta-rs cannot write) and "
+                            "no Spark session was given", table=table, path=path)
+        return self._with_spark(path, table, started)
+
+    # --- delta-rs ---------------------------------------------------------------------------------
+
+    def _with_deltars(self, path: str, table: str, started: float) -> MaintenanceResult:
+        s = self.settings
+        before = DataFiles.of(delta_table(path), s.small_file_bytes)
+        compact = before.small >= s.min_small_files
+        zorder = self.z_order_for(table)
+        notes: list[str] = []
+        if self.dry_run:
+            notes.append("dry run: " + (f"would {'z-order by ' + ', '.join(zorder) if zorder else 'compact'}"
+                                        if compact else f"fewer than {s.min_small_files} small files"))
+            removed = len(delta_table(path).vacuum(retention_hours=s.retention_hours, dry_run=True, full=True,
+                                                   enforce_retention_duration=s.enforce_retention)) \
+                if s.vacuum else None
+            return MaintenanceResult(table, path, "delta-rs", before, before, False, removed, None,
+                                     time.monotonic() - started, (*notes, "vacuum counted, nothing deleted"))
+        if compact:
+            def optimize() -> dict[str, Any]:
+                optimizer = delta_table(path).optimize  # planned again on a retry: the conflict changed the files
+                if zorder:
+                    return optimizer.z_order(zorder, target_size=s.target_file_bytes)  # type: ignore[no-any-return]
+                return optimizer.compact(target_size=s.target_file_bytes)  # type: ignore[no-any-return]
+
+            self.progress(f"{table}: {'z-ordering' if zorder else 'compacting'} {before.small} small files "
+                          f"of {before.count}")
+            retry_on_conflict(optimize, table=table)
+        removed = None
+        if s.vacuum:
+            removed = len(retry_on_conflict(
+                lambda: delta_table(path).vacuum(retention_hours=s.retention_hours, dry_run=False, full=True,
+                                                 enforce_retention_duration=s.enforce_retention), table=table))
+        version = None
+        if s.checkpoint:
+            current = delta_table(path)
+            current.create_checkpoint()
+            current.cleanup_metadata()  # log files older than delta.logRetentionDuration, now in the checkpoint
+            version = current.version()
+        after = DataFiles.of(delta_table(path), s.small_file_bytes)
+        return MaintenanceResult(table, path, "delta-rs", before, after, compact, removed, version,
+                                 time.monotonic() - started, tuple(notes))
+
+    # --- Spark ------------------------------------------------------------------------------------
+
+    def _with_spark(self, path: str, table: str, started: float) -> MaintenanceResult:
+        assert self.spark is not None
+        s = self.settings
+        spark = self.spark.get("maintenance of a table delta-rs cannot write")
+        before = DataFiles.of(delta_table(path), s.small_file_bytes) if _deltars_reads_log(path) else None
+        compact = before is None or before.small >= s.min_small_files
+        sql_path = delta_path_sql(path)
+        zorder = self.z_order_for(table)
+        notes = ["checkpoints written by Spark every delta.checkpointInterval commits"]
+        if self.dry_run:
+            empty = before or DataFiles(0, 0, 0)
+            return MaintenanceResult(table, path, "spark", empty, empty, False, None, None,
+                                     time.monotonic() - started, ("dry run: Spark tables are not planned ahead",))
+        if compact:
+            clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in zorder)})" if zorder else ""
+            self.progress(f"{table}: OPTIMIZE{clause} with Spark")
+            retry_on_conflict(lambda: spark.sql(f"OPTIMIZE {sql_path}{clause}").collect(), table=table)
+        if s.vacuum:
+            retain = f" RETAIN {s.retention_hours} HOURS" if s.retention_hours is not None else ""
+            settings = {}
+            if not s.enforce_retention:
+                settings["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
+            # VACUUM lists the table's directories in this many tasks: Spark's default of 10000 made a
+            # ten-file table take 60-100 s on 2 cores (4 s with 8); a value the user set is kept
+            listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+            if spark.conf.get(listing) == "10000":
+                settings[listing] = str(max(8, 4 * spark.sparkContext.defaultParallelism))
+            with _session_settings(spark, settings):
+                retry_on_conflict(lambda: spark.sql(f"VACUUM {sql_path}{retain}").collect(), table=table)
+            notes.append("vacuum ran (Spark does not count the files it deleted)")
+        after = DataFiles.of(delta_table(path), s.small_file_bytes) if _deltars_reads_log(path) else None
+        empty = DataFiles(0, 0, 0)
+        return MaintenanceResult(table, path, "spark", before or empty, after or empty, compact, None, None,
+                                 time.monotonic() - started, tuple(notes))
+
+
+def tables_under(target: str | Path) -> list[tuple[str, Path]]:
+    """(name, path) of every Delta table under a target: mirrored tables, their history and change feed
+    tables (named ``schema.table (history)``...) and retired tables."""
+    from applier.sink.derived import derived_table_dirs
+    from applier.sink.naming import mirrored_table_dirs, retired_table_dirs, source_name_of
+
+    tables = [(".".join(source_name_of(path)), path) for path in mirrored_table_dirs(target)]
+    tables += [(f"{'.'.join(source_name_of(path))} ({kind.name})", path) for kind, path in derived_table_dirs(target)]
+    tables += [(f"{'.'.join(source_name_of(path))} (retired)", path) for path in retired_table_dirs(target)]
+    return tables
+
+
+class MaintenanceSchedule:
+    """``maintenance.every_minutes`` inside ``mirror``: called while the stream is idle (between groups, so
+    never beside the mirror's own commits), it maintains at most one table per call, each table at most
+    once per period, counted from the start of the run. A failure is logged and the table tried again
+    next period: maintenance never stops a mirror."""
+
+    def __init__(self, maintainer: TableMaintainer, target: str | Path, every_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.maintainer = maintainer
+        self.target = target
+        self.every_seconds = every_seconds
+        self.clock = clock
+        self._started = clock()
+        self._last: dict[Path, float] = {}
+        self.results: list[MaintenanceResult] = []
+
+    def tick(self) -> None:
+        now = self.clock()
+        for name, path in tables_under(self.target):
+            if now - self._last.get(path, self._started) < self.every_seconds:
+                continue
+            self._last[path] = now
+            try:
+                result = self.maintainer.maintain(path, name)
+            except Exception as e:  # noqa: BLE001 - logged; the mirror goes on and the table is tried again
+                logging.getLogger("applier.maintain").warning("%s: maintenance failed, tried again in %.0f "
+                                                               "minutes: %s", name, self.every_seconds / 60, e)
+                return
+            self.results.append(result)
+            self.maintainer.progress(result.line())
+            return
+
+
+@contextmanager
+def _session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
+    """Spark SQL settings for one statement, restored after it."""
+    saved = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def _deltars_reads_log(path: str) -> bool:
+    """Whether delta-rs can list the table's files (its log), even when it cannot write or scan the data."""
+    try:
+        delta_table(path).get_add_actions(flatten=True)
+    except Exception:  # noqa: BLE001 - a table delta-rs cannot open; the counts are then unknown
+        return False
+    return True
