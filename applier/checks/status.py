@@ -17,7 +17,7 @@ import psycopg
 
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.idempotence import app_id_for, delta_table
+from applier.sink.idempotence import app_id_for, delta_table, source_commit_time_of
 from applier.sink.naming import source_name_of
 from applier.sink.schema import PROP_SOURCE, PROP_WIDENED
 
@@ -35,6 +35,10 @@ class TableStatus:
     kind: str = "mirror"  # or 'history', 'changes': a table derived from the mirrored table's changes
     files: int | None = None  # data files of the newest version
     size_bytes: int | None = None  # their size
+    #: the source commit time of the last transaction applied (ISO), from its Delta commit's userMetadata
+    source_commit_time: str | None = None
+    #: how long that transaction took to reach Delta: its Delta commit time minus its source commit time
+    lag_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.source_name, "kind": self.kind, "path": self.path, "rows": self.rows,
@@ -42,7 +46,8 @@ class TableStatus:
                 "applied_lsn": format_lsn(self.applied_lsn) if self.applied_lsn is not None else None,
                 "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
                 "option_mismatches": list(self.option_mismatches), "files": self.files,
-                "size_bytes": self.size_bytes}
+                "size_bytes": self.size_bytes, "source_commit_time": self.source_commit_time,
+                "lag_seconds": self.lag_seconds}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +97,10 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
     table = delta_table(str(path))
     properties = dict(table.metadata().configuration)
     source = properties.get(PROP_SOURCE) or ".".join(source_name_of(path))
-    history = table.history(1)
+    history = table.history(HISTORY_LOOKBACK)
     last = history[0].get("timestamp") if history else None
     last_commit = (datetime.fromtimestamp(int(last) / 1000, tz=UTC).isoformat() if last is not None else None)
+    source_time, lag = _source_commit(history)
     widened = tuple(json.loads(properties[PROP_WIDENED])) if PROP_WIDENED in properties else ()
     mismatches: tuple[str, ...] = ()
     if expected_options is not None:
@@ -106,7 +112,23 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
         mismatches = tuple(found)
     rows, files, size = _file_stats(table)
     return TableStatus(source, str(path), table.transaction_version(_app_id(kind, source)), last_commit,
-                       rows, widened, tuple(table.protocol().reader_features or ()), mismatches, kind, files, size)
+                       rows, widened, tuple(table.protocol().reader_features or ()), mismatches, kind, files, size,
+                       source_time.isoformat() if source_time is not None else None, lag)
+
+
+#: Commits looked at, newest first, for the last one applier made (maintenance commits come between)
+HISTORY_LOOKBACK = 20
+
+
+def _source_commit(history: list[dict[str, Any]]) -> tuple[datetime | None, float | None]:
+    """The source commit time of the last transaction applied, and its Delta commit time minus it."""
+    for commit in history:
+        source_time = source_commit_time_of(commit.get("userMetadata"))
+        if source_time is not None:
+            committed = commit.get("timestamp")
+            lag = max(int(committed) / 1000 - source_time.timestamp(), 0.0) if committed is not None else None
+            return source_time, lag
+    return None, None
 
 
 def _file_stats(table: Any) -> tuple[int | None, int, int]:

@@ -20,10 +20,12 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="show each mirrored table's applied LSN, last commit, rows, files and size; the slot's lag and WAL",
+        help="show each mirrored table's applied LSN, last commit and its lag, rows, files and size; the slot's lag "
+        "and WAL",
         description="For every Delta table under TARGET/<schema>/<table>: the end LSN it has applied (the "
-        "idempotent-write version in its Delta log), the time of its newest Delta commit, its row count, "
-        "data files and their size, "
+        "idempotent-write version in its Delta log), the time of its newest Delta commit, the source commit "
+        "time of the last transaction it applied and that transaction's lag (its Delta commit time minus its "
+        "source commit time), its row count, data files and their size, "
         "columns widened in place (Delta type widening, which delta-rs cannot read) and, with --config, "
         "the rule's table options an existing table lacks. Reads the Delta logs with delta-rs: no JVM. "
         "With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
@@ -118,12 +120,14 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
     from applier.infra.progress import byte_size
     from applier.lsn import format_lsn
 
-    header = ("table", "applied", "last commit", "rows", "files", "size")
+    header = ("table", "applied", "last commit", "source commit", "lag", "rows", "files", "size")
     lines = [header]
     for t in tables:
         name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
         lines.append((name, format_lsn(t.applied_lsn) if t.applied_lsn is not None else "-",
-                      (t.last_commit or "-")[:19], str(t.rows) if t.rows is not None else "?",
+                      (t.last_commit or "-")[:19], (t.source_commit_time or "-")[:19],
+                      f"{t.lag_seconds:.1f}s" if t.lag_seconds is not None else "-",
+                      str(t.rows) if t.rows is not None else "?",
                       str(t.files) if t.files is not None else "?",
                       byte_size(t.size_bytes) if t.size_bytes is not None else "?"))
     if tables:

@@ -24,11 +24,19 @@ from applier.errors import DroppedTypeChangeError, KeyChangeError, SchemaDecisio
 from applier.infra.crashpoints import crashpoint
 from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
+from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, TeeLoader, deltars_can_write
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.derived import DerivedTables, HistoryJob
 from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
-from applier.sink.idempotence import app_id_for, applied_version, carry_applied_version, delta_table, is_delta_table
+from applier.sink.idempotence import (
+    COMMIT_TIME_FIELD,
+    app_id_for,
+    applied_version,
+    carry_applied_version,
+    delta_table,
+    is_delta_table,
+)
 from applier.sink.identity import TableIdentities
 from applier.sink.layouts import Layouts
 from applier.sink.merge import CommitResult, apply_plan
@@ -313,7 +321,7 @@ class DeltaApplier:
             if plan.empty:
                 self._applied[path] = group_end
                 continue
-            description = commit_description(spec, group_end, len(todo), plan)
+            description = commit_description(spec, group_end, len(todo), plan, commit_time=todo[-1][1].commit_time)
             if self._dry_run is not None:
                 self._dry_run(describe_plan(description, plan))
                 continue
@@ -333,7 +341,8 @@ class DeltaApplier:
             self._applied[path] = version
             return
         description = commit_description(spec, version, len(run), plan,
-                                         f"keys={','.join(run_spec.key_columns) or '(whole row)'}")
+                                         f"keys={','.join(run_spec.key_columns) or '(whole row)'}",
+                                         commit_time=run[-1][1].commit_time)
         if self._dry_run is not None:
             self._dry_run(describe_plan(description, plan))
             return
@@ -626,9 +635,14 @@ def fold_table(spec: TableSpec, batches: Sequence[TableBatch]) -> TablePlan:
     return fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
 
 
-def commit_description(spec: TableSpec, end_lsn: int, transactions: int, plan: TablePlan, extra: str = "") -> str:
-    """What a commit's Delta history says it applied (with the truncate, in Postgres terms, when it has one)."""
+def commit_description(spec: TableSpec, end_lsn: int, transactions: int, plan: TablePlan, extra: str = "", *,
+                       commit_time: int | None = None) -> str:
+    """What a commit's Delta history says it applied (with the truncate, in Postgres terms, when it has one);
+    ``commit_time`` (the source commit time of its last transaction, PostgreSQL microseconds) is how
+    ``applier status`` tells each table's lag."""
     out = f"{spec.source_name} end_lsn={format_lsn(end_lsn)} transactions={transactions}"
+    if commit_time is not None:
+        out += f" {COMMIT_TIME_FIELD}{pg_time_to_datetime(commit_time).isoformat(timespec='microseconds')}"
     out += f" {extra}" if extra else ""
     return out + (f" {truncate_clause(plan)}" if plan.truncated else "")
 

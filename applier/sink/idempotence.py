@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,25 @@ if TYPE_CHECKING:
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+#: In a commit's userMetadata (applier.sink.engine.commit_description): the source commit time of the last
+#: transaction the commit applied, ISO 8601 in UTC.
+COMMIT_TIME_FIELD = "source_commit_time="
+
+
+def source_commit_time_of(description: str | None) -> datetime | None:
+    """The source commit time a commit's userMetadata records (None: not one of ours, or written before
+    applier recorded it)."""
+    if not description:
+        return None
+    for word in description.split(" "):
+        if word.startswith(COMMIT_TIME_FIELD):
+            try:
+                return datetime.fromisoformat(word[len(COMMIT_TIME_FIELD):])
+            except ValueError:
+                return None
+    return None
 
 
 def app_id_for(table_id: str) -> str:

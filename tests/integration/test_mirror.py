@@ -181,7 +181,7 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
         conn.execute("INSERT INTO rw_bag VALUES (1, 'a'), (2, 'b')")
         mirror(spark, _config(pg, target, read_mode="sql"), once=True)
         conn.execute("INSERT INTO rw_bag VALUES (3, 'c')")
-        (tip,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        (tip, committed) = conn.execute("SELECT pg_current_wal_lsn()::text, clock_timestamp()").fetchone()
         mirror(spark, _config(pg, target, read_mode="sql"), once=True)
         (applied,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots").fetchone()
         conn.execute("INSERT INTO rw_bag VALUES (4, 'not mirrored yet')")
@@ -191,6 +191,12 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     tables = {t["table"]: t for t in report["tables"]}
     assert set(tables) == {f"{ns}.{name}" for ns, name in TABLES}
     assert tables["public.rw_bag"]["rows"] == 3
+    # the source commit time of the last transaction applied (the insert of 3), and how long it took to Delta
+    from datetime import datetime
+
+    source_time = datetime.fromisoformat(tables["public.rw_bag"]["source_commit_time"])
+    assert abs((source_time - committed).total_seconds()) < 5, (source_time, committed)
+    assert 0 <= tables["public.rw_bag"]["lag_seconds"] < 120
     # the last insert is applied and confirmed; an idle slot is confirmed up to the server's position, which
     # may have moved past the bag's last transaction by a record of the server's own (xl_running_xacts,
     # written every 15 s while a loaded machine runs this test)
@@ -210,7 +216,8 @@ def test_status_reports_applied_lsn_rows_and_slot_lag(pg, spark, tmp_path, capsy
     # on a terminal: one aligned row per table under a header, then the slot
     assert main(["status", "--target", str(target), "--dsn", pg.dsn, "--slot", "m"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["table", "applied", "last", "commit", "rows", "files", "size"]
+    assert lines[0].split() == ["table", "applied", "last", "commit", "source", "commit", "lag", "rows", "files",
+                                "size"]
     row = next(line for line in lines if line.startswith("public.rw_bag "))
     assert row.split()[-4:-2] == ["3", str(tables["public.rw_bag"]["files"])], row
     assert len({len(line) for line in lines[:len(TABLES) + 1]}) == 1, lines  # aligned: same width
