@@ -73,8 +73,10 @@ class InitialCopy:
     """Copies ``jobs`` under ``snapshot_name`` with ``workers`` connections; reports progress."""
 
     def __init__(self, dsn: str, snapshot_name: str, *, workers: int, progress: Callable[[str], None],
-                 progress_every: float = 10.0) -> None:
+                 progress_every: float = 10.0, on_rows: Callable[[str, int, int], None] | None = None) -> None:
         self.dsn = dsn
+        #: told (table, rows copied, estimated rows) as rows arrive: the metrics' copy gauges
+        self.on_rows = on_rows
         self.snapshot_name = snapshot_name
         self.workers = workers
         self.progress = progress
@@ -157,6 +159,8 @@ class InitialCopy:
     def _count(self, job: CopyJob, rows: int) -> None:
         with self._lock:
             job.rows += rows
+            if self.on_rows is not None:
+                self.on_rows(job.table.qualified_name, job.rows, job.plan.estimated_rows)
             now = time.monotonic()
             if now - self._last_report < self.progress_every:
                 return

@@ -236,8 +236,10 @@ class Mirror:
                 if self.applier.identities is not None:  # the columns' attnums as of the copy
                     self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
             snap.execute("COMMIT")
+        metrics = self.loop.metrics
         copier = InitialCopy(self.dsn, snapshot_name, workers=settings.workers(), progress=self.progress,
-                             progress_every=min(self.progress_every, 5.0))
+                             progress_every=min(self.progress_every, 5.0),
+                             on_rows=metrics.copied if metrics is not None else None)
         self.summary.snapshot_rows.update(copier.run(jobs))
 
     # --- streaming ------------------------------------------------------------------------------
@@ -308,6 +310,8 @@ class Mirror:
                 if self.config.apply.schema_changes != "resync" or resyncs > MAX_AUTOMATIC_RESYNCS:
                     raise
                 self.loop.abandon_session()
+                if self.loop.metrics is not None:
+                    self.loop.metrics.error("resync")
                 resync_after_schema_change(self.tablesync, e)
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
@@ -322,6 +326,8 @@ class Mirror:
                 self.progress(f"connection lost ({str(e).splitlines()[0]}); reconnecting in {delay:.0f}s "
                               f"(attempt {attempt} of {self.config.source.max_retries})")
                 self.loop.abandon_session()
+                if self.loop.metrics is not None:
+                    self.loop.metrics.error("reconnect")
                 if self.stop.wait(delay):
                     self.stats.stopped_by = "stop requested"
                     return

@@ -52,6 +52,13 @@ class MirrorMetrics:
                                    "slot exceeds max_slot_wal_keep_size (-1: unlimited)", registry=r)
         self.last_progress = Gauge("applier_last_progress_timestamp_seconds", "when the loop last moved (Unix time)",
                                    registry=r)
+        self.copy_rows = Gauge("applier_copy_rows", "rows copied so far by the initial copy, per "
+                               "table", ["table"], registry=r)
+        self.copy_rows_estimated = Gauge("applier_copy_rows_estimated", "the table's rows as pg_class.reltuples "
+                                         "estimated them when its copy started", ["table"], registry=r)
+        self.errors = Counter("applier_errors", "errors the mirror recovered from by itself, by kind: reconnect (the "
+                              "source connection was lost), resync (a table copied again after a schema change)",
+                              ["kind"], registry=r)
         self.stall_seconds = stall_seconds
         self._moved = time.monotonic()
         self._rows_seen: dict[str, int] = {}
@@ -81,6 +88,14 @@ class MirrorMetrics:
         if behind is not None:
             self.lag_bytes.set(behind)
         self.lag_seconds.set(seconds)
+
+    def copied(self, table: str, rows: int, estimated: int) -> None:
+        self.copy_rows.labels(table).set(rows)
+        self.copy_rows_estimated.labels(table).set(estimated)
+        self.beat()  # a long copy is progress, not a stall
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(kind).inc()
 
     def slot(self, health: SlotHealth) -> None:
         for status in WAL_STATES:

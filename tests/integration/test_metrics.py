@@ -77,6 +77,22 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
                 assert time.monotonic() < deadline, (values, lines)  # the lag line (every 0.5 s) sets it
                 time.sleep(0.3)
                 values = _scrape(port)
+            assert values['applier_copy_rows{table="public.t"}'] == 1.0  # the initial copy's one row
+            assert 'applier_copy_rows_estimated{table="public.t"}' in values
+            # the connection lost: the mirror reconnects by itself, counts it, and goes on applying
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND pid <> pg_backend_pid()")
+            conn.execute("INSERT INTO t VALUES (21, 'after the reconnect')")
+            while (values.get('applier_rows_total{table="public.t"}', 0) < 21  # (the dying walsender may send it)
+                   or values.get('applier_errors_total{kind="reconnect"}', 0) < 1):
+                assert not errors and time.monotonic() < deadline + 60, (errors, values, lines)
+                time.sleep(0.3)
+                values = _scrape(port)
+            conn.execute("INSERT INTO t VALUES (22, 'after the reconnect')")
+            while values.get('applier_rows_total{table="public.t"}', 0) < 22:
+                assert not errors and time.monotonic() < deadline + 60, (errors, values, lines)
+                time.sleep(0.3)
+                values = _scrape(port)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
                 assert health.status == 200
         finally:
