@@ -49,11 +49,30 @@ def level_from(args: argparse.Namespace) -> int:
     return logging.INFO
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # its stream changes (pytest capture)
-    """Writes to whatever ``sys.stderr`` is at the time (pytest's capture, a redirected stream)."""
+def progress_fields(record: logging.LogRecord) -> dict[str, Any] | None:
+    """The numbers a progress line carries (applier.infra.progress.ProgressReport), if it is one."""
+    from applier.infra.progress import ProgressReport
 
-    def __init__(self) -> None:
+    args = record.args
+    if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], ProgressReport):
+        return args[0].fields
+    if isinstance(record.msg, ProgressReport):
+        return record.msg.fields
+    return None
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # its stream changes (pytest capture)
+    """Writes to whatever ``sys.stderr`` is at the time (pytest's capture, a redirected stream).
+
+    On a terminal, with the text format, a progress line that knows its total (the initial copy, a
+    catch-up, replay, capture) is drawn as a live bar (tqdm's meter: done/total, rate, ETA) that the
+    next one redraws in place; any other line clears the bar first. Elsewhere (a file, a pipe, the
+    journal) every progress line is a log line, and ``--log-format json`` carries its numbers."""
+
+    def __init__(self, *, bars: bool = True) -> None:
         super().__init__(sys.stderr)
+        self.bars = bars
+        self._bar_shown = False
 
     @property
     def stream(self) -> TextIO:
@@ -62,6 +81,54 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # its st
     @stream.setter
     def stream(self, _value: TextIO) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = self.stream
+        fields = progress_fields(record) if self.bars else None
+        try:
+            on_terminal = stream.isatty()
+        except (AttributeError, ValueError):
+            on_terminal = False
+        if not on_terminal or fields is None or not fields.get("total"):
+            if self._bar_shown and on_terminal:
+                stream.write("\r\x1b[K")
+                self._bar_shown = False
+            super().emit(record)
+            return
+        try:
+            stream.write("\r\x1b[K" + bar_text(fields))
+            done = fields.get("done") or 0
+            if done >= fields["total"]:
+                stream.write("\n")  # finished: the bar stays as its line
+                self._bar_shown = False
+            else:
+                self._bar_shown = True
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging must not raise; the handler reports it as usual
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self._bar_shown:
+            try:
+                self.stream.write("\n")
+            except (OSError, ValueError):
+                pass
+            self._bar_shown = False
+        super().close()
+
+
+def bar_text(fields: dict[str, Any], width: int | None = None) -> str:
+    """One progress bar line from a report's fields (tqdm's format: ``task:  45%|████   | 450/1000
+    [00:12<00:15, 36.0rows/s]``; bytes in binary units)."""
+    import shutil
+
+    from tqdm import tqdm
+
+    in_bytes = fields.get("unit") == "bytes"
+    return str(tqdm.format_meter(
+        min(fields.get("done") or 0, fields["total"]), fields["total"], float(fields.get("elapsed_seconds") or 0.0),
+        ncols=width or min(shutil.get_terminal_size((100, 20)).columns, 120), prefix=str(fields.get("task", "")),
+        unit="B" if in_bytes else f" {fields.get('unit', 'it')}", unit_scale=in_bytes, unit_divisor=1024))
 
 
 def _utc(record: logging.LogRecord) -> str:
@@ -79,11 +146,15 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg (and exc with a traceback)."""
+    """One JSON object per line: ts, level, logger, msg (and exc with a traceback; ``progress`` with the
+    numbers of a progress line: task, done, total, unit, rate_per_s, eta_seconds...)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {"ts": _utc(record), "level": record.levelname, "logger": record.name,
                                  "msg": scrub(record.getMessage())}
+        fields = progress_fields(record)
+        if fields is not None:
+            entry["progress"] = fields
         if record.exc_info:
             entry["exc"] = scrub(self.formatException(record.exc_info))
         return json.dumps(entry, ensure_ascii=False)
@@ -95,7 +166,7 @@ def configure(level: int = logging.INFO, fmt: str = "text") -> None:
     for h in list(root.handlers):
         if isinstance(h, _StderrHandler):
             root.removeHandler(h)
-    handler = _StderrHandler()
+    handler = _StderrHandler(bars=fmt != "json")
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root.addHandler(handler)
     root.setLevel(level)

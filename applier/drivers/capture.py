@@ -27,6 +27,7 @@ import psycopg
 
 from applier.config import CaptureConfig
 from applier.errors import ApplierError
+from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import transaction_end_lsn
@@ -86,6 +87,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     summary = CaptureSummary()
     decoder = MessageDecoder()
     batch = config.batch_changes
+    backlog: Backlog | None = None
     with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
         sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
         while not stop.is_set():
@@ -132,6 +134,12 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
             summary.messages += len(stored)
             summary.confirmed_lsn = cut_end
             batch = config.batch_changes
-            say(f"stored {len(stored)} messages up to {format_lsn(cut_end)} ({summary.messages} in all)")
+            behind = max(target - cut_end, 0)
+            if backlog is None:  # from the first round: WAL from where it started to the server's position
+                backlog = Backlog(max(target - stored[0].lsn, behind))
+            say(ProgressReport(f"stored {len(stored)} messages up to {format_lsn(cut_end)} ({summary.messages} in "
+                               f"all; {backlog.line(behind)})",
+                               {**backlog.fields(behind), "task": "capture", "messages": summary.messages,
+                                "lsn": format_lsn(cut_end)}))
     summary.seconds = time.monotonic() - started
     return summary

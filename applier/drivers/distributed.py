@@ -55,7 +55,7 @@ from applier.changes import OP_TRUNCATE, SkippedTransaction
 from applier.config import ApplySettings, ReplayConfig, TablesSettings
 from applier.errors import ApplierError, SinkError
 from applier.infra.gcpolicy import after_group, collect_between_groups
-from applier.infra.progress import Backlog
+from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import decode_message
 from applier.protocol.messages import LogicalMessage, Relation, Type
@@ -718,8 +718,12 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
                 if progress is not None and time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
                     where = f", {backlog.line(span[1] - cut.last_lsn)}" if backlog is not None and span else ""
-                    progress(f"{folded} ranges folded on executors, {received} transactions, "
-                             f"at LSN {format_lsn(cut.last_lsn)}{where}")
+                    fields = backlog.fields(span[1] - cut.last_lsn) if backlog is not None and span else \
+                        {"task": "catch-up on executors"}
+                    progress(ProgressReport(f"{folded} ranges folded on executors, {received} transactions, "
+                                            f"at LSN {format_lsn(cut.last_lsn)}{where}",
+                                            {**fields, "ranges_folded": folded, "transactions": received,
+                                             "lsn": format_lsn(cut.last_lsn)}))
                 clock = time.monotonic()
             commit(wait=True)
     finally:

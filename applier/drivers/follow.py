@@ -17,7 +17,7 @@ import psycopg
 
 from applier.config import SourceSettings
 from applier.errors import SourceError
-from applier.infra.progress import Backlog
+from applier.infra.progress import Backlog, ProgressReport
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
@@ -91,7 +91,7 @@ class SlotFollower:
             if self.loop.confirmed_lsn is not None:
                 self.stats.confirmed_lsn = self.loop.confirmed_lsn
 
-    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> str:
+    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> ProgressReport:
         """The progress line: what the server has, what it was told, and how far behind that is.
         ``confirmed_lsn`` is the slot's position as this run knows it (applied groups, and idle
         confirmations of WAL that carries nothing for us), so a caught-up mirror says 0."""
@@ -104,12 +104,18 @@ class SlotFollower:
         lag = f"{behind} bytes" if behind is not None else "unknown (nothing confirmed yet)"
         if self.loop.metrics is not None:
             self.loop.metrics.lag(behind, seconds)
+        fields: dict[str, object] = {"task": "follow"}
         if behind is not None and self._backlog is None:
             self._backlog = Backlog(behind)  # from the first report: rate and ETA of working it down
         elif behind is not None and self._backlog is not None:
             lag += f" ({self._backlog.line(behind)})"
-        return (f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
-                f"{seconds:.1f}s; {self.stats.transactions} transactions, {self.stats.messages} messages")
+            fields = self._backlog.fields(behind) if self._backlog.start_behind else fields
+        fields.update({"applied_lsn": format_lsn(applied) if applied else None, "server_lsn": format_lsn(server_lsn),
+                       "lag_bytes": behind, "lag_seconds": round(seconds, 1),
+                       "transactions": self.stats.transactions, "messages": self.stats.messages})
+        return ProgressReport(f"applied {format_lsn(applied)}, server at {format_lsn(server_lsn)}: lag {lag}, "
+                              f"{seconds:.1f}s; {self.stats.transactions} transactions, {self.stats.messages} "
+                              "messages", fields)
 
 
 

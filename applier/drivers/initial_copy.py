@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from applier.errors import ApplierError, SourceError
-from applier.infra.progress import count_line
+from applier.infra.progress import ProgressReport, count_fields, count_line
 from applier.sources.copy import TablePlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
@@ -169,6 +169,7 @@ class InitialCopy:
                                     now - (job.started or now)))
 
 
-def progress_line(name: str, rows: int, estimated: int, seconds: float) -> str:
+def progress_line(name: str, rows: int, estimated: int, seconds: float) -> ProgressReport:
     """``name: rows of ~estimate (pct), rows/s, ETA`` (the estimate is pg_class.reltuples)."""
-    return f"snapshot: {name}: {count_line(rows, estimated, seconds, 'rows', estimate=True)}"
+    return ProgressReport(f"snapshot: {name}: {count_line(rows, estimated, seconds, 'rows', estimate=True)}",
+                          count_fields(f"snapshot: {name}", rows, estimated, seconds, "rows"))

@@ -24,7 +24,7 @@ from applier.drivers.distributed import (
     range_messages,
     replay_on_executors,
 )
-from applier.infra.progress import count_line
+from applier.infra.progress import ProgressReport, count_fields, count_line
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.sources.rawlog import RawMessage, read_raw_log
@@ -121,8 +121,12 @@ def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callabl
             loop.feed(raw.lsn, raw.xid, raw.data)
             if progress is not None and time.monotonic() - last_report >= progress_every:
                 last_report = time.monotonic()
-                progress(f"{count_line(loop.messages, total, last_report - started, 'messages')}, "
-                         f"{loop.applier.stats.transactions} transactions, at LSN {format_lsn(raw.lsn)}")
+                seconds = last_report - started
+                progress(ProgressReport(
+                    f"{count_line(loop.messages, total, seconds, 'messages')}, "
+                    f"{loop.applier.stats.transactions} transactions, at LSN {format_lsn(raw.lsn)}",
+                    {**count_fields("replay", loop.messages, total, seconds, "messages"),
+                     "transactions": loop.applier.stats.transactions, "lsn": format_lsn(raw.lsn)}))
         loop.flush()
     loop.save()
     stats = loop.applier.stats

@@ -8,6 +8,29 @@ in the message alike).
 from __future__ import annotations
 
 import time
+from typing import Any
+
+
+class ProgressReport(str):
+    """A progress line that also carries its numbers: a plain ``str`` to every progress callback (so
+    callers that print or join it need nothing new), and ``fields`` for whoever knows to look — the
+    JSON log format adds them as ``"progress": {...}`` and a terminal draws a live bar from ``done`` and
+    ``total`` (applier.commands.logsetup)."""
+
+    fields: dict[str, Any]
+
+    def __new__(cls, text: str, fields: dict[str, Any]) -> ProgressReport:
+        report = super().__new__(cls, text)
+        report.fields = fields
+        return report
+
+
+def count_fields(task: str, done: int, total: int | None, seconds: float, unit: str) -> dict[str, Any]:
+    """The numbers of :func:`count_line` as fields: task, done, total, unit, rate per second, ETA seconds."""
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = (total - done) / rate if total and total > done and rate > 0 else None
+    return {"task": task, "done": done, "total": total or None, "unit": unit, "rate_per_s": round(rate, 1),
+            "eta_seconds": round(eta, 1) if eta is not None else None, "elapsed_seconds": round(seconds, 1)}
 
 
 def byte_size(n: float) -> str:
@@ -28,6 +51,18 @@ class Backlog:
     def __init__(self, behind: int, *, clock: float | None = None) -> None:
         self.start_behind = max(behind, 0)
         self.started = time.monotonic() if clock is None else clock
+
+    def fields(self, behind: int, *, clock: float | None = None) -> dict[str, Any]:
+        """The numbers of :meth:`line` (bytes): done and total of the backlog, net rate, ETA."""
+        now = time.monotonic() if clock is None else clock
+        seconds = now - self.started
+        behind = max(behind, 0)
+        worked = min(max(self.start_behind - behind, 0), self.start_behind)
+        rate = (self.start_behind - behind) / seconds if seconds > 0 else 0.0
+        eta = behind / rate if behind and rate > 0 else None
+        return {"task": "catch-up", "done": worked, "total": self.start_behind or None, "unit": "bytes",
+                "behind_bytes": behind, "rate_per_s": round(rate, 1),
+                "eta_seconds": round(eta, 1) if eta is not None else None, "elapsed_seconds": round(seconds, 1)}
 
     def line(self, behind: int, *, clock: float | None = None) -> str:
         now = time.monotonic() if clock is None else clock

@@ -97,6 +97,9 @@ def test_binary_values_replay_equals_postgres(pg, spark, tmp_path):
                progress=lines.append, progress_every=0.0)
     total = sum(1 for _ in read_raw_log(str(raw)))
     assert any(line.startswith(f"{total:,} messages of {total:,} (100%), ") for line in lines), lines[-3:]
+    # and the same numbers as fields (what --log-format json prints and a terminal's bar draws)
+    last = next(line for line in reversed(lines) if line.startswith(f"{total:,} messages of"))
+    assert last.fields["task"] == "replay" and last.fields["done"] == last.fields["total"] == total  # type: ignore[attr-defined]
 
 
 def test_strict_per_transaction_mode_equals_postgres(pg, spark, tmp_path):
