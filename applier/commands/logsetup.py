@@ -35,8 +35,8 @@ def add_logging_arguments(parser: argparse.ArgumentParser, *, suppress_defaults:
     group.add_argument("--log-level", choices=LEVELS, default=default(None),
                        help="debug, info (default), warning or error")
     group.add_argument("--log-format", choices=FORMATS, default=default("text"),
-                       help="text (default: 'time LEVEL logger: message') or json (one object per line: ts, "
-                       "level, logger, msg)")
+                       help="text (default: 'time LEVEL logger: message'; a live bar for progress on a terminal) "
+                       "or json (one object per line: ts, level, logger, msg; progress with its numbers)")
 
 
 def level_from(args: argparse.Namespace) -> int:
