@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "format `applier replay --source LOG` reads), and only then advance the slot. Each Delta "
         "commit records the end LSN it stored up to, so a crash at any point neither loses nor "
         "duplicates a message: run the same command again. Without --follow it drains what is "
-        "committed now and exits 0. The DSN comes from --dsn, source.dsn, $APPLIER_DSN or libpq's "
+        "committed now and exits 0. A drained slot is advanced to the server's position, so a quiet "
+        "publication does not hold the WAL other tables and databases write. The DSN comes from --dsn, source.dsn, $APPLIER_DSN or libpq's "
         "PGHOST/PGSERVICE variables and is never printed; it is parsed and one connection made before "
         "Spark starts (exit 2 for a bad DSN, 3 when the server cannot be reached or refuses the login).",
     )
@@ -28,6 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--slot", help="slot (overrides source.slot; created if absent)")
     p.add_argument("--log", help="Delta table path of the raw log (overrides log_path)")
     p.add_argument("--follow", action="store_true", help="keep polling for new transactions until Ctrl-C")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (messages stored, lag, the slot's WAL "
+                   "state) and a health check at /healthz while capture runs (metrics.port)")
     p.set_defaults(func=run)
 
 
@@ -44,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         "source.publication": (args.publication, "--publication"),
         "source.slot": (args.slot, "--slot"),
         "log_path": (args.log, "--log"),
+        "metrics.port": (args.metrics_port, "--metrics-port"),
     })
     check_writable_directory(cfg.log_path, "log_path (--log)")  # exit 2 before the server and Spark
     # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)

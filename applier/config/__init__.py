@@ -369,7 +369,7 @@ class MetricsSettings(_Model):
 
     port: int | None = Field(
         None, ge=0, le=65535, description="serve /metrics (Prometheus text format) and /healthz on this port while "
-        "mirror runs (--metrics-port); unset: no server; 0: a free port, logged")
+        "mirror or capture runs (--metrics-port); unset: no server; 0: a free port, logged")
     host: str = Field("0.0.0.0", description="the address the metrics server listens on")
     stall_seconds: float = Field(
         300.0, gt=0, description="/healthz answers 503 when the loop has not moved (read, applied a group, or "
@@ -487,3 +487,5 @@ class CaptureConfig(_Model):
                           description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
     batch_changes: int = Field(10_000, ge=1, description="changes per peek (whole transactions are kept together)")
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings,
+                                     description="Prometheus metrics and /healthz while capture runs")

@@ -26,16 +26,19 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.config import CaptureConfig
-from applier.errors import ApplierError
+from applier.errors import ApplierError, ConfigError
 from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import transaction_end_lsn
 from applier.sink.idempotence import applied_version, idempotent_write
 from applier.sources import sql_slot
+from applier.sources.slothealth import SlotWatch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from applier.infra.metrics import MetricsServer, MirrorMetrics
 
 CAPTURE_SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRING, captured_at TIMESTAMP"
 
@@ -80,66 +83,112 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     say = progress or (lambda _m: None)
     stop = stop or threading.Event()
     src = config.source
+    recorded, seq = _log_state(spark, config.log_path, capture_app_id(src.slot))
+    summary = CaptureSummary()
+    decoder = MessageDecoder()
+    metrics, server = _serve_metrics(config, say)
+    watch = SlotWatch(src.resolved_dsn(), src.slot, warn_below=src.wal_warning_bytes)
+    try:
+        with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
+            sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
+            _capture_rounds(spark, config, conn, summary, decoder, recorded, seq, once=once, say=say, stop=stop,
+                            poll_seconds=poll_seconds, metrics=metrics, watch=watch)
+    finally:
+        if server is not None:
+            server.close()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _serve_metrics(config: CaptureConfig, say: Callable[[str], None]) -> tuple[MirrorMetrics | None,
+                                                                               MetricsServer | None]:
+    """``metrics.port``: /metrics and /healthz while capture runs (applier.infra.metrics)."""
+    settings = config.metrics
+    if settings.port is None:
+        return None, None
+    from applier.infra.metrics import MetricsServer, MirrorMetrics  # noqa: F811 - at run time only when asked
+
+    metrics = MirrorMetrics(stall_seconds=settings.stall_seconds)
+    metrics.beat()
+    try:
+        server = MetricsServer(metrics, settings.port, settings.host)
+    except OSError as e:
+        raise ConfigError(f"cannot serve metrics on {settings.host}:{settings.port}: {e}", port=settings.port) from None
+    say(f"metrics at http://{settings.host}:{server.port}/metrics, health at /healthz")
+    return metrics, server
+
+
+def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Connection, summary: CaptureSummary,
+                    decoder: MessageDecoder, recorded: int | None, seq: int, *, once: bool,
+                    say: Callable[[str], None], stop: threading.Event, poll_seconds: float,
+                    metrics: MirrorMetrics | None, watch: SlotWatch) -> None:
+    """Peek, store, advance, until drained (``once``) or stopped."""
+    src = config.source
     options = sql_slot.options_for(src)
     app_id = capture_app_id(src.slot)
     path = config.log_path
-    recorded, seq = _log_state(spark, path, app_id)
-    summary = CaptureSummary()
-    decoder = MessageDecoder()
     batch = config.batch_changes
     backlog: Backlog | None = None
-    with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
-        sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
-        while not stop.is_set():
-            target = sql_slot.current_flush_lsn(conn)
-            rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
-            cut = None  # index just past the last boundary
-            cut_end = None
-            skip_to = 0
-            for i, row in enumerate(rows):
-                try:
-                    end = transaction_end_lsn(decoder.decode(row.data, row.lsn))
-                except ApplierError as e:
-                    e.add_context(xid=row.xid)
-                    raise
-                if end is None:
-                    continue
-                if recorded is not None and end <= recorded:
-                    skip_to = i + 1  # stored before a crash that came ahead of the slot advance
-                    continue
-                cut, cut_end = i + 1, end
-            summary.skipped_already_stored += skip_to
-            if cut is None or cut_end is None:
-                if recorded is not None and skip_to:
-                    sql_slot.advance(conn, src.slot, recorded)
-                    summary.confirmed_lsn = recorded
-                if rows and len(rows) >= batch:
-                    batch *= 2  # one streamed transaction larger than a round: read further next time
-                    continue
-                if once:
-                    break
-                stop.wait(poll_seconds)
+    while not stop.is_set():
+        health = watch.check()  # at most every 30 s; a lost slot stops here with the way back
+        if metrics is not None:
+            metrics.beat()
+            if health is not None:
+                metrics.slot(health)
+        target = sql_slot.current_flush_lsn(conn)
+        rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
+        cut = None  # index just past the last boundary
+        cut_end = None
+        skip_to = 0
+        for i, row in enumerate(rows):
+            try:
+                end = transaction_end_lsn(decoder.decode(row.data, row.lsn))
+            except ApplierError as e:
+                e.add_context(xid=row.xid)
+                raise
+            if end is None:
                 continue
-            stored = rows[skip_to:cut]
-            session = str(uuid.uuid4())
-            now = datetime.now(UTC)
-            data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now) for n, r in enumerate(stored)]
-            frame = spark.createDataFrame(data, CAPTURE_SCHEMA).coalesce(1)  # one file, rows in log order
-            with idempotent_write(spark, app_id, cut_end, f"capture {src.slot} up to {format_lsn(cut_end)}"):
-                frame.write.format("delta").mode("append").save(path)
-            seq += len(stored)
-            recorded = cut_end
-            sql_slot.advance(conn, src.slot, cut_end)  # only now: the messages are stored
-            summary.rounds += 1
-            summary.messages += len(stored)
-            summary.confirmed_lsn = cut_end
-            batch = config.batch_changes
-            behind = max(target - cut_end, 0)
-            if backlog is None:  # from the first round: WAL from where it started to the server's position
-                backlog = Backlog(max(target - stored[0].lsn, behind))
-            say(ProgressReport(f"stored {len(stored)} messages up to {format_lsn(cut_end)} ({summary.messages} in "
-                               f"all; {backlog.line(behind)})",
-                               {**backlog.fields(behind), "task": "capture", "messages": summary.messages,
-                                "lsn": format_lsn(cut_end)}))
-    summary.seconds = time.monotonic() - started
-    return summary
+            if recorded is not None and end <= recorded:
+                skip_to = i + 1  # stored before a crash that came ahead of the slot advance
+                continue
+            cut, cut_end = i + 1, end
+        summary.skipped_already_stored += skip_to
+        if cut is None or cut_end is None:
+            if recorded is not None and skip_to:
+                sql_slot.advance(conn, src.slot, recorded)
+                summary.confirmed_lsn = recorded
+            if not rows:  # drained: nothing of ours before ``target``, so the slot need not hold that WAL
+                summary.confirmed_lsn = sql_slot.advance(conn, src.slot, target)  # (other databases write it)
+                if metrics is not None:
+                    metrics.lag(0, 0.0)
+            if rows and len(rows) >= batch:
+                batch *= 2  # one streamed transaction larger than a round: read further next time
+                continue
+            if once:
+                break
+            stop.wait(poll_seconds)
+            continue
+        stored = rows[skip_to:cut]
+        session = str(uuid.uuid4())
+        now = datetime.now(UTC)
+        data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now) for n, r in enumerate(stored)]
+        frame = spark.createDataFrame(data, CAPTURE_SCHEMA).coalesce(1)  # one file, rows in log order
+        with idempotent_write(spark, app_id, cut_end, f"capture {src.slot} up to {format_lsn(cut_end)}"):
+            frame.write.format("delta").mode("append").save(path)
+        seq += len(stored)
+        recorded = cut_end
+        sql_slot.advance(conn, src.slot, cut_end)  # only now: the messages are stored
+        summary.rounds += 1
+        summary.messages += len(stored)
+        summary.confirmed_lsn = cut_end
+        batch = config.batch_changes
+        behind = max(target - cut_end, 0)
+        if backlog is None:  # from the first round: WAL from where it started to the server's position
+            backlog = Backlog(max(target - stored[0].lsn, behind))
+        say(ProgressReport(f"stored {len(stored)} messages up to {format_lsn(cut_end)} ({summary.messages} in "
+                           f"all; {backlog.line(behind)})",
+                           {**backlog.fields(behind), "task": "capture", "messages": summary.messages,
+                            "lsn": format_lsn(cut_end)}))
+        if metrics is not None:
+            metrics.captured.inc(len(stored))
+            metrics.lag(behind, 0.0)

@@ -59,6 +59,7 @@ class MirrorMetrics:
         self.errors = Counter("applier_errors", "errors the mirror recovered from by itself, by kind: reconnect (the "
                               "source connection was lost), resync (a table copied again after a schema change)",
                               ["kind"], registry=r)
+        self.captured = Counter("applier_captured_messages", "raw messages stored by capture", registry=r)
         self.stall_seconds = stall_seconds
         self._moved = time.monotonic()
         self._rows_seen: dict[str, int] = {}

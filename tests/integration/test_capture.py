@@ -55,3 +55,67 @@ def test_capture_then_replay_equals_postgres_even_after_a_crash_before_the_advan
         replay_log(spark, ReplayConfig(source_log=str(log), target=TargetSettings(path=str(target))))
         for result in verify_against_postgres(spark, conn, str(target), TABLES):
             assert result.equal, (result.source_name, result.only_in_source[:3], result.only_in_target[:3])
+
+
+def test_a_quiet_publication_holds_no_wal_and_a_following_capture_serves_metrics(pg, spark, tmp_path):
+    """Other tables keep writing while the published one is idle: the drained slot is advanced to the
+    server's position, so it does not hold their WAL. ``metrics.port`` serves the capture's numbers."""
+    import re
+    import threading
+    import time
+    import urllib.request
+
+    from applier.config import MetricsSettings
+    from applier.lsn import parse_lsn
+
+    log = tmp_path / "raw-log"
+    cfg = CaptureConfig(source=SourceSettings(dsn=pg.dsn, slot="q", publication="qp"), log_path=str(log),
+                        metrics=MetricsSettings(port=0, host="127.0.0.1"))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE pub (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE busy (id int, pad text)")  # not published
+        conn.execute("CREATE PUBLICATION qp FOR TABLE pub")
+        capture(spark, cfg)  # creates the slot
+        conn.execute("INSERT INTO busy SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g")
+        (flushed,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        capture(spark, cfg)
+        (confirmed,) = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                    "WHERE slot_name = 'q'").fetchone()
+        assert parse_lsn(confirmed) >= parse_lsn(flushed)  # the busy table's ~10 MB are not held
+
+        lines: list[str] = []
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                capture(spark, cfg, once=False, progress=lines.append, stop=stop, poll_seconds=0.2)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not any("metrics at" in line for line in lines):
+                assert not errors and time.monotonic() < deadline, (errors, lines)
+                time.sleep(0.1)
+            port = int(re.search(r":(\d+)/metrics", next(ln for ln in lines if "metrics at" in ln)).group(1))
+            for i in range(5):
+                conn.execute("INSERT INTO pub VALUES (%s)", (i,))
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                    text = response.read().decode()
+                captured = float(re.search(r"^applier_captured_messages_total (\S+)$", text, re.M).group(1))
+                if captured >= 15:  # 5 transactions of Begin, Insert, Commit (and a Relation)
+                    break
+                assert not errors and time.monotonic() < deadline, (errors, text)
+                time.sleep(0.2)
+            assert 'applier_slot_wal_status{status="reserved"} 1.0' in text
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
+                assert health.status == 200
+        finally:
+            stop.set()
+            thread.join(60)
+        assert not errors, errors
+    assert sorted(m.lsn for m in read_raw_log(log)) == [m.lsn for m in read_raw_log(log)]
