@@ -38,11 +38,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint", required=True, help="Structured Streaming checkpoint directory")
     p.add_argument("--once", action="store_true", help="process what is available now, then stop")
     p.add_argument("--interval", default="10 seconds", help="trigger interval when running continuously")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", default=None,
+                   help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (transactions, rows per table, "
+                        "batch apply time, lag seconds) and /healthz while the query runs; 0: a free port, logged")
     add_logging_arguments(p)  # -v, -q, --log-level, --log-format: the same as `applier`
     return p.parse_args(argv)
 
 
-def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def build_query(spark, args: argparse.Namespace, metrics=None):  # type: ignore[no-untyped-def]
     """The streaming query (not started): source -> foreachBatch(DeltaApplySink)."""
     from applier.drivers.streaming import DeltaApplySink
     from applier.sources.spark_datasource import register_pgoutput_source
@@ -58,7 +61,8 @@ def build_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def
                .option("publication", args.publication).load())
     else:
         raw = spark.readStream.format("delta").option("maxFilesPerTrigger", 50).load(args.raw_log)
-    writer = raw.writeStream.foreachBatch(DeltaApplySink(args.target)).option("checkpointLocation", args.checkpoint)
+    sink = DeltaApplySink(args.target, metrics=metrics)
+    writer = raw.writeStream.foreachBatch(sink).option("checkpointLocation", args.checkpoint)
     # --once drains with processAllAvailable() rather than trigger(availableNow): the Python data
     # source does not take part in availableNow's admission control.
     return writer.trigger(processingTime="1 second" if args.once else args.interval)
@@ -69,7 +73,16 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     query's error is logged; restart with the same checkpoint)."""
     from pyspark.errors import StreamingQueryException
 
-    query = build_query(spark, args).start()
+    metrics, server = None, None
+    if getattr(args, "metrics_port", None) is not None:
+        from applier.infra.metrics import MetricsServer, MirrorMetrics
+
+        metrics = MirrorMetrics()
+        metrics.beat()
+        server = MetricsServer(metrics, args.metrics_port)
+        logging.getLogger("applier.stream").info("metrics at http://0.0.0.0:%d/metrics, health at /healthz",
+                                                 server.port)
+    query = build_query(spark, args, metrics).start()
     try:
         if args.once:
             query.processAllAvailable()
@@ -79,6 +92,8 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
         pass  # the failure is reported below from query.exception()
     finally:
         query.stop()
+        if server is not None:
+            server.close()
     error = query.exception()
     if error is not None:
         logging.getLogger("applier.stream").error("the query failed: %s", error)

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "commit records the end LSN it stored up to, so a crash at any point neither loses nor "
         "duplicates a message: run the same command again. Without --follow it drains what is "
         "committed now and exits 0. A drained slot is advanced to the server's position, so a quiet "
-        "publication does not hold the WAL other tables and databases write. The DSN comes from --dsn, source.dsn, $APPLIER_DSN or libpq's "
+        "publication does not hold the WAL other tables and databases write. The DSN comes from --dsn, "
+        "source.dsn, $APPLIER_DSN or libpq's "
         "PGHOST/PGSERVICE variables and is never printed; it is parsed and one connection made before "
         "Spark starts (exit 2 for a bad DSN, 3 when the server cannot be reached or refuses the login).",
     )

@@ -23,6 +23,7 @@ the same checkpoint) must not find the target held by the old, stopped one.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +35,13 @@ from applier.infra.gcpolicy import collect_between_groups
 from applier.infra.lock import target_writer
 from applier.loop import ApplyLoop
 from applier.lsn import parse_lsn
+from applier.protocol.replication import pg_now
 from applier.state import StateDir, atomic_write_json
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from applier.infra.metrics import MirrorMetrics
 
 #: Saved batch states kept (the newest two: the last finished batch, and the one before for a retry).
 _KEEP_STATES = 2
@@ -51,8 +55,11 @@ class DeltaApplySink:
     """``foreachBatch`` callable: apply the committed transactions of each micro-batch of raw messages."""
 
     def __init__(self, target: str, *, apply: ApplySettings | None = None, tables: TablesSettings | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, metrics: MirrorMetrics | None = None) -> None:
         self.target = target
+        #: told of each applied batch (jobs/stream.py --metrics-port: applier.infra.metrics)
+        self.metrics = metrics
+        self._rows: dict[str, int] = {}  # rows per table over all batches, for the metrics' counters
         self.settings = apply or ApplySettings()
         self.tables = tables or TablesSettings()
         self.state = StateDir.for_target(target, state_dir)
@@ -85,6 +92,7 @@ class DeltaApplySink:
             self._apply_batch(df, batch_id)
 
     def _apply_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         spark = df.sparkSession
         before = self._state_before(batch_id)
         feeder = TransactionFeeder.from_state(self.state, self.settings, catalog_json=before.get("catalog") or {})
@@ -122,6 +130,12 @@ class DeltaApplySink:
                     pending = []
         loop.flush()
         self.transactions += loop.transactions
+        if self.metrics is not None:
+            for table, rows_applied in loop.applier.stats.rows.items():
+                self._rows[table] = self._rows.get(table, 0) + rows_applied
+            self.metrics.group_applied(time.monotonic() - started, loop.transactions, self._rows)
+            if loop.last_commit_time is not None:
+                self.metrics.lag(None, max((pg_now() - loop.last_commit_time) / 1e6, 0.0))
         self._save(batch_id, {
             "catalog": feeder.catalog.to_json(),
             "tail": [[lsn, xid, data.hex()] for lsn, xid, data in pending],

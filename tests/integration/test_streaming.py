@@ -53,8 +53,13 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
                 (spark.createDataFrame(part[i:i + 7], "lsn STRING, xid BIGINT, data BINARY, seq BIGINT")
                  .coalesce(1).write.format("delta").mode("append").save(str(log)))
 
+        from applier.infra.metrics import MetricsServer, MirrorMetrics
+
+        metrics = MirrorMetrics()  # what jobs/stream.py --metrics-port serves
+        server = MetricsServer(metrics, 0, "127.0.0.1")
+
         def run_stream() -> None:
-            sink = DeltaApplySink(str(target))
+            sink = DeltaApplySink(str(target), metrics=metrics)
             query = (spark.readStream.format("delta").option("maxFilesPerTrigger", 3).load(str(log))
                      .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
                      .trigger(availableNow=True).start())
@@ -66,6 +71,17 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
         append(rows[half:])
         run_stream()  # a restart from the checkpoint, with the tail of an open transaction saved
         _assert_equal(spark, conn, target)
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        server.close()
+        (applied,) = conn.execute("SELECT count(*) FROM rw_bag").fetchone()
+        values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        commits = sum(1 for r in rows if bytes(r[2][:1]) in (b"C", b"c"))  # Commit, Stream Commit
+        assert float(values["applier_transactions_total"]) == commits, (values, commits)
+        assert float(values["applier_group_commits_total"]) >= 2  # a batch or more per run
+        assert float(values['applier_rows_total{table="public.rw_bag"}']) >= applied
 
 
 def test_pgoutput_data_source_into_the_sink_equals_postgres(pg, spark, tmp_path):
@@ -74,7 +90,7 @@ def test_pgoutput_data_source_into_the_sink_equals_postgres(pg, spark, tmp_path)
         _workload_on_a_new_slot(conn, seed=42)
         job = _load_stream_job()  # jobs/stream.py --slot --once, as spark-submit would run it
         args = job.parse_args(["--slot", "s", "--dsn", pg.dsn, "--publication", "rw_pub", "--target", str(target),
-                               "--checkpoint", str(tmp_path / "checkpoint"), "--once"])
+                               "--checkpoint", str(tmp_path / "checkpoint"), "--once", "--metrics-port", "0"])
         assert job.run(spark, args) == 0
         _assert_equal(spark, conn, target)
         # The slot advanced over every applied commit: nothing is left for it to send. (Comparing with
