@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 WAL_STATES = ("reserved", "extended", "unreserved", "lost")
 
+#: The exit code category (applier.commands.exitcodes) of each error kind the mirror recovers from.
+ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data"}
+
 
 class MirrorMetrics:
     """The mirror's numbers, updated by the loop, the follower and the slot watch."""
@@ -56,9 +59,12 @@ class MirrorMetrics:
                                "table", ["table"], registry=r)
         self.copy_rows_estimated = Gauge("applier_copy_rows_estimated", "the table's rows as pg_class.reltuples "
                                          "estimated them when its copy started", ["table"], registry=r)
-        self.errors = Counter("applier_errors", "errors the mirror recovered from by itself, by kind: reconnect (the "
-                              "source connection was lost), resync (a table copied again after a schema change)",
-                              ["kind"], registry=r)
+        self.errors = Counter("applier_errors", "errors the mirror recovered from by itself, by the exit code "
+                              "category they would otherwise have stopped it with (unavailable: 3, bad_data: 4) and "
+                              "kind: reconnect (the source connection was lost), resync (a table copied again after "
+                              "a schema change)", ["category", "kind"], registry=r)
+        self.table_commits = Counter("applier_table_commits", "Delta commits that changed rows, per table", ["table"],
+                                     registry=r)
         self.captured = Counter("applier_captured_messages", "raw messages stored by capture", registry=r)
         self.stall_seconds = stall_seconds
         self._moved = time.monotonic()
@@ -82,6 +88,7 @@ class MirrorMetrics:
             grown = total - self._rows_seen.get(table, 0)
             if grown > 0:
                 self.rows.labels(table).inc(grown)
+                self.table_commits.labels(table).inc()
             self._rows_seen[table] = total
         self.beat()
 
@@ -96,7 +103,7 @@ class MirrorMetrics:
         self.beat()  # a long copy is progress, not a stall
 
     def error(self, kind: str) -> None:
-        self.errors.labels(kind).inc()
+        self.errors.labels(ERROR_CATEGORIES[kind], kind).inc()
 
     def slot(self, health: SlotHealth) -> None:
         for status in WAL_STATES:

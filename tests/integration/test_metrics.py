@@ -69,6 +69,7 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
                 time.sleep(0.3)
             assert values["applier_transactions_total"] >= 20
             assert values["applier_group_commits_total"] >= 1
+            assert 1 <= values['applier_table_commits_total{table="public.t"}'] <= 20
             assert values["applier_group_commit_seconds_count"] == values["applier_group_commits_total"]
             assert values['applier_slot_wal_status{status="reserved"}'] == 1.0
             assert values["applier_slot_safe_wal_size_bytes"] == -1.0  # max_slot_wal_keep_size unlimited
@@ -84,7 +85,7 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
                          "AND pid <> pg_backend_pid()")
             conn.execute("INSERT INTO t VALUES (21, 'after the reconnect')")
             while (values.get('applier_rows_total{table="public.t"}', 0) < 21  # (the dying walsender may send it)
-                   or values.get('applier_errors_total{kind="reconnect"}', 0) < 1):
+                   or values.get('applier_errors_total{category="unavailable",kind="reconnect"}', 0) < 1):
                 assert not errors and time.monotonic() < deadline + 60, (errors, values, lines)
                 time.sleep(0.3)
                 values = _scrape(port)
