@@ -61,9 +61,9 @@ def test_a_quiet_publication_holds_no_wal_and_a_following_capture_serves_metrics
     """Other tables keep writing while the published one is idle: the drained slot is advanced to the
     server's position, so it does not hold their WAL. ``metrics.port`` serves the capture's numbers."""
     import re
-    import threading
-    import time
     import urllib.request
+
+    from background import Background
 
     from applier.config import MetricsSettings
     from applier.lsn import parse_lsn
@@ -83,39 +83,28 @@ def test_a_quiet_publication_holds_no_wal_and_a_following_capture_serves_metrics
                                     "WHERE slot_name = 'q'").fetchone()
         assert parse_lsn(confirmed) >= parse_lsn(flushed)  # the busy table's ~10 MB are not held
 
-        lines: list[str] = []
-        stop = threading.Event()
-        errors: list[BaseException] = []
+        def follow(stop, progress) -> None:
+            capture(spark, cfg, once=False, progress=progress, stop=stop, poll_seconds=0.2)
 
-        def follow() -> None:
-            try:
-                capture(spark, cfg, once=False, progress=lines.append, stop=stop, poll_seconds=0.2)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        thread = threading.Thread(target=follow, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 120
-            while not any("metrics at" in line for line in lines):
-                assert not errors and time.monotonic() < deadline, (errors, lines)
-                time.sleep(0.1)
-            port = int(re.search(r":(\d+)/metrics", next(ln for ln in lines if "metrics at" in ln)).group(1))
+        with Background(follow).running() as bg:
+            bg.wait_for(lambda: any("metrics at" in line for line in bg.lines), "the metrics server")
+            found = re.search(r":(\d+)/metrics", next(ln for ln in bg.lines if "metrics at" in ln))
+            assert found is not None
+            port = int(found.group(1))
             for i in range(5):
                 conn.execute("INSERT INTO pub VALUES (%s)", (i,))
-            while True:
+            text = ""
+
+            def captured() -> float:
+                nonlocal text
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                     text = response.read().decode()
-                captured = float(re.search(r"^applier_captured_messages_total (\S+)$", text, re.M).group(1))
-                if captured >= 15:  # 5 transactions of Begin, Insert, Commit (and a Relation)
-                    break
-                assert not errors and time.monotonic() < deadline, (errors, text)
-                time.sleep(0.2)
+                value = re.search(r"^applier_captured_messages_total (\S+)$", text, re.M)
+                assert value is not None, text
+                return float(value.group(1))
+
+            bg.wait_for(lambda: captured() >= 15, "5 transactions of Begin, Insert, Commit stored")
             assert 'applier_slot_wal_status{status="reserved"} 1.0' in text
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as health:
                 assert health.status == 200
-        finally:
-            stop.set()
-            thread.join(60)
-        assert not errors, errors
     assert sorted(m.lsn for m in read_raw_log(log)) == [m.lsn for m in read_raw_log(log)]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from background import captured_log
 from workloads import SCHEMA, TABLES, random_workload
 
 from applier.checks.verify import verify_against_postgres
@@ -24,8 +25,6 @@ from applier.drivers.mirror import mirror
 from applier.drivers.replay import replay_log
 from applier.errors import SourceError, SpillError
 from applier.lsn import parse_lsn
-from applier.sources.rawlog_writer import write_raw_log
-from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -156,16 +155,7 @@ def test_invalidated_slot_stops_with_the_way_back_and_the_way_back_works(pg, spa
 def _captured_log(pg, tmp_path: Path, value_column: str, statements: list[str]) -> Path:
     """Table k (id key + ``value_column``), published and slotted, the statements run, the slot's
     messages stored as a raw log."""
-    with pg.connect() as conn:
-        conn.execute(f"CREATE TABLE k (id int PRIMARY KEY, {value_column})")
-        conn.execute("CREATE PUBLICATION kp FOR TABLE k")
-        create_slot(conn, "s")
-        for statement in statements:
-            conn.execute(statement)
-        rows = [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "s", pgoutput_options("kp"))]
-    log = tmp_path / "log.parquet"
-    write_raw_log(log, rows)
-    return log
+    return captured_log(pg, tmp_path, f"CREATE TABLE k (id int PRIMARY KEY, {value_column})", statements)
 
 
 @pytest.mark.parametrize("engine", ["spark", "auto"])

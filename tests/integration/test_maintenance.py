@@ -13,30 +13,30 @@ from pathlib import Path
 
 import pytest
 import yaml
+from background import Background, captured_log
 
 from applier.checks.verify import verify_against_postgres
-from applier.config import ApplySettings, MaintenanceSettings, ReplayConfig, TableRule, TablesSettings, TargetSettings
+from applier.config import (
+    ApplySettings,
+    MaintenanceSettings,
+    MirrorConfig,
+    ReplayConfig,
+    SourceSettings,
+    TableRule,
+    TablesSettings,
+    TargetSettings,
+)
+from applier.drivers.mirror import Mirror
 from applier.drivers.replay import replay_log
 from applier.sink.idempotence import app_id_for, delta_table
 from applier.sink.maintenance import TableMaintainer
-from applier.sources.rawlog_writer import write_raw_log
-from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 from applier.spark.session import SparkProvider
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 
 def _captured_log(pg, tmp_path: Path, statements: list[str]) -> Path:
-    with pg.connect() as conn:
-        conn.execute("CREATE TABLE k (id int PRIMARY KEY, v int, note text)")
-        conn.execute("CREATE PUBLICATION kp FOR TABLE k")
-        create_slot(conn, "s")
-        for statement in statements:
-            conn.execute(statement)
-        rows = [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "s", pgoutput_options("kp"))]
-    log = tmp_path / "log.parquet"
-    write_raw_log(log, rows)
-    return log
+    return captured_log(pg, tmp_path, "CREATE TABLE k (id int PRIMARY KEY, v int, note text)", statements)
 
 
 def _assert_equal(spark, pg, target: Path, rows: int) -> None:
@@ -60,30 +60,18 @@ def test_maintenance_racing_the_applier_keeps_it_exact_then_vacuums_and_checkpoi
     cfg = ReplayConfig(source_log=str(log), target=TargetSettings(path=str(target)),
                        apply=ApplySettings(grouping="transaction", merge_engine="auto"))
     maintainer = TableMaintainer(MaintenanceSettings(min_small_files=3), None)
-    done = threading.Event()
     compactions: list[int] = []
-    errors: list[BaseException] = []
 
-    def maintain_loop() -> None:
-        while not done.is_set():
+    def maintain_loop(stop: threading.Event, _progress) -> None:
+        while not stop.is_set():
             if (table / "_delta_log").is_dir():
-                try:
-                    result = maintainer.maintain(table, "public.k")
-                    if result.compacted:
-                        compactions.append(result.before.count)
-                except BaseException as e:  # noqa: BLE001 - reported below
-                    errors.append(e)
-                    return
+                result = maintainer.maintain(table, "public.k")
+                if result.compacted:
+                    compactions.append(result.before.count)
             time.sleep(0.05)
 
-    worker = threading.Thread(target=maintain_loop, daemon=True)
-    worker.start()
-    try:
+    with Background(maintain_loop).running():
         replay_log(spark, cfg)
-    finally:
-        done.set()
-        worker.join(120)
-    assert not errors, errors
     assert compactions, "no compaction ran while the applier committed: the race was not exercised"
     _assert_equal(spark, pg, target, rows=290)
     applied = delta_table(str(table)).transaction_version(app_id_for("public.k"))
@@ -138,9 +126,6 @@ def test_a_table_delta_rs_cannot_write_is_compacted_with_spark(pg, spark, tmp_pa
 
 def test_a_running_mirror_maintains_its_tables_while_idle(pg, spark, tmp_path):
     """``maintenance.every_minutes``: the mirror compacts between groups, and goes on applying after it."""
-    from applier.config import MirrorConfig, SourceSettings
-    from applier.drivers.mirror import Mirror
-
     target = tmp_path / "delta"
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="mm", publication="kp"),
                           target=TargetSettings(path=str(target)),
@@ -148,38 +133,22 @@ def test_a_running_mirror_maintains_its_tables_while_idle(pg, spark, tmp_path):
     with pg.connect() as conn:
         conn.execute("CREATE TABLE k (id int PRIMARY KEY, v int, note text)")
         conn.execute("CREATE PUBLICATION kp FOR TABLE k")
-        stop = threading.Event()
-        runner = Mirror(spark, config, stop=stop, progress_every=0.5)
-        errors: list[BaseException] = []
+        mirror: list[Mirror] = []
 
-        def run() -> None:
-            try:
-                runner.run(once=False)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+        def job(stop: threading.Event, progress) -> None:
+            mirror.append(Mirror(spark, config, stop=stop, progress_every=0.5, progress=progress))
+            mirror[0].run(once=False)
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 120
-            while runner.summary.snapshot_lsn is None:
-                assert not errors and time.monotonic() < deadline, errors
-                time.sleep(0.1)
-            assert runner.maintenance is not None
+        with Background(job).running() as bg:
+            bg.wait_for(lambda: mirror and mirror[0].summary.snapshot_lsn is not None, "the initial copy")
+            schedule = mirror[0].maintenance
+            assert schedule is not None
             for i in range(12):  # one small file each, compacted by the schedule between them
                 conn.execute(f"INSERT INTO k SELECT g, {i}, 'n' FROM generate_series({i * 10 + 1}, {i * 10 + 10}) g")
                 time.sleep(0.3)
-            while not any(r.compacted for r in runner.maintenance.results):
-                assert not errors and time.monotonic() < deadline, (errors, runner.maintenance.results)
-                time.sleep(0.2)
+            bg.wait_for(lambda: any(r.compacted for r in schedule.results), "a compaction by the schedule")
             conn.execute("UPDATE k SET v = -1 WHERE id % 3 = 0")  # applied after a compaction
-            while sum(1 for v in delta_table(str(target / "public" / "k")).to_pyarrow_table().column("v").to_pylist()
-                      if v == -1) != 40:
-                assert not errors and time.monotonic() < deadline, errors
-                time.sleep(0.2)
-        finally:
-            stop.set()
-            thread.join(60)
-        assert not errors, errors
+            bg.wait_for(lambda: sum(1 for v in delta_table(str(target / "public" / "k")).to_pyarrow_table()
+                                    .column("v").to_pylist() if v == -1) == 40, "the update after it")
     _assert_equal(spark, pg, target, rows=120)
 
