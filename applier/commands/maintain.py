@@ -63,17 +63,17 @@ def run(args: argparse.Namespace) -> int:
     tables = tables_under(target)
     if args.table:
         wanted = set(args.table)
-        unknown = wanted - {name.split(" ")[0] for name, _ in tables}
+        unknown = wanted - {t.source_name for t in tables}
         if unknown:
             raise ConfigError(f"no such mirrored table under {target}: {', '.join(sorted(unknown))}")
-        tables = [(name, path) for name, path in tables if name.split(" ")[0] in wanted]
+        tables = [t for t in tables if t.source_name in wanted]
 
     # Spark starts only for a table delta-rs cannot write (applier.sink.maintenance)
     maintainer = TableMaintainer(settings, SparkProvider.for_config(spark_config), dry_run=args.dry_run,
                                  progress=progress("maintain"))
     results = []
-    for name, path in tables:
-        result = maintainer.maintain(path, name)
+    for table in tables:
+        result = maintainer.maintain(table.path, table.label, z_order=table.kind == "mirror")
         results.append(result)
         if not args.json:
             print(result.line(), flush=True)

@@ -113,25 +113,27 @@ class TableMaintainer:
         return next((cols for pattern, cols in self.settings.z_order.items() if fnmatch.fnmatchcase(table, pattern)),
                     [])
 
-    def maintain(self, path: Path | str, table: str) -> MaintenanceResult:
+    def maintain(self, path: Path | str, table: str, *, z_order: bool = True) -> MaintenanceResult:
+        """Maintain the table at ``path`` (``table`` names it in lines and errors). ``z_order``: whether
+        ``maintenance.z_order`` applies (the mirrored tables' columns; not their history or feed tables)."""
         from applier.sink.bulkload import deltars_can_write
 
         started = time.monotonic()
         path = str(path)
+        columns = self.z_order_for(table) if z_order else []
         if deltars_can_write(path):
-            return self._with_deltars(path, table, started)
+            return self._with_deltars(path, table, columns, started)
         if self.spark is None:
             raise SinkError("this table needs Spark for maintenance (a Delta feature delta-rs cannot write) and "
                             "no Spark session was given", table=table, path=path)
-        return self._with_spark(path, table, started)
+        return self._with_spark(path, table, columns, started)
 
     # --- delta-rs ---------------------------------------------------------------------------------
 
-    def _with_deltars(self, path: str, table: str, started: float) -> MaintenanceResult:
+    def _with_deltars(self, path: str, table: str, zorder: list[str], started: float) -> MaintenanceResult:
         s = self.settings
         before = DataFiles.of(delta_table(path), s.small_file_bytes)
         compact = before.small >= s.min_small_files
-        zorder = self.z_order_for(table)
         notes: list[str] = []
         if self.dry_run:
             notes.append("dry run: " + (f"would {'z-order by ' + ', '.join(zorder) if zorder else 'compact'}"
@@ -168,14 +170,13 @@ class TableMaintainer:
 
     # --- Spark ------------------------------------------------------------------------------------
 
-    def _with_spark(self, path: str, table: str, started: float) -> MaintenanceResult:
+    def _with_spark(self, path: str, table: str, zorder: list[str], started: float) -> MaintenanceResult:
         assert self.spark is not None
         s = self.settings
         spark = self.spark.get("maintenance of a table delta-rs cannot write")
         before = DataFiles.of(delta_table(path), s.small_file_bytes) if _deltars_reads_log(path) else None
         compact = before is None or before.small >= s.min_small_files
         sql_path = delta_path_sql(path)
-        zorder = self.z_order_for(table)
         notes = ["checkpoints written by Spark every delta.checkpointInterval commits"]
         if self.dry_run:
             empty = before or DataFiles(0, 0, 0)
@@ -204,15 +205,32 @@ class TableMaintainer:
                                  time.monotonic() - started, tuple(notes))
 
 
-def tables_under(target: str | Path) -> list[tuple[str, Path]]:
-    """(name, path) of every Delta table under a target: mirrored tables, their history and change feed
-    tables (named ``schema.table (history)``...) and retired tables."""
+@dataclass(frozen=True, slots=True)
+class TargetTable:
+    """A Delta table under a target: its source table's name, what kind of table it is, where it is."""
+
+    source_name: str  # schema.table in Postgres
+    kind: str  # 'mirror', 'history', 'changes' or 'retired'
+    path: Path
+
+    @property
+    def label(self) -> str:
+        """How lines and reports name it: ``schema.table``, ``schema.table (history)``..."""
+        return self.source_name if self.kind == "mirror" else f"{self.source_name} ({self.kind})"
+
+
+def tables_under(target: str | Path) -> list[TargetTable]:
+    """Every Delta table under a target: mirrored tables, their history and change feed tables and
+    retired tables."""
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs, source_name_of
 
-    tables = [(".".join(source_name_of(path)), path) for path in mirrored_table_dirs(target)]
-    tables += [(f"{'.'.join(source_name_of(path))} ({kind.name})", path) for kind, path in derived_table_dirs(target)]
-    tables += [(f"{'.'.join(source_name_of(path))} (retired)", path) for path in retired_table_dirs(target)]
+    def name(path: Path) -> str:
+        return ".".join(source_name_of(path))
+
+    tables = [TargetTable(name(path), "mirror", path) for path in mirrored_table_dirs(target)]
+    tables += [TargetTable(name(path), kind.name, path) for kind, path in derived_table_dirs(target)]
+    tables += [TargetTable(name(path), "retired", path) for path in retired_table_dirs(target)]
     return tables
 
 
@@ -234,15 +252,15 @@ class MaintenanceSchedule:
 
     def tick(self) -> None:
         now = self.clock()
-        for name, path in tables_under(self.target):
-            if now - self._last.get(path, self._started) < self.every_seconds:
+        for table in tables_under(self.target):
+            if now - self._last.get(table.path, self._started) < self.every_seconds:
                 continue
-            self._last[path] = now
+            self._last[table.path] = now
             try:
-                result = self.maintainer.maintain(path, name)
+                result = self.maintainer.maintain(table.path, table.label, z_order=table.kind == "mirror")
             except Exception as e:  # noqa: BLE001 - logged; the mirror goes on and the table is tried again
                 logging.getLogger("applier.maintain").warning("%s: maintenance failed, tried again in %.0f "
-                                                               "minutes: %s", name, self.every_seconds / 60, e)
+                                                               "minutes: %s", table.label, self.every_seconds / 60, e)
                 return
             self.results.append(result)
             self.maintainer.progress(result.line())

@@ -51,7 +51,7 @@ def test_a_failure_is_logged_and_the_mirror_goes_on(tmp_path, caplog, monkeypatc
     clock = Clock()
     maintainer = TableMaintainer(MaintenanceSettings(), None)
 
-    def fail(path, table):
+    def fail(path, table, **_options):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(maintainer, "maintain", fail)
