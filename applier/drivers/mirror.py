@@ -276,6 +276,7 @@ class Mirror:
 
         metrics = self.loop.metrics = self.loop.metrics or MirrorMetrics(stall_seconds=settings.stall_seconds)
         metrics.beat()
+        self.tablesync.on_copy_rows = metrics.copied  # tables added to the publication later
         try:
             server = MetricsServer(metrics, settings.port, settings.host)
         except OSError as e:

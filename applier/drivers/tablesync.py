@@ -95,6 +95,8 @@ class TableSync:
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
         self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
+        #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
+        self.on_copy_rows: Callable[[str, int, int], None] | None = None
 
     # --- what is known --------------------------------------------------------------------------
 
@@ -428,7 +430,7 @@ class TableSync:
                     self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
             snap.execute("COMMIT")
         copier = InitialCopy(self.dsn, created.snapshot_name, workers=self.config.snapshot.workers(),
-                             progress=self.progress, progress_every=REPORT_EVERY_SECONDS)
+                             progress=self.progress, progress_every=REPORT_EVERY_SECONDS, on_rows=self.on_copy_rows)
         rows = copier.run(jobs)
         if pending.held:
             self.progress(f"table sync: {', '.join(pending.tables)}: applying the {len(pending.held)} "

@@ -55,7 +55,7 @@ class MirrorMetrics:
                                    "slot exceeds max_slot_wal_keep_size (-1: unlimited)", registry=r)
         self.last_progress = Gauge("applier_last_progress_timestamp_seconds", "when the loop last moved (Unix time)",
                                    registry=r)
-        self.copy_rows = Gauge("applier_copy_rows", "rows copied so far by the initial copy, per "
+        self.copy_rows = Gauge("applier_copy_rows", "rows copied so far by the initial copy or a table sync, per "
                                "table", ["table"], registry=r)
         self.copy_rows_estimated = Gauge("applier_copy_rows_estimated", "the table's rows as pg_class.reltuples "
                                          "estimated them when its copy started", ["table"], registry=r)
