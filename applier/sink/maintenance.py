@@ -75,6 +75,7 @@ class MaintenanceResult:
     checkpoint_version: int | None  # the version a checkpoint was written at (None: not written here)
     seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    dry_run: bool = False  # nothing changed: ``vacuumed`` counts what VACUUM would delete
 
     def line(self) -> str:
         files = f"{self.before.count} files ({self.before.small} small, {byte_size(self.before.size_bytes)})"
@@ -84,7 +85,7 @@ class MaintenanceResult:
             files += " left as they are"
         parts = [files]
         if self.vacuumed is not None:
-            parts.append(f"vacuum deleted {self.vacuumed} files")
+            parts.append(f"vacuum {'would delete' if self.dry_run else 'deleted'} {self.vacuumed} files")
         if self.checkpoint_version is not None:
             parts.append(f"checkpoint at version {self.checkpoint_version}")
         parts += list(self.notes)
@@ -95,7 +96,7 @@ class MaintenanceResult:
                 "small_files_before": self.before.small, "bytes_before": self.before.size_bytes,
                 "files_after": self.after.count, "bytes_after": self.after.size_bytes, "compacted": self.compacted,
                 "vacuumed_files": self.vacuumed, "checkpoint_version": self.checkpoint_version,
-                "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+                "seconds": round(self.seconds, 3), "notes": list(self.notes), "dry_run": self.dry_run}
 
 
 class TableMaintainer:
@@ -142,7 +143,7 @@ class TableMaintainer:
                                                    enforce_retention_duration=s.enforce_retention)) \
                 if s.vacuum else None
             return MaintenanceResult(table, path, "delta-rs", before, before, False, removed, None,
-                                     time.monotonic() - started, (*notes, "vacuum counted, nothing deleted"))
+                                     time.monotonic() - started, tuple(notes), dry_run=True)
         if compact:
             def optimize() -> dict[str, Any]:
                 optimizer = delta_table(path).optimize  # planned again on a retry: the conflict changed the files
@@ -181,7 +182,8 @@ class TableMaintainer:
         if self.dry_run:
             empty = before or DataFiles(0, 0, 0)
             return MaintenanceResult(table, path, "spark", empty, empty, False, None, None,
-                                     time.monotonic() - started, ("dry run: Spark tables are not planned ahead",))
+                                     time.monotonic() - started, ("dry run: Spark tables are not planned ahead",),
+                                     dry_run=True)
         if compact:
             clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in zorder)})" if zorder else ""
             self.progress(f"{table}: OPTIMIZE{clause} with Spark")
