@@ -5,8 +5,10 @@ an ``OSError`` deep in the state directory's code: exit 5 ("a bug") with a trace
 DSN check. It is a mistake in a flag or the config, which a restart will not cure: exit 2 with one
 line that names the path, the setting and what the file system said.
 
-Only local paths are checked: a URI (``s3://...``, ``abfss://...``) is the storage's business, and
-its errors come from Delta with their own words.
+Object storage (``s3://``, ``abfss://``, ``gs://``...) is refused here, with exit 2, until applier
+writes it for real (issue 33): the target's state directory, its one-writer lock and the table paths
+are local today, so such a URI used to be joined as a local path ("s3:/lake/...") and end in exit 5
+after creating a directory named ``s3:`` in the working directory. ``file://`` URIs pass unchecked.
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ def check_writable_directory(path: str | Path, setting: str) -> None:
     removed in it: ``os.access`` does not see a read-only mount for root, a real write does."""
     text = str(path)
     if "://" in text:
-        return
+        scheme = text.split("://", 1)[0].lower()
+        if scheme == "file":
+            return
+        raise ConfigError(f"{setting} {text}: applier cannot write to object storage ({scheme}://) yet: the "
+                          "target's state directory, its one-writer lock and its table paths must be on a local "
+                          "file system. Give a local directory, or one mounted from the store (e.g. mountpoint-s3, "
+                          "blobfuse2, gcsfuse); nothing was written")
     where = Path(text)
     blocker = _file_on_the_way(where)
     if blocker is not None:

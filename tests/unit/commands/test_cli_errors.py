@@ -202,3 +202,15 @@ def test_the_operations_page_shows_the_exit_code_table_of_the_code():
     from applier.commands.exitcodes import table_markdown
 
     assert table_markdown() in (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("target", ["s3://lake/mirror", "abfss://c@acct.dfs.core.windows.net/m", "gs://b/m"])
+def test_an_object_store_target_is_refused_with_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch, target):
+    """Until applier writes object storage (issue 33) such a target is a usage error, said at once: it used to
+    be joined as a local path ('s3:/lake/...'), exit 5 after a directory named 's3:' was made here."""
+    monkeypatch.chdir(tmp_path)
+    log = raw_log(tmp_path)
+    assert main(["replay", "--source", str(log), "--target", target]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "cannot write to object storage" in err and target in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet"]  # no 's3:' directory
