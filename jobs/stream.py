@@ -73,16 +73,12 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     query's error is logged; restart with the same checkpoint)."""
     from pyspark.errors import StreamingQueryException
 
-    metrics, server = None, None
+    server = None
     if getattr(args, "metrics_port", None) is not None:
-        from applier.infra.metrics import MetricsServer, MirrorMetrics
+        from applier.infra.metrics import serve_metrics
 
-        metrics = MirrorMetrics()
-        metrics.beat()
-        server = MetricsServer(metrics, args.metrics_port)
-        logging.getLogger("applier.stream").info("metrics at http://0.0.0.0:%d/metrics, health at /healthz",
-                                                 server.port)
-    query = build_query(spark, args, metrics).start()
+        server = serve_metrics(args.metrics_port, "0.0.0.0", logging.getLogger("applier.stream").info)
+    query = build_query(spark, args, server.metrics if server is not None else None).start()
     try:
         if args.once:
             query.processAllAvailable()

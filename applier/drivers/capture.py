@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.config import CaptureConfig
-from applier.errors import ApplierError, ConfigError
+from applier.errors import ApplierError
 from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
@@ -38,7 +38,7 @@ from applier.sources.slothealth import SlotWatch
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from applier.infra.metrics import MetricsServer, MirrorMetrics
+    from applier.infra.metrics import MirrorMetrics
 
 CAPTURE_SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRING, captured_at TIMESTAMP"
 
@@ -86,7 +86,13 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     recorded, seq = _log_state(spark, config.log_path, capture_app_id(src.slot))
     summary = CaptureSummary()
     decoder = MessageDecoder()
-    metrics, server = _serve_metrics(config, say)
+    server = None
+    if config.metrics.port is not None:  # /metrics and /healthz while capture runs (applier.infra.metrics)
+        from applier.infra.metrics import serve_metrics
+
+        server = serve_metrics(config.metrics.port, config.metrics.host, say,
+                               stall_seconds=config.metrics.stall_seconds)
+    metrics = server.metrics if server is not None else None
     watch = SlotWatch(src.resolved_dsn(), src.slot, warn_below=src.wal_warning_bytes)
     try:
         with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
@@ -98,24 +104,6 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
             server.close()
     summary.seconds = time.monotonic() - started
     return summary
-
-
-def _serve_metrics(config: CaptureConfig, say: Callable[[str], None]) -> tuple[MirrorMetrics | None,
-                                                                               MetricsServer | None]:
-    """``metrics.port``: /metrics and /healthz while capture runs (applier.infra.metrics)."""
-    settings = config.metrics
-    if settings.port is None:
-        return None, None
-    from applier.infra.metrics import MetricsServer, MirrorMetrics  # noqa: F811 - at run time only when asked
-
-    metrics = MirrorMetrics(stall_seconds=settings.stall_seconds)
-    metrics.beat()
-    try:
-        server = MetricsServer(metrics, settings.port, settings.host)
-    except OSError as e:
-        raise ConfigError(f"cannot serve metrics on {settings.host}:{settings.port}: {e}", port=settings.port) from None
-    say(f"metrics at http://{settings.host}:{server.port}/metrics, health at /healthz")
-    return metrics, server
 
 
 def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Connection, summary: CaptureSummary,

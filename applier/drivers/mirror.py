@@ -272,17 +272,12 @@ class Mirror:
         settings = self.config.metrics
         if settings.port is None:
             return None
-        from applier.infra.metrics import MetricsServer, MirrorMetrics
+        from applier.infra.metrics import serve_metrics
 
-        metrics = self.loop.metrics = self.loop.metrics or MirrorMetrics(stall_seconds=settings.stall_seconds)
-        metrics.beat()
-        self.tablesync.on_copy_rows = metrics.copied  # tables added to the publication later
-        try:
-            server = MetricsServer(metrics, settings.port, settings.host)
-        except OSError as e:
-            raise ConfigError(f"cannot serve metrics on {settings.host}:{settings.port}: {e}",
-                              port=settings.port) from None
-        self.progress(f"metrics at http://{settings.host}:{server.port}/metrics, health at /healthz")
+        server = serve_metrics(settings.port, settings.host, self.progress, stall_seconds=settings.stall_seconds,
+                               metrics=self.loop.metrics)
+        self.loop.metrics = server.metrics
+        self.tablesync.on_copy_rows = server.metrics.copied  # tables added to the publication later
         self.metrics_port = server.port
         return server
 

@@ -130,6 +130,7 @@ class MetricsServer:
                 return [b"ok\n" if ok else f"stalled: no progress for {metrics.stall_seconds:g} s\n".encode()]
             return prometheus(environ, start_response)  # type: ignore[no-any-return]
 
+        self.metrics = metrics
         self._server: WSGIServer = make_server(host, port, app, handler_class=_Quiet)
         self.port = int(self._server.server_port)
         self._thread = threading.Thread(target=self._server.serve_forever, name="applier-metrics", daemon=True)
@@ -139,3 +140,19 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def serve_metrics(port: int, host: str, say: Callable[[str], None], *, stall_seconds: float = 300.0,
+                  metrics: MirrorMetrics | None = None) -> MetricsServer:
+    """Serve ``metrics`` (new ones when not given) on ``host:port`` and say where; a port that cannot be
+    bound is a ConfigError (exit 2): the user's setting is wrong, not the source."""
+    from applier.errors import ConfigError
+
+    metrics = metrics or MirrorMetrics(stall_seconds=stall_seconds)
+    metrics.beat()
+    try:
+        server = MetricsServer(metrics, port, host)
+    except OSError as e:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {e}", port=port) from None
+    say(f"metrics at http://{host}:{server.port}/metrics, health at /healthz")
+    return server
