@@ -174,16 +174,16 @@ class TableMaintainer:
     def _with_spark(self, path: str, table: str, zorder: list[str], started: float) -> MaintenanceResult:
         assert self.spark is not None
         s = self.settings
-        spark = self.spark.get("maintenance of a table delta-rs cannot write")
-        before = DataFiles.of(delta_table(path), s.small_file_bytes) if _deltars_reads_log(path) else None
+        before = _data_files(path, s.small_file_bytes)
         compact = before is None or before.small >= s.min_small_files
         sql_path = delta_path_sql(path)
         notes = ["checkpoints written by Spark every delta.checkpointInterval commits"]
-        if self.dry_run:
+        if self.dry_run:  # before Spark starts: a dry run plans nothing with it
             empty = before or DataFiles(0, 0, 0)
             return MaintenanceResult(table, path, "spark", empty, empty, False, None, None,
                                      time.monotonic() - started, ("dry run: Spark tables are not planned ahead",),
                                      dry_run=True)
+        spark = self.spark.get("maintenance of a table delta-rs cannot write")
         if compact:
             clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in zorder)})" if zorder else ""
             self.progress(f"{table}: OPTIMIZE{clause} with Spark")
@@ -201,7 +201,7 @@ class TableMaintainer:
             with _session_settings(spark, settings):
                 retry_on_conflict(lambda: spark.sql(f"VACUUM {sql_path}{retain}").collect(), table=table)
             notes.append("vacuum ran (Spark does not count the files it deleted)")
-        after = DataFiles.of(delta_table(path), s.small_file_bytes) if _deltars_reads_log(path) else None
+        after = _data_files(path, s.small_file_bytes)
         empty = DataFiles(0, 0, 0)
         return MaintenanceResult(table, path, "spark", before or empty, after or empty, compact, None, None,
                                  time.monotonic() - started, tuple(notes))
@@ -285,10 +285,10 @@ def _session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
                 spark.conf.set(key, value)
 
 
-def _deltars_reads_log(path: str) -> bool:
-    """Whether delta-rs can list the table's files (its log), even when it cannot write or scan the data."""
+def _data_files(path: str, small_below: int) -> DataFiles | None:
+    """The table's data files as delta-rs lists them from its log, even when it cannot write or scan the
+    data; None when delta-rs cannot open the log at all (the counts are then unknown)."""
     try:
-        delta_table(path).get_add_actions(flatten=True)
-    except Exception:  # noqa: BLE001 - a table delta-rs cannot open; the counts are then unknown
-        return False
-    return True
+        return DataFiles.of(delta_table(path), small_below)
+    except Exception:  # noqa: BLE001 - a table delta-rs cannot open
+        return None
