@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,3 +66,10 @@ def captured_log(pg, tmp_path: Path, create: str, statements: list[str], *, publ
     write_raw_log(log, rows)
     return log
 
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """A running job's /metrics as {'name{labels}': value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {name: float(value) for name, value in
+            (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}

@@ -278,6 +278,7 @@ class Mirror:
                                metrics=self.loop.metrics)
         self.loop.metrics = server.metrics
         self.tablesync.on_copy_rows = server.metrics.copied  # tables added to the publication later
+        self.tablesync.on_waits = server.metrics.sync_waits
         self.metrics_port = server.port
         return server
 

@@ -97,6 +97,9 @@ class TableSync:
         self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
         #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
         self.on_copy_rows: Callable[[str, int, int], None] | None = None
+        #: told (tables, prepared, open transactions) whenever what a waiting copy waits for is read, and
+        #: ((), 0, 0) once none waits: the metrics' table-sync gauges, when served
+        self.on_waits: Callable[[list[str], int, int], None] | None = None
 
     # --- what is known --------------------------------------------------------------------------
 
@@ -296,13 +299,16 @@ class TableSync:
 
     # --- the copy -------------------------------------------------------------------------------
 
-    def _report_waits(self, names: str) -> None:
+    def _report_waits(self, tables: list[str]) -> None:
         """Creating a slot waits until every transaction that holds a transaction id on the server
         ends, prepared ones too, and those may wait for a user: without this line the mirror would
         look hung. Names the prepared transactions (``pg_prepared_xacts``) and the open ones
         (``pg_stat_activity``)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             gids, running = slot_creation_blockers(conn)
+        if self.on_waits is not None:
+            self.on_waits(tables if gids or running else [], len(gids), len(running))
+        names = ", ".join(tables)
         if gids:
             self.progress(f"table sync: {names}: creating the copy's slot waits for {len(gids)} prepared "
                           f"transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}); "
@@ -331,8 +337,7 @@ class TableSync:
             self.state.save(STATE_KEY, known)
         pending = self._pending
         if pending is None:
-            names = ", ".join(t.qualified_name for t in tables)
-            self._report_waits(names)
+            self._report_waits([t.qualified_name for t in tables])
             slot = f"{sync_slot_prefix(self.config.source.slot)}{os.getpid()}_{next(_slot_numbers)}"[:63]
             pending = self._pending = PendingCopy(SyncSlot(self.dsn, slot))
         for table in tables:
@@ -354,10 +359,11 @@ class TableSync:
             if timeout is not None and time.monotonic() - pending.last_report < REPORT_EVERY_SECONDS:
                 return False
             pending.last_report = time.monotonic()
-            self._report_waits(", ".join(pending.tables))
+            self._report_waits(list(pending.tables))
             if timeout is not None:
                 return False
         self._pending = None
+        self._waits_over()
         try:
             self._copy(pending, created)
         finally:
@@ -383,8 +389,13 @@ class TableSync:
         if pending is None:
             return
         pending.slot.close()
+        self._waits_over()
         self.progress(f"table sync: {', '.join(pending.tables)}: the copy's slot was still waiting; the next run "
                       "copies them (their Delta tables are behind until then)")
+
+    def _waits_over(self) -> None:
+        if self.on_waits is not None:
+            self.on_waits([], 0, 0)
 
     def _hold(self, transactions: GroupedTransactions) -> None:
         """Take the changes of the waiting tables out of the group, in place, and keep them in order."""

@@ -66,9 +66,16 @@ class MirrorMetrics:
         self.table_commits = Counter("applier_table_commits", "Delta commits that changed rows, per table", ["table"],
                                      registry=r)
         self.captured = Counter("applier_captured_messages", "raw messages stored by capture", registry=r)
+        self.sync_waiting = Gauge("applier_table_sync_waiting", "1 while the table's copy (a table sync) waits for "
+                                  "its slot, whose creation waits for transactions open on the server; its changes "
+                                  "are held meanwhile", ["table"], registry=r)
+        self.sync_blockers = Gauge("applier_table_sync_blocking_transactions", "transactions a waiting table sync's "
+                                   "slot waits for, by kind: prepared (pg_prepared_xacts) or open "
+                                   "(pg_stat_activity)", ["kind"], registry=r)
         self.stall_seconds = stall_seconds
         self._moved = time.monotonic()
         self._rows_seen: dict[str, int] = {}
+        self._sync_tables: set[str] = set()
 
     def beat(self) -> None:
         """The loop moved: read a frame, applied a group, or found the stream idle and caught up."""
@@ -101,6 +108,17 @@ class MirrorMetrics:
         self.copy_rows.labels(table).set(rows)
         self.copy_rows_estimated.labels(table).set(estimated)
         self.beat()  # a long copy is progress, not a stall
+
+    def sync_waits(self, tables: Iterable[str], prepared: int, running: int) -> None:
+        """What a table sync waits for now (no tables: none waits)."""
+        waiting = set(tables)
+        for table in self._sync_tables - waiting:
+            self.sync_waiting.labels(table).set(0)
+        for table in waiting:
+            self.sync_waiting.labels(table).set(1)
+        self._sync_tables = waiting
+        self.sync_blockers.labels("prepared").set(prepared)
+        self.sync_blockers.labels("open").set(running)
 
     def error(self, kind: str) -> None:
         self.errors.labels(ERROR_CATEGORIES[kind], kind).inc()

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from background import scrape_metrics
 
 from applier.checks.status import slot_status
 from applier.checks.verify import verify_against_postgres
-from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.config import ApplySettings, MetricsSettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import Mirror, mirror
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -175,9 +176,11 @@ def test_a_volatile_default_copies_the_table_again_without_holding_up_the_other_
     the open transactions) instead of hanging silently, and so does ``status``. Meanwhile the other
     tables go on (issue 30 item 8: PostgreSQL's tablesync waits alone while the apply worker goes on):
     their changes reach Delta while the copy still waits, and the changes of the waiting table, held
-    meanwhile, are applied on its copy once the slot exists. ``--once`` returns only then."""
+    meanwhile, are applied on its copy once the slot exists. ``--once`` returns only then. The metrics
+    say so too (the waiting table, the prepared transaction), and stop saying it once the copy is made."""
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="vol", publication="vol_pub"),
-                          target=TargetSettings(path=str(tmp_path / "delta")))
+                          target=TargetSettings(path=str(tmp_path / "delta")),
+                          metrics=MetricsSettings(port=0, host="127.0.0.1"))
     target = tmp_path / "delta"
     with pg.connect() as conn:
         conn.execute("CREATE TABLE vol (id int PRIMARY KEY, v text)")
@@ -196,9 +199,12 @@ def test_a_volatile_default_copies_the_table_again_without_holding_up_the_other_
         errors: list[BaseException] = []
         summaries = []
 
+        mirrors: list[Mirror] = []
+
         def run() -> None:
             try:
-                summaries.append(Mirror(spark, config, progress=lines.append).run(once=True))
+                mirrors.append(Mirror(spark, config, progress=lines.append))
+                summaries.append(mirrors[0].run(once=True))
             except BaseException as e:  # noqa: BLE001  (reported by the test thread)
                 errors.append(e)
 
@@ -213,6 +219,11 @@ def test_a_volatile_default_copies_the_table_again_without_holding_up_the_other_
             assert thread.is_alive() and time.monotonic() < deadline, (errors, lines)
             time.sleep(0.2)
         assert "prepared transaction gid-waited" in waits, waits
+        port = mirrors[0].metrics_port
+        assert port is not None
+        scraped = scrape_metrics(port)
+        assert scraped['applier_table_sync_waiting{table="public.vol"}'] == 1.0, scraped
+        assert scraped['applier_table_sync_blocking_transactions{kind="prepared"}'] == 1.0, scraped
         # the other table is not held up: its change reaches Delta while the copy of vol waits
         deadline = time.monotonic() + 120
         while _delta_ids(target, "busy") != [1]:
@@ -226,6 +237,9 @@ def test_a_volatile_default_copies_the_table_again_without_holding_up_the_other_
         thread.join(timeout=180)
         assert not thread.is_alive() and not errors, (errors, lines)
         assert summaries[0].synced_rows["public.vol"] >= 31, lines
+        assert mirrors[0].loop.metrics is not None
+        assert mirrors[0].loop.metrics.sync_waiting.labels("public.vol")._value.get() == 0.0
+        assert mirrors[0].loop.metrics.sync_blockers.labels("prepared")._value.get() == 0.0
         _assert_equal(spark, conn, target, [("public", "vol"), ("public", "busy")], "vol_pub")
 
 

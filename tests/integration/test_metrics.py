@@ -7,23 +7,12 @@ import time
 import urllib.request
 
 import pytest
-from background import Background
+from background import Background, scrape_metrics
 
 from applier.config import MetricsSettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import Mirror
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
-
-
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
 
 
 @pytest.mark.parametrize("read_mode", ["replication", "sql"])
@@ -55,7 +44,7 @@ def test_a_running_mirror_serves_metrics_that_move_with_the_workload(pg, spark, 
             values: dict[str, float] = {}
 
             def scraped(condition) -> bool:
-                values.update(_scrape(port))
+                values.update(scrape_metrics(port))
                 return condition(values)
 
             bg.wait_for(lambda: scraped(lambda v: v.get('applier_rows_total{table="public.t"}', 0) >= 20),
