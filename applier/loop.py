@@ -37,6 +37,7 @@ from applier.sink.engine import DeltaApplier, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.schema import SchemaEvolution
+from applier.sink.store import StorePicker
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
@@ -119,12 +120,15 @@ class ApplyLoop:
     a thread of their own while the next group is decoded; what follows them (release, state save,
     confirm) still happens on the caller's thread, in order, once they exist. At most one group is
     in flight: dispatching the next one first waits for it.
+    ``stores``: which store writes each table (default: delta-rs where it can, else Spark; a picker with
+    an ``InMemoryStore`` runs the loop without a JVM or files, in tests).
     """
 
     def __init__(self, spark: SparkLike, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
                  state: StateDir, feeder: TransactionFeeder | None = None, progress: Progress | None = None,
                  dry_run: Progress | None = None, save_catalog_each_group: bool = False, check_order: bool = False,
-                 on_applied: Callable[[CommittedTransaction], None] | None = None) -> None:
+                 on_applied: Callable[[CommittedTransaction], None] | None = None,
+                 stores: StorePicker | None = None) -> None:
         self.spark = SparkProvider.of(spark)  # started by the first write that needs it (issue 31 item 2)
         self.settings = apply
         self.state = state
@@ -133,7 +137,8 @@ class ApplyLoop:
         self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
         self.applier = DeltaApplier(self.spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run,
-                                    identities=None if dry_run is not None else partial(TableIdentities, state))
+                                    identities=None if dry_run is not None else partial(TableIdentities, state),
+                                    stores=stores)
         if self.applier.identities is not None:  # renamed columns are decided as Relations are read
             self.feeder.catalog.columns_changed = self.applier.identities.columns_changed
         self.decoder = MessageDecoder()

@@ -146,7 +146,7 @@ def mode_append(spark, args: argparse.Namespace) -> dict[str, object]:
     import psycopg
 
     from applier.checks.verify import postgres_table_rows
-    from applier.sink.merge import arrow_table
+    from applier.sink.store.arrow import arrow_table
 
     work = Path(args.workdir)
     frames = []

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from applier.errors import InputError
-from applier.infra.deltars import deltars_path
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
+from applier.sink.store import DELTARS
 from applier.sources.rawlog import read_raw_log
 
 __all__ = ["PositionError", "check_log_continues_target"]
@@ -47,14 +47,11 @@ class TablePosition:
 
 def table_positions(target_dir: str | Path) -> list[TablePosition]:
     """The applied position of every table under ``target_dir`` that has one."""
-    from deltalake import DeltaTable
-
     out = []
     for path in mirrored_table_dirs(target_dir):
-        try:
-            dt = DeltaTable(deltars_path(path))
-            source = (dt.metadata().configuration or {}).get("applier.source") or ".".join(source_name_of(path))
-            version = dt.transaction_version(app_id_for(source))
+        try:  # read from the log with delta-rs (no JVM); a path it cannot open is skipped
+            source = DELTARS.configuration(str(path)).get("applier.source") or ".".join(source_name_of(path))
+            version = DELTARS.applied_version(str(path), app_id_for(source))
         except Exception:  # noqa: BLE001  # unreadable here: Spark reports it when it writes
             continue
         if version is not None:

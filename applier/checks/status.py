@@ -8,6 +8,7 @@ with delta-rs, so ``status`` needs no JVM: rows are counted from the log's per-f
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,11 +16,11 @@ from typing import Any
 
 import psycopg
 
-from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.idempotence import app_id_for, delta_table, source_commit_time_of
+from applier.sink.idempotence import app_id_for, source_commit_time_of
 from applier.sink.naming import source_name_of
 from applier.sink.schema import PROP_SOURCE, PROP_WIDENED
+from applier.sink.store import SparkStore, reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +91,17 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
 
     ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table
     lacks: they are applied only when a table is created, so a later config change shows up here."""
-    if not deltars_can_open(path):  # an escaped name ('%' in the path): delta-rs cannot open it
-        return TableStatus(".".join(source_name_of(path)), str(path), _logged_txn_version(path), None, None,
+    store = reader(str(path))
+    if isinstance(store, SparkStore):  # an escaped name ('%' in the path): delta-rs cannot open it
+        name = ".".join(source_name_of(path))
+        return TableStatus(name, str(path), store.logged_applied_version(str(path), app_id_for(name)), None, None,
                            option_mismatches=("applied LSN read from the JSON log only; delta-rs cannot open a "
                                               "path holding '%'",))
-    table = delta_table(str(path))
-    properties = dict(table.metadata().configuration)
+    table = store.table_log(str(path), history=HISTORY_LOOKBACK)
+    properties = dict(table.configuration)
     source = properties.get(PROP_SOURCE) or ".".join(source_name_of(path))
-    history = table.history(HISTORY_LOOKBACK)
+    applied = store.applied_version(str(path), _app_id(kind, source))
+    history = list(table.history)
     last = history[0].get("timestamp") if history else None
     last_commit = (datetime.fromtimestamp(int(last) / 1000, tz=UTC).isoformat() if last is not None else None)
     source_time, lag = _source_commit(history)
@@ -106,13 +110,12 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
     if expected_options is not None:
         from applier.sink.schema import option_mismatches
 
-        found = option_mismatches(properties, list(table.metadata().partition_columns), expected_options)
-        if expected_options.cluster_by and "clustering" not in (table.protocol().writer_features or []):
+        found = option_mismatches(properties, list(table.partition_columns), expected_options)
+        if expected_options.cluster_by and "clustering" not in table.writer_features:
             found.append(f"cluster_by {list(expected_options.cluster_by)} configured, table is not clustered")
         mismatches = tuple(found)
-    rows, files, size = _file_stats(table)
-    return TableStatus(source, str(path), table.transaction_version(_app_id(kind, source)), last_commit,
-                       rows, widened, tuple(table.protocol().reader_features or ()), mismatches, kind, files, size,
+    return TableStatus(source, str(path), applied, last_commit, table.files.rows, widened,
+                       table.reader_features, mismatches, kind, table.files.count, table.files.size_bytes,
                        source_time.isoformat() if source_time is not None else None, lag)
 
 
@@ -120,7 +123,7 @@ def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirro
 HISTORY_LOOKBACK = 20
 
 
-def _source_commit(history: list[dict[str, Any]]) -> tuple[datetime | None, float | None]:
+def _source_commit(history: Sequence[Mapping[str, Any]]) -> tuple[datetime | None, float | None]:
     """The source commit time of the last transaction applied, and its Delta commit time minus it."""
     for commit in history:
         source_time = source_commit_time_of(commit.get("userMetadata"))
@@ -129,25 +132,6 @@ def _source_commit(history: list[dict[str, Any]]) -> tuple[datetime | None, floa
             lag = max(int(committed) / 1000 - source_time.timestamp(), 0.0) if committed is not None else None
             return source_time, lag
     return None, None
-
-
-def _file_stats(table: Any) -> tuple[int | None, int, int]:
-    """Rows of the newest version from the add actions' ``numRecords`` (minus deletion-vector rows; None
-    when a writer left no counts), its data files and their bytes."""
-    import pyarrow as pa
-
-    columns = pa.table(table.get_add_actions(flatten=True))
-    names = list(columns.schema.names)
-    size = int(sum(columns.column("size_bytes").to_pylist())) if "size_bytes" in names else 0
-    if "num_records" not in names:
-        return None, columns.num_rows, size
-    counts = columns.column("num_records").to_pylist()
-    if any(c is None for c in counts):
-        return None, columns.num_rows, size
-    deleted = 0
-    if "deletionVector.cardinality" in names:
-        deleted = sum(c or 0 for c in columns.column("deletionVector.cardinality").to_pylist())
-    return int(sum(counts)) - int(deleted), columns.num_rows, size
 
 
 def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus:
@@ -179,14 +163,3 @@ def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:
     return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None})
 
 
-def _logged_txn_version(path: Path) -> int | None:
-    """The highest ``txnVersion`` of applier's app id in the table's JSON commits (no checkpoint read)."""
-    best: int | None = None
-    log = path / "_delta_log"
-    source = ".".join(source_name_of(path))
-    for commit in sorted(log.glob("*.json")):
-        for line in commit.read_text(encoding="utf-8").splitlines():
-            txn = json.loads(line).get("txn") if line.strip() else None
-            if txn and txn.get("appId") == app_id_for(source):
-                best = max(best or 0, int(txn["version"]))
-    return best

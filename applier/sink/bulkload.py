@@ -24,24 +24,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from applier.infra.crashpoints import crashpoint
-from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.merge import arrow_table
+from applier.sink.store import SparkStore
+from applier.sink.store.arrow import arrow_table
 from applier.spark.session import SparkLike, SparkProvider
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from applier.sink.schema import TableSpec
+    from applier.sink.store import TableStore, WriteMode
 
 
 class SnapshotLoader:
     """Gathers one table's copied rows (Arrow tables or converted rows, in the source's column order)
-    and writes them in commits of about ``commit_bytes``; thread-safe."""
+    and writes them in commits of about ``commit_bytes``, through ``store`` (default: Spark's);
+    thread-safe."""
 
     def __init__(self, spark: SparkLike, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
                  tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
-                 deltars: bool = False, constants: tuple[Any, ...] = ()) -> None:
+                 store: TableStore | None = None, constants: tuple[Any, ...] = ()) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -64,7 +66,8 @@ class SnapshotLoader:
         self._pending_bytes = 0
         self._first = True
         self._finished = False
-        self.deltars = deltars
+        self._spark_store = SparkStore(self._spark)
+        self.store: TableStore = store if store is not None else self._spark_store
 
     @property
     def spark(self) -> SparkSession:
@@ -121,38 +124,25 @@ class SnapshotLoader:
             return
         table = pa.concat_tables(pieces) if pieces else self._arrow_schema.empty_table()
         del pieces
-        if self.deltars:
-            if table.num_rows or final:
-                self._write_deltars(table, tagged=final)
+        if not (table.num_rows or final):
             return
-        frame = self.spark.createDataFrame(table, self.spec.schema) if table.num_rows else \
-            self.spark.createDataFrame([], self.spec.schema)
-        del table
-        self._write(frame, tagged=final)
-
-    def _write_deltars(self, table: Any, *, tagged: bool) -> None:
-        """One delta-rs commit; the last carries the applied version as a ``txn`` action (what Spark's
-        ``txnAppId``/``txnVersion`` write) and the description as the commit's ``userMetadata``."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
-
-        properties = None
-        if tagged:
-            app_id, version, description = self.tag
-            properties = CommitProperties(app_transactions=[Transaction(app_id, version)],
-                                          custom_metadata={"userMetadata": description})
-        write_deltalake(deltars_path(self.path), table, mode="overwrite" if self._first else "append",
-                        commit_properties=properties)
-        self._first = False
-        if not tagged:
-            crashpoint("snapshot_chunk")
+        tag = self.tag if final else None
+        retry_on_conflict(lambda: self.store.write_arrow(self.path, table, mode=self._mode(), tag=tag,
+                                                         schema=self.spec.schema), table=self.spec.source_name)
+        self._written(tagged=final)
 
     def _write(self, frame: Any, *, tagged: bool) -> None:
-        writer = frame.write.format("delta").mode("overwrite" if self._first else "append")
-        if tagged:
-            app_id, version, description = self.tag
-            writer = (writer.option("txnAppId", app_id).option("txnVersion", str(version))
-                      .option("userMetadata", description))
-        retry_on_conflict(lambda: writer.save(self.path), table=self.spec.source_name)
+        """Rows Arrow cannot hold, as a Spark DataFrame."""
+        tag = self.tag if tagged else None
+        retry_on_conflict(lambda: self._spark_store.write_frame(self.path, frame, mode=self._mode(), tag=tag),
+                          table=self.spec.source_name)
+        self._written(tagged=tagged)
+
+    def _mode(self) -> WriteMode:
+        """The first commit replaces what an earlier attempt left, the others append."""
+        return "overwrite" if self._first else "append"
+
+    def _written(self, *, tagged: bool) -> None:
         self._first = False
         if not tagged:
             crashpoint("snapshot_chunk")
@@ -184,24 +174,3 @@ class TeeLoader:
         for other in self.others:
             other.finish()
         return self.primary.finish()
-
-
-#: writer features delta-rs writes (a table with any other takes the Spark path)
-_DELTARS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
-
-
-def deltars_can_write(path: str) -> bool:
-    """Whether delta-rs can append to the Delta table at ``path`` (its protocol asks nothing more)."""
-    if not deltars_can_open(path):
-        return False
-    try:
-        from deltalake import DeltaTable
-    except ImportError:
-        return False
-    protocol = DeltaTable(deltars_path(path)).protocol()
-    if protocol.min_writer_version > 7 or protocol.min_reader_version > 3:
-        return False
-    writer = set(protocol.writer_features or ())
-    reader = set(protocol.reader_features or ())
-    return writer <= _DELTARS_WRITER_FEATURES and reader <= {"timestampNtz"} and \
-        (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)

@@ -20,9 +20,10 @@ def _conflict_types() -> tuple[type[BaseException], ...]:
     """Delta's conflict exceptions (Spark's commits) and delta-rs's failed commit (its conflict checker
     found that a concurrent commit removed files this one read, e.g. an OPTIMIZE)."""
     import delta.exceptions as dx  # also installs Delta's conversion of the JVM exceptions
-    from deltalake.exceptions import CommitFailedError
 
-    return (*(getattr(dx, name) for name in dx.__all__), CommitFailedError)
+    from applier.sink.store.deltars import commit_failed_error
+
+    return (*(getattr(dx, name) for name in dx.__all__), commit_failed_error())
 
 
 def retry_on_conflict(write: Callable[[], T], *, table: str, attempts: int = 6, first_delay: float = 0.5,

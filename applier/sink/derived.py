@@ -23,7 +23,7 @@ from applier.config import TableRule, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
-from applier.sink.bulkload import SnapshotLoader, deltars_can_write
+from applier.sink.bulkload import SnapshotLoader
 from applier.sink.changefeed import MirrorRows, feed_app_id, feed_rows, feed_spec
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.extras import OP_READ, commit_datetime
@@ -38,7 +38,7 @@ from applier.sink.history import (
 from applier.sink.idempotence import applied_version, carry_applied_version, is_delta_table
 from applier.sink.layouts import Layouts
 from applier.sink.merge import write_rows
-from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, needs_column_mapping, table_location
+from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, table_location
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.spark.session import SparkLike, SparkProvider
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from applier.sink.store import StorePicker
 
 #: (group end LSN, batch) of one table, in commit order
 Parts = list[tuple[int, TableBatch]]
@@ -274,7 +276,7 @@ class DerivedTables:
     # --- the initial copy -----------------------------------------------------------------------
 
     def snapshot_loaders(self, table: TableSpec, schema_version: SchemaVersion, source_columns: tuple[str, ...],
-                         lsn: int, *, commit_bytes: int, deltars_allowed: bool) -> list[SnapshotLoader]:
+                         lsn: int, *, commit_bytes: int, stores: StorePicker) -> list[SnapshotLoader]:
         """Loaders writing the copy's rows into the derived tables: each row an open version, or an
         'R' change, at the copy's position."""
         loaders = []
@@ -285,13 +287,14 @@ class DerivedTables:
             if is_delta_table(path) and applied_version(self.spark, path, kind.app_id(table.source_name)) is not None:
                 continue  # it exists and follows the stream: a copy of the table (table sync) leaves it alone
             self._ensure(path, spec, schema_version)
+            stores.forget(path)  # just created or evolved: its protocol is read again
             constants = (lsn, None, None, None) if kind is HISTORY else (OP_READ, lsn, 0, None)
             description = f"{table.source_name} {kind.name} snapshot at {format_lsn(lsn)}"
             tag = (kind.app_id(table.source_name), lsn, description)
             loaders.append(SnapshotLoader(
                 self.spark, path, spec, source_columns, tag=tag, commit_bytes=commit_bytes,
                 on_done=partial(self._copied, path, lsn), constants=constants,
-                deltars=deltars_allowed and not needs_column_mapping(spec.column_names) and deltars_can_write(path)))
+                store=stores.copier(path, spec)))
         return loaders
 
     def _copied(self, path: str, lsn: int, _rows: int) -> None:

@@ -22,39 +22,33 @@ from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableC
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import DroppedTypeChangeError, KeyChangeError, SchemaDecisionError, SinkError, TypeChangeError
 from applier.infra.crashpoints import crashpoint
-from applier.infra.deltars import deltars_can_open
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
-from applier.sink.bulkload import SnapshotLoader, TeeLoader, deltars_can_write
+from applier.sink.bulkload import SnapshotLoader, TeeLoader
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.derived import DerivedTables, HistoryJob
 from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
 from applier.sink.idempotence import (
     COMMIT_TIME_FIELD,
     app_id_for,
-    applied_version,
     carry_applied_version,
-    delta_table,
-    is_delta_table,
 )
 from applier.sink.identity import TableIdentities
 from applier.sink.layouts import Layouts
-from applier.sink.merge import CommitResult, apply_plan
-from applier.sink.naming import needs_column_mapping
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
-from applier.sink.rsmerge import apply_plan_deltars
 from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
+    TableOptions,
     TableSpec,
-    create_table_deltars,
-    deltars_can_create,
+    create_table,
     ensure_table,
-    set_table_property,
     table_options,
     with_added_columns,
 )
+from applier.sink.store import CommitResult, SparkStore, StorePicker
+from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
 from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.spark.session import SparkLike, SparkProvider
@@ -195,7 +189,8 @@ class DeltaApplier:
                  apply: ApplySettings | None = None, types: TypeCache | None = None,
                  on_schema_change: Callable[[str, SchemaEvolution], None] | None = None,
                  dry_run: Callable[[str], None] | None = None,
-                 identities: Callable[[TableTargets], TableIdentities] | None = None) -> None:
+                 identities: Callable[[TableTargets], TableIdentities] | None = None,
+                 stores: StorePicker | None = None) -> None:
         #: started by the first write that needs Spark (a MERGE delta-rs does not do, a schema change...);
         #: a mirror whose tables delta-rs reads and writes runs without a JVM (issue 31 item 2)
         self.spark = SparkProvider.of(spark)
@@ -212,7 +207,8 @@ class DeltaApplier:
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(self.spark, self.settings.parallel_tables)
         self._written: set[str] = set()  # table paths this run has written rows to
-        self._deltars_writable: dict[str, bool] = {}  # table path -> delta-rs can write its protocol
+        #: which store (delta-rs or Spark) creates, merges into and copies into each table
+        self.stores = stores if stores is not None else StorePicker(self.spark, merge_engine=self.settings.merge_engine)
         self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for)
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
         self.identities = identities(self.targets) if identities is not None else None
@@ -247,9 +243,10 @@ class DeltaApplier:
         taken, its Delta table retired to ``dst`` (its derived tables beside it)."""
         from applier.sink.schema import PROP_SOURCE
 
-        for cache in (self._applied, self._commits, self._schema_seen, self._deltars_writable):
+        for cache in (self._applied, self._commits, self._schema_seen):
             cache.pop(src, None)
             cache.pop(dst, None)
+        self.stores.forget(src, dst)
         self._written.discard(src)
         if old_name != new_name:  # (the same name: parked while two tables swap names)
             self.derived.follow(old_name, new_name, dst)
@@ -410,16 +407,18 @@ class DeltaApplier:
             "a MERGE delta-rs does not write (a key-less table, unchanged TOAST values, a feature or key type " \
             "delta-rs does not handle)"
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
+        store = self.stores.merger(path, spec, spark)
         result = None
-        if self._merges_with_deltars(path, spec, plan):
+        if not isinstance(store, SparkStore):  # delta-rs may decline the plan (None): Spark makes the commit
             result = retry_on_conflict(
-                partial(apply_plan_deltars, path, spec.schema, plan, app_id=app_id, version=version,
+                partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
                         description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
         if result is None:
+            spark_store = SparkStore(spark.get(f"{spec.source_name}: {why}"))
             result = retry_on_conflict(
-                partial(apply_plan, spark.get(f"{spec.source_name}: {why}"), path, spec.schema, plan, app_id=app_id,
-                        version=version, description=description, may_be_empty=may_be_empty),
+                partial(spark_store.merge, path, spec.schema, plan, app_id=app_id, version=version,
+                        description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
         self._applied[path] = version
         if result.rows_upserted:
@@ -429,25 +428,8 @@ class DeltaApplier:
         if plan.restart_identity:
             # The tables applier creates have no identity columns of their own; record the reset so
             # that sequences owned by a consumer can follow it.
-            set_table_property(spark.get(f"{spec.source_name}: recording a TRUNCATE RESTART IDENTITY"), path,
-                               PROP_RESTART_IDENTITY, format_lsn(version))
+            self.stores.merger(path, spec, spark).set_properties(path, {PROP_RESTART_IDENTITY: format_lsn(version)})
         return result
-
-    def _merges_with_deltars(self, path: str, spec: TableSpec, plan: TablePlan) -> bool:
-        """Whether this commit goes through delta-rs (applier.sink.rsmerge): the setting allows it, the
-        table's protocol is one delta-rs writes (checked once per schema version), its keys are not
-        floating point (NaN and -0.0 compare differently in SQL engines); the plan itself is checked by
-        apply_plan_deltars, which declines what it cannot do the same way."""
-        if self.settings.merge_engine != "auto":
-            return False
-        writable = self._deltars_writable.get(path)
-        if writable is None:
-            writable = deltars_can_write(path)
-            self._deltars_writable[path] = writable
-        if not writable:
-            return False
-        key_types = {spec.schema[k].dataType.typeName() for k in spec.key_columns}
-        return not key_types & {"float", "double"}
 
     def snapshot_loader(self, schema_version: SchemaVersion, lsn: int, *, commit_bytes: int,
                         large: bool = True) -> SnapshotLoader | TeeLoader:
@@ -464,16 +446,16 @@ class DeltaApplier:
         spec = self._spec(batch)
         path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
-        allowed = self.settings.merge_engine == "auto"  # 'spark': every write through Spark, the copy's too
-        if allowed and self._schema_seen.get(path) is None and deltars_can_create(path, spec, options) \
-                and not is_delta_table(path):
-            create_table_deltars(path, spec, options)  # no Spark job: a copy of many small tables is quick
+        creator = self.stores.creator(path, spec, options or TableOptions())
+        if self._schema_seen.get(path) is None and not isinstance(creator, SparkStore) and not self._exists(path):
+            # no Spark job: a copy of many small tables is quick
+            create_table(self.spark, path, spec, options, picker=self.stores)
             self.targets.created(path)
             self._schema_seen[path] = schema_version
-            deltars = True
+            store: Store = creator
         else:
             self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
-            deltars = allowed and large and not needs_column_mapping(spec.column_names) and deltars_can_write(path)
+            store = self.stores.copier(path, spec, large=large)
 
         def done(rows: int) -> None:
             self._applied[path] = lsn
@@ -486,9 +468,9 @@ class DeltaApplier:
         # the values of applier's added columns in every copied row (a zero-column table's: its NULL)
         constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else (None,) * spec.added
         loader = SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
-                                commit_bytes=commit_bytes, on_done=done, deltars=deltars, constants=constants)
+                                commit_bytes=commit_bytes, on_done=done, store=store, constants=constants)
         others = self.derived.snapshot_loaders(spec, schema_version, schema_version.column_names, lsn,
-                                               commit_bytes=commit_bytes, deltars_allowed=allowed)
+                                               commit_bytes=commit_bytes, stores=self.stores)
         return TeeLoader(loader, others) if others else loader
 
     def replace_table(self, schema_version: SchemaVersion) -> bool:
@@ -498,10 +480,11 @@ class DeltaApplier:
         rel = schema_version.relation
         spec = self._spec(TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, 0, 0, ()))
         path = self.path_of(rel.oid, schema_version.namespace, rel.name)
-        for cache in (self._applied, self._schema_seen, self._deltars_writable):
+        for cache in (self._applied, self._schema_seen):
             cache.pop(path, None)
+        self.stores.forget(path)
         self._written.discard(path)
-        if not is_delta_table(path):
+        if not self._exists(path):
             return False
         from applier.sink.schema import empty_with_schema
 
@@ -515,24 +498,14 @@ class DeltaApplier:
     def target_columns(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The columns the table's Delta table has now (None: no table yet), read from its log."""
         path = self.path_for(namespace, name)
-        if not is_delta_table(path):
+        if not self._exists(path):
             return None
-        if not deltars_can_open(path):
-            return tuple(self.spark.get(f"{namespace}.{name}: a table delta-rs cannot open")
-                         .read.format("delta").load(path).columns)
-        return tuple(f.name for f in delta_table(path).schema().fields)
+        return self.stores.reader(path).columns(path)
 
     def snapshot_version(self, namespace: str, name: str) -> int | None:
         """The applied version a finished copy (or a later commit) recorded on the table; None when the
         table has none (never copied, or a copy that did not finish)."""
         return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
-
-    def load_snapshot(self, schema_version: SchemaVersion, chunks: Iterable[list[tuple[Any, ...]]], lsn: int) -> int:
-        """The whole copy of one table from converted rows, through ``snapshot_loader``."""
-        loader = self.snapshot_loader(schema_version, lsn, commit_bytes=128 << 20)
-        for chunk in chunks:
-            loader.add_rows(chunk)
-        return loader.finish()
 
     def _maybe_optimize(self, spark: SparkProvider, path: str, source_name: str) -> None:
         """Compact small files every ``optimize_every_commits`` commits (grouped MERGEs write a few
@@ -570,7 +543,7 @@ class DeltaApplier:
         applied: dict[str, str] = {}
         try:
             evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
-                                     renames=renames, deltars_create=self.settings.merge_engine == "auto")
+                                     renames=renames, stores=self.stores)
         except TypeChangeError as e:
             self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
             raise
@@ -582,7 +555,7 @@ class DeltaApplier:
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
-        self._deltars_writable.pop(path, None)  # a new schema may have brought a feature delta-rs cannot write
+        self.stores.forget(path)  # a new schema may have brought a feature delta-rs cannot write
 
     def _type_change_of_a_dropped_table(self, error: TypeChangeError, oid: int, path: str) -> None:
         """DroppedTypeChangeError when the relation of ``error`` no longer exists in Postgres (asked of the
@@ -607,12 +580,15 @@ class DeltaApplier:
             "there and goes on", table=table, relation_oid=oid, path=path, column=c.get("column"),
             old_type=c.get("old_type"), new_type=c.get("new_type")) from error
 
+    def _exists(self, path: str) -> bool:
+        return self.stores.reader(path).exists(path)
+
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""
         if path not in self._applied:
-            if not is_delta_table(path):
+            if not self._exists(path):
                 return None
-            version = applied_version(self.spark, path, app_id_for(source_name))
+            version = self.stores.reader(path).applied_version(path, app_id_for(source_name))
             if version is None:
                 return None
             self._applied[path] = version

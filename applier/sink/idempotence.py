@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from applier.errors import SinkError
-from applier.infra.deltars import deltars_can_open, deltars_path
-from applier.spark.session import SparkLike, session_of
+from applier.sink.store import DELTARS, SparkStore, reader
+from applier.spark.session import SparkLike
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,68 +66,26 @@ def idempotent_write(spark: SparkSession, app_id: str, version: int, user_metada
 def applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> int | None:
     """The last ``txnVersion`` Delta recorded for ``app_id`` on the table at ``table_path`` (None if never).
 
-    Read with delta-rs (``deltalake.DeltaTable.transaction_version``), a public reader of the Delta log's
-    ``txn`` actions that follows checkpoints like Spark does: no JVM internals, so ``applier status``
-    runs without a JVM and the sink works on a Spark session without ``_jvm`` (Spark Connect). It only
-    reads the log, so tables with reader features delta-rs cannot scan (type widening) still answer.
     This is the authoritative record of what has been applied, independent of any state file of ours.
-    ``spark`` is used (a provider started) only for such a path, so that callers need not care which
-    reader answers.
-    """
-    if not deltars_can_open(table_path):
-        return _jvm_applied_version(spark, table_path, app_id)
-    version = delta_table(table_path).transaction_version(app_id)
-    return int(version) if version is not None else None
-
-
-def delta_table(table_path: str) -> Any:
-    """The table's newest version as a ``deltalake.DeltaTable`` (its log read up to the last commit).
-
-    Object stores are reached with delta-rs's own settings (``AWS_*``, ``AZURE_*``, ``GOOGLE_*``
-    environment variables), not Spark's Hadoop configuration."""
-    from deltalake import DeltaTable
-
-    try:
-        return DeltaTable(deltars_path(table_path))
-    except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
-        raise SinkError("cannot read the Delta log of a target table", path=table_path,
-                        error=f"{type(e).__name__}: {e}"[:500]) from e
+    Read from the log's ``txn`` actions by the store that opens the path (delta-rs: no JVM, so
+    ``applier status`` runs without one and the sink works on Spark Connect); ``spark`` is used (a
+    provider started) only for a path delta-rs cannot open."""
+    return reader(table_path, spark).applied_version(table_path, app_id)
 
 
 def holds_no_files(spark: SparkLike | None, table_path: str) -> bool:
-    """True when the table's newest version has no data files at all (so it has no rows)."""
-    if not deltars_can_open(table_path):
-        if spark is None:
-            return False  # unknown: the caller then takes the path that works either way
-        return int(_jvm_snapshot(session_of(spark, "a table delta-rs cannot open"), table_path).numOfFiles()) == 0
-    return len(delta_table(table_path).file_uris()) == 0
+    """True when the table's newest version has no data files at all (so it has no rows); False when
+    that is unknown (a path delta-rs cannot open and no Spark: the caller then takes the path that
+    works either way)."""
+    store = reader(table_path, spark)
+    if store is not DELTARS and spark is None:
+        return False
+    return store.is_empty(table_path)
 
 
 def is_delta_table(table_path: str) -> bool:
-    """True when ``table_path`` holds a Delta table (read with delta-rs, no JVM)."""
-    from deltalake import DeltaTable
-
-    if not deltars_can_open(table_path):
-        log = Path(table_path) / "_delta_log"
-        return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
-    return bool(DeltaTable.is_deltatable(deltars_path(table_path)))
-
-
-def _jvm_snapshot(spark: SparkSession, table_path: str) -> Any:
-    """The table's newest snapshot through Delta's JVM classes: only for the paths delta-rs cannot
-    open (see applier.infra.deltars), on a classic Spark session."""
-    jvm: Any = spark._jvm  # py4j gateway of a classic session
-    session: Any = spark._jsparkSession
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, table_path)
-    return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-
-
-def _jvm_applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> int | None:
-    if spark is None:
-        raise SinkError("this table's path holds '%' (an escaped name), which delta-rs cannot open; "
-                        "its applied version needs a Spark session", path=table_path)
-    txn = _jvm_snapshot(session_of(spark, "a table delta-rs cannot open"), table_path).transactions().get(app_id)
-    return None if txn.isEmpty() else int(txn.get())
+    """True when ``table_path`` holds a Delta table (read from its log, no JVM)."""
+    return reader(table_path).exists(table_path)
 
 
 def carry_applied_version(spark: SparkLike | None, table_path: str, old_app_id: str, new_app_id: str,
@@ -142,24 +98,10 @@ def carry_applied_version(spark: SparkLike | None, table_path: str, old_app_id: 
     done = applied_version(spark, table_path, new_app_id)
     if done is not None and done >= old:
         return
-    if deltars_can_open(table_path):
-        from deltalake import CommitProperties, Transaction
-
-        try:
-            delta_table(table_path).alter.set_table_properties(
-                properties, commit_properties=CommitProperties(app_transactions=[Transaction(new_app_id, old)]))
-            return
-        except Exception:  # noqa: BLE001 - a protocol delta-rs cannot write: Spark below does the same
-            if spark is None:
-                raise
-    if spark is None:
-        raise SinkError("moving this table's applied version needs a Spark session", path=table_path)
-    spark = session_of(spark, "moving a renamed table's applied version (a table delta-rs does not write)")
-    from applier.sink.naming import delta_path_sql, sql_string_literal
-
-    if properties:
-        props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
-        spark.sql(f"ALTER TABLE {delta_path_sql(table_path)} SET TBLPROPERTIES ({props})")
-    empty = spark.read.format("delta").load(table_path).limit(0)
-    empty.write.format("delta").mode("append").option("txnAppId", new_app_id).option("txnVersion", old) \
-        .save(table_path)
+    store = reader(table_path, spark)
+    try:
+        store.set_properties(table_path, properties, carry=(new_app_id, old))
+    except Exception:  # noqa: BLE001 - a protocol delta-rs cannot write: Spark does the same
+        if spark is None or isinstance(store, SparkStore):
+            raise
+        SparkStore(spark).set_properties(table_path, properties, carry=(new_app_id, old))

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from applier.errors import SinkError
 from applier.infra.progress import byte_size
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.idempotence import delta_table
 from applier.sink.naming import delta_path_sql, quote_identifier
+from applier.sink.store import DELTARS, DeltaRsStore, FileStats, writer
 
 if TYPE_CHECKING:
     from applier.config import MaintenanceSettings
@@ -54,11 +54,8 @@ class DataFiles:
     size_bytes: int
 
     @classmethod
-    def of(cls, table: Any, small_below: int) -> DataFiles:
-        import pyarrow as pa
-
-        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-        return cls(len(sizes), sum(1 for s in sizes if s < small_below), int(sum(sizes)))
+    def of(cls, files: FileStats, small_below: int) -> DataFiles:
+        return cls(files.count, files.small(small_below), files.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +114,12 @@ class TableMaintainer:
     def maintain(self, path: Path | str, table: str, *, z_order: bool = True) -> MaintenanceResult:
         """Maintain the table at ``path`` (``table`` names it in lines and errors). ``z_order``: whether
         ``maintenance.z_order`` applies (the mirrored tables' columns; not their history or feed tables)."""
-        from applier.sink.bulkload import deltars_can_write
-
         started = time.monotonic()
         path = str(path)
         columns = self.z_order_for(table) if z_order else []
-        if deltars_can_write(path):
-            return self._with_deltars(path, table, columns, started)
+        store = writer(path, self.spark)
+        if isinstance(store, DeltaRsStore):
+            return self._with_deltars(store, path, table, columns, started)
         if self.spark is None:
             raise SinkError("this table needs Spark for maintenance (a Delta feature delta-rs cannot write) and "
                             "no Spark session was given", table=table, path=path)
@@ -131,41 +127,32 @@ class TableMaintainer:
 
     # --- delta-rs ---------------------------------------------------------------------------------
 
-    def _with_deltars(self, path: str, table: str, zorder: list[str], started: float) -> MaintenanceResult:
+    def _with_deltars(self, store: DeltaRsStore, path: str, table: str, zorder: list[str],
+                      started: float) -> MaintenanceResult:
         s = self.settings
-        before = DataFiles.of(delta_table(path), s.small_file_bytes)
+        before = DataFiles.of(store.file_stats(path), s.small_file_bytes)
         compact = before.small >= s.min_small_files
         notes: list[str] = []
         if self.dry_run:
             notes.append("dry run: " + (f"would {'z-order by ' + ', '.join(zorder) if zorder else 'compact'}"
                                         if compact else f"fewer than {s.min_small_files} small files"))
-            removed = len(delta_table(path).vacuum(retention_hours=s.retention_hours, dry_run=True, full=True,
-                                                   enforce_retention_duration=s.enforce_retention)) \
+            removed = store.vacuum(path, s.retention_hours, dry_run=True, enforce_retention=s.enforce_retention) \
                 if s.vacuum else None
             return MaintenanceResult(table, path, "delta-rs", before, before, False, removed, None,
                                      time.monotonic() - started, tuple(notes), dry_run=True)
         if compact:
-            def optimize() -> dict[str, Any]:
-                optimizer = delta_table(path).optimize  # planned again on a retry: the conflict changed the files
-                if zorder:
-                    return optimizer.z_order(zorder, target_size=s.target_file_bytes)  # type: ignore[no-any-return]
-                return optimizer.compact(target_size=s.target_file_bytes)  # type: ignore[no-any-return]
-
             self.progress(f"{table}: {'z-ordering' if zorder else 'compacting'} {before.small} small files "
                           f"of {before.count}")
-            retry_on_conflict(optimize, table=table)
+            retry_on_conflict(lambda: store.optimize(path, zorder, s.target_file_bytes), table=table)
         removed = None
         if s.vacuum:
-            removed = len(retry_on_conflict(
-                lambda: delta_table(path).vacuum(retention_hours=s.retention_hours, dry_run=False, full=True,
-                                                 enforce_retention_duration=s.enforce_retention), table=table))
+            removed = retry_on_conflict(
+                lambda: store.vacuum(path, s.retention_hours, dry_run=False, enforce_retention=s.enforce_retention),
+                table=table)
         version = None
         if s.checkpoint:
-            current = delta_table(path)
-            current.create_checkpoint()
-            current.cleanup_metadata()  # log files older than delta.logRetentionDuration, now in the checkpoint
-            version = current.version()
-        after = DataFiles.of(delta_table(path), s.small_file_bytes)
+            version = store.checkpoint(path)
+        after = DataFiles.of(store.file_stats(path), s.small_file_bytes)
         return MaintenanceResult(table, path, "delta-rs", before, after, compact, removed, version,
                                  time.monotonic() - started, tuple(notes))
 
@@ -289,6 +276,6 @@ def _data_files(path: str, small_below: int) -> DataFiles | None:
     """The table's data files as delta-rs lists them from its log, even when it cannot write or scan the
     data; None when delta-rs cannot open the log at all (the counts are then unknown)."""
     try:
-        return DataFiles.of(delta_table(path), small_below)
+        return DataFiles.of(DELTARS.file_stats(path), small_below)
     except Exception:  # noqa: BLE001 - a table delta-rs cannot open
         return None

@@ -14,25 +14,20 @@ transaction writes nothing. Identifiers are always backtick-quoted; values only 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
 from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import TablePlan
+from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table
+from applier.sink.store.base import CommitResult
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
 
-#: Prefix of the MERGE source's own columns. Longer than any PostgreSQL identifier can be (63
-#: bytes, NAMEDATALEN - 1), so no source column can share a name with them: a user column named
-#: ``__applier_op`` made every later MERGE ambiguous. Never written to a table.
-_INTERNAL = "__applier_internal_column_longer_than_any_postgresql_identifier_"
-assert len(_INTERNAL.encode()) > 63
-OP_COL = _INTERNAL + "op"
-IMG_COL = _INTERNAL + "img"
+_INTERNAL = INTERNAL_PREFIX
 
 
 def _u_col(i: int) -> str:
@@ -45,13 +40,6 @@ def _lk_col(j: int) -> str:
 
 def _t_col(i: int) -> str:
     return f"{_INTERNAL}t{i}"
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    rows_upserted: int
-    rows_deleted: int
-    overwritten: bool
 
 
 def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
@@ -77,21 +65,6 @@ def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: S
     if table is None:
         return spark.createDataFrame(rows, schema)
     return spark.createDataFrame(table, schema)
-
-
-def arrow_table(rows: list[tuple[object, ...]], schema: StructType) -> Any:
-    """``rows`` as a pyarrow Table of ``schema``'s Arrow types, or None when a value does not convert."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    try:
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
-        arrays = [pa.array(col, type=field.type, from_pandas=False)
-                  for col, field in zip(columns, arrow_schema, strict=True)]
-        return pa.Table.from_arrays(arrays, schema=arrow_schema)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return None
 
 
 def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,

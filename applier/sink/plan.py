@@ -270,3 +270,21 @@ def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None
         image = freeze(new)
         plan.images.setdefault(image, tuple(new))
         plan.counts[image] += 1
+
+
+def rows_after_truncate(plan: TablePlan, table: str) -> list[tuple[object, ...]]:
+    """Every row a truncated plan leaves the table with (it is overwritten with them): a keyed table's
+    final rows, a key-less table's row images as many times as counted."""
+    rows: list[tuple[object, ...]] = []
+    if plan.multiset:
+        for image, count in plan.counts.items():
+            if count < 0:
+                raise SinkError("rows deleted after a TRUNCATE that were never inserted after it", table=table)
+            rows.extend([plan.images[image]] * count)
+        return rows
+    for entry in plan.keyed.values():
+        if entry.row is not None:
+            if entry.unresolved:  # fold guarantees this cannot happen; keep the invariant loud
+                raise SinkError("unresolved unchanged-TOAST value after a TRUNCATE", table=table)
+            rows.append(entry.row)
+    return rows

@@ -11,12 +11,11 @@ log alone, without Spark.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from applier.errors import InputError
-from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import mirrored_table_dirs, source_name_of
+from applier.sink.store import reader
 from applier.state import StateDir
 
 __all__ = ["TargetRegistry", "TargetMissingError", "delta_table_id"]
@@ -29,23 +28,10 @@ class TargetMissingError(InputError):
 
 
 def delta_table_id(path: Path) -> str | None:
-    """The Delta table id of ``path`` (None when it is no Delta table or delta-rs cannot read it)."""
+    """The Delta table id of ``path`` (None when it is no Delta table or cannot be read)."""
     if not (path / "_delta_log").is_dir():
         return None
-    if not deltars_can_open(path):  # '%' in the path: the id from the first commit's metaData action
-        first = path / "_delta_log" / "00000000000000000000.json"
-        if first.is_file():
-            for line in first.read_text(encoding="utf-8").splitlines():
-                meta = json.loads(line).get("metaData") if line.strip() else None
-                if meta and meta.get("id"):
-                    return str(meta["id"])
-        return None
-    try:
-        from deltalake import DeltaTable
-
-        return str(DeltaTable(deltars_path(path)).metadata().id)
-    except Exception:  # noqa: BLE001  # an unreadable log is Spark's to report when it writes
-        return None
+    return reader(str(path)).table_id(str(path))
 
 
 def _rebuild_advice(command: str, state: StateDir, name: str) -> str:

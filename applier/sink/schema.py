@@ -23,8 +23,9 @@ from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING
 
 from applier.errors import SinkError, TypeChangeError
-from applier.infra.deltars import deltars_can_open, deltars_path
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
+from applier.sink.store import DeltaRsStore, InMemoryStore, SparkStore, StorePicker, reader
+from applier.sink.store.picker import Store
 from applier.sink.zerocol import ROW_COLUMN
 from applier.spark.session import SparkLike, session_of
 
@@ -129,17 +130,6 @@ class SchemaEvolution:
         return bool(self.added or self.widened)
 
 
-def _table_exists(spark: SparkLike, path: str) -> bool:
-    """Read with delta-rs where it can open the path (no JVM round trip), else through Spark."""
-    if deltars_can_open(path):
-        from deltalake import DeltaTable as RsTable
-
-        return bool(RsTable.is_deltatable(deltars_path(path)))
-    from delta.tables import DeltaTable
-
-    return bool(DeltaTable.isDeltaTable(session_of(spark, "a table delta-rs cannot open"), path))
-
-
 def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, str]:
     """The properties a new table is created with (and the check that its layout names real columns)."""
     names = set(spec.column_names)
@@ -154,50 +144,15 @@ def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, st
     return properties
 
 
-def create_table(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
-    """Create the Delta table for ``spec`` at ``path`` (no-op if it exists), with the lowest protocol it needs.
-
-    SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the path
-    into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+def create_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None, *,
+                 picker: StorePicker | None = None) -> None:
+    """Create the Delta table for ``spec`` at ``path`` with the lowest protocol it needs, by the store
+    ``picker`` chooses (delta-rs when it creates the table exactly as Spark would; without a picker,
+    Spark)."""
     options = options or TableOptions()
     properties = _creation_properties(spec, options)
-    columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
-                        for f in spec.schema.fields)
-    layout = ""
-    if options.partition_by:
-        layout = f" PARTITIONED BY ({', '.join(quote_identifier(c) for c in options.partition_by)})"
-    elif options.cluster_by:
-        layout = f" CLUSTER BY ({', '.join(quote_identifier(c) for c in options.cluster_by)})"
-    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta{layout} "
-              f"TBLPROPERTIES ({props})")
-
-
-def deltars_can_create(path: str, spec: TableSpec, options: TableOptions | None) -> bool:
-    """Whether delta-rs creates this table exactly as ``create_table`` would (same schema as Spark reads
-    it, same properties): not for column mapping, liquid clustering, type widening, change data feed or
-    Delta properties of the user's (features delta-rs may enable differently), nor for a path it cannot
-    open. Creating without Spark saves the copy a Spark job per table (bench/RESULTS.md)."""
-    if not deltars_can_open(path) or needs_column_mapping(spec.column_names):
-        return False
-    if any(not f.nullable for f in spec.schema.fields):
-        # delta-rs leaves the invariants feature out of the protocol of a table with named features
-        # (e.g. timestamp without time zone) and a NOT NULL column, and Spark then refuses the table
-        return False
-    options = options or TableOptions()
-    return not (options.type_widening or options.change_data_feed or options.cluster_by
-                or any(k.startswith("delta.") for k in options.properties))
-
-
-def create_table_deltars(path: str, spec: TableSpec, options: TableOptions | None = None) -> None:
-    """``create_table`` through delta-rs, for a table ``deltars_can_create`` accepts."""
-    from deltalake import DeltaTable
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    options = options or TableOptions()
-    DeltaTable.create(deltars_path(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
-                      partition_by=list(options.partition_by) or None,
-                      configuration=_creation_properties(spec, options), raise_if_key_not_exists=False)
+    store = picker.creator(path, spec, options) if picker is not None else SparkStore(spark)
+    store.create(path, spec, options, properties)
 
 
 def table_options(rule: TableRule | None) -> TableOptions | None:
@@ -393,50 +348,47 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
 
 def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None,
                  *, check_options: bool = True, renames: Renames | None = None,
-                 deltars_create: bool = False) -> SchemaEvolution:
+                 stores: StorePicker | None = None) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
 
     The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
     column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it.
-    A table delta-rs reads that needs none of this is checked without Spark (a provider is not started);
-    with ``deltars_create`` a new table that delta-rs creates as Spark would (``deltars_can_create``) is
-    created by delta-rs."""
+    A table delta-rs reads that needs none of this is checked without Spark (a provider is not started).
+    ``stores``: the run's choice of store (a new table is then created by the store it picks: delta-rs
+    when it creates the table as Spark would); without it, a new table is created by Spark."""
     name = spec.source_name
-    if not _table_exists(spark, path):
-        if deltars_create and deltars_can_create(path, spec, options):
-            create_table_deltars(path, spec, options)
-            return SchemaEvolution(added=spec.column_names)
-        create_table(session_of(spark, f"{name}: creating its Delta table"), path, spec, options)
+    picker = stores if stores is not None else StorePicker(spark)
+    store = picker.reader(path)
+    if not store.exists(path):
+        create_table(spark, path, spec, options, picker=stores)
         return SchemaEvolution(added=spec.column_names)
     if options is not None and options.any and check_options:
         _warn_option_mismatches(session_of(spark, f"{name}: comparing its table options"), path, spec, options)
-    if check_options and not column_mapping_state(spark, path).readable_by_deltars:
+    if check_options and not column_mapping_state(spark, path, store).readable_by_deltars:
         # a reader-2 table of an earlier version
         enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
-    if _unchanged(path, spec):
+    if _unchanged(store, path, spec):
         return SchemaEvolution()
-    evolution = evolve_table_deltars(path, spec, renames)
+    evolver = picker.evolver(path)
+    evolution = evolve_without_spark(evolver, path, spec, renames) if evolver is not None else None
     if evolution is not None:
         return evolution
+    if isinstance(evolver, InMemoryStore):
+        raise SinkError("the in-memory store adds and drops columns only (a rename or a retype needs a Delta "
+                        "table)", table=name, path=path)
     return evolve_table(session_of(spark, f"{name}: a schema change (or a table delta-rs cannot read)"), path, spec,
                         renames)
 
 
-def evolve_table_deltars(path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution | None:
-    """``evolve_table`` through delta-rs for the common changes, columns added and columns dropped, on a
-    table delta-rs writes (None: anything else, left to ``evolve_table``: a rename, a retype, a column
-    name that needs column mapping, a type that needs a table feature). Starting Spark for an ADD COLUMN
-    costs a fresh process most of its run; the Delta log gets the same metaData either way."""
-    from applier.sink.bulkload import deltars_can_write
-
-    if not deltars_can_write(path):
-        return None
-    from deltalake import DeltaTable, Schema
-
-    table = DeltaTable(deltars_path(path))
-    have_fields = json.loads(table.schema().to_json())["fields"]
-    have = {f["name"]: f["type"] for f in have_fields}
-    configuration = table.metadata().configuration
+def evolve_without_spark(store: DeltaRsStore | InMemoryStore, path: str, spec: TableSpec,
+                         renames: Renames | None) -> SchemaEvolution | None:
+    """``evolve_table`` for the common changes, columns added and columns dropped, in a store that makes
+    them without Spark (delta-rs, on a table it writes), None for anything else, left to
+    ``evolve_table``: a rename, a retype, a column name that needs column mapping, a type that needs a
+    table feature. Starting Spark for an ADD COLUMN costs a fresh process most of its run; the Delta log
+    gets the same metaData either way."""
+    have = {f["name"]: f["type"] for f in store.schema_fields(path)}
+    configuration = store.configuration(path)
     earlier = set(json.loads(configuration.get(PROP_DROPPED) or "[]"))
     old_order, gone, new = _rename_suspects(list(have), spec, earlier)
     if gone and new and renames is not None:
@@ -450,8 +402,8 @@ def evolve_table_deltars(path: str, spec: TableSpec, renames: Renames | None) ->
     if needs_column_mapping([f.name for f in added]) or "timestamp_ntz" in json.dumps([f.jsonValue() for f in added]):
         return None
     if added:
-        fields = [dict(f.jsonValue(), nullable=True) for f in added]  # as ALTER TABLE ADD COLUMNS adds them
-        table.alter.add_columns(Schema.from_json(json.dumps({"type": "struct", "fields": fields})).fields)
+        # as ALTER TABLE ADD COLUMNS adds them
+        store.add_columns(path, [dict(f.jsonValue(), nullable=True) for f in added])
     source_names = set(spec.column_names)
     dropped = tuple(n for n in have if n not in source_names and n != ROW_COLUMN)
     properties: dict[str, str] = {}
@@ -465,24 +417,21 @@ def evolve_table_deltars(path: str, spec: TableSpec, renames: Renames | None) ->
         properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
     properties = {k: v for k, v in properties.items() if configuration.get(k) != v}
     if properties:
-        table.alter.set_table_properties(properties, raise_if_not_exists=False)
+        store.set_properties(path, properties)
     return SchemaEvolution(tuple(f.name for f in added), (), dropped)
 
 
-def _unchanged(path: str, spec: TableSpec) -> bool:
+def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
     """True when the table already has exactly ``spec``'s columns and types and key columns, read from
     its log with delta-rs: evolve_table would change nothing, and reading the same through Spark costs
     the JVM's first Delta log read (seconds in a fresh process, bench/RESULTS.md). Anything else (a
     path delta-rs cannot open, a type written differently) is left to evolve_table."""
-    if not deltars_can_open(path):
+    if isinstance(store, SparkStore):
         return False
-    from deltalake import DeltaTable
-
-    table = DeltaTable(deltars_path(path))
-    have = {f["name"]: f["type"] for f in json.loads(table.schema().to_json())["fields"]}
+    have = {f["name"]: f["type"] for f in store.schema_fields(path)}
     if have != {f.name: f.dataType.jsonValue() for f in spec.schema.fields}:
         return False
-    keys = table.metadata().configuration.get(PROP_KEYS)
+    keys = store.configuration(path).get(PROP_KEYS)
     return keys is None or json.loads(keys) == list(spec.key_columns)
 
 
@@ -517,16 +466,13 @@ class MappingState:
         return self.mode == "none" or (self.min_reader_version >= 3 and "columnMapping" in self.reader_features)
 
 
-def column_mapping_state(spark: SparkLike | None, path: str) -> MappingState:
-    """The table's column mapping state, read from its log with delta-rs (no Spark job) where it can
-    open the path, else with DESCRIBE DETAIL."""
-    if deltars_can_open(path):
-        from deltalake import DeltaTable as RsTable
-
-        table = RsTable(deltars_path(path))
-        protocol = table.protocol()
-        return MappingState(table.metadata().configuration.get(COLUMN_MAPPING_MODE, "none"),
-                            protocol.min_reader_version, tuple(protocol.reader_features or ()))
+def column_mapping_state(spark: SparkLike | None, path: str, store: Store | None = None) -> MappingState:
+    """The table's column mapping state, read from its log (no Spark job) by the store that reads it
+    (default: delta-rs where it can open the path), else with DESCRIBE DETAIL."""
+    store = store if store is not None else reader(path, spark)
+    if not isinstance(store, SparkStore):
+        version, features = store.reader_protocol(path)
+        return MappingState(store.configuration(path).get(COLUMN_MAPPING_MODE, "none"), version, features)
     if spark is None:
         raise SinkError("reading this table's protocol needs Spark (delta-rs cannot open its path)", path=path)
     detail = session_of(spark, "a table delta-rs cannot open").sql(

@@ -36,7 +36,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from applier.errors import ApplierError, InputError, SourceError
-from applier.infra.deltars import deltars_path
 from applier.lsn import parse_lsn
 
 __all__ = ["RawMessage", "read_raw_log", "raw_log_files", "log_batches", "read_file_rows", "file_order_is_log_order"]
@@ -76,7 +75,7 @@ def _delta_table(table: Path, version: int | None = None):  # type: ignore[no-un
     from deltalake import DeltaTable
 
     try:
-        return DeltaTable(deltars_path(table), version=version)
+        return DeltaTable(str(table), version=version)
     except Exception as e:  # noqa: BLE001  # delta-rs raises its own classes; say which table
         raise SourceError(f"cannot open Delta raw log: {type(e).__name__}: {str(e).splitlines()[0]}",
                           path=str(table), version=version) from None

@@ -140,7 +140,7 @@ def test_the_survey_cuts_only_where_no_transaction_is_open(pg, tmp_path):
 
 @pytest.mark.usefixtures("replay_path")
 def test_a_target_directory_whose_name_delta_rs_cannot_take_is_written_through_spark(pg, spark, tmp_path):
-    """delta-rs panics on a local path holding [ ] ^ | or a backslash (applier.infra.deltars): such a
+    """delta-rs panics on a local path holding [ ] ^ | or a backslash (applier.sink.store.deltars): such a
     target is written through Spark, on either path, and still equals Postgres."""
     with pg.connect() as conn:
         conn.execute(SCHEMA)

@@ -28,8 +28,9 @@ from applier.config import (
 )
 from applier.drivers.mirror import Mirror
 from applier.drivers.replay import replay_log
-from applier.sink.idempotence import app_id_for, delta_table
+from applier.sink.idempotence import app_id_for
 from applier.sink.maintenance import TableMaintainer
+from applier.sink.store import DELTARS
 from applier.spark.session import SparkProvider
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -74,7 +75,7 @@ def test_maintenance_racing_the_applier_keeps_it_exact_then_vacuums_and_checkpoi
         replay_log(spark, cfg)
     assert compactions, "no compaction ran while the applier committed: the race was not exercised"
     _assert_equal(spark, pg, target, rows=290)
-    applied = delta_table(str(table)).transaction_version(app_id_for("public.k"))
+    applied = DELTARS.open(str(table)).transaction_version(app_id_for("public.k"))
     assert applied is not None
 
     # Now stopped: the CLI with a zero retention (allowed only with enforce_retention: false)
@@ -99,7 +100,7 @@ def test_maintenance_racing_the_applier_keeps_it_exact_then_vacuums_and_checkpoi
     assert result["checkpoint_version"] is not None
     assert (table / "_delta_log" / f"{result['checkpoint_version']:020d}.checkpoint.parquet").exists()
     # the exactly-once record survives, read back through the checkpoint
-    assert delta_table(str(table)).transaction_version(app_id_for("public.k")) == applied
+    assert DELTARS.open(str(table)).transaction_version(app_id_for("public.k")) == applied
     _assert_equal(spark, pg, target, rows=290)
     replay_log(spark, cfg)  # run again: every transaction is recognised as applied, nothing changes
     _assert_equal(spark, pg, target, rows=290)
@@ -113,13 +114,13 @@ def test_a_table_delta_rs_cannot_write_is_compacted_with_spark(pg, spark, tmp_pa
                        apply=ApplySettings(grouping="transaction"),
                        tables=TablesSettings(rules=[TableRule(match="public.k", type_widening=True)]))
     replay_log(spark, cfg)
-    assert "typeWidening" in (delta_table(str(table)).protocol().writer_features or [])
+    assert "typeWidening" in (DELTARS.open(str(table)).protocol().writer_features or [])
     maintainer = TableMaintainer(MaintenanceSettings(min_small_files=2, z_order={"public.*": ["v"]}),
                                  SparkProvider.of(spark))
     result = maintainer.maintain(table, "public.k")
     assert result.engine == "spark" and result.compacted
     assert result.before.count >= 4 and result.after.count == 1, result
-    optimize = next(h for h in delta_table(str(table)).history() if h["operation"] == "OPTIMIZE")
+    optimize = next(h for h in DELTARS.open(str(table)).history() if h["operation"] == "OPTIMIZE")
     assert "v" in optimize["operationParameters"]["zOrderBy"], optimize
     _assert_equal(spark, pg, target, rows=40)
 
@@ -148,7 +149,7 @@ def test_a_running_mirror_maintains_its_tables_while_idle(pg, spark, tmp_path):
                 time.sleep(0.3)
             bg.wait_for(lambda: any(r.compacted for r in schedule.results), "a compaction by the schedule")
             conn.execute("UPDATE k SET v = -1 WHERE id % 3 = 0")  # applied after a compaction
-            bg.wait_for(lambda: sum(1 for v in delta_table(str(target / "public" / "k")).to_pyarrow_table()
+            bg.wait_for(lambda: sum(1 for v in DELTARS.open(str(target / "public" / "k")).to_pyarrow_table()
                                     .column("v").to_pylist() if v == -1) == 40, "the update after it")
     _assert_equal(spark, pg, target, rows=120)
 

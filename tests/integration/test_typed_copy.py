@@ -20,7 +20,7 @@ from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, SnapshotSettings, SourceSettings, TargetSettings
 from applier.drivers.mirror import Mirror
 from applier.errors import ValueConversionError
-from applier.sink.merge import arrow_table
+from applier.sink.store.arrow import arrow_table
 from applier.sources.copy import TablePlan, arrow_types, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, describe_relation

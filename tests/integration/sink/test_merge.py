@@ -134,11 +134,11 @@ def test_a_keyed_fold_into_a_table_without_rows_is_one_append_and_then_merges_ag
 
 
 def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, tmp_path):
-    """The same folds through delta-rs (applier.sink.rsmerge) and through Spark give the same table;
+    """The same folds through delta-rs (applier.sink.store.rsmerge) and through Spark give the same table;
     a delta-rs commit's version stops a Spark re-apply and the other way round."""
     from deltalake import DeltaTable
 
-    from applier.sink.rsmerge import apply_plan_deltars
+    from applier.sink.store import DELTARS
 
     groups = [
         [Ch("I", (1, "a", ["x", None])), Ch("I", (2, "b", None)), Ch("I", (3, "ü€𝄞", []))],  # into empty: append
@@ -153,7 +153,7 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
         ensure_table(spark, path, TableSpec("public.t", SCHEMA, ("id",), "d"))
     for n, changes in enumerate(groups, start=1):
         plan = fold_changes(changes, COLS, (0,), unchanged_marker=U)
-        res = apply_plan_deltars(rs, SCHEMA, plan, app_id=app_id_for("t"), version=n * 10, description="public.t")
+        res = DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=n * 10, description="public.t")
         assert res is not None
         run(spark, sp, changes, n * 10)
         assert rows(spark, rs) == rows(spark, sp), n
@@ -163,15 +163,15 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
     before = DeltaTable(rs).version()
     run(spark, rs, [Ch("I", (8, "late", None))], 50)  # Spark sees delta-rs's txn action: nothing written
     plan = fold_changes([Ch("I", (8, "late", None))], COLS, (0,), unchanged_marker=U)
-    assert apply_plan_deltars(rs, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x") is not None
-    apply_plan_deltars(sp, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x")  # and the other way
+    assert DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x") is not None
+    DELTARS.merge(sp, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x")  # and the other way
     assert DeltaTable(rs).version() == before
     assert rows(spark, rs) == rows(spark, sp) == [(6, "six", None), (7, "seven", None)]
     # what delta-rs does not take: a value to read from the target (unchanged TOAST), a key-less table
     for changes, keys in (([Ch("U", (7, U, None))], (0,)), ([Ch("I", (7, "x", None))], ())):
         plan = fold_changes(changes, COLS, keys, unchanged_marker=U)
-        assert apply_plan_deltars(rs, SCHEMA, plan, app_id=app_id_for("t"), version=70, description="x") is None
+        assert DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=70, description="x") is None
     # a column dropped in the source stays in Delta: delta-rs would refuse the narrower rows, Spark takes them
     narrow = StructType(SCHEMA.fields[:2])
     plan = fold_changes([Ch("I", (9, "nine"))], COLS[:2], (0,), unchanged_marker=U)
-    assert apply_plan_deltars(rs, narrow, plan, app_id=app_id_for("t"), version=60, description="x") is None
+    assert DELTARS.merge(rs, narrow, plan, app_id=app_id_for("t"), version=60, description="x") is None

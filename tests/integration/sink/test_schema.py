@@ -9,6 +9,7 @@ from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, St
 
 from applier.errors import SinkError
 from applier.sink.schema import PROP_DROPPED, PROP_KEYS, TableSpec, ensure_table
+from applier.sink.store import StorePicker
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +65,7 @@ def test_columns_added_and_dropped_on_a_table_delta_rs_writes_need_no_spark(spar
     never = SparkProvider(refuse)  # type: ignore[arg-type]
     path = str(tmp_path / "public" / "plain")
     v1 = spec(StructField("id", IntegerType()), StructField("a", StringType()))
-    assert ensure_table(never, path, v1, deltars_create=True).added == ("id", "a")
+    assert ensure_table(never, path, v1, stores=StorePicker(never)).added == ("id", "a")
     spark.createDataFrame([(1, "x")], v1.schema).write.format("delta").mode("append").save(path)
 
     v2 = spec(StructField("id", IntegerType()), StructField("b", StringType()),

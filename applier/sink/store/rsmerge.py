@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from applier.infra.deltars import deltars_path
-from applier.sink.merge import OP_COL, CommitResult, arrow_table
-from applier.sink.plan import TablePlan
+from applier.sink.store.arrow import OP_COL, arrow_table
+from applier.sink.store.base import CommitResult
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
+
+    from applier.sink.plan import TablePlan
+    from applier.sink.store.deltars import DeltaRsStore
 
 
 def _q(name: str) -> str:
@@ -30,14 +32,14 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
-                       description: str, may_be_empty: bool = True) -> CommitResult | None:
+def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+                       version: int, description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when delta-rs would not make the same
     commit (the caller then takes the Spark path): a key-less plan, a row that must take unchanged
     TOAST values from the target, a NULL key, a value that does not convert to Arrow exactly, or a
     table with columns the source no longer has (Spark fills them with NULL, delta-rs refuses)."""
     import pyarrow.compute as pc
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import CommitProperties, Transaction, write_deltalake
     from pyspark.sql.types import StringType, StructField
     from pyspark.sql.types import StructType as SparkStruct
 
@@ -63,7 +65,7 @@ def apply_plan_deltars(path: str, schema: StructType, plan: TablePlan, *, app_id
     if source is None or any(source.column(p).null_count for p in plan.key_positions):
         return None
 
-    table = DeltaTable(deltars_path(path))
+    table = store.open(path)
     done = table.transaction_version(app_id)
     if done is not None and int(done) >= version:  # what Spark's idempotent write does: nothing
         return CommitResult(0, 0, plan.truncated)

@@ -1,0 +1,116 @@
+"""What every table store offers: the operations the apply stage, the copy, ``status`` and
+maintenance make on one Delta table, whatever engine makes them.
+
+Why a protocol: applier writes through two engines, delta-rs in the Python process (no JVM, the
+common case) and Spark (what delta-rs cannot do: key-less MERGEs, column mapping, type widening, paths
+it cannot open). Their choice used to be made again in every module that touched a table; now each
+engine is one ``TableStore`` and ``applier.sink.store.picker`` chooses, in one place, from what each
+declares it can do. A third engine (an in-memory one for tests, an Iceberg one) is one more class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from applier.sink.plan import TablePlan
+    from applier.sink.schema import TableOptions, TableSpec
+
+#: (app id, version, description): the idempotent-write ids a commit records as a Delta ``txn`` action
+#: and its ``userMetadata`` (applier.sink.idempotence)
+CommitTag = tuple[str, int, str]
+WriteMode = Literal["append", "overwrite"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    rows_upserted: int
+    rows_deleted: int
+    overwritten: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FileStats:
+    """The data files of a table's newest version, from its log: their sizes, and its rows as the
+    add actions count them (minus deletion-vector rows; None when a writer left no counts)."""
+
+    sizes: tuple[int, ...]
+    rows: int | None
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def small(self, below: int) -> int:
+        return sum(1 for s in self.sizes if s < below)
+
+
+@dataclass(frozen=True, slots=True)
+class TableLog:
+    """What a table's log says of it now (``status``): no data file is read."""
+
+    configuration: Mapping[str, str]
+    partition_columns: tuple[str, ...]
+    reader_features: tuple[str, ...]
+    writer_features: tuple[str, ...]
+    #: the newest commits' infos, newest first (``timestamp`` in ms, ``userMetadata``, ``operation``...)
+    history: Sequence[Mapping[str, Any]]
+    files: FileStats
+
+
+@runtime_checkable
+class TableStore(Protocol):
+    """One engine's way to one Delta table at ``path`` (a local directory today)."""
+
+    #: how lines and reports name the engine ('delta-rs', 'spark', 'memory')
+    name: str
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` holds a table (a Delta log with a commit)."""
+        ...
+
+    def applied_version(self, path: str, app_id: str) -> int | None:
+        """The version the table's ``txn`` actions record for ``app_id`` (None: never written by it)."""
+        ...
+
+    def columns(self, path: str) -> tuple[str, ...]:
+        """The table's columns, in order."""
+        ...
+
+    def is_empty(self, path: str) -> bool:
+        """True when the newest version holds no data file (so no rows)."""
+        ...
+
+    def table_id(self, path: str) -> str | None:
+        """The id fixed when the table was created (Delta ``metaData.id``); None when unreadable."""
+        ...
+
+    def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
+        """Create the table for ``spec`` with ``properties`` and ``options``' layout (an error if it exists)."""
+        ...
+
+    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+              description: str, may_be_empty: bool = True) -> CommitResult | None:
+        """The one commit ``plan`` describes, tagged ``(app_id, version)``; None when this store declines
+        the plan (another store then makes the commit)."""
+        ...
+
+    def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
+                    schema: StructType | None = None) -> None:
+        """One commit of a pyarrow Table (overwrite or append); with ``tag``, an idempotent one.
+        ``schema``: the table's Spark types, for a store that converts the columns to them."""
+        ...
+
+    def set_properties(self, path: str, properties: Mapping[str, str], *,
+                       carry: tuple[str, int] | None = None) -> None:
+        """Set table properties in one commit; ``carry`` (app id, version) records a ``txn`` action in
+        the same commit (a table that moved to a new source name keeps what it applied)."""
+        ...

@@ -1,0 +1,244 @@
+"""The delta-rs store: Delta tables read and written in the Python process (``deltalake``), no JVM.
+
+This is the only module of applier that imports ``deltalake`` for target tables (the raw-log reader in
+``sources/`` reads logs, not targets), and the only one that knows what delta-rs can do.
+
+Which paths: delta-rs treats a local path as a URL and decodes percent escapes in it (after checking
+that the literal path exists, and differently when it writes), so it cannot open a table whose local
+path holds ``%``: applier's escape for names such as ``..`` or a schema ``_applier`` (``%2E%2E``,
+``%5Fapplier``). Characters a URL may not hold unescaped (``[ ] ^ | \\``) make its writer panic
+("Invalid object store url"), wherever they are in the path, the target directory's own name
+included. Those tables are read and written through Spark instead.
+
+Which tables: delta-rs writes protocols up to reader 3 / writer 7 with the writer features below; a
+table with type widening, column mapping, deletion vectors or liquid clustering is Spark's.
+
+Object stores are reached with delta-rs's own settings (``AWS_*``, ``AZURE_*``, ``GOOGLE_*`` environment
+variables), not Spark's Hadoop configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from applier.errors import SinkError
+from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog, WriteMode
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from applier.sink.plan import TablePlan
+    from applier.sink.schema import TableOptions, TableSpec
+
+_NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
+
+#: writer features delta-rs writes (a table with any other takes the Spark path)
+_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
+
+
+class DeltaRsStore:
+    """Delta tables through delta-rs. Stateless: every call reads the log it needs."""
+
+    name = "delta-rs"
+
+    # --- what it can do ---------------------------------------------------------------------------
+
+    @staticmethod
+    def can_open(path: str | Path) -> bool:
+        """Whether delta-rs can be given this path at all (see the module docstring)."""
+        text = str(path)
+        return "://" in text or not _NOT_IN_LOCAL_PATHS.intersection(text)
+
+    def can_write(self, path: str) -> bool:
+        """Whether delta-rs can append to (and merge into) the table at ``path``: its protocol asks
+        nothing more than delta-rs writes."""
+        if not self.can_open(path):
+            return False
+        protocol = self.open(path).protocol()
+        if protocol.min_writer_version > 7 or protocol.min_reader_version > 3:
+            return False
+        writer = set(protocol.writer_features or ())
+        reader = set(protocol.reader_features or ())
+        return writer <= _WRITER_FEATURES and reader <= {"timestampNtz"} and \
+            (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)
+
+    def can_create(self, path: str, spec: TableSpec, options: TableOptions) -> bool:
+        """Whether delta-rs creates this table exactly as Spark's ``CREATE TABLE`` would (the same schema
+        as Spark reads it, the same properties): not for column mapping, liquid clustering, type
+        widening, change data feed or Delta properties of the user's (features delta-rs may enable
+        differently), nor for a path it cannot open. Creating without Spark saves the copy a Spark job
+        per table (bench/RESULTS.md)."""
+        from applier.sink.naming import needs_column_mapping
+
+        if not self.can_open(path) or needs_column_mapping(spec.column_names):
+            return False
+        if any(not f.nullable for f in spec.schema.fields):
+            # delta-rs leaves the invariants feature out of the protocol of a table with named features
+            # (e.g. timestamp without time zone) and a NOT NULL column, and Spark then refuses the table
+            return False
+        return not (options.type_widening or options.change_data_feed or options.cluster_by
+                    or any(k.startswith("delta.") for k in options.properties))
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def open(path: str) -> Any:
+        """The table's newest version as a ``deltalake.DeltaTable`` (its log read up to the last commit)."""
+        from deltalake import DeltaTable
+
+        try:
+            return DeltaTable(str(path))
+        except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
+            raise SinkError("cannot read the Delta log of a target table", path=path,
+                            error=f"{type(e).__name__}: {e}"[:500]) from e
+
+    def exists(self, path: str) -> bool:
+        from deltalake import DeltaTable
+
+        return bool(DeltaTable.is_deltatable(str(path)))
+
+    def applied_version(self, path: str, app_id: str) -> int | None:
+        """Read from the log's ``txn`` actions (following checkpoints as Spark does); only the log is
+        read, so tables with reader features delta-rs cannot scan (type widening) still answer."""
+        version = self.open(path).transaction_version(app_id)
+        return int(version) if version is not None else None
+
+    def columns(self, path: str) -> tuple[str, ...]:
+        return tuple(f.name for f in self.open(path).schema().fields)
+
+    def schema_fields(self, path: str) -> list[dict[str, Any]]:
+        """The table's fields as Delta's JSON schema writes them (``name``, ``type``, ``nullable``...)."""
+        return list(json.loads(self.open(path).schema().to_json())["fields"])
+
+    def configuration(self, path: str) -> dict[str, str]:
+        """The table's properties (``metaData.configuration``)."""
+        return dict(self.open(path).metadata().configuration or {})
+
+    def reader_protocol(self, path: str) -> tuple[int, tuple[str, ...]]:
+        """The table's minimum reader version and reader features."""
+        protocol = self.open(path).protocol()
+        return int(protocol.min_reader_version), tuple(protocol.reader_features or ())
+
+    def is_empty(self, path: str) -> bool:
+        return len(self.open(path).file_uris()) == 0
+
+    def table_id(self, path: str) -> str | None:
+        try:
+            return str(self.open(path).metadata().id)
+        except Exception:  # noqa: BLE001  # an unreadable log is reported by the engine that writes it
+            return None
+
+    def file_stats(self, path: str) -> FileStats:
+        return _file_stats(self.open(path))
+
+    def table_log(self, path: str, *, history: int = 20) -> TableLog:
+        table = self.open(path)
+        metadata, protocol = table.metadata(), table.protocol()
+        return TableLog(dict(metadata.configuration or {}), tuple(metadata.partition_columns),
+                        tuple(protocol.reader_features or ()), tuple(protocol.writer_features or ()),
+                        list(table.history(history)), _file_stats(table))
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
+        """For a table ``can_create`` accepts."""
+        from deltalake import DeltaTable
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        DeltaTable.create(str(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
+                          partition_by=list(options.partition_by) or None,
+                          configuration=dict(properties), raise_if_key_not_exists=False)
+
+    def add_columns(self, path: str, fields: list[dict[str, Any]]) -> None:
+        """Add columns given as Delta JSON schema fields (``ALTER TABLE ... ADD COLUMNS``)."""
+        from deltalake import Schema
+
+        self.open(path).alter.add_columns(Schema.from_json(json.dumps({"type": "struct", "fields": fields})).fields)
+
+    def set_properties(self, path: str, properties: Mapping[str, str], *,
+                       carry: tuple[str, int] | None = None) -> None:
+        from deltalake import CommitProperties, Transaction
+
+        commit = CommitProperties(app_transactions=[Transaction(*carry)]) if carry is not None else None
+        self.open(path).alter.set_table_properties(dict(properties), raise_if_not_exists=False,
+                                                   commit_properties=commit)
+
+    def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
+                    schema: StructType | None = None) -> None:
+        """The last commit of a copy carries the applied version as a ``txn`` action (what Spark's
+        ``txnAppId``/``txnVersion`` write) and the description as the commit's ``userMetadata``; like
+        Spark's idempotent write, a tagged write whose version the table has applied writes nothing."""
+        from deltalake import write_deltalake
+
+        if tag is not None and self.exists(path):
+            done = self.applied_version(path, tag[0])
+            if done is not None and done >= tag[1]:
+                return
+        write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag))
+
+    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+              description: str, may_be_empty: bool = True) -> CommitResult | None:
+        from applier.sink.store.rsmerge import apply_plan_deltars
+
+        return apply_plan_deltars(self, path, schema, plan, app_id=app_id, version=version,
+                                  description=description, may_be_empty=may_be_empty)
+
+    # --- maintenance ------------------------------------------------------------------------------
+
+    def optimize(self, path: str, z_order: list[str], target_size: int | None) -> dict[str, Any]:
+        optimizer = self.open(path).optimize  # planned again on a retry: a conflict changed the files
+        if z_order:
+            return optimizer.z_order(z_order, target_size=target_size)  # type: ignore[no-any-return]
+        return optimizer.compact(target_size=target_size)  # type: ignore[no-any-return]
+
+    def vacuum(self, path: str, retention_hours: int | None, *, dry_run: bool, enforce_retention: bool) -> int:
+        """Files VACUUM deleted (or would delete), ``full`` as Spark's VACUUM: files a failed or
+        conflicted commit left behind go too."""
+        return len(self.open(path).vacuum(retention_hours=retention_hours, dry_run=dry_run, full=True,
+                                          enforce_retention_duration=enforce_retention))
+
+    def checkpoint(self, path: str) -> int:
+        """A checkpoint of the newest version, and the log files it makes unneeded removed (older than
+        ``delta.logRetentionDuration``); returns the version."""
+        table = self.open(path)
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        return int(table.version())
+
+
+def _commit_properties(tag: CommitTag | None) -> Any:
+    if tag is None:
+        return None
+    from deltalake import CommitProperties, Transaction
+
+    app_id, version, description = tag
+    return CommitProperties(app_transactions=[Transaction(app_id, version)],
+                            custom_metadata={"userMetadata": description})
+
+
+def _file_stats(table: Any) -> FileStats:
+    import pyarrow as pa
+
+    columns = pa.table(table.get_add_actions(flatten=True))
+    names = list(columns.schema.names)
+    sizes = tuple(int(s) for s in columns.column("size_bytes").to_pylist()) if "size_bytes" in names else ()
+    if "num_records" not in names:
+        return FileStats(sizes, None)
+    counts = columns.column("num_records").to_pylist()
+    if any(c is None for c in counts):
+        return FileStats(sizes, None)
+    deleted = 0
+    if "deletionVector.cardinality" in names:
+        deleted = sum(c or 0 for c in columns.column("deletionVector.cardinality").to_pylist())
+    return FileStats(sizes, int(sum(counts)) - int(deleted))
+
+
+def commit_failed_error() -> type[BaseException]:
+    """delta-rs's failed commit (its conflict checker found that a concurrent commit removed files this
+    one read, e.g. an OPTIMIZE): retried like Spark's conflicts (applier.sink.conflicts)."""
+    from deltalake.exceptions import CommitFailedError
+
+    return CommitFailedError

@@ -1,0 +1,148 @@
+"""The Spark store: Delta tables through delta-spark, on the run's SparkSession (started when first
+needed: applier.spark.session.SparkProvider).
+
+It takes what delta-rs cannot: key-less (multiset) MERGEs, MERGEs that read unchanged TOAST values
+from the target, column mapping, type widening, deletion vectors, liquid clustering, and paths
+delta-rs cannot open (a ``%`` in an escaped name). Reads that need no job (does the table exist, its
+id) look at the log's files directly, so asking them starts no JVM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from applier.errors import SinkError
+from applier.sink.store.base import CommitResult, CommitTag, WriteMode
+from applier.spark.session import SparkLike, session_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from applier.sink.plan import TablePlan
+    from applier.sink.schema import TableOptions, TableSpec
+
+
+class SparkStore:
+    """Delta tables through Spark; ``spark`` is a session or a provider (None: reads of the log only)."""
+
+    name = "spark"
+
+    def __init__(self, spark: SparkLike | None) -> None:
+        self.spark = spark
+
+    def session(self, why: str) -> SparkSession:
+        if self.spark is None:
+            raise SinkError(f"{why} needs a Spark session and none was given")
+        return session_of(self.spark, why)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def exists(self, path: str) -> bool:
+        log = Path(path) / "_delta_log"
+        return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
+
+    def applied_version(self, path: str, app_id: str) -> int | None:
+        if self.spark is None:
+            raise SinkError("this table's path holds '%' (an escaped name), which delta-rs cannot open; "
+                            "its applied version needs a Spark session", path=path)
+        txn = self._snapshot(path).transactions().get(app_id)
+        return None if txn.isEmpty() else int(txn.get())
+
+    def columns(self, path: str) -> tuple[str, ...]:
+        return tuple(self.session(f"{path}: a table delta-rs cannot open").read.format("delta").load(path).columns)
+
+    def is_empty(self, path: str) -> bool:
+        return int(self._snapshot(path).numOfFiles()) == 0
+
+    def table_id(self, path: str) -> str | None:
+        """From the first commit's ``metaData`` action (no JVM: a registry check starts none)."""
+        first = Path(path) / "_delta_log" / "00000000000000000000.json"
+        if first.is_file():
+            for line in first.read_text(encoding="utf-8").splitlines():
+                meta = json.loads(line).get("metaData") if line.strip() else None
+                if meta and meta.get("id"):
+                    return str(meta["id"])
+        return None
+
+    def logged_applied_version(self, path: str, app_id: str) -> int | None:
+        """The highest ``txnVersion`` of ``app_id`` in the table's JSON commits (no checkpoint read, no
+        JVM): what ``status`` can say of a table delta-rs cannot open."""
+        best: int | None = None
+        for commit in sorted((Path(path) / "_delta_log").glob("*.json")):
+            for line in commit.read_text(encoding="utf-8").splitlines():
+                txn = json.loads(line).get("txn") if line.strip() else None
+                if txn and txn.get("appId") == app_id:
+                    best = max(best or 0, int(txn["version"]))
+        return best
+
+    def _snapshot(self, path: str) -> Any:
+        """The table's newest snapshot through Delta's JVM classes, on a classic Spark session."""
+        spark = self.session("a table delta-rs cannot open")
+        jvm: Any = spark._jvm  # py4j gateway of a classic session
+        session: Any = spark._jsparkSession
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, path)
+        return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
+        """SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the
+        path into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
+        from applier.sink.naming import delta_path_sql, quote_identifier, sql_string_literal
+
+        columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
+                            f"{'' if f.nullable else ' NOT NULL'}" for f in spec.schema.fields)
+        layout = ""
+        if options.partition_by:
+            layout = f" PARTITIONED BY ({', '.join(quote_identifier(c) for c in options.partition_by)})"
+        elif options.cluster_by:
+            layout = f" CLUSTER BY ({', '.join(quote_identifier(c) for c in options.cluster_by)})"
+        props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
+        self.session(f"{spec.source_name}: creating its Delta table").sql(
+            f"CREATE TABLE IF NOT EXISTS {delta_path_sql(path)} ({columns}) USING delta{layout} "
+            f"TBLPROPERTIES ({props})")
+
+    def set_properties(self, path: str, properties: Mapping[str, str], *,
+                       carry: tuple[str, int] | None = None) -> None:
+        """Properties by ``ALTER TABLE``; a carried version by an empty idempotent append (Spark's SQL has
+        no way to add a ``txn`` action to the ALTER's commit), after it."""
+        from applier.sink.naming import delta_path_sql, sql_string_literal
+
+        spark = self.session("changing a table's properties (a table delta-rs does not write)")
+        if properties:
+            props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
+            spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
+        if carry is not None:
+            app_id, version = carry
+            empty = spark.read.format("delta").load(path).limit(0)
+            empty.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version) \
+                .save(path)
+
+    def write_frame(self, path: str, frame: Any, *, mode: WriteMode, tag: CommitTag | None) -> None:
+        """One commit of a Spark DataFrame; the ids go in as writer options, not session settings, so
+        several tables can be written at the same time through one session."""
+        writer = frame.write.format("delta").mode(mode)
+        if tag is not None:
+            app_id, version, description = tag
+            writer = (writer.option("txnAppId", app_id).option("txnVersion", str(version))
+                      .option("userMetadata", description))
+        writer.save(path)
+
+    def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
+                    schema: StructType | None = None) -> None:
+        """``schema``: the Spark types the Arrow columns are taken as (by default, Arrow's own mapping)."""
+        spark = self.session(f"{path}: a write delta-rs does not make")
+        frame = spark.createDataFrame(table, schema) if table.num_rows or schema is None else \
+            spark.createDataFrame([], schema)
+        self.write_frame(path, frame, mode=mode, tag=tag)
+
+    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+              description: str, may_be_empty: bool = True) -> CommitResult:
+        from applier.sink.merge import apply_plan
+
+        return apply_plan(self.session(f"{path}: a MERGE delta-rs does not write"), path, schema, plan,
+                          app_id=app_id, version=version, description=description, may_be_empty=may_be_empty)

@@ -1,0 +1,131 @@
+"""The table stores keep one contract: the same commits give the same table, whichever store makes
+them. Random groups of inserts, updates (key changes included), deletes and truncates are folded as the
+sink folds them and committed to a real delta-rs table and to the in-memory store, compared after every
+commit; a commit applied again changes nothing in either. No JVM: the Spark store is held to the same
+results by tests/integration/sink/test_merge.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
+from applier.errors import SinkError
+from applier.sink.plan import fold_changes
+from applier.sink.schema import TableOptions, TableSpec
+from applier.sink.store import DELTARS, InMemoryStore, TableStore
+from applier.values import UNCHANGED_TOAST
+
+SCHEMA = StructType([StructField("id", IntegerType()), StructField("a", StringType())])
+SPEC = TableSpec("public.t", SCHEMA, ("id",), "d")
+
+
+def _rows(store: TableStore, path: str) -> list[tuple[Any, ...]]:
+    if isinstance(store, InMemoryStore):
+        return sorted(store.rows(path), key=repr)
+    table = DELTARS.open(path).to_pyarrow_table()
+    return sorted(zip(*(table.column(c).to_pylist() for c in ("id", "a")), strict=True), key=repr)
+
+
+def _group(rng: random.Random, live: dict[int, str], n: int) -> list[TableChange]:
+    out: list[TableChange] = []
+    for i in range(n):
+        key, roll = rng.randrange(8), rng.random()
+        if roll < 0.04:
+            out.append(TableChange(OP_TRUNCATE, None, None, None, i))
+            live.clear()
+        elif key not in live or roll < 0.3:
+            live[key] = f"v{rng.randrange(100)}"
+            out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
+        elif roll < 0.5:
+            del live[key]
+            out.append(TableChange(OP_DELETE, (key,), None, None, i))
+        elif roll < 0.6 and (moved := rng.randrange(8, 12)) not in live:  # a key change
+            live[moved] = live.pop(key)
+            out.append(TableChange(OP_UPDATE, (key,), None, (moved, live[moved]), i))
+        else:
+            live[key] = f"u{rng.randrange(100)}"
+            out.append(TableChange(OP_UPDATE, None, None, (key, live[key]), i))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keyed_commits_give_the_same_table_in_delta_rs_and_in_memory(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    path = str(tmp_path / "t")
+    memory = InMemoryStore()
+    stores: list[TableStore] = [DELTARS, memory]
+    for store in stores:
+        assert not store.exists(path)
+        store.create(path, SPEC, TableOptions(), {"applier.source": "public.t"})
+        assert store.exists(path) and store.is_empty(path) and store.columns(path) == ("id", "a")
+        assert store.applied_version(path, "app") is None
+    live: dict[int, str] = {}
+    for version in range(1, 12):
+        plan = fold_changes(_group(rng, live, rng.randrange(1, 15)), SPEC.column_names, (0,),
+                            unchanged_marker=UNCHANGED_TOAST)
+        results = [store.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+                   for store in stores]
+        assert None not in results, "delta-rs declined a plan it should make"
+        assert results[0] == results[1]
+        expected = sorted(live.items(), key=repr)
+        assert _rows(DELTARS, path) == _rows(memory, path) == expected
+        again = [store.merge(path, SCHEMA, plan, app_id="app", version=version, description="again")
+                 for store in stores]
+        assert all(r is not None and r.rows_upserted == r.rows_deleted == 0 for r in again)
+        assert _rows(DELTARS, path) == _rows(memory, path) == expected
+        assert DELTARS.applied_version(path, "app") == memory.applied_version(path, "app") == version
+
+
+def test_arrow_writes_and_carried_versions_agree(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    memory = InMemoryStore()
+    piece = pa.table({"id": pa.array([1, 2], pa.int32()), "a": ["x", "y"]})
+    for store in (DELTARS, memory):
+        store.create(path, SPEC, TableOptions(), {})
+        table_id = store.table_id(path)
+        assert table_id
+        store.write_arrow(path, piece, mode="overwrite", tag=None)
+        store.write_arrow(path, piece.slice(1), mode="append", tag=("app", 7, "copy at 7"))
+        store.write_arrow(path, piece, mode="append", tag=("app", 7, "the same copy again: skipped"))
+        assert _rows(store, path) == [(1, "x"), (2, "y"), (2, "y")]
+        assert store.applied_version(path, "app") == 7 and not store.is_empty(path)
+        store.set_properties(path, {"applier.source": "public.t2"}, carry=("other", 7))
+        assert store.applied_version(path, "other") == 7
+        assert store.table_id(path) == table_id
+    assert DELTARS.configuration(path)["applier.source"] == memory.table(path).properties["applier.source"]
+
+
+def test_the_memory_store_takes_unchanged_toast_values_from_the_target_and_counts_a_multiset() -> None:
+    memory = InMemoryStore()
+    memory.create("k", SPEC, TableOptions(), {})
+    memory.write_arrow("k", pa.table({"id": pa.array([1], pa.int32()), "a": ["long"]}), mode="append", tag=None)
+    plan = fold_changes([TableChange(OP_UPDATE, None, None, (1, UNCHANGED_TOAST), 0, new_partial=True)],
+                        SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+    assert DELTARS.merge("unused", SCHEMA, plan, app_id="a", version=1, description="d") is None  # declined
+    memory.merge("k", SCHEMA, plan, app_id="a", version=1, description="d")
+    assert memory.rows("k") == [(1, "long")]
+    lost = fold_changes([TableChange(OP_UPDATE, None, None, (2, UNCHANGED_TOAST), 0, new_partial=True)],
+                        SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+    with pytest.raises(SinkError, match="no row to take them from"):
+        memory.merge("k", SCHEMA, lost, app_id="a", version=2, description="d")
+
+    bag = TableSpec("public.bag", SCHEMA, (), "f")
+    memory.create("bag", bag, TableOptions(), {})
+    row = (1, "same")
+    inserts = fold_changes([TableChange(OP_INSERT, None, None, row, i) for i in range(3)], bag.column_names, (),
+                           unchanged_marker=UNCHANGED_TOAST)
+    memory.merge("bag", SCHEMA, inserts, app_id="a", version=1, description="d")
+    one_less = fold_changes([TableChange(OP_DELETE, None, row, None, 0)], bag.column_names, (),
+                            unchanged_marker=UNCHANGED_TOAST)
+    memory.merge("bag", SCHEMA, one_less, app_id="a", version=2, description="d")
+    assert memory.rows("bag") == [row, row]
+    too_many = fold_changes([TableChange(OP_DELETE, None, row, None, i) for i in range(3)], bag.column_names, (),
+                            unchanged_marker=UNCHANGED_TOAST)
+    with pytest.raises(SinkError, match="deleted more copies"):
+        memory.merge("bag", SCHEMA, too_many, app_id="a", version=3, description="d")
