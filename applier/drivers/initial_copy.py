@@ -31,7 +31,7 @@ from applier.sources.snapshot import copy_rows, open_snapshot
 from applier.values import RowConverter, SpecialValuePolicy, spark_schema_for
 
 if TYPE_CHECKING:
-    from applier.catalog import SchemaVersion, TypeCache
+    from applier.catalog import RelationCache, SchemaVersion, TypeCache
     from applier.config import SnapshotSettings
     from applier.protocol.messages import Relation
     from applier.sink.bulkload import SnapshotLoader, TeeLoader
@@ -67,6 +67,43 @@ def copy_job(snap: psycopg.Connection, table: PublishedTable, relation: Relation
                                      large=plan.bytes >= settings.commit_mb << 20)
     fast = arrow_types(relation, types, spark_schema_for(schema, types))
     return CopyJob(table, relation, plan, loader, converter, fast)
+
+
+def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, applier: DeltaApplier,
+                catalog: RelationCache, lsn: int, settings: SnapshotSettings, special_values: SpecialValuePolicy,
+                progress: Callable[[str], None], progress_every: float, own_schemas: bool = False,
+                skip: Callable[[PublishedTable], bool] | None = None,
+                on_rows: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
+    """Copy ``tables`` under the exported snapshot ``snapshot_name`` (taken at ``lsn``), the one table
+    sync of the mirror's first copy and of every later one (a table added to the publication, a table
+    copied again): each table is described under the snapshot, its types and relation go into
+    ``catalog`` (``own_schemas``: a catalog of its own per table, when the stream may still be behind a
+    later ALTER and its own Relation messages must keep deciding how its changes decode), its columns'
+    attnums are recorded as of the copy, and the chunks of all of them are read on
+    ``settings.workers()`` connections. ``skip``: a table already copied (after the catalog saw it).
+    Returns the rows copied per table."""
+    from applier.catalog import RelationCache
+    from applier.sources.catalog_lookup import column_attnums
+    from applier.sources.snapshot import describe_relation
+
+    jobs: list[CopyJob] = []
+    with psycopg.connect(dsn, autocommit=True) as snap:
+        open_snapshot(snap, snapshot_name)
+        for table in tables:
+            relation, types = describe_relation(snap, table)
+            for typ in types:
+                catalog.update_type(typ)
+            schema = (RelationCache(catalog.types) if own_schemas else catalog).update(relation)
+            if skip is not None and skip(table):
+                continue
+            jobs.append(copy_job(snap, table, relation, schema, applier=applier, types=catalog.types, lsn=lsn,
+                                 settings=settings, special_values=special_values))
+            if applier.identities is not None:  # the columns' attnums as of the copy
+                applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
+        snap.execute("COMMIT")
+    copier = InitialCopy(dsn, snapshot_name, workers=settings.workers(), progress=progress,
+                         progress_every=progress_every, on_rows=on_rows)
+    return copier.run(jobs)
 
 
 class InitialCopy:

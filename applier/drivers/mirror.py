@@ -29,19 +29,18 @@ from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
-from applier.drivers.initial_copy import CopyJob, InitialCopy, copy_job
+from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
-from applier.sources.catalog_lookup import LiveCatalog, column_attnums
+from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slothealth import read_slot_health
 from applier.sources.slots import slot_info
-from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
@@ -216,31 +215,22 @@ class Mirror:
                      resume_at: int | None) -> None:
         """Describe every table under the snapshot and copy the ones that need it (all, or on a resumed
         copy those without a finished copy at ``resume_at``) on ``snapshot.parallelism`` connections."""
-        settings = self.config.snapshot
-        jobs: list[CopyJob] = []
-        with psycopg.connect(self.dsn, autocommit=True) as snap:
-            open_snapshot(snap, snapshot_name)
-            for table in tables:
-                relation, types = describe_relation(snap, table)
-                for typ in types:
-                    self.feeder.catalog.update_type(typ)
-                schema = self.feeder.catalog.update(relation)
-                if resume_at is not None:
-                    done = self.applier.snapshot_version(table.namespace, table.name)
-                    if done is not None and done >= resume_at:
-                        self.progress(f"snapshot: {table.qualified_name}: copied before, kept")
-                        continue
-                    self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
-                jobs.append(copy_job(snap, table, relation, schema, applier=self.applier, types=self.feeder.types,
-                                     lsn=lsn, settings=settings, special_values=self.config.apply.special_values))
-                if self.applier.identities is not None:  # the columns' attnums as of the copy
-                    self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
-            snap.execute("COMMIT")
+        def copied_before(table: PublishedTable) -> bool:
+            if resume_at is None:
+                return False
+            done = self.applier.snapshot_version(table.namespace, table.name)
+            if done is not None and done >= resume_at:
+                self.progress(f"snapshot: {table.qualified_name}: copied before, kept")
+                return True
+            self.progress(f"snapshot: {table.qualified_name}: copying again at {format_lsn(lsn)}")
+            return False
+
         metrics = self.loop.metrics
-        copier = InitialCopy(self.dsn, snapshot_name, workers=settings.workers(), progress=self.progress,
-                             progress_every=min(self.progress_every, 5.0),
-                             on_rows=metrics.copied if metrics is not None else None)
-        self.summary.snapshot_rows.update(copier.run(jobs))
+        rows = copy_tables(self.dsn, snapshot_name, tables, applier=self.applier, catalog=self.feeder.catalog,
+                           lsn=lsn, settings=self.config.snapshot, special_values=self.config.apply.special_values,
+                           progress=self.progress, progress_every=min(self.progress_every, 5.0), skip=copied_before,
+                           on_rows=metrics.copied if metrics is not None else None)
+        self.summary.snapshot_rows.update(rows)
 
     # --- streaming ------------------------------------------------------------------------------
 

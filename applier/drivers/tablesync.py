@@ -40,10 +40,8 @@ from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sink.idempotence import is_delta_table
-from applier.sources.catalog_lookup import column_attnums
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
-from applier.sources.snapshot import describe_relation, open_snapshot
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot
 from applier.spark.session import SparkLike, SparkProvider
@@ -416,7 +414,7 @@ class TableSync:
         """Copy the tables under the slot's snapshot (the initial copy's parallel typed reader), apply
         the changes held for them (those ending at or before the slot's point are in the copy and are left
         out by the applied version), and only then put them on the list of copied tables."""
-        from applier.drivers.initial_copy import InitialCopy, copy_job
+        from applier.drivers.initial_copy import copy_tables
 
         tables = list(pending.tables.values())
         point = created.consistent_point
@@ -424,25 +422,10 @@ class TableSync:
         for table in tables:
             self.progress(f"table sync: {table.qualified_name} {pending.reasons[table.qualified_name]}; copying "
                           f"at {format_lsn(point)}, then following it from the stream")
-        jobs = []
-        with psycopg.connect(self.dsn, autocommit=True) as snap:
-            open_snapshot(snap, created.snapshot_name)
-            for table in tables:
-                relation, types = describe_relation(snap, table)
-                for typ in types:
-                    self.catalog.update_type(typ)
-                # A catalog of its own: the stream may still be behind a later ALTER of this
-                # table, and its own Relation messages must keep deciding how its changes decode.
-                schema = RelationCache(self.catalog.types).update(relation)
-                jobs.append(copy_job(snap, table, relation, schema, applier=self.applier, types=self.catalog.types,
-                                     lsn=point, settings=self.config.snapshot,
-                                     special_values=self.config.apply.special_values))
-                if self.applier.identities is not None:  # the columns' attnums as of the copy
-                    self.applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
-            snap.execute("COMMIT")
-        copier = InitialCopy(self.dsn, created.snapshot_name, workers=self.config.snapshot.workers(),
-                             progress=self.progress, progress_every=REPORT_EVERY_SECONDS, on_rows=self.on_copy_rows)
-        rows = copier.run(jobs)
+        rows = copy_tables(self.dsn, created.snapshot_name, tables, applier=self.applier, catalog=self.catalog,
+                           lsn=point, settings=self.config.snapshot, special_values=self.config.apply.special_values,
+                           progress=self.progress, progress_every=REPORT_EVERY_SECONDS, own_schemas=True,
+                           on_rows=self.on_copy_rows)
         if pending.held:
             self.progress(f"table sync: {', '.join(pending.tables)}: applying the {len(pending.held)} "
                           "transaction(s) held while the copy waited")
