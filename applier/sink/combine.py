@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from applier.errors import SinkError
 from applier.sink.plan import KeyedRow, TablePlan, _freeze_key
+from applier.sink.rowimage import take_from_earlier
 
 __all__ = ["combine_plans"]
 
@@ -70,10 +71,5 @@ def _resolve(earlier: TablePlan, entry: KeyedRow) -> KeyedRow:
     if previous is None or previous.row is None:
         return entry  # still the target's row (a deleted or truncated one was refused above)
     row = list(entry.row)
-    inherited: set[int] = set()
-    for i in entry.unresolved:
-        if i in previous.unresolved:
-            inherited.add(i)
-        else:
-            row[i] = previous.row[i]
-    return KeyedRow(tuple(row), frozenset(inherited), previous.lookup_key if inherited else None)
+    inherited = take_from_earlier(row, entry.unresolved, previous.row, previous.unresolved)
+    return KeyedRow(tuple(row), inherited, previous.lookup_key if inherited else None)

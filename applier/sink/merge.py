@@ -21,6 +21,7 @@ from applier.errors import SinkError
 from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import TablePlan
+from applier.sink.rowimage import target_missing
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -248,7 +249,8 @@ def _insert_into_empty(spark: SparkSession, path: str, schema: StructType, plan:
 
 def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: list[str], plan: TablePlan,
                       lookup_cols: list[int], description: str) -> DataFrame:
-    """Replace unchanged-TOAST placeholders with the target row's values (row of the lookup key)."""
+    """Replace unchanged-TOAST placeholders with the target row's values (row of the lookup key): the
+    last step of applier.sink.rowimage's walk, for the positions the fold could not resolve."""
     from pyspark.sql import functions as F
 
     key_names = [names[p] for p in plan.key_positions]
@@ -272,10 +274,7 @@ def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: lis
     missing = joined.filter(any_u & key_missing).count()
     if missing:
         joined.unpersist()
-        raise SinkError(
-            f"{missing} row(s) carry unchanged TOAST values but the target has no row to take them from "
-            "(the Delta table is missing rows Postgres has: rebuild it from a snapshot)",
-            table=description, key_columns=", ".join(key_names))
+        raise target_missing(missing, table=description, key_columns=key_names)
     out_cols = []
     for i, n in enumerate(names):
         if i in lookup_cols:
