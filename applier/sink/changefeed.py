@@ -28,6 +28,7 @@ from applier.sink.idempotence import app_id_for, is_delta_table
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowimage import resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 OP, COMMIT_LSN, ORDINAL, COMMIT_TIME = "__op", "__commit_lsn", "__ordinal", "__commit_time"
 FEED_COLUMNS = (OP, COMMIT_LSN, ORDINAL, COMMIT_TIME)
+_NO_ROW = "an unchanged TOAST value has no row to come from (the mirror table is missing a row Postgres has)"
 
 #: One change with its transaction's commit LSN and time, and whether the feed still needs it.
 FeedEvent = tuple[int, datetime | None, TableChange, bool]
@@ -142,16 +144,12 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
-        row = list(new)
         before = list(change.old_row) if change.old_row is not None else (
             current(old_frozen) if op != OP_INSERT else None)
         if change.new_partial:
-            for i, v in enumerate(row):
-                if v is marker:
-                    if before is None:
-                        raise SinkError("an unchanged TOAST value has no row to come from (the mirror table "
-                                        "is missing a row Postgres has)", op=op)
-                    row[i] = before[i]
+            row, _ = resolve(new, marker, op, change.old_row, before, no_earlier=_NO_ROW)
+        else:
+            row = list(new)
         if old_frozen != new_frozen:
             if emit:
                 out.append((*(before if before is not None else key_only_row(old_key, key_positions, ncols)),

@@ -29,6 +29,7 @@ from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_tabl
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowimage import resolve
 from applier.sink.rowkeys import key_of, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 START_LSN, END_LSN, START_AT, END_AT = "__start_lsn", "__end_lsn", "__start_at", "__end_at"
 HISTORY_COLUMNS = (START_LSN, END_LSN, START_AT, END_AT)
 _KIND = "__applier_kind"
+_NO_VERSION = ("an unchanged TOAST value has no version to come from (was the history table created after the "
+               "table's first copy?)")
 
 #: One change of the group with its transaction's commit LSN and time.
 Event = tuple[int, datetime | None, TableChange]
@@ -154,23 +157,16 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
-        row = list(new)
-        if change.new_partial:
+        if change.new_partial:  # the version it continues holds every value (the target's was read)
             previous: list[Any] | None = None
             if old_frozen in after:
                 previous = after[old_frozen]
             else:
                 version = lookup(old_frozen)
                 previous = version.row if version is not None else None
-            for i, v in enumerate(row):
-                if v is marker:
-                    if change.old_row is not None:
-                        row[i] = change.old_row[i]
-                    elif previous is not None:
-                        row[i] = previous[i]
-                    else:
-                        raise SinkError("an unchanged TOAST value has no version to come from (was the "
-                                        "history table created after the table's first copy?)", op=op)
+            row, _ = resolve(new, marker, op, change.old_row, previous, no_earlier=_NO_VERSION)
+        else:
+            row = list(new)
         if old_frozen != new_frozen:
             after[old_frozen] = None
         after[new_frozen] = row
