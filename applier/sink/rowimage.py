@@ -72,9 +72,12 @@ def refusal(reading: str, *, deleted: bool, truncated: bool) -> str | None:
 
 def take_from_old(row: list[object], positions: Sequence[int], old: Sequence[object], marker: object,
                   op: str) -> None:
-    """Step 1: ``row``'s ``positions`` from the old FULL image."""
+    """Step 1: ``row``'s ``positions`` from the old FULL image (which must hold their values)."""
     for i in positions:
-        row[i] = old[i]
+        v = old[i]
+        if v is marker:
+            raise SinkError("old row image holds unchanged TOAST markers", op=op)
+        row[i] = v
 
 
 def take_from_earlier(row: list[object], positions: Collection[int], earlier: Sequence[object],

@@ -93,3 +93,12 @@ def test_target_missing_counts_rows_and_names_the_table_and_key() -> None:
     e = target_missing(2, table="public.t", key_columns=["id", "k"])
     assert str(e).startswith("2 row(s) carry unchanged TOAST values but the target has no row to take them from")
     assert e.context == {"table": "public.t", "key_columns": "id, k"}
+
+
+def test_an_old_image_that_holds_the_marker_is_refused_where_a_value_is_taken_from_it() -> None:
+    """Postgres sends old images in full (worker.c never sees 'u' there); the key-less fold always
+    refused such an image, the keyed fold, the history and the change feed copied the marker on."""
+    with pytest.raises(SinkError, match="old row image holds unchanged TOAST markers"):
+        resolve((1, U, "b"), U, "U", (1, U, "a"), None)
+    row, _ = resolve((1, "x", U), U, "U", (1, U, "a"), None)  # only the positions taken are checked
+    assert row == [1, "x", "a"]

@@ -1,0 +1,64 @@
+"""The mirror fold, a combination of folds, the history and the change feed walk unchanged TOAST values
+the same way (applier.sink.rowimage): the same changes give the same values, or the same refusal.
+
+Pure Python: the history's open versions and the feed's mirror rows are given, not read.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+import pytest
+
+from applier.changes import OP_UPDATE, TableChange
+from applier.errors import SinkError
+from applier.sink.changefeed import MirrorRows, feed_rows
+from applier.sink.history import plan_history
+from applier.sink.plan import SoftDelete, TablePlan, fold_changes, freeze
+from applier.values import UNCHANGED_TOAST as U
+
+COLS = ("id", "a", "big")
+KEYS = (0,)
+TARGET = (1, "a0", "big0")  # the row of key 1 before the changes, in every target
+
+
+def fold(changes: list[TableChange], *, soft: bool = False) -> TablePlan:
+    columns = (*COLS, "lsn", "at", "op", "deleted") if soft else COLS
+    return fold_changes(changes, columns, KEYS, unchanged_marker=U,
+                        soft_delete=SoftDelete(3, 6, 5, (3, 4)) if soft else None)
+
+
+def history(changes: list[TableChange]) -> list[tuple[Any, ...]]:
+    target: dict[object, tuple[int, datetime | None, list[Any]]] = {freeze((1,)): (5, None, list(TARGET))}
+    plan = plan_history([(10 + i, None, c) for i, c in enumerate(changes)], KEYS, (0, 1, 2), target, U)
+    return [r[:3] for r in plan.inserts]
+
+
+def feed(changes: list[TableChange]) -> list[tuple[Any, ...]]:
+    mirror = MirrorRows(cast(Any, None), "", list(COLS), KEYS, None, rows={freeze((1,)): list(TARGET)},
+                        everything=True)
+    return [r[:4] for r in feed_rows([(10 + i, None, c, True) for i, c in enumerate(changes)], KEYS, 3, mirror, U)]
+
+
+def refusals(changes: list[TableChange]) -> list[str]:
+    out = []
+    for walk in (fold, history, feed):
+        with pytest.raises(SinkError) as e:
+            walk(changes)
+        out.append(e.value.message)
+    return out
+
+
+def test_an_old_full_image_holding_the_marker_is_refused_by_every_walk() -> None:
+    """Postgres sends old images in full. The key-less fold refused one holding 'u'; the keyed fold,
+    the history and the feed copied the marker into the new row."""
+    changes = [TableChange(OP_UPDATE, None, (1, "a0", U), (1, "a1", U), 0, new_partial=True)]
+    assert set(refusals(changes)) == {"old row image holds unchanged TOAST markers"}
+
+
+def test_every_walk_takes_the_old_full_image_first() -> None:
+    changes = [TableChange(OP_UPDATE, None, (1, "a0", "old"), (1, "a1", U), 0, new_partial=True)]
+    assert fold(changes).keyed[(1,)].row == (1, "a1", "old")
+    assert history(changes) == [(1, "a1", "old")]
+    assert feed(changes) == [(1, "a1", "old", OP_UPDATE)]
