@@ -11,9 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from applier.changes import OP_UPDATE, TableChange
+from applier.changes import OP_DELETE, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
 from applier.sink.changefeed import MirrorRows, feed_rows
+from applier.sink.combine import combine_plans
 from applier.sink.history import plan_history
 from applier.sink.plan import SoftDelete, TablePlan, fold_changes, freeze
 from applier.values import UNCHANGED_TOAST as U
@@ -62,3 +63,31 @@ def test_every_walk_takes_the_old_full_image_first() -> None:
     assert fold(changes).keyed[(1,)].row == (1, "a1", "old")
     assert history(changes) == [(1, "a1", "old")]
     assert feed(changes) == [(1, "a1", "old", OP_UPDATE)]
+
+
+def _split_refusal(changes: list[TableChange], cut: int, *, soft: bool = False) -> tuple[str, str]:
+    with pytest.raises(SinkError) as whole:
+        fold(changes, soft=soft)
+    earlier, later = fold(changes[:cut], soft=soft), fold(changes[cut:], soft=soft)
+    with pytest.raises(SinkError) as split:
+        combine_plans(earlier, later)
+    return whole.value.message, split.value.message
+
+
+@pytest.mark.parametrize("first", [
+    TableChange(OP_DELETE, (1,), None, None, 0),
+    TableChange(OP_TRUNCATE, None, None, None, 0),
+])
+def test_a_combination_refuses_with_the_one_pass_folds_message(first: TableChange) -> None:
+    """It said "an unchanged value (toast) refers to ..." where the one-pass fold says "an unchanged
+    TOAST value refers to ..."."""
+    changes = [first, TableChange(OP_UPDATE, None, None, (1, "a1", U), 1, new_partial=True)]
+    whole, split = _split_refusal(changes, 1)
+    assert whole == split
+
+
+def test_a_combination_refuses_a_soft_deleted_key_change_with_the_one_pass_folds_message() -> None:
+    changes = [TableChange(OP_DELETE, (1,), None, None, 0),
+               TableChange(OP_UPDATE, (1,), None, (2, "a1", "b", 7, None, "U", False), 1)]
+    whole, split = _split_refusal(changes, 1, soft=True)
+    assert whole == split == "a key change refers to a row that is gone earlier in the same batch"
