@@ -28,7 +28,7 @@ from applier.sink.idempotence import app_id_for, is_delta_table
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowimage import resolve
+from applier.sink.rowimage import check_key, resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -141,6 +141,7 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
+        check_key(new_key, marker, op)  # else the marker would be the row's key
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)

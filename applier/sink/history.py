@@ -29,7 +29,7 @@ from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_tabl
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowimage import resolve
+from applier.sink.rowimage import check_key, resolve
 from applier.sink.rowkeys import key_of, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -154,6 +154,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
+        check_key(new_key, marker, op)  # else the marker would be the row's key
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)

@@ -91,3 +91,10 @@ def test_a_combination_refuses_a_soft_deleted_key_change_with_the_one_pass_folds
                TableChange(OP_UPDATE, (1,), None, (2, "a1", "b", 7, None, "U", False), 1)]
     whole, split = _split_refusal(changes, 1, soft=True)
     assert whole == split == "a key change refers to a row that is gone earlier in the same batch"
+
+
+def test_a_key_column_arriving_unchanged_is_refused_by_every_walk() -> None:
+    """The fold refused it; the history and the feed took the marker for the row's key (and the feed,
+    committed before the mirror table, wrote it)."""
+    changes = [TableChange(OP_UPDATE, (1,), None, (U, "a1", "b"), 0, new_partial=True)]
+    assert set(refusals(changes)) == {"a key column arrived as unchanged TOAST; the key must be sent in full"}
