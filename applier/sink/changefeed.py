@@ -145,8 +145,9 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
-        before = list(change.old_row) if change.old_row is not None else (
-            current(old_frozen) if op != OP_INSERT else None)
+        # An insert can carry 'u' too (a row filter turned the update into one): like the fold, it
+        # keeps the row's value from before, when there is a row.
+        before = list(change.old_row) if change.old_row is not None else current(old_frozen)
         if change.new_partial:
             row, _ = resolve(new, marker, op, change.old_row, before, no_earlier=_NO_ROW)
         else:

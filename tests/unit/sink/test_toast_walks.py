@@ -11,12 +11,13 @@ from typing import Any, cast
 
 import pytest
 
-from applier.changes import OP_DELETE, OP_TRUNCATE, OP_UPDATE, TableChange
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
 from applier.sink.changefeed import MirrorRows, feed_rows
 from applier.sink.combine import combine_plans
 from applier.sink.history import plan_history
 from applier.sink.plan import SoftDelete, TablePlan, fold_changes, freeze
+from applier.sink.rowkeys import keys_continued
 from applier.values import UNCHANGED_TOAST as U
 
 COLS = ("id", "a", "big")
@@ -98,3 +99,16 @@ def test_a_key_column_arriving_unchanged_is_refused_by_every_walk() -> None:
     committed before the mirror table, wrote it)."""
     changes = [TableChange(OP_UPDATE, (1,), None, (U, "a1", "b"), 0, new_partial=True)]
     assert set(refusals(changes)) == {"a key column arrived as unchanged TOAST; the key must be sent in full"}
+
+
+def test_an_insert_with_unchanged_values_keeps_the_rows_values_in_every_walk() -> None:
+    """A row filter can turn an update into an insert that still has 'u' columns (notes on pgoutput
+    semantics): the value is the row's from before, when there is one. The fold and the history took
+    it; the feed refused, and neither read the row of such a key before the walk."""
+    changes = [TableChange(OP_INSERT, None, None, (1, "a1", U), 0, new_partial=True)]
+    entry = fold(changes).keyed[(1,)]
+    assert entry.unresolved == frozenset({2}) and entry.lookup_key == (1,)  # the target's value
+    assert history(changes) == [(1, "a1", "big0")]
+    assert feed(changes) == [(1, "a1", "big0", OP_INSERT)]
+    assert keys_continued(changes, KEYS) == [(1,)]
+    assert keys_continued([TableChange(OP_INSERT, None, None, (1, "a1", "b"), 0)], KEYS) == []
