@@ -28,7 +28,7 @@ from applier.sink.idempotence import app_id_for, is_delta_table
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowimage import check_key, resolve
+from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -149,7 +149,9 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         # keeps the row's value from before, when there is a row.
         before = list(change.old_row) if change.old_row is not None else current(old_frozen)
         if change.new_partial:
-            row, _ = resolve(new, marker, op, change.old_row, before, no_earlier=_NO_ROW)
+            gone_here = refusal(TOAST, deleted=old_frozen in state and state[old_frozen] is None,
+                                truncated=gone and old_frozen not in state)
+            row, _ = resolve(new, marker, op, change.old_row, before, no_earlier=gone_here or _NO_ROW)
         else:
             row = list(new)
         if old_frozen != new_frozen:

@@ -29,7 +29,7 @@ from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_tabl
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
-from applier.sink.rowimage import check_key, resolve
+from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -141,6 +141,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
             after.clear()  # what the transaction did before is gone too
             for frozen in list(current):
                 close(frozen, lsn, at)
+            current.clear()  # closed by the TRUNCATE, not by a delete (lookup finds nothing either way)
             target_gone = True
             plan.truncate = plan.truncate or (lsn, at)
             continue
@@ -162,10 +163,14 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
             previous: list[Any] | None = None
             if old_frozen in after:
                 previous = after[old_frozen]
+                deleted, truncated = previous is None, False
             else:
+                deleted = old_frozen in current and current[old_frozen] is None
+                truncated = target_gone and old_frozen not in current
                 version = lookup(old_frozen)
                 previous = version.row if version is not None else None
-            row, _ = resolve(new, marker, op, change.old_row, previous, no_earlier=_NO_VERSION)
+            row, _ = resolve(new, marker, op, change.old_row, previous,
+                             no_earlier=refusal(TOAST, deleted=deleted, truncated=truncated) or _NO_VERSION)
         else:
             row = list(new)
         if old_frozen != new_frozen:

@@ -7,6 +7,7 @@ Pure Python: the history's open versions and the feed's mirror rows are given, n
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 from typing import Any, cast
 
 import pytest
@@ -31,9 +32,11 @@ def fold(changes: list[TableChange], *, soft: bool = False) -> TablePlan:
                         soft_delete=SoftDelete(3, 6, 5, (3, 4)) if soft else None)
 
 
-def history(changes: list[TableChange]) -> list[tuple[Any, ...]]:
+def history(changes: list[TableChange], *, one_transaction: bool = False) -> list[tuple[Any, ...]]:
+    """The versions the history opens; each change its own transaction, or all of them one."""
     target: dict[object, tuple[int, datetime | None, list[Any]]] = {freeze((1,)): (5, None, list(TARGET))}
-    plan = plan_history([(10 + i, None, c) for i, c in enumerate(changes)], KEYS, (0, 1, 2), target, U)
+    events = [(10 if one_transaction else 10 + i, None, c) for i, c in enumerate(changes)]
+    plan = plan_history(events, KEYS, (0, 1, 2), target, U)
     return [r[:3] for r in plan.inserts]
 
 
@@ -43,9 +46,9 @@ def feed(changes: list[TableChange]) -> list[tuple[Any, ...]]:
     return [r[:4] for r in feed_rows([(10 + i, None, c, True) for i, c in enumerate(changes)], KEYS, 3, mirror, U)]
 
 
-def refusals(changes: list[TableChange]) -> list[str]:
+def refusals(changes: list[TableChange], *, one_transaction: bool = False) -> list[str]:
     out = []
-    for walk in (fold, history, feed):
+    for walk in (fold, partial(history, one_transaction=one_transaction), feed):
         with pytest.raises(SinkError) as e:
             walk(changes)
         out.append(e.value.message)
@@ -112,3 +115,27 @@ def test_an_insert_with_unchanged_values_keeps_the_rows_values_in_every_walk() -
     assert feed(changes) == [(1, "a1", "big0", OP_INSERT)]
     assert keys_continued(changes, KEYS) == [(1,)]
     assert keys_continued([TableChange(OP_INSERT, None, None, (1, "a1", "b"), 0)], KEYS) == []
+
+
+@pytest.mark.parametrize("first,why", [
+    (TableChange(OP_DELETE, (1,), None, None, 0), "deleted earlier in the same batch"),
+    (TableChange(OP_UPDATE, (1,), None, (2, "a1", "b"), 0), "deleted earlier in the same batch"),  # key change
+    (TableChange(OP_TRUNCATE, None, None, None, 0), "removed by a TRUNCATE in the same batch"),
+])
+@pytest.mark.parametrize("same_transaction", [True, False])
+def test_unchanged_values_of_a_row_gone_earlier_in_the_batch_are_refused_alike(
+        first: TableChange, why: str, same_transaction: bool) -> None:
+    """The history and the feed said the target was missing the row ("no version to come from",
+    "the mirror table is missing a row") where the batch itself had removed it."""
+    later = TableChange(OP_UPDATE, None, None, (1, "a2", U), 1, new_partial=True)
+    messages = refusals([first, later], one_transaction=same_transaction)
+    assert messages == [f"an unchanged TOAST value refers to a row {why}"] * 3
+
+
+def test_a_truncate_then_a_delete_is_a_deleted_row_for_every_walk() -> None:
+    changes = [TableChange(OP_TRUNCATE, None, None, None, 0), TableChange(OP_INSERT, None, None, (1, "a", "b"), 1),
+               TableChange(OP_DELETE, (1,), None, None, 2),
+               TableChange(OP_UPDATE, None, None, (1, "a2", U), 3, new_partial=True)]
+    for one_transaction in (True, False):
+        assert set(refusals(changes, one_transaction=one_transaction)) == {
+            "an unchanged TOAST value refers to a row deleted earlier in the same batch"}
