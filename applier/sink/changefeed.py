@@ -4,8 +4,8 @@ Why: a downstream pipeline (Spark Declarative Pipelines' ``create_auto_cdc_flow(
 sequence_by=struct(__commit_lsn, __ordinal), apply_as_deletes="__op = 'D'")``, or any streaming job)
 wants the changes themselves, each with every column. pgoutput does not send every column: an
 unchanged TOAST value arrives as 'u'. So the feed resolves them like the mirror table does: from the
-old FULL image, an earlier image in the group, or the mirror table's row. Deletes carry the deleted
-row's last values, a key change is a delete of the old key and an update of the new one, and a
+old FULL image, an earlier image in the group, or the mirror table's row (applier.sink.rowimage).
+Deletes carry the deleted row's last values, a key change is a delete of the old key and an update of the new one, and a
 TRUNCATE is a delete of every row the table held (a feed consumer has no other way to see it).
 
 Consistency: the feed reads the mirror table's rows, so it must never be behind it. The feed's commit

@@ -7,7 +7,7 @@ the next (or, when none of the tracked columns changed, updates it in place); a 
 old key's and opens the new key's; a delete closes it; a TRUNCATE closes every open version. A version
 opened and closed by the same transaction never was one at a commit boundary and is dropped. Unchanged
 TOAST values come from the version they continue, which holds every value (the target's open version is
-read for the keys the group continues, before the walk).
+read for the keys the group continues, before the walk; applier.sink.rowimage).
 
 The commit is one idempotent MERGE: versions the target holds and the group changes or closes are
 matched on key and start LSN, new versions are inserted, and after a TRUNCATE every other open version

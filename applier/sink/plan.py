@@ -7,7 +7,7 @@ because changes to different keys commute and changes to one key are applied in 
 - keyed tables (a replica identity key): per key the final state is "deleted" or a full row; a row
   may still hold columns whose value is "whatever the target has" (unchanged TOAST, 'u') — those
   carry the key of the target row to read them from (the OLD key when the key changed, as
-  PostgreSQL's apply worker keeps the local column);
+  PostgreSQL's apply worker keeps the local column; the walk is applier.sink.rowimage's);
 - key-less tables (REPLICA IDENTITY FULL without a primary key, or no identity: inserts only) are
   multisets: each message affects exactly one row equal to the image, duplicates included, so the
   fold is a signed count per distinct row image;
