@@ -13,6 +13,12 @@ row between them, so it takes the value, in this order:
    to be gone (deleted earlier in the batch, or removed by a TRUNCATE in it): then the change is
    refused, as is a 'u' in a key column (the key must be sent in full).
 
+Where the walks differ, on purpose, the caller says so: a key-less table's rows are matched on every
+value, so only step 1 applies there (its refusal is the caller's ``no_earlier``); the history and the
+change feed read the target's rows before they walk, so for them an image of step 2 is always
+complete, and "no image" is refused with their own reason; a combination of folds (applier.sink.
+combine) only has step 2 left, for the positions the later fold could not resolve.
+
 The functions here are pure and work on positions, so a caller that only knows "these columns still
 read from before me" (a combination of folds) walks the same steps as one that scans an image for
 the marker. The target itself is read by the caller (applier.sink.merge), which says, with
@@ -107,7 +113,7 @@ def resolve(new: Sequence[object], marker: object, op: str, old: Sequence[object
 
     The unchanged positions of the returned row still hold the marker."""
     row = list(new)
-    positions = [i for i, v in enumerate(row) if v is marker]
+    positions = unchanged_positions(row, marker)
     if not positions:
         return row, NO_POSITIONS
     if old is not None:
