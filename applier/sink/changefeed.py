@@ -4,8 +4,8 @@ Why: a downstream pipeline (Spark Declarative Pipelines' ``create_auto_cdc_flow(
 sequence_by=struct(__commit_lsn, __ordinal), apply_as_deletes="__op = 'D'")``, or any streaming job)
 wants the changes themselves, each with every column. pgoutput does not send every column: an
 unchanged TOAST value arrives as 'u'. So the feed resolves them like the mirror table does: from the
-old FULL image, an earlier image in the group, or the mirror table's row. Deletes carry the deleted
-row's last values, a key change is a delete of the old key and an update of the new one, and a
+old FULL image, an earlier image in the group, or the mirror table's row (applier.sink.rowimage).
+Deletes carry the deleted row's last values, a key change is a delete of the old key and an update of the new one, and a
 TRUNCATE is a delete of every row the table held (a feed consumer has no other way to see it).
 
 Consistency: the feed reads the mirror table's rows, so it must never be behind it. The feed's commit
@@ -28,6 +28,7 @@ from applier.sink.idempotence import app_id_for, is_delta_table
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 OP, COMMIT_LSN, ORDINAL, COMMIT_TIME = "__op", "__commit_lsn", "__ordinal", "__commit_time"
 FEED_COLUMNS = (OP, COMMIT_LSN, ORDINAL, COMMIT_TIME)
+_NO_ROW = "an unchanged TOAST value has no row to come from (the mirror table is missing a row Postgres has)"
 
 #: One change with its transaction's commit LSN and time, and whether the feed still needs it.
 FeedEvent = tuple[int, datetime | None, TableChange, bool]
@@ -139,19 +141,19 @@ def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: in
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
+        check_key(new_key, marker, op)  # else the marker would be the row's key
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
-        row = list(new)
-        before = list(change.old_row) if change.old_row is not None else (
-            current(old_frozen) if op != OP_INSERT else None)
+        # An insert can carry 'u' too (a row filter turned the update into one): like the fold, it
+        # keeps the row's value from before, when there is a row.
+        before = list(change.old_row) if change.old_row is not None else current(old_frozen)
         if change.new_partial:
-            for i, v in enumerate(row):
-                if v is marker:
-                    if before is None:
-                        raise SinkError("an unchanged TOAST value has no row to come from (the mirror table "
-                                        "is missing a row Postgres has)", op=op)
-                    row[i] = before[i]
+            gone_here = refusal(TOAST, deleted=old_frozen in state and state[old_frozen] is None,
+                                truncated=gone and old_frozen not in state)
+            row, _ = resolve(new, marker, op, change.old_row, before, no_earlier=gone_here or _NO_ROW)
+        else:
+            row = list(new)
         if old_frozen != new_frozen:
             if emit:
                 out.append((*(before if before is not None else key_only_row(old_key, key_positions, ncols)),

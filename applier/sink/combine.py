@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from applier.errors import SinkError
 from applier.sink.plan import KeyedRow, TablePlan, _freeze_key
+from applier.sink.rowimage import refusal, take_from_earlier
 
 __all__ = ["combine_plans"]
 
@@ -55,12 +56,14 @@ def combine_plans(earlier: TablePlan, later: TablePlan) -> TablePlan:
 
 
 def _check_external(earlier: TablePlan, later: TablePlan) -> None:
-    for key, what in later.external:
+    """Refuse what the one-pass fold refuses, with its message: a later row that reads from a row the
+    earlier fold deleted or truncated away."""
+    for key, reading in later.external:
         previous = earlier.keyed.get(key)
-        if previous is not None and previous.row is None:
-            raise SinkError(f"an unchanged value ({what}) refers to a row deleted earlier in the same batch")
-        if previous is None and earlier.truncated:
-            raise SinkError(f"an unchanged value ({what}) refers to a row removed by a TRUNCATE in the same batch")
+        reason = refusal(reading, deleted=previous is not None and previous.row is None,
+                         truncated=previous is None and earlier.truncated)
+        if reason is not None:
+            raise SinkError(reason)
 
 
 def _resolve(earlier: TablePlan, entry: KeyedRow) -> KeyedRow:
@@ -70,10 +73,5 @@ def _resolve(earlier: TablePlan, entry: KeyedRow) -> KeyedRow:
     if previous is None or previous.row is None:
         return entry  # still the target's row (a deleted or truncated one was refused above)
     row = list(entry.row)
-    inherited: set[int] = set()
-    for i in entry.unresolved:
-        if i in previous.unresolved:
-            inherited.add(i)
-        else:
-            row[i] = previous.row[i]
-    return KeyedRow(tuple(row), frozenset(inherited), previous.lookup_key if inherited else None)
+    inherited = take_from_earlier(row, entry.unresolved, previous.row, previous.unresolved)
+    return KeyedRow(tuple(row), inherited, previous.lookup_key if inherited else None)

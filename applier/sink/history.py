@@ -7,7 +7,7 @@ the next (or, when none of the tracked columns changed, updates it in place); a 
 old key's and opens the new key's; a delete closes it; a TRUNCATE closes every open version. A version
 opened and closed by the same transaction never was one at a commit boundary and is dropped. Unchanged
 TOAST values come from the version they continue, which holds every value (the target's open version is
-read for the keys the group continues, before the walk).
+read for the keys the group continues, before the walk; applier.sink.rowimage).
 
 The commit is one idempotent MERGE: versions the target holds and the group changes or closes are
 matched on key and start LSN, new versions are inserted, and after a TRUNCATE every other open version
@@ -29,6 +29,7 @@ from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_tabl
 from applier.sink.merge import restrict_to_keys
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
+from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, old_key_of
 from applier.sink.schema import with_added_columns
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 START_LSN, END_LSN, START_AT, END_AT = "__start_lsn", "__end_lsn", "__start_at", "__end_at"
 HISTORY_COLUMNS = (START_LSN, END_LSN, START_AT, END_AT)
 _KIND = "__applier_kind"
+_NO_VERSION = ("an unchanged TOAST value has no version to come from (was the history table created after the "
+               "table's first copy?)")
 
 #: One change of the group with its transaction's commit LSN and time.
 Event = tuple[int, datetime | None, TableChange]
@@ -138,6 +141,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
             after.clear()  # what the transaction did before is gone too
             for frozen in list(current):
                 close(frozen, lsn, at)
+            current.clear()  # closed by the TRUNCATE, not by a delete (lookup finds nothing either way)
             target_gone = True
             plan.truncate = plan.truncate or (lsn, at)
             continue
@@ -151,26 +155,24 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
         new_key = key_of(new, key_positions)
+        check_key(new_key, marker, op)  # else the marker would be the row's key
         old_key = old_key_of(change, key_positions)  # the new row's key when the update kept it
         assert old_key is not None
         old_frozen, new_frozen = freeze(old_key), freeze(new_key)
-        row = list(new)
-        if change.new_partial:
+        if change.new_partial:  # the version it continues holds every value (the target's was read)
             previous: list[Any] | None = None
             if old_frozen in after:
                 previous = after[old_frozen]
+                deleted, truncated = previous is None, False
             else:
+                deleted = old_frozen in current and current[old_frozen] is None
+                truncated = target_gone and old_frozen not in current
                 version = lookup(old_frozen)
                 previous = version.row if version is not None else None
-            for i, v in enumerate(row):
-                if v is marker:
-                    if change.old_row is not None:
-                        row[i] = change.old_row[i]
-                    elif previous is not None:
-                        row[i] = previous[i]
-                    else:
-                        raise SinkError("an unchanged TOAST value has no version to come from (was the "
-                                        "history table created after the table's first copy?)", op=op)
+            row, _ = resolve(new, marker, op, change.old_row, previous,
+                             no_earlier=refusal(TOAST, deleted=deleted, truncated=truncated) or _NO_VERSION)
+        else:
+            row = list(new)
         if old_frozen != new_frozen:
             after[old_frozen] = None
         after[new_frozen] = row

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from applier.errors import SinkError
 from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
-from applier.sink.plan import TablePlan
+from applier.sink.plan import TablePlan, rows_after_truncate
+from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
 
@@ -69,19 +70,7 @@ def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: S
 
 def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
                version: int, description: str) -> CommitResult:
-    rows: list[tuple[object, ...]] = []
-    if plan.multiset:
-        for image, count in plan.counts.items():
-            if count < 0:
-                raise SinkError("rows deleted after a TRUNCATE that were never inserted after it",
-                                table=description)
-            rows.extend([plan.images[image]] * count)
-    else:
-        for entry in plan.keyed.values():
-            if entry.row is not None:
-                if entry.unresolved:  # fold guarantees this cannot happen; keep the invariant loud
-                    raise SinkError("unresolved unchanged-TOAST value after a TRUNCATE", table=description)
-                rows.append(entry.row)
+    rows = rows_after_truncate(plan, description)
     df = _source_frame(spark, rows, schema)
     with idempotent_write(spark, app_id, version, description):
         df.write.format("delta").mode("overwrite").option("overwriteSchema", "false").save(path)
@@ -221,7 +210,8 @@ def _insert_into_empty(spark: SparkSession, path: str, schema: StructType, plan:
 
 def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: list[str], plan: TablePlan,
                       lookup_cols: list[int], description: str) -> DataFrame:
-    """Replace unchanged-TOAST placeholders with the target row's values (row of the lookup key)."""
+    """Replace unchanged-TOAST placeholders with the target row's values (row of the lookup key): the
+    last step of applier.sink.rowimage's walk, for the positions the fold could not resolve."""
     from pyspark.sql import functions as F
 
     key_names = [names[p] for p in plan.key_positions]
@@ -245,10 +235,7 @@ def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: lis
     missing = joined.filter(any_u & key_missing).count()
     if missing:
         joined.unpersist()
-        raise SinkError(
-            f"{missing} row(s) carry unchanged TOAST values but the target has no row to take them from "
-            "(the Delta table is missing rows Postgres has: rebuild it from a snapshot)",
-            table=description, key_columns=", ".join(key_names))
+        raise target_missing(missing, table=description, key_columns=key_names)
     out_cols = []
     for i, n in enumerate(names):
         if i in lookup_cols:

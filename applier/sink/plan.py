@@ -7,7 +7,7 @@ because changes to different keys commute and changes to one key are applied in 
 - keyed tables (a replica identity key): per key the final state is "deleted" or a full row; a row
   may still hold columns whose value is "whatever the target has" (unchanged TOAST, 'u') — those
   carry the key of the target row to read them from (the OLD key when the key changed, as
-  PostgreSQL's apply worker keeps the local column);
+  PostgreSQL's apply worker keeps the local column; the walk is applier.sink.rowimage's);
 - key-less tables (REPLICA IDENTITY FULL without a primary key, or no identity: inserts only) are
   multisets: each message affects exactly one row equal to the image, duplicates included, so the
   fold is a signed count per distinct row image;
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
+from applier.sink.rowimage import KEY_CHANGE, NO_POSITIONS, TOAST, check_key, check_old_image, refusal, resolve
 
 
 @dataclass(slots=True)
@@ -85,10 +86,6 @@ class TablePlan:
         return any(k.unresolved for k in self.keyed.values() if k.row is not None)
 
 
-def _is_unchanged(value: object, marker: object) -> bool:
-    return value is marker
-
-
 class _NaN:
     """Stands for float NaN in frozen keys: NaN != NaN, but two NaN images are the same row to Postgres."""
 
@@ -145,7 +142,7 @@ def _key_of(row: tuple[object, ...], positions: tuple[int, ...]) -> tuple[object
 
 
 _PLAIN_KEY_TYPES = frozenset({int, str})
-_NO_COLUMNS: frozenset[int] = frozenset()
+_NO_COLUMNS = NO_POSITIONS
 
 
 def _freeze_key(key: tuple[object, ...]) -> object:
@@ -170,8 +167,8 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
     if new is None:
         raise SinkError("insert/update without a new row", op=op)
     new_key = _key_of(new, plan.key_positions)
-    if marker in new_key:
-        raise SinkError("a key column arrived as unchanged TOAST; the key must be sent in full", op=op)
+    if marker in new_key:  # tested here, not in the call: every change of a keyed table passes this line
+        check_key(new_key, marker, op)
     old_key = change.old_key if change.old_key is not None else (
         _key_of(change.old_row, plan.key_positions) if change.old_row is not None else new_key)
     old_frozen = _freeze_key(old_key)
@@ -181,39 +178,24 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
             plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
         plan.keyed[new_frozen] = KeyedRow(tuple(new), _NO_COLUMNS, None)
         return
-    unresolved = {i for i, v in enumerate(new) if _is_unchanged(v, marker)}
-    row = list(new)
     lookup: tuple[object, ...] | None = None
-    if unresolved and change.old_row is not None:  # 'O' present: the old row has every value
-        for i in list(unresolved):
-            row[i] = change.old_row[i]
-            unresolved.discard(i)
-    if unresolved:
+    if change.old_row is not None:  # 'O' present: the old row has every value
+        row, unresolved = resolve(new, marker, op, change.old_row, None)
+    else:
         previous = plan.keyed.get(old_frozen)
         if previous is not None and previous.row is not None:
             # The previous image of the same row in this batch: take its values, and inherit
             # whatever it still had to read from the target.
-            inherited: set[int] = set()
-            for i in list(unresolved):
-                if i in previous.unresolved:
-                    inherited.add(i)
-                else:
-                    row[i] = previous.row[i]
-                unresolved.discard(i)
-            unresolved = inherited
-            lookup = previous.lookup_key if inherited else None
-        elif previous is not None and previous.row is None:
-            raise SinkError("an unchanged TOAST value refers to a row deleted earlier in the same batch",
-                            op=op)
-        elif plan.truncated:
-            raise SinkError("an unchanged TOAST value refers to a row removed by a TRUNCATE in the same batch",
-                            op=op)
+            row, unresolved = resolve(new, marker, op, None, previous.row, previous.unresolved)
+            lookup = previous.lookup_key if unresolved else None
         else:
+            row, unresolved = resolve(new, marker, op, None, None, no_earlier=refusal(
+                TOAST, deleted=previous is not None, truncated=plan.truncated))
             lookup = old_key  # read from the target's row of the OLD key
-            plan.external.append((old_frozen, "toast"))
+            plan.external.append((old_frozen, TOAST))
     if old_frozen != new_frozen:
         plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
-    plan.keyed[new_frozen] = KeyedRow(tuple(row), frozenset(unresolved), lookup)
+    plan.keyed[new_frozen] = KeyedRow(tuple(row), unresolved, lookup)
 
 
 def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], old_frozen: object,
@@ -229,15 +211,15 @@ def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], 
         row = list(change.old_row)
     elif previous is not None and previous.row is not None:
         row, unresolved, lookup = list(previous.row), previous.unresolved, previous.lookup_key
-    elif plan.truncated or previous is not None:
-        raise SinkError("a key change refers to a row that is gone earlier in the same batch", op=change.op)
+    elif (reason := refusal(KEY_CHANGE, deleted=previous is not None, truncated=plan.truncated)) is not None:
+        raise SinkError(reason, op=change.op)
     else:  # read every other column from the target's row of the old key
         row = [None] * len(new)
         for p, v in zip(plan.key_positions, old_key, strict=True):
             row[p] = v
         unresolved = frozenset(i for i in range(soft.source_columns) if i not in plan.key_positions)
         lookup = old_key
-        plan.external.append((old_frozen, "key change"))
+        plan.external.append((old_frozen, KEY_CHANGE))
     for p in soft.copied:
         row[p] = new[p]
     if soft.op is not None:
@@ -253,8 +235,7 @@ def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None
         if old is None:
             raise SinkError("update/delete on a table without a key needs the whole old row "
                             "(REPLICA IDENTITY FULL)", op=op)
-        if any(_is_unchanged(v, marker) for v in old):
-            raise SinkError("old row image holds unchanged TOAST markers", op=op)
+        check_old_image(old, marker, op)
         image = freeze(old)
         plan.images.setdefault(image, tuple(old))
         plan.counts[image] -= 1
@@ -262,11 +243,10 @@ def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None
         new = change.new_row
         if new is None:
             raise SinkError("insert/update without a new row", op=op)
-        if any(_is_unchanged(v, marker) for v in new):
-            if change.old_row is None:
-                raise SinkError("unchanged TOAST value in a table without a key and without an old row",
-                                op=op)
-            new = tuple(o if _is_unchanged(v, marker) else v for v, o in zip(new, change.old_row, strict=True))
+        if marker in new:
+            row, _ = resolve(new, marker, op, change.old_row, None, no_earlier="unchanged TOAST value in a table "
+                             "without a key and without an old row")
+            new = tuple(row)
         image = freeze(new)
         plan.images.setdefault(image, tuple(new))
         plan.counts[image] += 1

@@ -36,14 +36,14 @@ def key_only_row(key: tuple[Any, ...], positions: tuple[int, ...], ncols: int) -
 
 
 def keys_continued(changes: Iterable[TableChange], positions: tuple[int, ...]) -> list[tuple[Any, ...]]:
-    """Keys whose row from before the group an update or delete continues: those changed before the
-    group's first TRUNCATE and not inserted by it first."""
+    """Keys whose row from before the group an update or delete (or an insert with unchanged TOAST
+    values) continues: those changed before the group's first TRUNCATE and not inserted by it first."""
     seen: set[object] = set()
     out: list[tuple[Any, ...]] = []
     for change in changes:
         if change.op == OP_TRUNCATE:
             break
-        if change.op != OP_INSERT:
+        if change.op != OP_INSERT or change.new_partial:  # an insert with 'u' continues the row too
             old = old_key_of(change, positions)
             if old is not None and freeze(old) not in seen:
                 seen.add(freeze(old))

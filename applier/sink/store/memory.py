@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
 from applier.sink.plan import rows_after_truncate
+from applier.sink.rowimage import target_missing
 from applier.sink.store.base import CommitResult, CommitTag, WriteMode
 
 if TYPE_CHECKING:
@@ -189,9 +190,8 @@ class InMemoryStore:
             else:
                 rows[n] = self._laid_out(target, index, tuple(row), rows[n])
         if missing:
-            raise SinkError(f"{missing} row(s) carry unchanged TOAST values but the target has no row to take "
-                            "them from (the Delta table is missing rows Postgres has: rebuild it from a snapshot)",
-                            table=description)
+            raise target_missing(missing, table=description,
+                                 key_columns=[target.columns[i] for i in key_index])
         # counted as the Delta stores count them: the plan's deletes, none into an empty table (an append)
         empty = not target.rows
         target.rows = [r for r in rows if r is not None]
