@@ -17,6 +17,7 @@ from applier.catalog import SchemaVersion
 from applier.changes import TableChange
 from applier.infra.fastobj import fast_constructor
 from applier.protocol.messages import COL_UNCHANGED_TOAST, Delete, Insert, Truncate, TupleData, Update
+from applier.values import UNCHANGED_TOAST
 
 Convert = Callable[[SchemaVersion, TupleData], tuple[Any, ...]]
 
@@ -52,8 +53,25 @@ def row_change(msg: Insert | Update | Delete, schema: SchemaVersion, ordinal: in
                 old_row = old
             else:
                 old_key = tuple([old[i] for i in schema.key_indexes])
-        return _change("U", old_key, old_row, convert(new), ordinal, COL_UNCHANGED_TOAST in new.kinds)
+        row = convert(new)
+        partial = COL_UNCHANGED_TOAST in new.kinds
+        if partial and old_key is not None:
+            row = _key_from_old(row, old_key, schema.key_indexes)
+        return _change("U", old_key, old_row, row, ordinal, partial)
     old = convert(msg.old)
     if msg.old_kind == "O":
         return _change("D", None, old, None, ordinal)
     return _change("D", tuple([old[i] for i in schema.key_indexes]), None, None, ordinal)
+
+
+def _key_from_old(row: tuple[Any, ...], old_key: tuple[Any, ...], key_indexes: tuple[int, ...]) -> tuple[Any, ...]:
+    """A key column that is toasted and did not change arrives as 'u' in the new image, and PostgreSQL
+    then sends the old key ('K') in full (heapam.c logs the identity when a key column is stored
+    externally): the new image's key is that one. Without this the row had no key to be merged on."""
+    if not any(row[i] is UNCHANGED_TOAST for i in key_indexes):
+        return row
+    filled = list(row)
+    for i, value in zip(key_indexes, old_key, strict=True):
+        if filled[i] is UNCHANGED_TOAST:
+            filled[i] = value
+    return tuple(filled)
