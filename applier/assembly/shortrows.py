@@ -25,7 +25,7 @@ from typing import Any
 from applier.changes import TableChange
 from applier.infra.fastobj import fast_constructor
 from applier.protocol.headers import DELETE, INSERT, OLD_ROW, UPDATE
-from applier.protocol.tupledata import SCAN_ERRORS, RowScan, scan_row_change
+from applier.protocol.tupledata import ALL_TEXT, SCAN_ERRORS, RowScan, scan_row_change
 
 _change: Callable[..., TableChange] = fast_constructor(TableChange)
 
@@ -33,12 +33,14 @@ _change: Callable[..., TableChange] = fast_constructor(TableChange)
 class ShortRowReader:
     """Reads the common Insert/Update/Delete messages of one schema version into TableChanges."""
 
-    __slots__ = ("_parsers", "_natts", "_key_indexes")
+    __slots__ = ("_parsers", "_natts", "_key_indexes", "_all_text")
 
     def __init__(self, text_parsers: Sequence[Callable[[bytes], object]], key_indexes: Sequence[int]) -> None:
         self._parsers = tuple(text_parsers)
         self._natts = len(self._parsers)
         self._key_indexes = tuple(key_indexes)
+        # the scanner's kinds of an all-text tuple of this width (shared: compared by identity)
+        self._all_text = ALL_TEXT[self._natts] if self._natts < len(ALL_TEXT) else None
 
     def read(self, data: bytes, ordinal: int, _scan: Callable[[bytes], RowScan] = scan_row_change,
              _errors: Any = SCAN_ERRORS) -> TableChange | None:
@@ -69,16 +71,16 @@ class ShortRowReader:
             return _change("D", old_key, old_row, None, ordinal)
         return None
 
-    def _values(self, kinds: bytearray | None, values: list[bytes | None], _map: Any = map,
+    def _values(self, kinds: bytes | None, values: list[bytes | None], _map: Any = map,
                 _as_tuple: Any = tuple) -> tuple[object, ...] | None:
         """The converted values of a scanned tuple, or None when a column is neither 't' nor 'n', the
         column count differs, or a parser refuses a value."""
         if len(values) != self._natts:
             return None
         try:
-            if kinds is None:  # every column text
+            if kinds is self._all_text:  # every column text
                 return _as_tuple(_map(_call, self._parsers, values))  # type: ignore[no-any-return]
-            if kinds.translate(None, b"tn"):  # binary 'b' or unchanged TOAST 'u'
+            if kinds is None or kinds.translate(None, b"tn"):  # binary 'b' or unchanged TOAST 'u'
                 return None
             return _as_tuple([None if v is None else f(v)  # type: ignore[no-any-return]
                               for f, v in zip(self._parsers, values, strict=True)])

@@ -116,24 +116,18 @@ def _string(data: bytes, pos: int, what: str) -> tuple[str, int]:
         raise _Malformed(f"{what} is not valid UTF-8", pos + e.start) from e
 
 
-#: ``kinds`` of an all-text tuple, per column count (PostgreSQL allows at most 1664 columns): the
-#: common tuple reuses one bytes object instead of building it.
-_ALL_TEXT: tuple[bytes, ...] = tuple(b"t" * n for n in range(1665))
-
-
 def _tuple(data: bytes, pos: int, n: int, _new: Callable[[type], Any] = _new, _twin: Any = _TupleTwin,
-           _cls: type = TupleData, _all_text: tuple[bytes, ...] = _ALL_TEXT) -> tuple[TupleData, int]:
+           _cls: type = TupleData) -> tuple[TupleData, int]:
     """The TupleData at ``pos`` (``n`` = ``len(data)``) and the position after it: walked by the one
-    scanner (``tupledata.py``), built as a layout twin (see above); the kinds of an all-text tuple,
-    which the scanner leaves None, are one shared bytes object per column count. Anything unusual
-    goes to the careful scanner. The hot messages, Insert and Update's new tuple, inline this body
+    scanner (``tupledata.py``), built as a layout twin (see above). Anything unusual goes to the
+    careful scanner. The hot messages, Insert and Update's new tuple, inline this body
     by hand (one Python call less per row: measurable on bench/decode.py)."""
     try:
         kinds, values, p = scan_tuple(data, pos, n)
     except SCAN_ERRORS:
         return _tuple_carefully(data, pos)
     obj = _new(_twin)
-    obj.kinds = _all_text[len(values)] if kinds is None else bytes(kinds)
+    obj.kinds = kinds
     obj.values = tuple(values)
     obj.__class__ = _cls
     return obj, p
@@ -254,8 +248,7 @@ def _change_head(data: bytes, in_stream: bool) -> tuple[int | None, int, int, in
 def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
             _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
             _new: Callable[[type], Any] = _new, _twin: type = _InsertTwin, _cls: type = Insert,
-            _ttwin: Any = _TupleTwin, _tcls: type = TupleData, _all_text: tuple[bytes, ...] = _ALL_TEXT,
-            ) -> Insert:
+            _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Insert:
     n = len(data)
     if in_stream:
         if n < 10:
@@ -275,7 +268,7 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
         new, pos = _tuple_carefully(data, pos)
     else:
         new = _new(_ttwin)
-        new.kinds = _all_text[len(values)] if kinds is None else bytes(kinds)
+        new.kinds = kinds
         new.values = tuple(values)
         new.__class__ = _tcls
     if pos != n:
@@ -291,8 +284,7 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
 def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
             _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
             _new: Callable[[type], Any] = _new, _twin: type = _UpdateTwin, _cls: type = Update,
-            _ttwin: Any = _TupleTwin, _tcls: type = TupleData, _all_text: tuple[bytes, ...] = _ALL_TEXT,
-            ) -> Update:
+            _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Update:
     n = len(data)
     if in_stream:
         xid, relid, tag, pos = _change_head(data, in_stream)
@@ -318,7 +310,7 @@ def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
         new, pos = _tuple_carefully(data, pos)
     else:
         new = _new(_ttwin)
-        new.kinds = _all_text[len(values)] if kinds is None else bytes(kinds)
+        new.kinds = kinds
         new.values = tuple(values)
         new.__class__ = _tcls
     if pos != n:

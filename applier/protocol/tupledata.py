@@ -13,8 +13,8 @@ Two readers, one result shape ``(kinds, values, end)``:
 * :func:`scan_tuple`, the hot path: one loop over locals, kind and length unpacked with ONE call
   (for 'n'/'u' the length read is ignored; ~10% faster than indexing the kind, then unpacking the
   length; the last 4 bytes, where only 'n' or 'u' fit, are read by index), no bound check per
-  column, and ``kinds`` left None while every column so far is text (the common tuple), so no
-  per-column object but the value slices. It raises one of :data:`SCAN_ERRORS` on anything
+  column, and no kinds built while every column is text (the common tuple: it gets the shared
+  ``ALL_TEXT[n]``), so no per-column object but the value slices. It raises one of :data:`SCAN_ERRORS` on anything
   unusual, saying nothing of where.
 * :func:`scan_tuple_checked`, the careful one: checks every read and raises :class:`Malformed`
   with the exact byte. Callers run it only after the fast one failed (the decoder, to report), or
@@ -39,7 +39,7 @@ from applier.protocol.headers import (
     UPDATE,
 )
 
-__all__ = ["SCAN_ERRORS", "Malformed", "RowScan", "Scanned", "Unusual", "scan_row_change", "scan_tuple",
+__all__ = ["ALL_TEXT", "SCAN_ERRORS", "Malformed", "RowScan", "Scanned", "Unusual", "scan_row_change", "scan_tuple",
            "scan_tuple_checked"]
 
 #: A column's kind byte and (for 't'/'b') its Int32 length, in one unpack. Read UNSIGNED: a negative
@@ -67,17 +67,21 @@ _UNUSUAL = Unusual()
 #: What :func:`scan_tuple` (and the fast readers built on it) may raise: catch exactly these.
 SCAN_ERRORS = (Unusual, StructError, IndexError)
 
-#: One scanned tuple: kinds (None when every column is text 't'), raw values (None for 'n' and
-#: 'u'), and the position after the tuple.
-Scanned = tuple[bytearray | None, list[bytes | None], int]
+#: One scanned tuple: kinds, raw values (None for 'n' and 'u'), and the position after the tuple.
+Scanned = tuple[bytes, list[bytes | None], int]
+
+#: ``kinds`` of an all-text tuple, per column count (PostgreSQL allows at most 1664 columns): the
+#: common tuple shares one bytes object instead of building one, and callers can tell it by identity.
+ALL_TEXT: tuple[bytes, ...] = tuple(b"t" * n for n in range(1665))
 
 
 def scan_tuple(data: bytes, pos: int, n: int, _kind_length: Callable[[bytes, int], tuple[int, int]] = _KIND_LENGTH,
                _unusual: Unusual = _UNUSUAL, _bytearray: type[bytearray] = bytearray,
-               _struct_error: type[Exception] = StructError) -> Scanned:
+               _struct_error: type[Exception] = StructError, _bytes: type[bytes] = bytes,
+               _all_text: tuple[bytes, ...] = ALL_TEXT) -> Scanned:
     """The TupleData at ``pos`` of ``data`` (``n`` is ``len(data)``, which every caller has at hand:
-    passed, not recomputed, on this hot path): ``(kinds, values, end)``. ``kinds`` is None when every
-    column is text, else a bytearray of the kind bytes (``b'tnub'`` as ints); ``values[i]`` holds the
+    passed, not recomputed, on this hot path): ``(kinds, values, end)``. ``kinds`` holds the kind
+    bytes (``b'tnub'``), the shared ``ALL_TEXT[n]`` when every column is text; ``values[i]`` holds the
     bytes of a 't' or 'b' column, None for 'n' and 'u'; ``end`` is the position after the tuple.
     Raises one of :data:`SCAN_ERRORS` (nothing else) for a read past the end, a bad kind or length.
 
@@ -109,7 +113,7 @@ def scan_tuple(data: bytes, pos: int, n: int, _kind_length: Callable[[bytes, int
             raise _unusual
     if p > n:
         raise _unusual
-    return kinds, values, p
+    return _all_text[natts] if kinds is None else _bytes(kinds), values, p
 
 
 def scan_tuple_checked(data: bytes, pos: int) -> tuple[bytes, list[bytes | None], int]:
@@ -147,9 +151,8 @@ def scan_tuple_checked(data: bytes, pos: int) -> tuple[bytes, list[bytes | None]
 
 
 #: A scanned Insert/Update/Delete: kind, old tuple tag (0 for none), old kinds and values (None for
-#: none), new kinds and values (None for a Delete). Kinds are None for an all-text tuple.
-RowScan = tuple[int, int, bytearray | None, list[bytes | None] | None, bytearray | None,
-                list[bytes | None] | None]
+#: none), new kinds and values (None for a Delete).
+RowScan = tuple[int, int, bytes | None, list[bytes | None] | None, bytes | None, list[bytes | None] | None]
 
 
 def scan_row_change(data: bytes, _scan: Callable[[bytes, int, int], Scanned] = scan_tuple,

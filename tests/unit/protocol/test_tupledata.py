@@ -32,6 +32,7 @@ from applier.protocol.messages import (
 )
 from applier.protocol.order import OpenTransactions
 from applier.protocol.tupledata import (
+    ALL_TEXT,
     SCAN_ERRORS,
     Malformed,
     scan_row_change,
@@ -54,8 +55,9 @@ def _row_messages(in_stream: bool | None = None) -> list[tuple[Captured, Change]
     return out
 
 
-def _as_tuple_data(kinds: bytearray | bytes | None, values: list[bytes | None]) -> TupleData:
-    return TupleData(b"t" * len(values) if kinds is None else bytes(kinds), tuple(values))
+def _as_tuple_data(kinds: bytes | None, values: list[bytes | None]) -> TupleData:
+    assert kinds is not None
+    return TupleData(kinds, tuple(values))
 
 
 def _tuples(msg: Change) -> list[TupleData]:
@@ -80,7 +82,7 @@ def test_first_tuple_scans_to_what_the_decoder_decoded() -> None:
         first = _tuples(msg)[0]
         kinds, values, end = scan_tuple(m.data, pos, len(m.data))
         assert _as_tuple_data(kinds, values) == first, m
-        assert kinds is None or b"t" * len(values) != bytes(kinds), "all-text kinds are left None"
+        assert (kinds is ALL_TEXT[len(values)]) == (kinds == b"t" * len(values)), "all-text kinds are shared"
         checked_kinds, checked_values, checked_end = scan_tuple_checked(m.data, pos)
         assert (TupleData(checked_kinds, tuple(checked_values)), checked_end) == (first, end)
         checked += 1
@@ -124,8 +126,7 @@ def test_cut_short_changes_raise_only_what_callers_catch(file: str) -> None:
                     scan_tuple_checked(short, pos)
             else:  # an Update's old tuple ends before the cut: the same tuple, carefully
                 assert end <= cut
-                assert scan_tuple_checked(short, pos) == (
-                    b"t" * len(values) if kinds is None else bytes(kinds), values, end)
+                assert scan_tuple_checked(short, pos) == (kinds, values, end)
 
 
 def test_trailing_bytes_and_unknown_tags_are_refused() -> None:
