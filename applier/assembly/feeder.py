@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from struct import Struct
-from struct import error as StructError
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
@@ -22,6 +20,7 @@ from applier.errors import ApplierError, DecodeError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
+from applier.protocol.headers import BEGIN, COMMIT, ROW_KINDS, change_relation_oid, kind_of
 from applier.protocol.messages import Begin, Commit, LogicalMessage, Message, TupleData
 from applier.protocol.order import OrderChecker
 from applier.state import StateDir
@@ -109,12 +108,13 @@ class TransactionFeeder:
         i = 0
         while i < n:
             data = datas[i]
-            if data[:1] == b"B" and self.order is None and not decoder.in_stream \
+            if kind_of(data) == BEGIN and self.order is None and not decoder.in_stream \
                     and self.assembler.between_transactions:
                 j = i + 1
-                while j < n and datas[j][:1] in _ROW_KINDS:
+                while j < n and kind_of(datas[j]) in ROW_KINDS:
                     j += 1
-                if j < n and datas[j][:1] == b"C" and (done := self._plain(decoder, lsns, datas, i, j)) is not None:
+                if j < n and kind_of(datas[j]) == COMMIT \
+                        and (done := self._plain(decoder, lsns, datas, i, j)) is not None:
                     yield done
                     i = j + 1
                     continue
@@ -137,12 +137,14 @@ class TransactionFeeder:
             if not isinstance(begin, Begin) or not isinstance(commit, Commit) \
                     or commit.commit_lsn in self.assembler.skip_lsns:
                 return None
-            get, decode, oid_of = self.catalog.get, decoder.decode, _OID
+            get, decode = self.catalog.get, decoder.decode
             # No Relation message inside: one schema version per relation OID for the whole transaction.
             tables: dict[int, _PlainTable] = {}
             for k in range(begin_at + 1, commit_at):
                 data = datas[k]
-                oid = oid_of(data, 1)[0]  # an I/U/D outside a stream block (checked by the caller)
+                oid = change_relation_oid(data)  # an I/U/D outside a stream block (checked by the caller)
+                if oid is None:  # too short to name its relation: message by message reports it
+                    return None
                 table = tables.get(oid)
                 if table is None:
                     schema = get(oid)
@@ -153,7 +155,7 @@ class TransactionFeeder:
                     msg = decode(data, lsns[k])
                     change = row_change(msg, schema, k - begin_at - 1, convert)  # type: ignore[arg-type]
                 rows.append(change)
-        except (ApplierError, StructError):
+        except ApplierError:
             return None
         txn = self.assembler.committed_whole(begin, commit)
         return txn, [TableBatch(schema.relation.oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn,
@@ -162,12 +164,9 @@ class TransactionFeeder:
 
     def _relation_named_in(self, data: bytes, in_stream: bool) -> str | None:
         """The relation a (possibly damaged) I/U/D message names, when its OID is readable and known."""
-        if data[:1] not in (b"I", b"U", b"D"):
+        oid = change_relation_oid(data, in_stream)
+        if oid is None:
             return None
-        at = 5 if in_stream else 1
-        if len(data) < at + 4:
-            return None
-        oid = int.from_bytes(data[at:at + 4], "big")
         if oid not in self.catalog:
             return f"OID {oid}"
         return self.catalog.get(oid).qualified_name
@@ -208,9 +207,6 @@ class TransactionFeeder:
         return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
 
 
-#: First bytes of the messages a plain transaction holds between its Begin and Commit (feed_range).
-_ROW_KINDS = frozenset({b"I", b"U", b"D"})
-_OID = Struct("!I").unpack_from
 #: Per relation OID in a plain transaction: its schema version, converter, short reader and row changes.
 _PlainTable = tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], Callable[[bytes, int], TableChange | None],
                     list[TableChange]]

@@ -58,8 +58,9 @@ from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import decode_message
+from applier.protocol.headers import IN_TRANSACTION_KINDS, RELATION, TYPE, kind_of
 from applier.protocol.messages import LogicalMessage, Relation, Type
-from applier.protocol.order import OrderChecker
+from applier.protocol.order import OpenTransactions
 from applier.sink.combine import combine_plans
 from applier.sink.engine import FoldedTable, fold_table, key_runs, table_spec
 from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan
@@ -168,8 +169,7 @@ def log_messages(path: str) -> int:
 
 # -- 1. survey -----------------------------------------------------------------------------------------
 
-_PASSED = frozenset(b"IUDTM")  # messages the survey only order-checks
-_NO_CUT = _PASSED | frozenset(b"RY")  # messages inside a transaction: never the last one of a range
+_CATALOG = frozenset((RELATION, TYPE))  # messages the survey decodes, to follow the catalog
 
 
 class Surveyor:
@@ -186,42 +186,24 @@ class Surveyor:
                                  for v in (catalog_json or {}).get("relations", [])}
         self.survey.oids_by_name = {(v["namespace"] or "pg_catalog", v["name"]): int(v["oid"])
                                     for v in (catalog_json or {}).get("relations", [])}
-        self.checker = OrderChecker()
-        self.prepared: set[int] = set()  # xids of prepared transactions not yet committed or rolled back
-        self.preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
+        self.open = OpenTransactions()  # the order check and what is open (applier.protocol.order)
 
     def add(self, lsn: int, data: bytes) -> None:
         """Check one message's place and follow what it opens, closes or describes (raises on disorder)."""
-        checker = self.checker
-        if problems := checker.check(lsn, data):
+        open_ = self.open
+        if problems := open_.add(lsn, data):
             raise problems[0].error()
-        kind = data[0] if data else 0
-        if kind in _PASSED:
-            return
-        if kind in (0x52, 0x59):  # R, Y: the catalog moves on
-            _follow_catalog(self.survey, data, checker.in_stream is not None, lsn)
-        elif kind == 0x62:  # b
-            self.preparing = checker.current.xid if checker.current is not None else None
-        elif kind == 0x50 and self.preparing is not None:  # P
-            self.prepared.add(self.preparing)
-            self.preparing = None
-        elif kind == 0x70:  # p: streamed prepare
-            self.prepared.add(int.from_bytes(data[26:30], "big"))
-        elif kind == 0x4B:  # K
-            self.prepared.discard(int.from_bytes(data[26:30], "big"))
-        elif kind == 0x72:  # r
-            self.prepared.discard(int.from_bytes(data[34:38], "big"))
-        elif kind == 0x42:  # B: a Begin while a two-phase one is open re-sends it (new session)
-            self.preparing = None
+        if open_.last_kind in _CATALOG:  # the catalog moves on
+            _follow_catalog(self.survey, data, open_.in_stream, lsn)
 
     def nothing_open(self) -> bool:
         """Nothing open, and no rename or reused name met (ranges after one are the driver path's)."""
-        return _nothing_open(self.checker, self.prepared) and self.survey.identity_change_lsn is None
+        return self.open.nothing_open() and self.survey.identity_change_lsn is None
 
     def may_cut_after(self, data: bytes) -> bool:
         """Whether a range may end with the message just added: one that ends something, with nothing
         left open."""
-        return bool(data) and data[0] not in _NO_CUT and self.nothing_open()
+        return bool(data) and kind_of(data) not in IN_TRANSACTION_KINDS and self.nothing_open()
 
     def cut(self, index: int, segments: tuple[Segment, ...], start_catalog: dict[str, Any], messages: int,
             first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None) -> LogRange:
@@ -286,11 +268,6 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
         else:
             survey.tail = tail
     return survey
-
-
-def _nothing_open(checker: OrderChecker, prepared: set[int]) -> bool:
-    """No regular, two-phase or streamed transaction open, none in a stream block, none prepared."""
-    return checker.current is None and not checker.streams and checker.in_stream is None and not prepared
 
 
 def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool, lsn: int) -> None:

@@ -22,15 +22,14 @@ partial message: every read is bounds-checked, trailing bytes are an error, and 
 passes it) the LSN.
 
 Speed matters (a busy slot is mostly small inserts and updates): fixed headers are unpacked with
-one precompiled ``Struct`` call (``wire.py``) and TupleData is parsed in one loop over local
-variables.
+one precompiled ``Struct`` call (``wire.py``) and TupleData is walked by the one scanner of
+``tupledata.py`` (also used by the short-row reader), one loop over local variables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from struct import Struct, unpack_from
-from struct import error as StructError
 from typing import Any
 
 from applier.errors import DecodeError
@@ -61,15 +60,10 @@ from applier.protocol.messages import (
     Type,
     Update,
 )
+from applier.protocol.tupledata import SCAN_ERRORS, Scanned, scan_tuple, scan_tuple_checked
+from applier.protocol.tupledata import Malformed as _Malformed
 
 __all__ = ["decode_message", "MessageDecoder"]
-
-#: A TupleData column's kind byte and (for 't'/'b') its Int32 length, in one unpack. The fast loop
-#: reads the length UNSIGNED: a negative length (never valid) then reads as >= 2**31, which pushes
-#: the position past the end, so one bound check after the loop catches it as well as any overrun
-#: (the careful reader then reports the exact byte, with the signed value).
-_KIND_LENGTH = Struct("!BI").unpack_from
-
 
 # Fast constructors for the hot message classes. A frozen dataclass's __init__ sets each field via
 # object.__setattr__(self, "name", value), a by-name lookup per field, which is most of the cost of a
@@ -90,15 +84,6 @@ _CommitTwin: Any = layout_twin(Commit)
 _InsertTwin: Any = layout_twin(Insert)
 _UpdateTwin: Any = layout_twin(Update)
 _TupleTwin: Any = layout_twin(TupleData)
-
-
-class _Malformed(Exception):
-    """Internal: what is wrong and at which byte; :func:`decode_message` adds kind and LSN."""
-
-    def __init__(self, reason: str, offset: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.offset = offset
 
 
 def _truncated(what: str, offset: int) -> _Malformed:
@@ -131,95 +116,28 @@ def _string(data: bytes, pos: int, what: str) -> tuple[str, int]:
         raise _Malformed(f"{what} is not valid UTF-8", pos + e.start) from e
 
 
-def _tuple_checked(data: bytes, pos: int, n: int) -> tuple[TupleData, int]:
-    """The careful TupleData reader: checks every read, so that a malformed tuple is reported at
-    the exact byte. Only runs when the fast path below hits something unusual."""
-    if pos + 2 > n:
-        raise _truncated("TupleData column count", n)
-    natts = (data[pos] << 8) | data[pos + 1]
-    pos += 2
-    kinds = bytearray(natts)
-    values: list[bytes | None] = [None] * natts
-    i32 = wire.INT32.unpack_from
-    for i in range(natts):
-        if pos >= n:
-            raise _truncated(f"TupleData: column {i + 1} of {natts} missing", n)
-        kind = data[pos]
-        if kind == 116 or kind == 98:  # 't' text, 'b' binary
-            if pos + 5 > n:
-                raise _truncated(f"TupleData: length of column {i + 1}", n)
-            length = i32(data, pos + 1)[0]
-            start = pos + 5
-            pos = start + length
-            if length < 0:
-                raise _Malformed(f"TupleData: negative length {length} of column {i + 1}", start - 4)
-            if pos > n:
-                raise _truncated(f"TupleData: value of column {i + 1} ({length} bytes)", n)
-            values[i] = data[start:pos]
-        elif kind == 110 or kind == 117:  # 'n' NULL, 'u' unchanged TOAST
-            pos += 1
-        else:
-            raise _Malformed(f"TupleData: unknown column kind {bytes((kind,))!r} of column {i + 1}", pos)
-        kinds[i] = kind
-    return TupleData(bytes(kinds), tuple(values)), pos
-
-
-class _Unusual(Exception):
-    """Internal: the fast TupleData loop met something it leaves to the careful one."""
-
-
-_UNUSUAL = _Unusual()
-
-#: ``kinds`` of an all-text tuple, per column count (PostgreSQL allows at most 1664 columns): the
-#: common tuple reuses one bytes object instead of building it.
-_ALL_TEXT: tuple[bytes, ...] = tuple(b"t" * n for n in range(1665))
-
-
-def _tuple(data: bytes, pos: int, n: int, _kind_length: Callable[[bytes, int], tuple[int, int]] = _KIND_LENGTH,
-           _unusual: _Unusual = _UNUSUAL, _new: Callable[[type], Any] = _new,
-           _twin: Any = _TupleTwin, _cls: type = TupleData, _all_text: tuple[bytes, ...] = _ALL_TEXT,
-           ) -> tuple[TupleData, int]:
-    """TupleData at ``pos``: Int16 column count, then per column a kind byte and, for 't' (text)
-    and 'b' (binary), an Int32 length and that many bytes; 'n' (NULL) and 'u' (unchanged TOAST)
-    stand alone. This is the hot path: one loop over locals (defaults bind globals as locals),
-    kind and length unpacked with ONE call (for 'n'/'u' the length read is ignored), no bound
-    check per column (the position only grows, see ``_KIND_LENGTH``; a slice past the end is
-    caught by the one check after the loop, a header past the end by struct.error), and the kinds
-    string only built column by column once a column is not text. Anything unusual (a read past
-    the end, a bad kind or length) hands over to :func:`_tuple_checked`, which finds and reports
-    the exact byte."""
+def _tuple(data: bytes, pos: int, n: int, _new: Callable[[type], Any] = _new, _twin: Any = _TupleTwin,
+           _cls: type = TupleData) -> tuple[TupleData, int]:
+    """The TupleData at ``pos`` (``n`` = ``len(data)``) and the position after it: walked by the one
+    scanner (``tupledata.py``), built as a layout twin (see above). Anything unusual goes to the
+    careful scanner. The hot messages, Insert and Update's new tuple, inline this body
+    by hand (one Python call less per row: measurable on bench/decode.py)."""
     try:
-        natts = (data[pos] << 8) | data[pos + 1]
-        p = pos + 2
-        values: list[bytes | None] = [None] * natts
-        kinds = None
-        for i in range(natts):
-            kind, length = _kind_length(data, p)
-            if kind == 116:  # 't'
-                start = p + 5
-                p = start + length
-                values[i] = data[start:p]
-                continue
-            if kinds is None:
-                kinds = bytearray(b"t" * natts)
-            kinds[i] = kind
-            if kind == 110 or kind == 117:  # 'n', 'u'
-                p += 1
-            elif kind == 98:  # 'b'
-                start = p + 5
-                p = start + length
-                values[i] = data[start:p]
-            else:
-                raise _unusual
-        if p > n:
-            raise _unusual
-        obj = _new(_twin)
-        obj.kinds = _all_text[natts] if kinds is None else bytes(kinds)
-        obj.values = tuple(values)
-        obj.__class__ = _cls
-        return obj, p
-    except (_Unusual, StructError, IndexError):
-        return _tuple_checked(data, pos, n)
+        kinds, values, p = scan_tuple(data, pos, n)
+    except SCAN_ERRORS:
+        return _tuple_carefully(data, pos)
+    obj = _new(_twin)
+    obj.kinds = kinds
+    obj.values = tuple(values)
+    obj.__class__ = _cls
+    return obj, p
+
+
+def _tuple_carefully(data: bytes, pos: int) -> tuple[TupleData, int]:
+    """After the fast scan gave up: the careful scanner reports the exact byte (or, for a tuple the
+    fast scan cannot take, reads it)."""
+    kinds, values, p = scan_tuple_checked(data, pos)
+    return TupleData(kinds, tuple(values)), p
 
 
 # --- transaction framing -------------------------------------------------------------------------
@@ -328,8 +246,9 @@ def _change_head(data: bytes, in_stream: bool) -> tuple[int | None, int, int, in
 
 
 def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
-            _tuple: Callable[[bytes, int, int], tuple[TupleData, int]] = _tuple,
-            _new: Callable[[type], Any] = _new, _twin: type = _InsertTwin, _cls: type = Insert) -> Insert:
+            _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _new: Callable[[type], Any] = _new, _twin: type = _InsertTwin, _cls: type = Insert,
+            _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Insert:
     n = len(data)
     if in_stream:
         if n < 10:
@@ -343,7 +262,15 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
         xid, pos = None, 6
     if tag != 78:  # 'N'
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
-    new, pos = _tuple(data, pos, n)
+    try:  # _tuple, inlined
+        kinds, values, pos = _scan(data, pos, n)
+    except _errors:
+        new, pos = _tuple_carefully(data, pos)
+    else:
+        new = _new(_ttwin)
+        new.kinds = kinds
+        new.values = tuple(values)
+        new.__class__ = _tcls
     if pos != n:
         _check_end(data, pos)
     obj = _new(_twin)
@@ -355,8 +282,9 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
 
 
 def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
-            _tuple: Callable[[bytes, int, int], tuple[TupleData, int]] = _tuple,
-            _new: Callable[[type], Any] = _new, _twin: type = _UpdateTwin, _cls: type = Update) -> Update:
+            _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _new: Callable[[type], Any] = _new, _twin: type = _UpdateTwin, _cls: type = Update,
+            _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Update:
     n = len(data)
     if in_stream:
         xid, relid, tag, pos = _change_head(data, in_stream)
@@ -376,7 +304,15 @@ def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
         pos += 1
     if tag != 78:
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
-    new, pos = _tuple(data, pos, n)
+    try:  # _tuple, inlined
+        kinds, values, pos = _scan(data, pos, n)
+    except _errors:
+        new, pos = _tuple_carefully(data, pos)
+    else:
+        new = _new(_ttwin)
+        new.kinds = kinds
+        new.values = tuple(values)
+        new.__class__ = _tcls
     if pos != n:
         _check_end(data, pos)
     obj = _new(_twin)

@@ -28,8 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from applier.errors import SourceError
+from applier.protocol.headers import (
+    BEGIN,
+    BEGIN_PREPARE,
+    COMMIT_PREPARED,
+    PREPARE,
+    ROLLBACK_PREPARED,
+    STREAM_PREPARE,
+    prepared_xid,
+)
 
-__all__ = ["LogOrderError", "OrderChecker", "OrderProblem"]
+__all__ = ["LogOrderError", "OpenTransactions", "OrderChecker", "OrderProblem"]
 
 _CHANGES = frozenset(b"IUDTRYM")
 _SINGLE_RECORD = frozenset(b"UD")  # one WAL record per message: two cannot share an LSN
@@ -222,6 +231,61 @@ class OrderChecker:
                 del self.recent[next(iter(self.recent))]
         self.last_end = end_lsn if self.last_end is None else max(self.last_end, end_lsn)
         return out
+
+
+@dataclass(slots=True)
+class OpenTransactions:
+    """Which transactions are open at the current point of a message sequence, from the raw bytes:
+    the order checker's open regular/two-phase transaction, its open streamed ones and the stream
+    block it is in, plus the prepared transactions still waiting for their Commit/Rollback Prepared.
+
+    Why here: a place where :meth:`nothing_open` holds is where a log may be cut into independently
+    applicable ranges (applier.drivers.distributed's survey). Knowing what a Prepare, a Stream
+    Prepare or a Commit Prepared opens or closes means reading their bytes, which is this package's
+    business; the survey only asks."""
+
+    checker: OrderChecker = field(default_factory=OrderChecker)
+    prepared: set[int] = field(default_factory=set)  # xids prepared, not yet committed or rolled back
+    preparing: int | None = None  # xid of the open two-phase transaction (between b and P)
+    last_kind: int = 0  # type byte of the message added last (so callers need not read it again)
+
+    @property
+    def in_stream(self) -> bool:
+        """Whether the next message is inside a stream block (it then carries an xid)."""
+        return self.checker.in_stream is not None
+
+    def add(self, lsn: int, data: bytes) -> list[OrderProblem]:
+        """Check one message's place (the order checker's problems, returned: nothing followed then)
+        and follow what it opens or closes."""
+        self.last_kind = kind = data[0] if data else 0  # kind_of, inlined: once per message of a survey
+        if problems := self.checker.check(lsn, data):
+            return problems
+        if kind in _CHANGES:
+            return []
+        if kind == BEGIN_PREPARE:
+            current = self.checker.current
+            self.preparing = current.xid if current is not None else None
+        elif kind == PREPARE:
+            if self.preparing is not None:
+                self.prepared.add(self.preparing)
+                self.preparing = None
+        elif kind == BEGIN:  # a Begin while a two-phase one is open re-sends it (new session)
+            self.preparing = None
+        elif kind in (STREAM_PREPARE, COMMIT_PREPARED, ROLLBACK_PREPARED):
+            try:
+                xid = prepared_xid(data)
+            except ValueError:  # damaged: the decoder reports it (and its stream stays open above)
+                return []
+            if kind == STREAM_PREPARE:
+                self.prepared.add(xid)
+            else:
+                self.prepared.discard(xid)
+        return []
+
+    def nothing_open(self) -> bool:
+        """No regular, two-phase or streamed transaction open, none in a stream block, none prepared."""
+        checker = self.checker
+        return checker.current is None and not checker.streams and checker.in_stream is None and not self.prepared
 
 
 def _u64(data: bytes, at: int) -> int:

@@ -15,12 +15,13 @@ reply); the connection is the caller's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from applier.errors import ApplierError, DecodeError
 from applier.protocol import wire
 
-__all__ = ["XLogData", "PrimaryKeepalive", "parse_copy_data", "standby_status_update", "pg_now"]
+__all__ = ["XLogData", "PrimaryKeepalive", "parse_copy_data", "standby_status_update", "pg_now", "xlog_payload"]
 
 #: Seconds between the Unix epoch and PostgreSQL's epoch (2000-01-01 UTC).
 _PG_EPOCH_UNIX = 946_684_800
@@ -46,6 +47,23 @@ class PrimaryKeepalive:
     reply_requested: bool
 
 
+#: CopyData type bytes sent by a walsender.
+XLOG_DATA_TAG = 0x77  # 'w'
+PRIMARY_KEEPALIVE_TAG = 0x6B  # 'k'
+#: Where an XLogData's pgoutput message starts: after the tag and ``wire.XLOG_DATA``.
+_XLOG_HEAD = 1 + wire.XLOG_DATA.size
+
+
+def xlog_payload(data: bytes | bytearray | memoryview, _head: int = _XLOG_HEAD,
+                 _start: Callable[..., tuple[int]] = wire.UINT64.unpack_from) -> tuple[int, bytes] | None:
+    """``(wal_start, payload)`` of an XLogData frame, None for anything else (a keepalive, a damaged
+    frame: :func:`parse_copy_data` then says which). The reader's per-message fast path: no object
+    but the payload's bytes."""
+    if data[0] == XLOG_DATA_TAG and len(data) >= _head:
+        return _start(data, 1)[0], bytes(data[_head:])
+    return None
+
+
 def parse_copy_data(data: bytes, *, lsn: int | None = None) -> XLogData | PrimaryKeepalive:
     """Parse one CopyData payload sent by a walsender. ``lsn`` only adds error context."""
     if data.__class__ is not bytes:
@@ -54,13 +72,13 @@ def parse_copy_data(data: bytes, *, lsn: int | None = None) -> XLogData | Primar
     if not n:
         raise DecodeError("empty CopyData message", offset=0, lsn=lsn)
     tag = data[0]
-    if tag == 119:  # 'w'
-        head = 1 + wire.XLOG_DATA.size
+    if tag == XLOG_DATA_TAG:
+        head = _XLOG_HEAD
         if n < head:
             raise DecodeError("truncated XLogData header", kind="XLogData", offset=n, lsn=lsn)
         wal_start, wal_end, send_time = wire.XLOG_DATA.unpack_from(data, 1)
         return XLogData(wal_start, wal_end, send_time, data[head:])
-    if tag == 107:  # 'k'
+    if tag == PRIMARY_KEEPALIVE_TAG:
         size = 1 + wire.PRIMARY_KEEPALIVE.size
         if n != size:
             raise DecodeError("truncated primary keepalive" if n < size else "trailing bytes after keepalive",

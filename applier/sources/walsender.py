@@ -14,20 +14,21 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from struct import Struct
 
 import psycopg
 from psycopg import pq
 
 from applier.errors import TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
-from applier.protocol.replication import PrimaryKeepalive, XLogData, parse_copy_data, standby_status_update
-from applier.protocol.wire import XLOG_DATA
+from applier.protocol.replication import (
+    PrimaryKeepalive,
+    XLogData,
+    parse_copy_data,
+    standby_status_update,
+    xlog_payload,
+)
 from applier.sources.failures import stream_error
 from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
-
-_XLOG_HEAD = 1 + XLOG_DATA.size  # 'w', then wal_start, wal_end, send time
-_XLOG_START = Struct("!Q")
 
 #: A socket read that brought fewer frames than this means the reader is outrunning the walsender
 #: (see ``read_message``'s ``gather``).
@@ -173,10 +174,10 @@ class WalSenderStream:
         data = self._next(timeout, gather)
         if data is None:
             return None
-        if data[0] == 119 and len(data) >= _XLOG_HEAD:  # 'w'
+        if (message := xlog_payload(data)) is not None:
             if not self.frames_read & 255:
                 self._status_if_due()
-            return _XLOG_START.unpack_from(data, 1)[0], bytes(data[_XLOG_HEAD:])
+            return message
         frame = parse_copy_data(bytes(data))  # a keepalive, or a damaged frame (raises with its offset)
         if isinstance(frame, XLogData):
             return frame.wal_start, frame.payload

@@ -6,11 +6,15 @@ from __future__ import annotations
 import struct
 
 import pytest
+from pgoutput_fixtures import all_messages
 
 from applier.errors import DecodeError
+from applier.lsn import parse_lsn
 from applier.protocol.replication import (
+    XLogData,
     parse_copy_data,
     standby_status_update,
+    xlog_payload,
 )
 
 
@@ -28,3 +32,17 @@ def test_bad_copy_data_is_a_decode_error():
         parse_copy_data(b"k" + bytes(18))
     with pytest.raises(DecodeError, match="unknown replication message type"):
         parse_copy_data(b"x")
+
+
+def test_the_fast_xlog_reader_gives_what_parse_copy_data_gives():
+    """Every captured pgoutput message framed as a walsender frames it: the reader's fast path
+    (xlog_payload) and parse_copy_data agree; a keepalive or a cut header is left to parse_copy_data."""
+    for m in all_messages():
+        lsn = parse_lsn(m.lsn)
+        frame = b"w" + struct.pack("!QQq", lsn, lsn + 8, 12345) + m.data
+        parsed = parse_copy_data(frame)
+        assert isinstance(parsed, XLogData)
+        assert xlog_payload(frame) == xlog_payload(memoryview(frame)) == (parsed.wal_start, parsed.payload)
+        assert (parsed.wal_start, parsed.payload) == (lsn, m.data)
+        assert xlog_payload(frame[:24]) is None
+    assert xlog_payload(b"k" + struct.pack("!QqB", 1, 2, 0)) is None
