@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from struct import error as StructError
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
@@ -20,7 +21,7 @@ from applier.errors import ApplierError, DecodeError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.headers import BEGIN, COMMIT, ROW_KINDS, change_relation_oid, kind_of
+from applier.protocol.headers import BEGIN, COMMIT, change_relation_oid, end_of_row_changes, kind_of, plain_change_oid
 from applier.protocol.messages import Begin, Commit, LogicalMessage, Message, TupleData
 from applier.protocol.order import OrderChecker
 from applier.state import StateDir
@@ -110,9 +111,7 @@ class TransactionFeeder:
             data = datas[i]
             if kind_of(data) == BEGIN and self.order is None and not decoder.in_stream \
                     and self.assembler.between_transactions:
-                j = i + 1
-                while j < n and kind_of(datas[j]) in ROW_KINDS:
-                    j += 1
+                j = end_of_row_changes(datas, i + 1)
                 if j < n and kind_of(datas[j]) == COMMIT \
                         and (done := self._plain(decoder, lsns, datas, i, j)) is not None:
                     yield done
@@ -137,14 +136,12 @@ class TransactionFeeder:
             if not isinstance(begin, Begin) or not isinstance(commit, Commit) \
                     or commit.commit_lsn in self.assembler.skip_lsns:
                 return None
-            get, decode = self.catalog.get, decoder.decode
+            get, decode, oid_of = self.catalog.get, decoder.decode, plain_change_oid
             # No Relation message inside: one schema version per relation OID for the whole transaction.
             tables: dict[int, _PlainTable] = {}
             for k in range(begin_at + 1, commit_at):
                 data = datas[k]
-                oid = change_relation_oid(data)  # an I/U/D outside a stream block (checked by the caller)
-                if oid is None:  # too short to name its relation: message by message reports it
-                    return None
+                oid = oid_of(data)  # an I/U/D outside a stream block (checked by the caller)
                 table = tables.get(oid)
                 if table is None:
                     schema = get(oid)
@@ -155,7 +152,7 @@ class TransactionFeeder:
                     msg = decode(data, lsns[k])
                     change = row_change(msg, schema, k - begin_at - 1, convert)  # type: ignore[arg-type]
                 rows.append(change)
-        except ApplierError:
+        except (ApplierError, StructError):  # (too short to name its relation: message by message reports it)
             return None
         txn = self.assembler.committed_whole(begin, commit)
         return txn, [TableBatch(schema.relation.oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn,

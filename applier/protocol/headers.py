@@ -12,6 +12,7 @@ are long enough (a damaged message is the decoder's to report, with its offset).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from applier.protocol import wire
@@ -77,6 +78,26 @@ def change_relation_oid(data: bytes, in_stream: bool = False) -> int | None:
     if len(data) < at + 4:
         return None
     return wire.UINT32.unpack_from(data, at)[0]  # type: ignore[no-any-return]
+
+
+def end_of_row_changes(datas: Sequence[bytes], start: int, _kinds: frozenset[int] = ROW_KINDS) -> int:
+    """The index of the first message at or after ``start`` that is not an Insert, Update or Delete
+    (``len(datas)`` when there is none): the run of row changes a plain transaction holds. One tight
+    loop here instead of a call per message in the caller's (millions of messages per range)."""
+    n = len(datas)
+    j = start
+    while j < n:
+        data = datas[j]
+        if not data or data[0] not in _kinds:
+            return j
+        j += 1
+    return n
+
+
+def plain_change_oid(data: bytes, _unpack: Callable[[bytes, int], tuple[int]] = wire.UINT32.unpack_from) -> int:
+    """The relation OID of an Insert, Update or Delete outside a stream block whose kind the caller
+    has checked (``end_of_row_changes``); raises ``struct.error`` when the bytes are too short."""
+    return _unpack(data, CHANGE_OID_AT)[0]
 
 
 def prepared_xid(data: bytes) -> int:

@@ -55,11 +55,12 @@ _XLOG_HEAD = 1 + wire.XLOG_DATA.size
 
 
 def xlog_payload(data: bytes | bytearray | memoryview, _head: int = _XLOG_HEAD,
-                 _start: Callable[..., tuple[int]] = wire.UINT64.unpack_from) -> tuple[int, bytes] | None:
+                 _start: Callable[..., tuple[int]] = wire.UINT64.unpack_from,
+                 _tag: int = XLOG_DATA_TAG) -> tuple[int, bytes] | None:
     """``(wal_start, payload)`` of an XLogData frame, None for anything else (a keepalive, a damaged
     frame: :func:`parse_copy_data` then says which). The reader's per-message fast path: no object
     but the payload's bytes."""
-    if data[0] == XLOG_DATA_TAG and len(data) >= _head:
+    if data[0] == _tag and len(data) >= _head:  # (locals: a call per message of a catch-up)
         return _start(data, 1)[0], bytes(data[_head:])
     return None
 
