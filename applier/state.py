@@ -45,6 +45,19 @@ def atomic_write_json(path: Path, payload: Any) -> None:
     atomic_write(path, lambda f: f.write(json.dumps(payload, indent=1, sort_keys=True).encode("utf-8")))
 
 
+def local_state_dir(uri: str) -> Path:
+    """``$XDG_STATE_HOME/applier/targets/<bucket>-<hash of the URI>`` (``~/.local/state`` without it):
+    the state of an object-store target, one directory per target URI."""
+    import hashlib
+
+    from applier.storage.location import bucket_and_prefix
+
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    digest = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    bucket, _ = bucket_and_prefix(uri)
+    return base / "applier" / "targets" / f"{bucket}-{digest}"
+
+
 class StateDir:
     """Files of one target's state directory."""
 
@@ -53,7 +66,16 @@ class StateDir:
 
     @classmethod
     def for_target(cls, target_dir: str | Path, configured: str | None = None) -> StateDir:
-        return cls(configured or Path(target_dir) / "_applier")
+        """``configured`` (``target.state_dir``), else ``<target>/_applier``; for an object-store target
+        (``s3://...``), whose store has no rename and no ``flock``, a local directory of its own
+        (:func:`local_state_dir`): losing it costs time only (docs/object-storage.md)."""
+        if configured:
+            return cls(configured)
+        from applier.storage.location import is_object_store
+
+        if is_object_store(target_dir):
+            return cls(local_state_dir(str(target_dir)))
+        return cls(Path(target_dir) / "_applier")
 
     @property
     def staging_dir(self) -> Path:

@@ -28,6 +28,7 @@ from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
 from applier.sink.store import DELTARS
 from applier.sources.rawlog import read_raw_log
+from applier.storage.paths import TablePath
 
 __all__ = ["PositionError", "check_log_continues_target"]
 
@@ -41,7 +42,7 @@ class PositionError(InputError):
 @dataclass(frozen=True, slots=True)
 class TablePosition:
     name: str
-    path: Path
+    path: TablePath
     applied: int
 
 

@@ -11,7 +11,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,6 +20,7 @@ from applier.sink.idempotence import app_id_for, source_commit_time_of
 from applier.sink.naming import source_name_of
 from applier.sink.schema import PROP_SOURCE, PROP_WIDENED
 from applier.sink.store import SparkStore, reader
+from applier.storage.paths import TablePath
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ def _app_id(kind: str, source: str) -> str:
     return next((k.app_id for k in KINDS if k.name == kind), app_id_for)(source)
 
 
-def table_status(path: Path, *, expected_options: Any = None, kind: str = "mirror") -> TableStatus:
+def table_status(path: TablePath, *, expected_options: Any = None, kind: str = "mirror") -> TableStatus:
     """One table's status from its Delta log alone (delta-rs; no JVM, no data files read).
 
     ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table

@@ -5,10 +5,9 @@ an ``OSError`` deep in the state directory's code: exit 5 ("a bug") with a trace
 DSN check. It is a mistake in a flag or the config, which a restart will not cure: exit 2 with one
 line that names the path, the setting and what the file system said.
 
-Object storage (``s3://``, ``abfss://``, ``gs://``...) is refused here, with exit 2, until applier
-writes it for real (issue 33): the target's state directory, its one-writer lock and the table paths
-are local today, so such a URI used to be joined as a local path ("s3:/lake/...") and end in exit 5
-after creating a directory named ``s3:`` in the working directory. ``file://`` URIs pass unchecked.
+An object-store URI (``s3://``, ``abfss://``, ``gs://``...) is checked by writing and removing a
+probe object: a missing bucket, refused credentials or an endpoint that does not answer are exit 2
+with the store's own words, before any table is touched. ``file://`` URIs pass unchecked.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from applier.errors import ConfigError
+from applier.storage.location import is_object_store
 
 __all__ = ["check_writable_directory"]
 
@@ -34,10 +34,11 @@ def check_writable_directory(path: str | Path, setting: str) -> None:
         scheme = text.split("://", 1)[0].lower()
         if scheme == "file":
             return
-        raise ConfigError(f"{setting} {text}: applier cannot write to object storage ({scheme}://) yet: the "
-                          "target's state directory, its one-writer lock and its table paths must be on a local "
-                          "file system. Give a local directory, or one mounted from the store (e.g. mountpoint-s3, "
-                          "blobfuse2, gcsfuse); nothing was written")
+        if is_object_store(text):
+            _check_store(text, setting)
+            return
+        raise ConfigError(f"{setting} {text}: applier does not write to {scheme}:// locations; give a local "
+                          "directory or an s3://, gs:// or abfss:// URI")
     where = Path(text)
     blocker = _file_on_the_way(where)
     if blocker is not None:
@@ -66,3 +67,19 @@ def _file_on_the_way(path: Path) -> Path | None:
         if candidate.exists():
             return None if candidate.is_dir() else candidate
     return None
+
+
+def _check_store(uri: str, setting: str) -> None:
+    """Write and remove a probe object under ``uri``: a missing bucket, refused credentials or an
+    endpoint that does not answer are found here (exit 2, naming which), before any table is touched."""
+    import uuid
+
+    from applier.storage.objects import ObjectStore
+
+    store = ObjectStore(uri)
+    probe = f"_applier/.write-check-{uuid.uuid4().hex}"
+    try:
+        store.put(probe, b"")
+        store.delete(probe)
+    except ConfigError as e:
+        raise ConfigError(f"{setting}: {e.message}", **e.context) from None

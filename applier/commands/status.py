@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import ConfigError
@@ -50,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
+    from applier.storage.paths import TablePath, location
 
     dsn, slot, target = args.dsn, args.slot, args.target
     if args.config:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if dsn is not None:
         check_connection(dsn)  # a bad DSN or an unreachable server exits 2 or 3, one line
     paths = mirrored_table_dirs(target)
-    options: dict[Path, Any] = {}
+    options: dict[TablePath, Any] = {}
     if args.config and dsn is not None:  # also the tables the config's rules put elsewhere, and their options
         import psycopg
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:
             selected = published_selection(conn, cfg.source.publication, cfg.tables)
-        located = {Path(targets.path_for(t.namespace, t.name)): f"{t.namespace}.{t.name}" for t in selected}
+        located = {location(targets.path_for(t.namespace, t.name)): f"{t.namespace}.{t.name}" for t in selected}
         options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
     warn_below = cfg.source.wal_warning_bytes if args.config else SourceSettings().wal_warning_bytes

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from applier.errors import ApplierError
@@ -82,16 +82,22 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
     from applier.checks.writable import check_writable_directory
     from applier.sink.registry import TargetRegistry
     from applier.state import StateDir
+    from applier.storage.lease import store_lease
+    from applier.storage.location import is_object_store
+    from applier.storage.objects import ObjectStore
 
     if dry_run:
         yield
         return
     # a file or a read-only mount is a mistake to fix (exit 2), found before the lock, the server and Spark
     check_writable_directory(target_path, "target.path (--target)")
-    if state_dir is not None:
-        check_writable_directory(state_dir, "target.state_dir")
     state = StateDir.for_target(target_path, state_dir)
-    with writer_lock(state.root, "target"):
+    if state_dir is not None or is_object_store(target_path):
+        check_writable_directory(state.root, "target.state_dir")
+    with ExitStack() as held:
+        if is_object_store(target_path):  # one writer across machines: a lease object beside the tables
+            held.enter_context(store_lease(ObjectStore(str(target_path)), "target"))
+        held.enter_context(writer_lock(state.root, "target"))
         if removed := clear_stale_spill(state.spill_dir):
             print(f"applier: removed {removed} spill file(s) left by a killed run", file=sys.stderr, flush=True)
         registry = TargetRegistry(state, target_path)

@@ -42,6 +42,8 @@ from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, t
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.spark.session import SparkLike, SparkProvider
+from applier.storage.location import join
+from applier.storage.paths import TablePath
 from applier.values import UNCHANGED_TOAST
 
 log = logging.getLogger(__name__)
@@ -76,9 +78,9 @@ CHANGES = _Kind("changes", CHANGES_DIR, feed_app_id, feed_spec)
 KINDS = (CHANGES, HISTORY)  # in commit order: the feed before the mirror table, the history after
 
 
-def derived_table_dirs(target_dir: str | Path) -> list[tuple[_Kind, Path]]:
+def derived_table_dirs(target_dir: str | Path) -> list[tuple[_Kind, TablePath]]:
     """(kind, path) of the history and change feed tables in their default places under the target."""
-    return [(kind, path) for kind in KINDS for path in mirrored_table_dirs(Path(target_dir) / kind.directory)]
+    return [(kind, path) for kind in KINDS for path in mirrored_table_dirs(join(target_dir, kind.directory))]
 
 
 class DerivedTables:
@@ -107,7 +109,7 @@ class DerivedTables:
     def path(self, kind: _Kind, namespace: str, name: str) -> str:
         rule = self.tables.rule_for(f"{namespace}.{name}")
         custom = kind.custom_path(rule) if rule is not None else None
-        return custom or str(table_location(Path(self.target_dir) / kind.directory, namespace, name))
+        return custom or str(table_location(join(self.target_dir, kind.directory), namespace, name))
 
     def follow(self, old_name: str, new_name: str | None, retired_to: str) -> None:
         """The source table ``old_name`` is now ``new_name`` (renamed: its mirror table moved) or, with
@@ -122,7 +124,7 @@ class DerivedTables:
             rule = self.tables.rule_for(old_name)
             if rule is not None and kind.custom_path(rule):
                 continue  # a path the user chose: the rules decide where the new name's table goes
-            src = str(table_location(Path(self.target_dir) / kind.directory, old_ns, old_table))
+            src = str(table_location(join(self.target_dir, kind.directory), old_ns, old_table))
             if new_name is None:
                 dst = f"{retired_to}.{kind.name}"
             else:

@@ -39,6 +39,7 @@ from applier.infra.progress import byte_size
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.naming import delta_path_sql, quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, writer
+from applier.storage.paths import TablePath
 
 if TYPE_CHECKING:
     from applier.config import MaintenanceSettings
@@ -111,7 +112,7 @@ class TableMaintainer:
         return next((cols for pattern, cols in self.settings.z_order.items() if fnmatch.fnmatchcase(table, pattern)),
                     [])
 
-    def maintain(self, path: Path | str, table: str, *, z_order: bool = True) -> MaintenanceResult:
+    def maintain(self, path: TablePath | str, table: str, *, z_order: bool = True) -> MaintenanceResult:
         """Maintain the table at ``path`` (``table`` names it in lines and errors). ``z_order``: whether
         ``maintenance.z_order`` applies (the mirrored tables' columns; not their history or feed tables)."""
         started = time.monotonic()
@@ -200,7 +201,7 @@ class TargetTable:
 
     source_name: str  # schema.table in Postgres
     kind: str  # 'mirror', 'history', 'changes' or 'retired'
-    path: Path
+    path: TablePath
 
     @property
     def label(self) -> str:
@@ -214,7 +215,7 @@ def tables_under(target: str | Path) -> list[TargetTable]:
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs, source_name_of
 
-    def name(path: Path) -> str:
+    def name(path: TablePath) -> str:
         return ".".join(source_name_of(path))
 
     tables = [TargetTable(name(path), "mirror", path) for path in mirrored_table_dirs(target)]
@@ -236,7 +237,7 @@ class MaintenanceSchedule:
         self.every_seconds = every_seconds
         self.clock = clock
         self._started = clock()
-        self._last: dict[Path, float] = {}
+        self._last: dict[TablePath, float] = {}
         self.results: list[MaintenanceResult] = []
 
     def tick(self) -> None:

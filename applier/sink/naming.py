@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from applier.storage.location import join
+from applier.storage.paths import TablePath, location
+
 #: Characters Delta refuses in column names unless column mapping is on (plus names Spark mangles).
 _NEEDS_COLUMN_MAPPING = re.compile(r"[ ,;{}()\n\t=]")
 
@@ -57,11 +60,10 @@ def decode_path_component(component: str) -> str:
     return unquote(component)
 
 
-def table_location(target_dir: str | Path, namespace: str, table: str) -> Path:
+def table_location(target_dir: str | Path, namespace: str, table: str) -> str:
     """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends ''),
-    except the escapes of :func:`_path_component`."""
-    return (Path(target_dir) / _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS)
-            / _path_component(table))
+    except the escapes of :func:`_path_component`; a URI target (``s3://...``) joined as a URI."""
+    return join(target_dir, _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS), _path_component(table))
 
 
 def sql_string_literal(value: str) -> str:
@@ -72,13 +74,13 @@ def sql_string_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
+def mirrored_table_dirs(target_dir: str | TablePath) -> list[TablePath]:
     """The Delta tables in the ``DIR/<schema>/<table>`` layout (the ``_applier`` state directory
     excluded; names starting with a dot included). Their source names: :func:`source_name_of`."""
-    root = Path(target_dir)
+    root = location(str(target_dir))
     if not root.is_dir():
         return []
-    out = []
+    out: list[TablePath] = []
     for schema in root.iterdir():
         if not schema.is_dir() or schema.name in RESERVED_SCHEMA_DIRS:
             continue
@@ -86,15 +88,15 @@ def mirrored_table_dirs(target_dir: str | Path) -> list[Path]:
     return sorted(out)
 
 
-def retired_table_dirs(target_dir: str | Path) -> list[Path]:
+def retired_table_dirs(target_dir: str | Path) -> list[TablePath]:
     """Delta tables of dropped source tables whose names went to new tables (``DIR/_retired/<schema>/<t>@<oid>``)."""
-    root = Path(target_dir) / RETIRED_DIR
+    root = location(str(target_dir)) / RETIRED_DIR
     if not root.is_dir():
         return []
     return sorted(t for schema in root.iterdir() if schema.is_dir() and not schema.name.startswith(".")
                   for t in schema.iterdir() if (t / "_delta_log").is_dir())
 
 
-def source_name_of(table_dir: Path) -> tuple[str, str]:
+def source_name_of(table_dir: TablePath) -> tuple[str, str]:
     """(schema, table) of a directory in the ``DIR/<schema>/<table>`` layout, escapes decoded."""
     return decode_path_component(table_dir.parent.name), decode_path_component(table_dir.name)

@@ -17,6 +17,7 @@ from applier.errors import InputError
 from applier.sink.naming import mirrored_table_dirs, source_name_of
 from applier.sink.store import reader
 from applier.state import StateDir
+from applier.storage.paths import TablePath, location
 
 __all__ = ["TargetRegistry", "TargetMissingError", "delta_table_id"]
 
@@ -27,7 +28,7 @@ class TargetMissingError(InputError):
     """A table this target's runs wrote is gone, or is no longer the same Delta table."""
 
 
-def delta_table_id(path: Path) -> str | None:
+def delta_table_id(path: TablePath) -> str | None:
     """The Delta table id of ``path`` (None when it is no Delta table or cannot be read)."""
     if not (path / "_delta_log").is_dir():
         return None
@@ -59,12 +60,12 @@ class TargetRegistry:
         """Raise TargetMissingError for the first remembered table that is gone or was replaced."""
         for path, entry in sorted(self.entries.items()):
             name = str(entry.get("table"))
-            if not (Path(path) / "_delta_log").is_dir():
+            if not (location(path) / "_delta_log").is_dir():
                 raise TargetMissingError(
                     f"table {name} was written by an earlier run but its directory is gone; its rows "
                     f"cannot come back from later changes alone. To {_rebuild_advice(command, self.state, name)}",
                     path=path)
-            found = delta_table_id(Path(path))
+            found = delta_table_id(location(path))
             if entry.get("id") and found and found != entry["id"]:
                 raise TargetMissingError(
                     f"table {name} is no longer the Delta table earlier runs wrote (its table id changed "
@@ -77,10 +78,10 @@ class TargetRegistry:
         self.entries = self.state.load(_FILE) or {}
         entry = self.entries.pop(src, None)
         if entry is not None and dst is not None:
-            self.entries[dst] = {"table": ".".join(source_name_of(Path(dst))), "id": entry.get("id")}
+            self.entries[dst] = {"table": ".".join(source_name_of(location(dst))), "id": entry.get("id")}
         self.state.save(_FILE, self.entries)
 
-    def record(self, extra: list[Path] | None = None) -> None:
+    def record(self, extra: list[TablePath] | None = None) -> None:
         """Remember every table now under the target (and ``extra`` paths), with its id (moves made
         during the run are in the file already: it is read again first)."""
         self.entries = self.state.load(_FILE) or {}

@@ -51,7 +51,7 @@ def test_a_renamed_column_keeps_its_values(pg, spark, tmp_path):
         conn.execute("INSERT INTO t VALUES (21, 'new', 21)")
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("public", "t")])
-        path = table_location(target, "public", "t")
+        path = Path(table_location(target, "public", "t"))
         columns = spark.read.format("delta").load(str(path)).columns
         assert "b" in columns and "a" not in columns
         assert _rows(spark, path)[9][1] == "v10"  # an untouched row kept its value under the new name
@@ -70,7 +70,7 @@ def test_a_dropped_and_added_column_is_not_a_rename(pg, spark, tmp_path):
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("public", "t")])
         rows = {r["id"]: r["b"] for r in spark.read.format("delta").load(
-            str(table_location(target, "public", "t"))).collect()}
+            str(Path(table_location(target, "public", "t")))).collect()}
         assert rows[1] == "x" and rows[2] is None  # never the dropped column's values
 
 
@@ -93,7 +93,7 @@ def test_a_renamed_table_whose_name_is_reused_keeps_two_delta_tables(pg, spark, 
         conn.execute("DELETE FROM t2 WHERE id = 2")
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
-        assert len(_rows(spark, table_location(target, "public", "t1"))) == 3
+        assert len(_rows(spark, Path(table_location(target, "public", "t1")))) == 3
 
 
 def test_a_renamed_schema_whose_name_is_reused(pg, spark, tmp_path):
@@ -111,7 +111,7 @@ def test_a_renamed_schema_whose_name_is_reused(pg, spark, tmp_path):
         conn.execute("INSERT INTO sch2.t1 VALUES (4)")
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("sch1", "t1"), ("sch2", "t1")])
-        assert _rows(spark, table_location(target, "sch1", "t1"), "a") == [(3,)]
+        assert _rows(spark, Path(table_location(target, "sch1", "t1")), "a") == [(3,)]
 
 
 def test_a_renamed_table_leaves_no_stale_table_behind(pg, spark, tmp_path):
@@ -127,8 +127,8 @@ def test_a_renamed_table_leaves_no_stale_table_behind(pg, spark, tmp_path):
         conn.execute("INSERT INTO other.t_renamed VALUES (6, 'w')")
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("other", "t_renamed")])
-        assert not (table_location(target, "public", "t") / "_delta_log").exists()
-        assert (table_location(target, "other", "t_renamed") / "_delta_log").is_dir()
+        assert not (Path(table_location(target, "public", "t")) / "_delta_log").exists()
+        assert (Path(table_location(target, "other", "t_renamed")) / "_delta_log").is_dir()
 
 
 def test_a_dropped_table_whose_name_is_reused_is_retired(pg, spark, tmp_path):
@@ -299,7 +299,7 @@ def test_two_tables_that_swap_names_keep_their_rows(pg, spark, tmp_path):
         conn.execute("INSERT INTO t2 VALUES (4, 'four')")
         mirror(spark, _config(pg, target), once=True)
         _assert_equal(spark, conn, target, [("public", "t1"), ("public", "t2")])
-        assert _rows(spark, table_location(target, "public", "t1")) == [(2, "two"), (3, "three")]
+        assert _rows(spark, Path(table_location(target, "public", "t1"))) == [(2, "two"), (3, "three")]
 
 
 def _replay_captured(spark, conn, tmp_path: Path) -> Path:

@@ -204,13 +204,24 @@ def test_the_operations_page_shows_the_exit_code_table_of_the_code():
     assert table_markdown() in (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("target", ["s3://lake/mirror", "abfss://c@acct.dfs.core.windows.net/m", "gs://b/m"])
-def test_an_object_store_target_is_refused_with_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch, target):
-    """Until applier writes object storage (issue 33) such a target is a usage error, said at once: it used to
-    be joined as a local path ('s3:/lake/...'), exit 5 after a directory named 's3:' was made here."""
+@pytest.mark.parametrize(("target", "said"), [
+    ("s3://lake/mirror", "the endpoint cannot be reached (AWS_ENDPOINT_URL"),
+    ("abfss://c@acct.dfs.core.windows.net/m", "no credentials were found"),
+    ("gs://b/m", "no credentials were found")])
+def test_an_object_store_that_cannot_be_written_is_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch, target,
+                                                                               said):
+    """A store that cannot be reached (or no credentials for it) is a usage error said at once, in one line
+    naming what is missing: it used to be joined as a local path ('s3:/lake/...'), exit 5 after a directory
+    named 's3:' was made here."""
     monkeypatch.chdir(tmp_path)
+    for name, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+                        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                        "XDG_STATE_HOME": str(tmp_path / "st")}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY"):
+        monkeypatch.delenv(name, raising=False)
     log = raw_log(tmp_path)
     assert main(["replay", "--source", str(log), "--target", target]) == ExitCode.USAGE
     err = capsys.readouterr().err
-    assert "cannot write to object storage" in err and target in err and len(err.strip().splitlines()) == 1, err
+    assert said in err and target in err and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet"]  # no 's3:' directory

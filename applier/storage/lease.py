@@ -1,0 +1,124 @@
+"""One writer per object-store target: a lock object taken with put-if-absent, held as a lease.
+
+Why a lease: ``flock`` exists only on a local file system, and a lock object on a store outlives a
+process killed by ``kill -9``. So the object says who holds it and until when; the holder renews it
+(put-if-unchanged on its own ETag) well before it expires, and a run finding it takes it over when
+the lease has expired, or at once when the holder ran on this host and its process is gone (the
+crash-and-restart case needs no waiting). A holder that cannot renew (the store is unreachable, or
+another run took the lock over) stops: it interrupts the main thread, because committing without
+the lock would let two writers race.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from applier.storage.objects import ObjectStore
+
+__all__ = ["LOCK_KEY", "store_lease"]
+
+log = logging.getLogger(__name__)
+
+#: The lock object, relative to the target's URI (beside the tables, in the reserved ``_applier``).
+LOCK_KEY = "_applier/writer.lock.json"
+
+
+def _alive_here(holder: dict[str, object]) -> bool | None:
+    """True/False when the holder ran on this host (its process alive or not), None when elsewhere."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(str(holder.get("pid"))), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+@contextmanager
+def store_lease(store: ObjectStore, what: str, *, lease_seconds: float = 60.0, key: str = LOCK_KEY,
+                clock: Callable[[], float] = time.time,
+                on_lost: Callable[[str], None] | None = None) -> Iterator[dict[str, object]]:
+    """Hold the writer lock object ``key`` of ``store`` for the ``with`` body (renewed in the
+    background); raise TargetLockedError at once when another live run holds it."""
+    from applier.infra.lock import TargetLockedError
+
+    token = uuid.uuid4().hex
+
+    def body() -> dict[str, object]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "token": token,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "expires": clock() + lease_seconds}
+
+    mine = body()
+    if not store.put_if_absent(key, json.dumps(mine).encode()):
+        found = store.get(key)
+        held: dict[str, object] = {}
+        if found is not None:
+            try:
+                held = json.loads(found.data)
+            except ValueError:
+                held = {}
+        alive = _alive_here(held)
+        expired = float(str(held.get("expires", 0))) < clock()
+        taken = False
+        if found is None:
+            taken = store.put_if_absent(key, json.dumps(mine).encode())
+        elif alive is False or (alive is None and expired):
+            taken = store.put_if_unchanged(key, json.dumps(mine).encode(), found.etag or "")
+            if taken:
+                why = "its process is gone" if alive is False else "its lease expired"
+                log.warning("took over the writer lock of %s from %s pid %s (%s)", store.uri, held.get("host"),
+                            held.get("pid"), why)
+        if not taken:
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(str(held.get("expires", 0)))))
+            raise TargetLockedError(
+                f"another applier run is writing to this {what}; wait for it to finish or stop it (a run that "
+                f"died leaves the lock until its lease ends at {until}, or at once for a run on this host)",
+                lock=f"{store.uri}/{key}", holder=f"{held.get('host')} pid {held.get('pid')} since "
+                f"{held.get('since')}")
+    current = store.get(key)
+    etag = current.etag if current is not None else None
+    stop = threading.Event()
+
+    def lost(reason: str) -> None:
+        log.error("lost the writer lock of %s: %s; stopping before the next commit", store.uri, reason)
+        (on_lost or (lambda _r: _thread.interrupt_main()))(reason)
+
+    def renew() -> None:
+        nonlocal etag
+        while not stop.wait(lease_seconds / 3):
+            try:
+                ok = etag is not None and store.put_if_unchanged(key, json.dumps(body()).encode(), etag)
+                fresh = store.get(key) if ok else None
+            except Exception as e:  # noqa: BLE001 - any failure to renew ends the run's right to write
+                lost(str(e))
+                return
+            if not ok or fresh is None:
+                lost("another run took it over, or it was deleted")
+                return
+            etag = fresh.etag
+
+    renewer = threading.Thread(target=renew, name="applier-lease", daemon=True)
+    renewer.start()
+    try:
+        yield mine
+    finally:
+        stop.set()
+        renewer.join(timeout=5)
+        try:
+            now = store.get(key)
+            if now is not None and json.loads(now.data).get("token") == token:
+                store.delete(key)
+        except Exception as e:  # noqa: BLE001 - a lease left behind expires; do not hide the body's error
+            log.warning("could not release the writer lock of %s: %s (it expires by itself)", store.uri, e)

@@ -1,0 +1,170 @@
+"""Small objects next to the tables on an object store: the lock, and applier's state files.
+
+Why not files: an object store has no rename and no ``flock``. What it has, on AWS S3 (since 2024),
+GCS, Azure and the local test server alike, is a conditional write: put-if-absent (``If-None-Match:
+*``) and put-if-unchanged (``If-Match: <etag>``). Every write here is one of those or a plain
+whole-object put, which an object store makes atomic by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+
+from applier.errors import ConfigError
+from applier.storage.location import bucket_and_prefix, scheme_of
+from applier.storage.options import obstore_arguments
+
+__all__ = ["ObjectStore", "StoredObject", "StorageAccessError"]
+
+
+#: A few retries over seconds, not object_store's default 10 over 3 minutes: a lock or state object
+#: that cannot be written after that is an endpoint or credential problem to report, not to wait out.
+_RETRIES = {"max_retries": 3, "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                           "max_backoff": timedelta(seconds=2), "base": 2.0},
+            "retry_timeout": timedelta(seconds=20)}
+
+
+class StorageAccessError(ConfigError):
+    """The object store refused or could not be reached: bucket, credentials or endpoint (exit 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    data: bytes
+    etag: str | None
+
+
+class ObjectStore:
+    """Keys under one URI prefix (``s3://bucket/prefix``) of one store, with conditional writes."""
+
+    def __init__(self, uri: str, options: Mapping[str, str] | None = None) -> None:
+        from obstore.store import from_url
+
+        self.uri = uri.rstrip("/")
+        scheme = scheme_of(uri) or ""
+        config, client = obstore_arguments(scheme, options or {})
+        url = "s3://" + self.uri.split("://", 1)[1] if scheme == "s3a" else self.uri
+        try:
+            self._store: Any = from_url(url, config=cast(Any, config or None), client_options=cast(Any, client or None),
+                                        retry_config=cast(Any, _RETRIES))
+        except Exception as e:  # noqa: BLE001 - obstore raises its own (and Rust panics) for a bad URL or option
+            raise _access_error("opening", uri.rstrip("/"), e) from None
+
+    def _failed(self, action: str, key: str, e: Exception) -> StorageAccessError:
+        return _access_error(action, f"{self.uri}/{key}", e, self.uri)
+
+    def get(self, key: str) -> StoredObject | None:
+        import obstore
+
+        try:
+            result = obstore.get(self._store, key)
+            return StoredObject(bytes(result.bytes()), result.meta.get("e_tag"))
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ == "NotFoundError":
+                return None
+            raise self._failed("reading", key, e) from None
+
+    def put(self, key: str, data: bytes) -> None:
+        import obstore
+
+        try:
+            obstore.put(self._store, key, data)
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("writing", key, e) from None
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``key`` unless it exists; False when it did (someone else's write won)."""
+        import obstore
+
+        try:
+            obstore.put(self._store, key, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ in ("AlreadyExistsError", "PreconditionError"):
+                return False
+            raise self._failed("writing (if absent)", key, e) from None
+
+    def put_if_unchanged(self, key: str, data: bytes, etag: str) -> bool:
+        """Replace ``key`` only if it still has ``etag``; False when it changed or went away."""
+        import obstore
+
+        try:
+            obstore.put(self._store, key, data, mode={"e_tag": etag})
+            return True
+        except (FileNotFoundError, FileExistsError):
+            return False
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ in ("PreconditionError", "NotFoundError", "AlreadyExistsError"):
+                return False
+            raise self._failed("writing (if unchanged)", key, e) from None
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        try:
+            obstore.delete(self._store, key)
+        except FileNotFoundError:
+            return
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ == "NotFoundError":
+                return
+            raise self._failed("deleting", key, e) from None
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every key under ``prefix`` (recursive), relative to the store's URI."""
+        import obstore
+
+        try:
+            return [str(meta["path"]) for chunk in obstore.list(self._store, prefix=prefix or None)
+                    for meta in chunk]
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("listing", prefix, e) from None
+
+    def any_under(self, prefix: str) -> bool:
+        """Whether at least one key lies under ``prefix`` (one listing page, not the whole prefix)."""
+        import obstore
+
+        try:
+            for chunk in obstore.list(self._store, prefix=prefix or None, chunk_size=1):
+                if chunk:
+                    return True
+            return False
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("listing", prefix, e) from None
+
+    def directories(self, prefix: str = "") -> list[str]:
+        """The immediate 'sub-directories' (common prefixes) under ``prefix``, names only."""
+        import obstore
+
+        try:
+            listed = obstore.list_with_delimiter(self._store, prefix=prefix or None)
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("listing", prefix, e) from None
+        return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed["common_prefixes"]]
+
+
+def _access_error(action: str, where: str, e: Exception, uri: str | None = None) -> StorageAccessError:
+    """One line that says what failed and, where the store's words allow, which setting to fix."""
+    uri = uri or where
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    bucket, _ = bucket_and_prefix(uri)
+    hint = ""
+    if "NoSuchBucket" in str(e) or "bucket does not exist" in str(e).lower():
+        hint = f"; the bucket {bucket!r} does not exist: create it, or correct the URI"
+    elif "token request" in str(e) or "credential" in str(e).lower():
+        hint = ("; no credentials were found for this store (gs://: GOOGLE_APPLICATION_CREDENTIALS or "
+                "GOOGLE_SERVICE_ACCOUNT; abfss://: AZURE_STORAGE_ACCOUNT_KEY, or AZURE_CLIENT_ID, "
+                "AZURE_CLIENT_SECRET and AZURE_TENANT_ID; or target.storage_options)")
+    elif any(w in str(e) for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")):
+        hint = "; the store refused the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or " \
+               "target.storage_options)"
+    elif "Connect" in str(e) or "connection" in str(e).lower() or "dns" in str(e).lower():
+        hint = "; the endpoint cannot be reached (AWS_ENDPOINT_URL / target.storage_options endpoint)"
+    return StorageAccessError(f"{action} {where} failed: {text}{hint}", uri=uri)
