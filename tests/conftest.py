@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from s3server import S3Server, start_s3_server
 
 from applier.devtools.pgcluster import PgCluster, find_installation, find_installations
 from applier.errors import EnvironmentSetupError
@@ -47,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 TIERS = ("unit", "integration", "scenario")
-SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark"}
+SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -187,6 +188,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
     yield session
     session.stop()
 
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's standalone S3 server on loopback (tests/s3server.py), one per run; each test makes its buckets."""
+    server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
 
 
 @pytest.fixture
