@@ -349,11 +349,13 @@ class SparkConfig(_Model):
 class TargetSettings(_Model):
     """Where the Delta tables go: ``<path>/<schema>/<table>`` unless a table rule says otherwise."""
 
-    path: str = Field(json_schema_extra=PATH, description="root directory of the mirrored Delta tables")
+    path: str = Field(json_schema_extra=PATH, description="root directory of the mirrored Delta tables: a local "
+                      "directory or an s3://, gs:// or abfss:// URI (docs/object-storage.md)")
     state_dir: str | None = Field(
         None, json_schema_extra=PATH,
         description="applier state (catalog as last seen, staged prepared transactions, spill files, skip "
-        "audit); default <path>/_applier")
+        "audit); default <path>/_applier, for an s3://, gs:// or abfss:// target a local directory of its own "
+        "($XDG_STATE_HOME/applier/targets/..., docs/object-storage.md)")
 
 
 _SOURCE = "the slot, publication, DSN and pgoutput options"

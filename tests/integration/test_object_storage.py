@@ -77,6 +77,10 @@ def test_replay_into_s3_equals_the_same_replay_into_a_directory_once(s3, tmp_pat
     assert _contents(target) == on_s3
     assert ObjectStore(target).get(LOCK_KEY) is None
     assert not list(Path.cwd().glob("s3:*"))  # never joined as a local path
+    capsys.readouterr()
+    assert main(["status", "--target", target]) == ExitCode.OK  # read through delta-rs, no JVM
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in on_s3), listed
 
 
 def test_a_second_writer_is_refused_while_the_lease_is_held_and_a_dead_holder_is_taken_over(s3, tmp_path, no_spark,
