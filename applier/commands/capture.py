@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
         check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
         check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
-        spark = build_spark_session_for(cfg.spark)
+        spark = build_spark_session_for(cfg.spark, (cfg.log_path,))
         summary = capture(spark, cfg, once=not args.follow, progress=progress("capture"))
     for line in summary.lines():
         print(line)

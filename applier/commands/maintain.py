@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from applier.commands.exitcodes import ExitCode
 from applier.commands.logsetup import progress
@@ -50,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         target, settings, spark_config = cfg.target.path, cfg.maintenance, cfg.spark
     if not target:
         raise ConfigError("no target: pass --target or --config")
-    if not Path(target).is_dir():
+    from applier.storage.paths import location
+
+    if not location(target).is_dir():
         raise ConfigError(f"target {target} is not a directory", target=target)
     changes: dict[str, object] = {}
     if args.retention_hours is not None:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         tables = [t for t in tables if t.source_name in wanted]
 
     # Spark starts only for a table delta-rs cannot write (applier.sink.maintenance)
-    maintainer = TableMaintainer(settings, SparkProvider.for_config(spark_config), dry_run=args.dry_run,
+    maintainer = TableMaintainer(settings, SparkProvider.for_config(spark_config, (str(target),)), dry_run=args.dry_run,
                                  progress=progress("maintain"))
     results = []
     for table in tables:

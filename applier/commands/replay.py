@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     with target_writer(cfg.target.path, cfg.target.state_dir, command="replay", dry_run=args.dry_run):
         for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
             logging.getLogger("applier.replay").warning("%s", warning)
-        spark = SparkProvider.for_config(cfg.spark)  # started by the first operation that needs it
+        # started by the first operation that needs it
+        spark = SparkProvider.for_config(cfg.spark, (cfg.target.path, cfg.source_log))
         summary = replay_log(spark, cfg, progress=progress("replay"),
                              dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():

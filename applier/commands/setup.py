@@ -7,9 +7,10 @@ import argparse
 import time
 
 from applier.devtools.pgcluster import find_installations
+from applier.errors import ConfigError
 from applier.infra.cache import default_cache_dir
 from applier.spark.classdata import archive_path, write_archive
-from applier.spark.jars import check_java, delta_jars
+from applier.spark.jars import CONNECTORS, check_java, connector_jars, delta_jars
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,6 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--print-jars", action="store_true",
                    help="print only the Delta jars, comma-separated, for --jars of spark-submit or "
                    "spark-pipelines (fetched first if needed; empty when APPLIER_DELTA_JARS=provided)")
+    p.add_argument("--connectors", default="s3", metavar="LIST",
+                   help="Hadoop file system connectors to fetch for Spark, comma-separated: s3 (hadoop-aws and the "
+                   "AWS SDK bundle, ~690 MB; the default), azure (hadoop-azure), or none. Only a run whose target "
+                   "or log is on that store puts them on Spark's classpath (docs/object-storage.md)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +51,14 @@ def run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             write_archive(cache)
             print(f"jvm class archive: {archive} (written in {time.monotonic() - started:.0f} s)")
+    wanted = {c.strip() for c in args.connectors.split(",") if c.strip() and c.strip() != "none"}
+    if jars and wanted:  # APPLIER_DELTA_JARS set: the environment provides its connectors as well
+        unknown = wanted - set(CONNECTORS)
+        if unknown:
+            raise ConfigError(f"--connectors: unknown {', '.join(sorted(unknown))}; choose from "
+                              f"{', '.join(sorted(CONNECTORS))} or none")
+        connectors = connector_jars(cache, wanted, log=print)
+        print(f"spark connectors ({', '.join(sorted(wanted))}): {len(connectors)} jars in {cache / 'jars'}")
     installs = find_installations(cache)
     for inst in installs:
         print(f"postgresql {inst.major}: {inst.bindir} ({inst.origin})")

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
         # A catalog name (a rule's `table:`) is resolved in Spark's catalog; everything else needs no JVM.
         needs_catalog = any(rule.table for rule in cfg.tables.rules)
-        spark = build_spark_session_for(cfg.spark) if needs_catalog else None
+        spark = build_spark_session_for(cfg.spark, (target,)) if needs_catalog else None
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:
             selected = published_selection(conn, cfg.source.publication, cfg.tables)

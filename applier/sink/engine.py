@@ -52,7 +52,6 @@ from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
 from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.spark.session import SparkLike, SparkProvider
-from applier.storage.location import refuse_spark_on_object_store
 from applier.values import UNCHANGED_TOAST, spark_schema_for
 
 if TYPE_CHECKING:
@@ -416,7 +415,6 @@ class DeltaApplier:
                         description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
         if result is None:
-            refuse_spark_on_object_store(path, spec.source_name, why)
             spark_store = SparkStore(spark.get(f"{spec.source_name}: {why}"))
             result = retry_on_conflict(
                 partial(spark_store.merge, path, spec.schema, plan, app_id=app_id, version=version,

@@ -77,53 +77,106 @@ def check_java() -> str:
 def cached_jars(cache_dir: Path) -> list[Path] | None:
     """The jars of the first coordinate already in the cache, or None."""
     for coordinate in delta_coordinates():
-        manifest = cache_dir / "jars" / coordinate.replace(":", "_") / "jars.txt"
-        if manifest.is_file():
-            jars = [manifest.parent / line for line in manifest.read_text().split() if line]
-            if jars and all(j.is_file() for j in jars):
-                return jars
+        jars = _cached(cache_dir, coordinate)
+        if jars is not None:
+            return jars
+    return None
+
+
+def _resolve(cache_dir: Path, coordinate: str, log: Callable[[str], object]) -> tuple[list[Path] | None, str]:
+    """Resolve ``coordinate`` and its dependencies with Ivy into ``<cache>/jars/<coordinate>/`` (jars
+    pyspark ships left out) and write the ``jars.txt`` manifest; (jars, "") or (None, why not)."""
+    ivy_jars = sorted(_pyspark_dir().glob("jars/ivy-*.jar"))
+    if not ivy_jars:
+        raise EnvironmentSetupError("pyspark's bundled Ivy jar not found; is pyspark installed?")
+    shipped = {_artifact_name(p.name) for p in _pyspark_dir().glob("jars/*.jar")}
+    org, artifact, version = coordinate.split(":")
+    target = cache_dir / "jars" / coordinate.replace(":", "_")
+    staging = target.with_name(target.name + ".partial")
+    log(f"applier: fetching {coordinate} and its dependencies from Maven Central into {target}")
+    proc = subprocess.run(
+        ["java", "-jar", str(ivy_jars[0]), "-dependency", org, artifact, version,
+         "-confs", "default", "-types", "jar", "-warn",
+         "-cache", str(cache_dir / "ivy-cache"),
+         "-retrieve", f"{staging}/[artifact]-[revision](-[classifier]).[ext]"],
+        capture_output=True, text=True, timeout=900,
+    )
+    if proc.returncode != 0:
+        return None, f"{coordinate}: {proc.stdout.strip()[-300:]} {proc.stderr.strip()[-300:]}"
+    keep = sorted(p for p in staging.glob("*.jar") if _artifact_name(p.name) not in shipped)
+    if not any(p.name.startswith(f"{artifact}-") for p in keep):
+        return None, f"{coordinate}: resolution produced no {artifact} jar"
+    target.mkdir(parents=True, exist_ok=True)
+    for jar in keep:
+        jar.replace(target / jar.name)
+    (target / "jars.txt").write_text("\n".join(p.name for p in keep) + "\n")
+    for leftover in staging.glob("*"):
+        leftover.unlink()
+    staging.rmdir()
+    return [target / p.name for p in keep], ""
+
+
+def _cached(cache_dir: Path, coordinate: str) -> list[Path] | None:
+    manifest = cache_dir / "jars" / coordinate.replace(":", "_") / "jars.txt"
+    if manifest.is_file():
+        jars = [manifest.parent / line for line in manifest.read_text().split() if line]
+        if jars and all(j.is_file() for j in jars):
+            return jars
     return None
 
 
 def fetch_delta_jars(cache_dir: Path, *, log: Callable[[str], object] = print) -> list[Path]:
     """Resolve the Delta jars from Maven Central with Ivy into the cache (needs the network once)."""
-    ivy_jars = sorted(_pyspark_dir().glob("jars/ivy-*.jar"))
-    if not ivy_jars:
-        raise EnvironmentSetupError("pyspark's bundled Ivy jar not found; is pyspark installed?")
-    shipped = {_artifact_name(p.name) for p in _pyspark_dir().glob("jars/*.jar")}
     failures: list[str] = []
     for coordinate in delta_coordinates():
-        org, artifact, version = coordinate.split(":")
-        target = cache_dir / "jars" / coordinate.replace(":", "_")
-        staging = target.with_name(target.name + ".partial")
-        log(f"applier: fetching {coordinate} and its dependencies from Maven Central into {target}")
-        proc = subprocess.run(
-            ["java", "-jar", str(ivy_jars[0]), "-dependency", org, artifact, version,
-             "-confs", "default", "-types", "jar", "-warn",
-             "-cache", str(cache_dir / "ivy-cache"),
-             "-retrieve", f"{staging}/[artifact]-[revision](-[classifier]).[ext]"],
-            capture_output=True, text=True, timeout=900,
-        )
-        if proc.returncode != 0:
-            failures.append(f"{coordinate}: {proc.stdout.strip()[-300:]} {proc.stderr.strip()[-300:]}")
-            continue
-        keep = sorted(p for p in staging.glob("*.jar") if _artifact_name(p.name) not in shipped)
-        if not any(p.name.startswith(f"{artifact}-") for p in keep):
-            failures.append(f"{coordinate}: resolution produced no {artifact} jar")
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        for jar in keep:
-            jar.replace(target / jar.name)
-        (target / "jars.txt").write_text("\n".join(p.name for p in keep) + "\n")
-        for leftover in staging.glob("*"):
-            leftover.unlink()
-        staging.rmdir()
-        return [target / p.name for p in keep]
+        jars, why_not = _resolve(cache_dir, coordinate, log)
+        if jars is not None:
+            return jars
+        failures.append(why_not)
     raise EnvironmentSetupError(
         "could not fetch the Delta jars from Maven Central; with no network, put the jars somewhere "
         f"and set {ENV_OVERRIDE} to that directory (or 'provided' when the cluster has them)",
         tried="; ".join(failures)[-1500:],
     )
+
+
+def hadoop_version() -> str:
+    """The Hadoop version pyspark ships (``hadoop-client-api-3.5.0.jar`` -> ``3.5.0``): the connectors must match it."""
+    for jar in _pyspark_dir().glob("jars/hadoop-client-api-*.jar"):
+        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise EnvironmentSetupError("pyspark's hadoop-client-api jar not found; is pyspark installed?")
+
+
+#: The Hadoop file system connector of each object store (fetched with its SDK: ~690 MB for S3's bundle).
+CONNECTORS = {"s3": "org.apache.hadoop:hadoop-aws", "azure": "org.apache.hadoop:hadoop-azure"}
+#: URI scheme -> connector name
+CONNECTOR_OF_SCHEME = {"s3": "s3", "s3a": "s3", "abfs": "azure", "abfss": "azure", "az": "azure", "azure": "azure"}
+
+
+def connector_jars(cache_dir: Path, connectors: set[str], *, fetch: bool = True,
+                   log: Callable[[str], object] | None = None) -> list[Path]:
+    """The jars of Hadoop's connectors for ``connectors`` (``{"s3"}``), matching pyspark's Hadoop, from the
+    cache (fetched once when missing); [] when ``APPLIER_DELTA_JARS`` says the environment provides jars."""
+    if os.environ.get(ENV_OVERRIDE, "").strip():
+        return []
+    out: list[Path] = []
+    for name in sorted(connectors):
+        if name not in CONNECTORS:
+            raise EnvironmentSetupError(f"applier does not fetch a Spark connector for {name!r} (gs:// needs "
+                                        "Google's gcs-connector on the cluster: set APPLIER_DELTA_JARS)",
+                                        known=", ".join(sorted(CONNECTORS)))
+        coordinate = f"{CONNECTORS[name]}:{hadoop_version()}"
+        jars = _cached(cache_dir, coordinate)
+        if jars is None:
+            if not fetch:
+                raise EnvironmentSetupError(f"the Spark connector for {name} is not in the cache; run 'applier setup "
+                                            f"--connectors {name}' once with network", cache_dir=str(cache_dir))
+            jars, why_not = _resolve(cache_dir, coordinate, log or logging.getLogger("applier.setup").info)
+            if jars is None:
+                raise EnvironmentSetupError(f"could not fetch the Spark connector for {name} from Maven Central",
+                                            tried=why_not[-1500:])
+        out += jars
+    return out
 
 
 def delta_jars(cache_dir: Path, *, fetch: bool = True) -> list[Path]:

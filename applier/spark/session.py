@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, TypeAlias, Union
 from applier.errors import EnvironmentSetupError
 from applier.infra.cache import default_cache_dir
 from applier.spark.classdata import archive_options
-from applier.spark.jars import check_java, delta_jars
+from applier.spark.jars import CONNECTOR_OF_SCHEME, check_java, connector_jars, delta_jars
 from applier.spark.quiet import jvm_stderr_filtered, log4j_config, quiet_python_side
+from applier.storage.location import OBJECT_SCHEMES, scheme_of
+from applier.storage.options import spark_hadoop_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +51,9 @@ class SparkSettings:
     # not compiling with C2 (SparkConfig.jit)
     quick_jit: bool = False
     java_options: str = ""  # more driver JVM options (only when applier launches the JVM)
+    # targets and logs the session must reach: an object store among them adds its Hadoop connector
+    # to the jars and its settings (applier.storage.options.spark_hadoop_conf)
+    locations: tuple[str, ...] = ()
 
 
 DEFAULT_MASTER = "local[2]"
@@ -127,6 +132,10 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     check_java()
     cache_dir = settings.cache_dir or default_cache_dir()
     jars = delta_jars(cache_dir)
+    stores = {scheme for scheme in map(scheme_of, settings.locations) if scheme in OBJECT_SCHEMES}
+    store_conf = spark_hadoop_conf(stores, os.environ)
+    if stores and jars:  # APPLIER_DELTA_JARS set: the environment provides its connectors too
+        jars = [*jars, *connector_jars(cache_dir, {CONNECTOR_OF_SCHEME.get(s, s) for s in stores})]
     # Spark picks a non-loopback address by default and warns; a local engine has no reason to.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers (UDFs, the pgoutput data source) must see this interpreter's packages.
@@ -169,7 +178,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         builder = builder.config("spark.jars", _merged_jars(jars))
     if settings.warehouse_dir:
         builder = builder.config("spark.sql.warehouse.dir", settings.warehouse_dir)
-    for key, value in settings.extra.items():
+    for key, value in {**store_conf, **settings.extra}.items():
         builder = builder.config(key, value)
     try:
         with jvm_stderr_filtered() if launching else nullcontext():
@@ -178,14 +187,21 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         raise EnvironmentSetupError(f"Spark did not start: {e}") from e
     session.sparkContext.setLogLevel("ERROR")
     quiet_python_side()
+    if store_conf:  # a session that ran already (a notebook's, a test's) took no builder settings
+        hadoop = session.sparkContext._jsc.hadoopConfiguration()
+        for key, value in store_conf.items():
+            if key not in settings.extra:
+                hadoop.set(key.removeprefix("spark.hadoop."), value)
     return session
 
 
-def build_spark_session_for(config: SparkConfig) -> SparkSession:
-    """The session a job's ``spark:`` config section describes (its master only when none is set already)."""
+def build_spark_session_for(config: SparkConfig, locations: tuple[str, ...] = ()) -> SparkSession:
+    """The session a job's ``spark:`` config section describes (its master only when none is set already),
+    able to reach ``locations`` (the target, the log)."""
     return build_spark_session(SparkSettings(
         master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
-        driver_memory=config.driver_memory, extra=dict(config.conf), quick_jit=config.jit == "quick"))
+        driver_memory=config.driver_memory, extra=dict(config.conf), quick_jit=config.jit == "quick",
+        locations=locations))
 
 
 class SparkProvider:
@@ -220,9 +236,10 @@ class SparkProvider:
         return spark if isinstance(spark, SparkProvider) else cls(session=spark)
 
     @classmethod
-    def for_config(cls, config: SparkConfig) -> SparkProvider:
-        """A provider that starts the session the job's ``spark:`` config section describes, when needed."""
-        return cls(lambda: build_spark_session_for(config))
+    def for_config(cls, config: SparkConfig, locations: tuple[str, ...] = ()) -> SparkProvider:
+        """A provider that starts the session the job's ``spark:`` config section describes, when needed,
+        able to reach ``locations`` (the target, the log: an object store adds its connector)."""
+        return cls(lambda: build_spark_session_for(config, locations))
 
     @property
     def started(self) -> bool:

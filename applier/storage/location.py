@@ -11,10 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from applier.errors import ConfigError
-
-__all__ = ["OBJECT_SCHEMES", "SparkOnObjectStoreError", "bucket_and_prefix", "is_object_store", "join",
-           "refuse_spark_on_object_store", "scheme_of"]
+__all__ = ["OBJECT_SCHEMES", "bucket_and_prefix", "is_object_store", "join", "scheme_of"]
 
 #: URI schemes of object stores applier writes through delta-rs and ``obstore`` (Rust ``object_store``).
 OBJECT_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "azure", "adl"})
@@ -48,18 +45,3 @@ def bucket_and_prefix(uri: str) -> tuple[str, str]:
     bucket, _, prefix = rest.partition("/")
     return bucket.split("@", 1)[0], prefix.strip("/")
 
-
-class SparkOnObjectStoreError(ConfigError):
-    """A commit to an object-store table needs Spark, and applier does not set Spark up for stores yet."""
-
-
-def refuse_spark_on_object_store(path: str, table: str, why: str) -> None:
-    """Stop before Spark is started for a table on an object store: applier gives delta-rs the store's
-    settings, not yet Spark (no Hadoop S3A/ABFS/GCS connector is fetched, issue 33), and a JVM that
-    cannot reach the store would fail the run after minutes with a Java trace."""
-    if is_object_store(path):
-        raise SparkOnObjectStoreError(
-            f"{table} needs Spark ({why}), and applier does not run Spark against object storage yet: "
-            "only delta-rs writes s3://, gs:// and abfss:// targets. Give a key-less table its key "
-            "(tables.rules: key_columns), leave the table out (tables.exclude), or mirror into a local "
-            "directory; no row was written to this table", table=table, path=path)

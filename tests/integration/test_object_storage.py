@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,17 +150,23 @@ def test_mirror_copies_and_follows_into_s3_equal_to_postgres(s3, pg, tmp_path, n
     assert {k: rows for k, (_, rows) in _contents(target).items()} == expected
 
 
-def test_a_table_only_spark_can_write_stops_the_run_before_spark_with_exit_2(s3, tmp_path, no_spark, capsys):
-    """The capture's key-less table needs Spark's multiset MERGE, which applier does not run against
-    object storage yet: exit 2 naming the table and the way forward, not a JVM failing minutes later."""
+def test_spark_writes_s3_too_every_table_through_spark_equal_to_the_local_replay(s3, spark, tmp_path):
+    """merge_engine 'spark' on an s3:// target, the key-less table (Spark's multiset MERGE) included, in a
+    fresh `applier replay` process: its JVM gets Hadoop's S3A connector from the cache (`applier setup`)
+    and the endpoint and region from the same AWS variables delta-rs reads. The tables equal the same
+    log replayed into a local directory (merge_engine 'auto')."""
     import yaml
 
     raw = _raw_log(tmp_path)
     target = f"s3://{s3.new_bucket()}/mirror"
-    config = tmp_path / "all.yaml"
+    local = tmp_path / "local"
+    config = tmp_path / "spark.yaml"
     config.write_text(yaml.safe_dump({"source_log": str(raw), "target": {"path": target},
-                                      "distributed": {"mode": "off"}}))
-    assert main(["replay", "--config", str(config)]) == ExitCode.USAGE
-    err = capsys.readouterr().err
-    assert "public.full_rows needs Spark" in err and "key_columns" in err, err
-    assert _contents(target).get("public.full_rows", (0, []))[1] == []  # no row of it written
+                                      "apply": {"merge_engine": "spark"}, "distributed": {"mode": "off"}}))
+    assert main(["replay", "--source", str(raw), "--target", str(local)]) == ExitCode.OK
+    done = subprocess.run([sys.executable, "-m", "applier.cli", "replay", "--config", str(config)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **s3.env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    on_s3, in_dir = _contents(target), _contents(local)
+    assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]
+    assert {k: rows for k, (_, rows) in on_s3.items()} == {k: rows for k, (_, rows) in in_dir.items()}
