@@ -52,13 +52,13 @@ def log(msg: str) -> None:
     print(f"bench/catchup: {msg}", file=sys.stderr, flush=True)
 
 
-def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool, distributed: str) -> Path:
+def mirror_config(workdir: Path, target: str, *, group_transactions: int, overlap: bool, distributed: str) -> Path:
     import yaml
 
     path = workdir / "mirror.yaml"
     path.write_text(yaml.safe_dump({
         "source": {"slot": "applier", "publication": "cu_pub", "proto_version": 2, "streaming": "on"},
-        "target": {"path": str(workdir / "delta")},
+        "target": {"path": target},
         "apply": {"max_group_transactions": group_transactions, "max_group_rows": 2_000_000,
                   "overlap_groups": overlap},
         "distributed": {"mode": distributed},
@@ -68,9 +68,13 @@ def mirror_config(workdir: Path, *, group_transactions: int, overlap: bool, dist
 
 def run_mirror(args: argparse.Namespace) -> None:
     """(child process) mirror --once with the Spark session already started."""
-    result = mirror_once_measured(args.config, args.dsn)
-    log_dir = Path(args.config).parent / "delta" / "public" / "cu_items" / "_delta_log"
-    print(json.dumps({**result, "delta_commits": len(list(log_dir.glob("*.json")))}))
+    import yaml
+    from deltalake import DeltaTable
+
+    target = yaml.safe_load(Path(args.config).read_text())["target"]["path"]
+    result = mirror_once_measured(args.config, args.dsn, locations=(target,))
+    table = DeltaTable(f"{target}/public/cu_items")
+    print(json.dumps({**result, "delta_commits": table.version() + 1}))
 
 
 def child(config: Path, dsn: str) -> dict[str, object]:
@@ -95,6 +99,9 @@ def main() -> None:
     p.add_argument("--distributed", choices=["auto", "on", "off"], default="auto",
                    help="distributed.mode of the mirror: catch the backlog up on Spark's executors (auto: when it "
                    "is at least distributed.min_backlog_mb; off: the driver path)")
+    p.add_argument("--store", choices=["local", "s3"], default="local",
+                   help="where the Delta tables go: a local directory, or a bucket on a local S3-protocol server "
+                   "(moto's, started here on loopback; every commit is HTTP requests)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -111,6 +118,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
+        target = str(work / "delta")
+        if args.store == "s3":
+            import os
+
+            from applier.devtools.s3server import start_s3_server
+
+            server = start_s3_server(work)
+            os.environ.update(server.env)
+            os.environ["XDG_STATE_HOME"] = str(work / "state")
+            target = f"s3://{server.new_bucket()}/delta"
         conn.execute(SCHEMA)
         conn.execute("CREATE DATABASE replica")
         with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
@@ -118,7 +135,7 @@ def main() -> None:
             conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
             rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION cu_pub "
                         "WITH (create_slot = false, slot_name = 'pgsub', copy_data = false, enabled = false)")
-        config = mirror_config(work, group_transactions=args.group_transactions, overlap=args.overlap,
+        config = mirror_config(work, target, group_transactions=args.group_transactions, overlap=args.overlap,
                                distributed=args.distributed)
         child(config, cluster.dsn())  # creates the applier's slot and snapshots the empty table
         started = time.monotonic()
@@ -147,17 +164,17 @@ def main() -> None:
 
         ours = child(config, cluster.dsn())
         log(f"applier mirror caught up in {ours['seconds']:.1f} s: {json.dumps(ours)}")
-        from applier.spark.session import build_spark_session
+        from applier.spark.session import SparkSettings, build_spark_session
 
-        spark = build_spark_session()
-        results = verify_against_postgres(spark, conn, str(work / "delta"), [("public", "cu_items")])
+        spark = build_spark_session(SparkSettings(locations=(target,)))
+        results = verify_against_postgres(spark, conn, target, [("public", "cu_items")])
         equal = all(r.equal for r in results)
         if not equal or rep_rows != rows:
             raise SystemExit(f"bench/catchup: results differ (delta equal: {equal}, replica rows {rep_rows} vs {rows})")
 
     print(json.dumps({
         "changes": changes, "transactions": args.transactions + 1, "final_rows": rows,
-        "group_transactions": args.group_transactions, "overlap_groups": args.overlap,
+        "group_transactions": args.group_transactions, "overlap_groups": args.overlap, "store": args.store,
         "distributed": args.distributed, "backlog_wal_mb": int(backlog) >> 20,
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "postgres_changes_per_s": round(changes / postgres_seconds),

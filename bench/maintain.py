@@ -85,7 +85,8 @@ def main() -> None:
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
         conn.execute(SCHEMA)
-        config = mirror_config(work, group_transactions=args.group_transactions, overlap=False, distributed="off")
+        config = mirror_config(work, str(work / "delta"), group_transactions=args.group_transactions, overlap=False,
+                               distributed="off")
         child(config, cluster.dsn())  # the slot and the snapshot of the empty table
         conn.execute("SET synchronous_commit = off")
         conn.execute("CALL mt_run(%s, %s)", (args.transactions, args.rows_per_transaction))

@@ -34,18 +34,18 @@ def jvm_peak_heap_mb(spark: Any) -> float:
     return round(heap / 2**20, 1)
 
 
-def mirror_once_measured(config: str, dsn: str) -> dict[str, object]:
+def mirror_once_measured(config: str, dsn: str, locations: tuple[str, ...] = ()) -> dict[str, object]:
     """(In a benchmark's child process) ``applier mirror --config CONFIG --once`` in a process whose
     Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory."""
     import os
     import time
 
     from applier.cli import main
-    from applier.spark.session import build_spark_session
+    from applier.spark.session import SparkSettings, build_spark_session
 
     os.environ["APPLIER_DSN"] = dsn
     started = time.monotonic()
-    spark = build_spark_session()
+    spark = build_spark_session(SparkSettings(locations=locations))
     startup = time.monotonic() - started
     started = time.monotonic()
     code = main(["mirror", "--config", config, "--once"])

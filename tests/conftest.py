@@ -15,9 +15,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from s3server import S3Server, start_s3_server
 
 from applier.devtools.pgcluster import PgCluster, find_installation, find_installations
+from applier.devtools.s3server import S3Server, start_s3_server
 from applier.errors import EnvironmentSetupError
 
 pytest_plugins = ("pytester",)

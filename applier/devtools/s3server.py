@@ -1,6 +1,7 @@
-"""A real S3-protocol server on loopback for the object-storage tests: moto's standalone HTTP server.
+"""A real S3-protocol server on loopback for the object-storage tests and benchmarks: moto's standalone
+HTTP server (the test extra installs it).
 
-Why a server and not a mock: delta-rs, obstore and (later) Spark's S3A speak HTTP to it exactly as
+Why a server and not a mock: delta-rs, obstore and Spark's S3A speak HTTP to it exactly as
 to AWS, conditional writes (If-None-Match / If-Match) included; nothing in applier is patched.
 """
 
