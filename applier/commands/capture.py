@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from applier.checks.writable import check_writable_directory
     from applier.drivers.capture import capture
-    from applier.infra.lock import writer_lock
+    from applier.infra.lock import location_lock
     from applier.sources.dsn import check_connection
     from applier.sources.publication import check_publication
     from applier.spark.session import build_spark_session_for
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     })
     check_writable_directory(cfg.log_path, "log_path (--log)")  # exit 2 before the server and Spark
     # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)
-    with writer_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
+    with location_lock(cfg.log_path, "raw log", lock_name="_applier_writer.lock"):
         check_connection(cfg.source.resolved_dsn())  # before Spark starts: see `applier mirror --help`
         check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
         spark = build_spark_session_for(cfg.spark, (cfg.log_path,))

@@ -44,7 +44,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -160,11 +159,9 @@ def folds_unfit(apply: ApplySettings, tables: TablesSettings, state: StateDir) -
 
 def log_messages(path: str) -> int:
     """The number of messages in the log, from the files' footers (no data read)."""
-    import pyarrow.parquet as pq
+    from applier.sources.rawlog import log_message_count
 
-    from applier.sources.rawlog import raw_log_files
-
-    return sum(pq.ParquetFile(str(f)).metadata.num_rows for f in raw_log_files(path))
+    return log_message_count(path)
 
 
 # -- 1. survey -----------------------------------------------------------------------------------------
@@ -347,7 +344,7 @@ def _merged(segments: list[Segment]) -> Iterator[Segment]:
         yield current
 
 
-def _row_error(file: Path, row: int) -> ApplierError:
+def _row_error(file: object, row: int) -> ApplierError:
     from applier.errors import SourceError
 
     return SourceError("raw log row has a NULL lsn, xid or data", path=str(file), row=row)

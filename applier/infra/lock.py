@@ -22,7 +22,7 @@ from pathlib import Path
 
 from applier.errors import ApplierError
 
-__all__ = ["TargetLockedError", "writer_lock", "clear_stale_spill", "target_writer"]
+__all__ = ["TargetLockedError", "clear_stale_spill", "location_lock", "target_writer", "writer_lock"]
 
 LOCK_FILE = "writer.lock"
 
@@ -53,6 +53,23 @@ def writer_lock(directory: str | Path, what: str, *, lock_name: str = LOCK_FILE)
         yield path
     finally:
         os.close(fd)  # releases the flock
+
+
+@contextmanager
+def location_lock(location: str | Path, what: str, *, lock_name: str = LOCK_FILE) -> Iterator[None]:
+    """One writer of ``location``: ``flock`` on ``lock_name`` in it when it is a local directory, a lease
+    object (``<lock_name>.json`` beside the data, taken with put-if-absent) on an object store."""
+    from applier.storage.location import is_object_store
+
+    if is_object_store(location):
+        from applier.storage.lease import store_lease
+        from applier.storage.objects import ObjectStore
+
+        with store_lease(ObjectStore(str(location)), what, key=f"{lock_name}.json"):
+            yield
+        return
+    with writer_lock(location, what, lock_name=lock_name):
+        yield
 
 
 def clear_stale_spill(spill_dir: str | Path) -> int:

@@ -37,8 +37,11 @@ import pyarrow.parquet as pq
 
 from applier.errors import ApplierError, InputError, SourceError
 from applier.lsn import parse_lsn
+from applier.storage.paths import StorePath, location
 
-__all__ = ["RawMessage", "read_raw_log", "raw_log_files", "log_batches", "read_file_rows", "file_order_is_log_order"]
+__all__ = ["LogFile", "RawMessage", "read_raw_log", "raw_log_files", "log_batches", "log_message_count",
+           "read_file_rows",
+           "file_order_is_log_order"]
 
 _COLUMNS = ("lsn", "xid", "data")
 _EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
@@ -55,23 +58,45 @@ class RawMessage:
     data: bytes
 
 
-def raw_log_files(path: str | Path) -> list[Path]:
+#: A raw log's file: a local path, or an object on a store (``s3://...``, read through pyarrow's file system).
+LogFile = Path | StorePath
+
+
+def raw_log_files(path: str | Path) -> list[LogFile]:
     """The data files of a raw log, in file order (Parquet names, or Delta commit order)."""
-    root = Path(path)
+    where = location(str(path))
+    if isinstance(where, StorePath):
+        return _store_files(where)
+    root = where
     if root.is_file():
-        return [root]
+        single: list[LogFile] = [root]
+        return single
     if not root.is_dir():
         raise SourceError("raw log not found", path=str(root))
     if (root / "_delta_log").is_dir():
         return _delta_files(root)
-    parts = sorted(p for p in root.iterdir()
-                   if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_")))
+    parts: list[LogFile] = sorted(p for p in root.iterdir()
+                                  if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_")))
     if not parts:
         raise RawLogFormatError("no .parquet files in the raw log directory", path=str(root))
     return parts
 
 
-def _delta_table(table: Path, version: int | None = None):  # type: ignore[no-untyped-def]  # deltalake is untyped here
+def _store_files(root: StorePath) -> list[LogFile]:
+    """``raw_log_files`` of a log on an object store: one ``.parquet`` object, a Delta table, or a prefix
+    of Parquet objects."""
+    if root.suffix == ".parquet":
+        return [root]
+    if (root / "_delta_log").is_dir():
+        return _delta_files(root)
+    parts: list[LogFile] = sorted(p for p in root.files() if p.suffix == ".parquet"
+                                  and not p.name.startswith((".", "_")))
+    if not parts:
+        raise RawLogFormatError("no raw log (Parquet objects or a Delta table) at this location", path=str(root))
+    return parts
+
+
+def _delta_table(table: LogFile, version: int | None = None):  # type: ignore[no-untyped-def]  # deltalake is untyped here
     from deltalake import DeltaTable
 
     try:
@@ -81,7 +106,7 @@ def _delta_table(table: Path, version: int | None = None):  # type: ignore[no-un
                           path=str(table), version=version) from None
 
 
-def _delta_files(table: Path) -> list[Path]:
+def _delta_files(table: LogFile) -> list[LogFile]:
     """The live files of a Delta raw log. With ``seq`` their order does not matter (rows are merged
     by it); without, it is the commit order, recovered version by version through delta-rs."""
     dt = _delta_table(table)
@@ -95,22 +120,24 @@ def _delta_files(table: Path) -> list[Path]:
     live = [_local(table, uri) for uri in dt.file_uris()]
     if "seq" in {f.name for f in dt.schema().fields}:
         return live
-    ordered: list[Path] = []
-    seen: set[Path] = set()
+    ordered: list[LogFile] = []
+    seen: set[LogFile] = set()
     for version in range(dt.version() + 1):
         files = {_local(table, uri) for uri in _delta_table(table, version).file_uris()}
         if not seen <= files:
             raise SourceError("Delta raw log without a seq column was compacted or rewritten: its "
                               "row order is lost; write it with `applier capture` (which adds seq)",
                               path=str(table), version=version)
-        ordered += sorted(files - seen)  # one commit's files: a commit appends them in name order
+        ordered += sorted(files - seen, key=str)  # one commit's files: a commit appends them in name order
         seen = files
     return ordered
 
 
-def _local(table: Path, uri: str) -> Path:
+def _local(table: LogFile, uri: str) -> LogFile:
     from urllib.parse import unquote, urlparse
 
+    if isinstance(table, StorePath):
+        return StorePath(uri) if "://" in uri else table / uri
     if uri.startswith("file:"):
         return Path(unquote(urlparse(uri).path))
     p = Path(uri)
@@ -143,13 +170,18 @@ def read_raw_log(path: str | Path, *, batch_rows: int = 8192, check_order: bool 
         yield from _rows(batch, file, first)
 
 
-def log_batches(path: str | Path, batch_rows: int = 65_536) -> Iterator[tuple[pa.RecordBatch | pa.Table, Path, int]]:
+def log_message_count(path: str | Path) -> int:
+    """How many messages the raw log holds (its files' Parquet footers; no row is read)."""
+    return sum(_open(f).metadata.num_rows for f in raw_log_files(path))
+
+
+def log_batches(path: str | Path, batch_rows: int = 65_536) -> Iterator[tuple[pa.RecordBatch | pa.Table, LogFile, int]]:
     """The log's rows in log order, as Arrow batches with the file they come from and the first row's
     number in it (in the sorted cluster when the rows carry ``seq``; see file_order_is_log_order)."""
     return _batches(raw_log_files(path), batch_rows)
 
 
-def batch_rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Iterator[RawMessage]:
+def batch_rows(batch: pa.RecordBatch | pa.Table, file: LogFile, first_row: int) -> Iterator[RawMessage]:
     """The messages of one batch of log_batches, checked as read_raw_log checks them."""
     return _rows(batch, file, first_row)
 
@@ -177,16 +209,16 @@ def file_order_is_log_order(path: str | Path) -> str | None:
 
 def read_file_rows(file: str | Path, start: int, stop: int) -> Iterator[RawMessage]:
     """Rows ``start:stop`` of one raw log file, reading only the row groups that hold them."""
-    file = Path(file)
+    where = location(str(file))
     try:
-        pf = _open(file)
+        pf = _open(where)
         offset = 0
         for group in range(pf.num_row_groups):
             n = pf.metadata.row_group(group).num_rows
             if offset < stop and offset + n > start:
                 lo, hi = max(start - offset, 0), min(stop - offset, n)
                 table = pf.read_row_group(group, columns=list(_COLUMNS)).slice(lo, hi - lo)
-                yield from _rows(table, file, offset + lo)
+                yield from _rows(table, where, offset + lo)
             offset += n
             if offset >= stop:
                 return
@@ -194,7 +226,7 @@ def read_file_rows(file: str | Path, start: int, stop: int) -> Iterator[RawMessa
         raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
 
 
-def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pa.Table, Path, int]]:
+def _batches(files: list[LogFile], batch_rows: int) -> Iterator[tuple[pa.RecordBatch | pa.Table, LogFile, int]]:
     """The log's rows in log order as (batch, file, first row's number in it): the order check reads
     the columns, the messages are built from them once, only on the second pass."""
     if not any(_has_seq(f) for f in files):
@@ -212,9 +244,9 @@ def _text_lsn(batch: pa.RecordBatch | pa.Table) -> bool:
 # -- reading ---------------------------------------------------------------------------------------
 
 
-def _open(file: Path) -> pq.ParquetFile:
+def _open(file: LogFile) -> pq.ParquetFile:
     try:
-        pf = pq.ParquetFile(str(file))
+        pf = pq.ParquetFile(file.open_input_file() if isinstance(file, StorePath) else str(file))
     except (OSError, pa.ArrowException) as e:
         raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
     schema = pf.schema_arrow
@@ -236,11 +268,11 @@ def _type_ok(name: str, t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t))
 
 
-def _has_seq(file: Path) -> bool:
+def _has_seq(file: LogFile) -> bool:
     return "seq" in _open(file).schema_arrow.names
 
 
-def _read_parquet(file: Path, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, Path, int]]:
+def _read_parquet(file: LogFile, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, LogFile, int]]:
     try:
         pf = _open(file)
         row = 0
@@ -251,7 +283,7 @@ def _read_parquet(file: Path, batch_rows: int) -> Iterator[tuple[pa.RecordBatch,
         raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
 
 
-def _rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Iterator[RawMessage]:
+def _rows(batch: pa.RecordBatch | pa.Table, file: LogFile, first_row: int) -> Iterator[RawMessage]:
     lsns = batch.column(0).to_pylist()
     xids = batch.column(1).to_pylist()
     datas = batch.column(2).to_pylist()
@@ -266,10 +298,10 @@ def _rows(batch: pa.RecordBatch | pa.Table, file: Path, first_row: int) -> Itera
             raise SourceError("raw log row has an invalid LSN", path=str(file), row=first_row + i) from e
 
 
-def _by_seq(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.Table, Path, int]]:
+def _by_seq(files: list[LogFile], batch_rows: int) -> Iterator[tuple[pa.Table, LogFile, int]]:
     """Rows of files that carry ``seq``, in ``seq`` order: files ordered by their ``seq`` range,
     files whose ranges overlap read together and sorted, a duplicate or a gap refused."""
-    ranges: list[tuple[int, int, Path]] = []
+    ranges: list[tuple[int, int, LogFile]] = []
     for file in files:
         try:
             seqs = _open(file).read(columns=["seq"]).column(0)
@@ -281,7 +313,7 @@ def _by_seq(files: list[Path], batch_rows: int) -> Iterator[tuple[pa.Table, Path
             bounds = pc.min_max(seqs)
             ranges.append((bounds["min"].as_py(), bounds["max"].as_py(), file))
     ranges.sort(key=lambda r: (r[0], r[1]))
-    clusters: list[list[Path]] = []
+    clusters: list[list[LogFile]] = []
     top: int | None = None
     for low, high, file in ranges:
         if top is not None and low <= top:

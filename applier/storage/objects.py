@@ -139,6 +139,16 @@ class ObjectStore:
         except Exception as e:  # noqa: BLE001
             raise self._failed("listing", prefix, e) from None
 
+    def files(self, prefix: str = "") -> list[str]:
+        """The names of the objects directly under ``prefix`` (not in its 'sub-directories')."""
+        import obstore
+
+        try:
+            listed = obstore.list_with_delimiter(self._store, prefix=prefix or None)
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("listing", prefix, e) from None
+        return [str(meta["path"]).rsplit("/", 1)[-1] for meta in listed["objects"]]
+
     def directories(self, prefix: str = "") -> list[str]:
         """The immediate 'sub-directories' (common prefixes) under ``prefix``, names only."""
         import obstore

@@ -71,6 +71,26 @@ class StorePath:
         for name in self.store.directories(self._prefix()):
             yield self / name
 
+    def files(self) -> list[StorePath]:
+        """The objects directly under this prefix (``iterdir`` gives the prefixes)."""
+        return [self / name for name in self.store.files(self._prefix())]
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        return name[name.rindex("."):] if "." in name.lstrip(".") else ""
+
+    def open_input_file(self) -> object:
+        """A seekable Arrow file of this object (pyarrow's own S3/GCS/Azure file system, which reads the
+        same environment as delta-rs): Parquet footers and row groups read by range, not the whole object."""
+        from pyarrow import fs
+
+        uri = str(self)
+        if uri.startswith("s3a://"):
+            uri = "s3://" + uri.removeprefix("s3a://")
+        filesystem, path = fs.FileSystem.from_uri(uri)
+        return filesystem.open_input_file(path)
+
     def is_dir(self) -> bool:
         """A prefix with at least one key under it (a store has no empty directories)."""
         return self.store.any_under(self._prefix())
