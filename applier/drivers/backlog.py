@@ -3,10 +3,10 @@
 A mirror that starts far behind its slot (after downtime, or after a bulk load) would spend the
 catch-up in one Python thread decoding and folding every message (about 115 k changes/s on the
 standard machine) while the executors wait. Here the backlog is read as ``replay`` reads a large
-stored log (applier.drivers.distributed), from the stream itself:
+stored log (applier.drivers.executors), from the stream itself:
 
 1. A thread of the driver reads the stream and surveys each message (order check, catalog, what is
-   open: applier.drivers.distributed.Surveyor), cutting it into ranges of about
+   open: applier.drivers.executors.survey.Surveyor), cutting it into ranges of about
    ``distributed.partition_messages`` messages where no transaction is open. A range carries its
    messages (``LogRange.inline``): nothing is written to disk, and at most a few ranges wait.
 2. Executors decode, assemble and fold the ranges; the driver combines their folds and commits them
@@ -36,15 +36,10 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import RelationCache
 from applier.catalog.relations import ColumnsChanged
 from applier.config import MirrorConfig
-from applier.drivers.distributed import (
-    LogRange,
-    LogSurvey,
-    MayCommit,
-    Surveyor,
-    fold_and_commit,
-    folds_unfit,
-    range_messages,
-)
+from applier.drivers.executors.commit import MayCommit, fold_and_commit
+from applier.drivers.executors.eligibility import folds_unfit
+from applier.drivers.executors.ranges import LogRange, range_messages
+from applier.drivers.executors.survey import LogSurvey, Surveyor
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive

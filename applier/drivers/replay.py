@@ -16,14 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ReplayConfig
-from applier.drivers.distributed import (
-    BackgroundSurvey,
-    LogRange,
-    eligibility,
-    log_messages,
-    range_messages,
-    replay_on_executors,
-)
+from applier.drivers.executors.commit import replay_on_executors
+from applier.drivers.executors.eligibility import eligibility, log_messages
+from applier.drivers.executors.ranges import LogRange, range_messages
+from applier.drivers.executors.survey import BackgroundSurvey
 from applier.infra.progress import ProgressReport, count_fields, count_line
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
@@ -67,7 +63,7 @@ def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[st
     """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either).
 
     Large logs are decoded and folded on Spark's executors (``distributed``, see
-    applier.drivers.distributed); the rest, and every log that needs it, go through the driver path.
+    applier.drivers.executors); the rest, and every log that needs it, go through the driver path.
     ``spark``: a started session, or a provider that starts one only when an operation needs it."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)

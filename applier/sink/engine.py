@@ -174,7 +174,7 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
 @dataclass
 class FoldedTable:
     """One table's fold of a range of transactions, made away from this applier (on an executor:
-    applier.drivers.distributed), with the spec and schema version it was folded for."""
+    applier.drivers.executors), with the spec and schema version it was folded for."""
 
     path: str
     spec: TableSpec
