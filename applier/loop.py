@@ -15,10 +15,10 @@ applied again after a crash is recognised by the end LSN each table recorded wit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
-from applier.sink.engine import DeltaApplier, approximate_bytes
+from applier.sink.engine import CommitCounters, DeltaApplier, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.schema import SchemaEvolution
@@ -46,6 +46,31 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyStats:
+    """What a driver's run applied: its result, for whichever command started it to report (``replay``
+    builds its ReplaySummary from it; the mirror's catch-up on executors reads ``ranges``)."""
+
+    messages: int = 0  # raw messages read
+    transactions: int = 0  # transactions applied, or found applied already (a re-run)
+    applied: int = 0  # of them, applied by this run
+    rows: Mapping[str, int] = field(default_factory=dict)  # row changes per source table
+    tables: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of every table written
+    last_end_lsn: int | None = None  # end LSN of the last transaction
+    ranges: int = 0  # ranges folded on Spark's executors (0: the driver path did it all)
+
+    @property
+    def already_applied(self) -> int:
+        return self.transactions - self.applied
+
+    @classmethod
+    def of(cls, counters: CommitCounters, *, messages: int, ranges: int = 0) -> ApplyStats:
+        """From a DeltaApplier's counters (``ApplyLoop.applier.stats``)."""
+        return cls(messages=messages, transactions=counters.transactions, applied=counters.applied,
+                   rows=dict(counters.rows), tables=frozenset(counters.tables), last_end_lsn=counters.last_end_lsn,
+                   ranges=ranges)
 
 
 class PendingGroup:

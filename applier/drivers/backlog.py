@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from applier.catalog import RelationCache
 from applier.catalog.relations import ColumnsChanged
@@ -41,15 +41,11 @@ from applier.drivers.executors.eligibility import folds_unfit
 from applier.drivers.executors.ranges import LogRange, range_messages
 from applier.drivers.executors.survey import LogSurvey, Surveyor
 from applier.infra.crashpoints import crashpoint
+from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, session_of
-
-if TYPE_CHECKING:
-
-    from applier.drivers.replay import ReplaySummary
-    from applier.loop import ApplyLoop
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +194,6 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     driver path must take is fed to ``feed`` (the follower's, into ``loop``); ``backlog`` (bytes of WAL
     up to ``target``) gives the progress lines a done fraction and an ETA. Returns with the stream
     the caller's again, the slot confirmed up to what was committed here."""
-    from applier.drivers.replay import ReplaySummary
-
     catalog = loop.feeder.catalog
     ids = loop.applier.identities
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
@@ -219,7 +213,7 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
             loop.confirm(executors_end)  # every commit up to it exists (fold_and_commit waited for them)
             loop.confirmed_lsn = executors_end
 
-    def drive(ranges: list[LogRange]) -> ReplaySummary:
+    def drive(ranges: list[LogRange]) -> ApplyStats:
         nonlocal fed
         confirm_executors_part()
         catalog.replace_with(RelationCache.from_json(ranges[0].catalog))
@@ -228,7 +222,7 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
             for raw in range_messages(cut):
                 feed(raw.lsn, raw.data)
                 fed += 1
-        return ReplaySummary(transactions=loop.transactions - before)
+        return ApplyStats(transactions=loop.transactions - before)
 
     started = time.monotonic()
     try:

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from applier.catalog import SchemaVersion
@@ -18,14 +19,12 @@ from applier.drivers.executors.scheduler import _Group, fold_on_executors
 from applier.drivers.executors.survey import LogSurvey, RangeSource
 from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Backlog, ProgressReport
+from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from applier.drivers.replay import ReplaySummary
-    from applier.loop import ApplyLoop
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ MayCommit = Callable[[list[FoldedTable]], str | None]
 
 def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: RangeSource,
                         *, progress: Callable[[str], None] | None, progress_every: float,
-                        drive: Callable[[list[LogRange]], ReplaySummary]) -> ReplaySummary:
+                        drive: Callable[[list[LogRange]], ApplyStats]) -> ApplyStats:
     """A stored log: nothing is committed before the whole log is known to be in order."""
     return fold_and_commit(spark, config.apply, config.tables, loop, surveying, progress=progress,
                            progress_every=progress_every, drive=drive, whole_source_first=True)
@@ -45,15 +44,14 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
 
 def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
                     source: RangeSource, *, progress: Callable[[str], None] | None, progress_every: float,
-                    drive: Callable[[list[LogRange]], ReplaySummary], whole_source_first: bool,
-                    may_commit: MayCommit | None = None, span: tuple[int, int] | None = None) -> ReplaySummary:
+                    drive: Callable[[list[LogRange]], ApplyStats], whole_source_first: bool,
+                    may_commit: MayCommit | None = None, span: tuple[int, int] | None = None) -> ApplyStats:
     """Steps 2 and 3 while step 1 goes on; ``drive(ranges)`` replays ranges on the driver path, from the
     catalog at the first one's start (the tail, or everything from a range an executor could not fold
     or a group ``may_commit`` refused). ``whole_source_first``: wait for the source to end before the
     first commit (a stored log's order check covers all of it); a live stream commits as it goes,
     like the driver path. ``span``: the backlog's first and last LSN, for a done fraction and an ETA
     in the progress lines."""
-    from applier.drivers.replay import ReplaySummary
     from applier.sink.messages import record_messages
 
     applier = loop.applier
@@ -180,19 +178,15 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     if survey.tail is not None:
         handed_over.append(survey.tail)
     log.info("folding and committing on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-    stats = applier.stats
-    summary = ReplaySummary(messages=survey.messages, transactions=stats.transactions, applied=stats.applied,
-                            rows=dict(stats.rows), tables=set(stats.tables), last_end_lsn=stats.last_end_lsn,
-                            ranges=folded)
+    summary = ApplyStats.of(applier.stats, messages=survey.messages, ranges=folded)
     if handed_over:
-        rest = drive(handed_over)
-        summary.transactions += rest.transactions
-        summary.applied += rest.applied
+        rest = drive(handed_over)  # the messages and ranges above count the whole source already
+        rows = dict(summary.rows)
         for name, n in rest.rows.items():
-            summary.rows[name] = summary.rows.get(name, 0) + n
-        summary.tables |= rest.tables
-        summary.last_end_lsn = rest.last_end_lsn if rest.last_end_lsn is not None else summary.last_end_lsn
+            rows[name] = rows.get(name, 0) + n
+        summary = replace(summary, transactions=summary.transactions + rest.transactions,
+                          applied=summary.applied + rest.applied, rows=rows, tables=summary.tables | rest.tables,
+                          last_end_lsn=rest.last_end_lsn if rest.last_end_lsn is not None else summary.last_end_lsn)
     else:
         state.save("catalog", survey.catalog.to_json())
-    summary.already_applied = summary.transactions - summary.applied
     return summary
