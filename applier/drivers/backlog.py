@@ -40,7 +40,6 @@ from applier.drivers.executors.commit import MayCommit, fold_and_commit
 from applier.drivers.executors.eligibility import folds_unfit
 from applier.drivers.executors.ranges import LogRange, range_messages
 from applier.drivers.executors.survey import LogSurvey, Surveyor
-from applier.infra.crashpoints import crashpoint
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
@@ -203,19 +202,16 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     applied_before = loop.applier.stats.transactions
     transactions = 0
 
-    def confirm_executors_part() -> None:
+    def executors_part() -> None:
+        """What the executors' part applied, for the progress line: fold_and_commit has counted and
+        confirmed it (ApplyLoop.folded_applied) before it hands anything to ``drive``."""
         nonlocal executors_end, transactions
         transactions = loop.applier.stats.transactions - applied_before
-        loop.transactions += transactions
         executors_end = loop.applier.stats.last_end_lsn
-        if executors_end is not None:
-            crashpoint("before_confirm")
-            loop.confirm(executors_end)  # every commit up to it exists (fold_and_commit waited for them)
-            loop.confirmed_lsn = executors_end
 
     def drive(ranges: list[LogRange]) -> ApplyStats:
         nonlocal fed
-        confirm_executors_part()
+        executors_part()
         catalog.replace_with(RelationCache.from_json(ranges[0].catalog))
         before = loop.transactions
         for cut in ranges:
@@ -236,9 +232,7 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
         raise
     survey = source.result()
     if not fed:
-        confirm_executors_part()
-        catalog.replace_with(survey.catalog)
-        loop.save()
+        executors_part()  # the catalog as at the end of the backlog is the loop's (fold_and_commit)
     loop.messages += survey.messages - fed
     progress(f"catch-up on executors: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "

@@ -52,8 +52,6 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     first commit (a stored log's order check covers all of it); a live stream commits as it goes,
     like the driver path. ``span``: the backlog's first and last LSN, for a done fraction and an ETA
     in the progress lines."""
-    from applier.sink.messages import record_messages
-
     applier = loop.applier
     state = loop.state
     skip = sorted({*apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
@@ -88,11 +86,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         """A group's commits, on the commit thread: one group at a time, in log order, while the
         main thread goes on combining the next one and keeping the executors busy."""
         started = time.monotonic()
-        if done.end is not None:
-            applier.apply_folded(list(done.tables.values()), done.end, done.transactions)
-            if apply.messages_table and done.messages:
-                record_messages(spark, apply.messages_table, done.messages, done.end)
-        loop._record_skips(done.skipped)
+        loop.commit_folded(list(done.tables.values()), done.end, done.transactions, done.messages, done.skipped)
         timings["committing"] += time.monotonic() - started
 
     handed_over: list[LogRange] = []
@@ -178,6 +172,9 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     if survey.tail is not None:
         handed_over.append(survey.tail)
     log.info("folding and committing on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    # every group's commits exist: counted, and confirmed (with the catalog as at the end of the source
+    # saved first, when the executors took all of it; else the driver path goes on from its own)
+    loop.folded_applied(catalog=None if handed_over else survey.catalog)
     summary = ApplyStats.of(applier.stats, messages=survey.messages, ranges=folded)
     if handed_over:
         rest = drive(handed_over)  # the messages and ranges above count the whole source already
@@ -187,6 +184,4 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         summary = replace(summary, transactions=summary.transactions + rest.transactions,
                           applied=summary.applied + rest.applied, rows=rows, tables=summary.tables | rest.tables,
                           last_end_lsn=rest.last_end_lsn if rest.last_end_lsn is not None else summary.last_end_lsn)
-    else:
-        state.save("catalog", survey.catalog.to_json())
     return summary
