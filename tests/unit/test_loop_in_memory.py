@@ -81,7 +81,7 @@ def test_captured_streams_folded_as_on_executors_and_committed_through_the_loop_
     the messages up to the last cut, the catalog as at that cut is saved, and the end of the last group
     is confirmed once, after every commit."""
     from applier.drivers.executors.ranges import FoldJob, LogRange
-    from applier.drivers.executors.scheduler import _Group
+    from applier.drivers.executors.scheduler import FoldGroup
     from applier.drivers.executors.survey import Surveyor
     from applier.drivers.executors.task import fold_range
 
@@ -105,10 +105,10 @@ def test_captured_streams_folded_as_on_executors_and_committed_through_the_loop_
     paths = {rel: loop.applier.path_for(*rel) for rel in sorted(surveyor.survey.relations)}
     schemas: dict[tuple[int, int], Any] = {}
 
-    def commit(group: _Group) -> None:
+    def commit(group: FoldGroup) -> None:
         loop.commit_folded(list(group.tables.values()), group.end, group.transactions, group.messages, group.skipped)
 
-    group = _Group()
+    group = FoldGroup()
     for cut in ranges:
         fold = fold_range(FoldJob(cut, loop.settings, TablesSettings(), paths, {}))
         if fold.error is not None:
@@ -117,7 +117,7 @@ def test_captured_streams_folded_as_on_executors_and_committed_through_the_loop_
             t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
         if not group.fits(fold):
             commit(group)
-            group = _Group()
+            group = FoldGroup()
         group.add(fold, cut)
         assert not confirmed, "confirmed before folded_applied"
     commit(group)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from applier.catalog import SchemaVersion
 from applier.config import ApplySettings, ReplayConfig, TablesSettings
 from applier.drivers.executors.ranges import FoldJob, LogRange
-from applier.drivers.executors.scheduler import _Group, fold_on_executors
+from applier.drivers.executors.scheduler import FoldGroup, fold_on_executors
 from applier.drivers.executors.survey import LogSurvey, RangeSource
 from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Backlog, ProgressReport
@@ -74,7 +74,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
 
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)
-    group = _Group()
+    group = FoldGroup()
     last_report = time.monotonic()
     received = 0
     backlog = Backlog(span[1] - span[0]) if span is not None else None
@@ -82,7 +82,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     committer = ThreadPoolExecutor(1, thread_name_prefix="applier-commit")
     in_flight: Future[None] | None = None
 
-    def write(done: _Group) -> None:
+    def write(done: FoldGroup) -> None:
         """A group's commits, on the commit thread: one group at a time, in log order, while the
         main thread goes on combining the next one and keeping the executors busy."""
         started = time.monotonic()
@@ -102,13 +102,13 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
                 log.info("catch-up on executors ends at LSN %s: %s; the driver path takes over from there",
                          format_lsn(group.ranges[0].first_lsn), why)
                 handed_over.extend(group.ranges)
-                group = _Group()
+                group = FoldGroup()
                 wait = True
             else:
                 if in_flight is not None:
                     in_flight.result()  # its error, if any, stops the run here, before a later group commits
                 in_flight = committer.submit(write, group)
-                group = _Group()
+                group = FoldGroup()
                 after_group()
         if wait and in_flight is not None:
             waited = in_flight

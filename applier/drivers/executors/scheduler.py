@@ -46,7 +46,7 @@ def fold_on_executors(spark: SparkSession, jobs: Iterable[FoldJob]) -> Iterator[
             yield unpickled_fold(payload)
 
 
-class _Group:
+class FoldGroup:
     """Combined folds of consecutive ranges, per table, waiting for their commit."""
 
     def __init__(self) -> None:
