@@ -15,10 +15,10 @@ applied again after a crash is recognised by the end LSN each table recorded wit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
-from applier.sink.engine import DeltaApplier, approximate_bytes
+from applier.sink.engine import CommitCounters, DeltaApplier, FoldedTable, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.schema import SchemaEvolution
@@ -42,10 +42,36 @@ from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
 if TYPE_CHECKING:
+    from applier.catalog import RelationCache
     from applier.infra.metrics import MirrorMetrics
 
 Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyStats:
+    """What a driver's run applied: its result, for whichever command started it to report (``replay``
+    builds its ReplaySummary from it; the mirror's catch-up on executors reads ``ranges``)."""
+
+    messages: int = 0  # raw messages read
+    transactions: int = 0  # transactions applied, or found applied already (a re-run)
+    applied: int = 0  # of them, applied by this run
+    rows: Mapping[str, int] = field(default_factory=dict)  # row changes per source table
+    tables: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) of every table written
+    last_end_lsn: int | None = None  # end LSN of the last transaction
+    ranges: int = 0  # ranges folded on Spark's executors (0: the driver path did it all)
+
+    @property
+    def already_applied(self) -> int:
+        return self.transactions - self.applied
+
+    @classmethod
+    def of(cls, counters: CommitCounters, *, messages: int, ranges: int = 0) -> ApplyStats:
+        """From a DeltaApplier's counters (``ApplyLoop.applier.stats``)."""
+        return cls(messages=messages, transactions=counters.transactions, applied=counters.applied,
+                   rows=dict(counters.rows), tables=frozenset(counters.tables), last_end_lsn=counters.last_end_lsn,
+                   ranges=ranges)
 
 
 class PendingGroup:
@@ -162,6 +188,7 @@ class ApplyLoop:
         self._executor = (ThreadPoolExecutor(1, thread_name_prefix="applier-apply")
                           if apply.overlap_groups and dry_run is None else None)
         self._in_flight: _Dispatched | None = None
+        self._folded_transactions = 0  # in groups folded elsewhere, committed and not yet counted
 
     # --- feeding --------------------------------------------------------------------------------
 
@@ -254,13 +281,20 @@ class ApplyLoop:
         self.applier.apply_group(work.transactions)
         if self.dry_run is not None:
             return
-        if self.settings.messages_table:
+        self._records(work.messages, work.skipped, work.end, len(work.transactions), started)
+
+    def _records(self, messages: list[tuple[int, LogicalMessage]], skipped: list[SkippedTransaction],
+                 end: int | None, transactions: int, started: float) -> None:
+        """What goes with a group's commits: its logical decoding messages (none without a transaction to
+        end the group), its skips, and the metrics."""
+        if self.settings.messages_table and end is not None:
             record_messages(self.spark.get("recording logical decoding messages"), self.settings.messages_table,
-                            work.messages, work.end)
-        self._record_skips(work.skipped)
+                            messages, end)
+        self._record_skips(skipped)
         if self.metrics is not None:
-            self.metrics.group_applied(time.monotonic() - started, len(work.transactions), self.applier.stats.rows)
-            self.metrics.skipped.inc(len(work.skipped))
+            if transactions:
+                self.metrics.group_applied(time.monotonic() - started, transactions, self.applier.stats.rows)
+            self.metrics.skipped.inc(len(skipped))
 
     def _finish_in_flight(self) -> int | None:
         work, self._in_flight = self._in_flight, None
@@ -286,6 +320,39 @@ class ApplyLoop:
         end = work.end
         self.confirm(end)  # only now: every Delta commit up to ``end`` exists
         self.confirmed_lsn = end
+        return end
+
+    # --- groups folded elsewhere (Spark's executors: applier.drivers.executors) -----------------------
+
+    def commit_folded(self, folded: Sequence[FoldedTable], end: int | None, transactions: int,
+                      messages: list[tuple[int, LogicalMessage]], skipped: list[SkippedTransaction]) -> None:
+        """The Delta side of a group folded elsewhere, as ``_commit`` is of the loop's own groups: its
+        tables' commits (each tagged with ``end``, the end LSN of the group's last transaction; None when
+        it holds none), then its messages, skips and metrics. The caller may run it on a thread of its
+        own, one group at a time and in log order. Nothing is counted, saved or confirmed for it before
+        ``folded_applied``."""
+        started = time.monotonic()
+        if end is not None:
+            self.applier.apply_folded(folded, end, transactions)
+            self._folded_transactions += transactions
+        self._records(messages, skipped, end, transactions, started)
+
+    def folded_applied(self, *, catalog: RelationCache | None = None) -> int | None:
+        """Once the commits of every group ``commit_folded`` was given exist, what follows them, as
+        ``_finish`` follows a group's: counted, the catalog saved (``catalog``, the one as at the end of
+        what was folded, becomes the loop's: None when the loop goes on from an earlier place, with the
+        catalog there), then the end of the last group committed confirmed. Returns that end (None:
+        nothing committed yet)."""
+        self.transactions += self._folded_transactions
+        self._folded_transactions = 0
+        if catalog is not None:
+            self.feeder.catalog.replace_with(catalog)
+            self.save()
+        end = self.applier.stats.last_end_lsn
+        if end is not None:
+            crashpoint("before_confirm")
+            self.confirm(end)  # every Delta commit up to ``end`` exists
+            self.confirmed_lsn = end
         return end
 
     def save(self) -> None:

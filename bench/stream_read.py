@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchup import SCHEMA  # noqa: E402  (bench/catchup.py)
 
-from applier.drivers.distributed import Surveyor  # noqa: E402
+from applier.drivers.executors.survey import Surveyor  # noqa: E402
 from applier.protocol.replication import PrimaryKeepalive  # noqa: E402
 from applier.sources.walsender import WalSenderStream  # noqa: E402
 

@@ -222,27 +222,27 @@ class ReplayPaths:
 @pytest.fixture(params=["driver", "executors"])
 def replay_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ReplayPaths]:
     """Run a replay test twice: on the driver path, and with decoding and folding on Spark's executors
-    (applier.drivers.distributed) whenever the log allows it, cut into ranges of ~37 messages so that
+    (applier.drivers.executors) whenever the log allows it, cut into ranges of ~37 messages so that
     transactions, TOAST chains and key changes cross ranges. Both must give the same tables; in the
     second run, a replay that could use executors must have (checked at teardown)."""
     seen = ReplayPaths(str(request.param))
     if request.param == "executors":
-        import applier.drivers.distributed as distributed
         import applier.drivers.replay as replay
+        from applier.drivers.executors import commit, eligibility, survey
 
-        # replay's own names are patched; the originals are distributed's (replay imports them from there)
+        # replay's own names are patched; the originals are in applier.drivers.executors (replay imports them)
         def on_executors(_spark: Any, config: Any, state: Any) -> str | None:
-            why = distributed.eligibility(config, state)
+            why = eligibility.eligibility(config, state)
             if why is not None:
                 seen.driver_only.append(why)
             return why
 
         monkeypatch.setattr(replay, "on_executors", on_executors)
-        survey = distributed.BackgroundSurvey
+        background = survey.BackgroundSurvey
         monkeypatch.setattr(replay, "BackgroundSurvey",
-                            lambda path, catalog, partition_messages, **kw: survey(path, catalog, partition_messages=37,
-                                                                                   **kw))
-        run = distributed.replay_on_executors
+                            lambda path, catalog, partition_messages, **kw: background(path, catalog,
+                                                                                       partition_messages=37, **kw))
+        run = commit.replay_on_executors
 
         def replay_on_executors(*args: Any, **kwargs: Any) -> Any:
             seen.attempts += 1

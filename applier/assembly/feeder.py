@@ -103,7 +103,7 @@ class TransactionFeeder:
                    datas: Sequence[bytes]) -> Iterator[tuple[CommittedTransaction, list[TableBatch]]]:
         """Every message of a range held in memory, fed as ``feed_raw`` would one by one; a plain
         transaction (Begin, only Inserts, Updates and Deletes, Commit) goes the short way, see
-        :meth:`_plain`. For folds of ranges (applier.drivers.distributed), where a message costs
+        :meth:`_plain`. For folds of ranges (applier.drivers.executors), where a message costs
         about 10 us and the assembler's buffering was a third of it."""
         n = len(datas)
         i = 0

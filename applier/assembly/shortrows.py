@@ -1,6 +1,6 @@
 """Row changes read straight from an Insert's, Update's or Delete's bytes, for the common shapes.
 
-The folds of ranges (applier.drivers.distributed, through ``TransactionFeeder.feed_range``) spend
+The folds of ranges (applier.drivers.executors, through ``TransactionFeeder.feed_range``) spend
 most of their CPU turning each message into a row change: the decoder builds an Insert/Update/Delete
 and its TupleData, the values layer converts the TupleData, rowchanges builds the TableChange. For the
 shapes a busy slot mostly carries (outside a stream block; every column text 't' or NULL 'n') that

@@ -408,7 +408,7 @@ class MaintenanceSettings(_Model):
 
 
 class DistributedSettings(_Model):
-    """Decoding and folding on Spark's executors (applier.drivers.distributed): for ``replay``, the driver
+    """Decoding and folding on Spark's executors (applier.drivers.executors): for ``replay``, the driver
     surveys the log; for ``mirror``, a large backlog of the slot is read by the driver (applier.drivers.backlog).
     Executors decode and fold ranges of it, the driver combines and commits."""
 

@@ -3,10 +3,10 @@
 A mirror that starts far behind its slot (after downtime, or after a bulk load) would spend the
 catch-up in one Python thread decoding and folding every message (about 115 k changes/s on the
 standard machine) while the executors wait. Here the backlog is read as ``replay`` reads a large
-stored log (applier.drivers.distributed), from the stream itself:
+stored log (applier.drivers.executors), from the stream itself:
 
 1. A thread of the driver reads the stream and surveys each message (order check, catalog, what is
-   open: applier.drivers.distributed.Surveyor), cutting it into ranges of about
+   open: applier.drivers.executors.survey.Surveyor), cutting it into ranges of about
    ``distributed.partition_messages`` messages where no transaction is open. A range carries its
    messages (``LogRange.inline``): nothing is written to disk, and at most a few ranges wait.
 2. Executors decode, assemble and fold the ranges; the driver combines their folds and commits them
@@ -31,30 +31,20 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from applier.catalog import RelationCache
 from applier.catalog.relations import ColumnsChanged
 from applier.config import MirrorConfig
-from applier.drivers.distributed import (
-    LogRange,
-    LogSurvey,
-    MayCommit,
-    Surveyor,
-    fold_and_commit,
-    folds_unfit,
-    range_messages,
-)
-from applier.infra.crashpoints import crashpoint
+from applier.drivers.executors.commit import MayCommit, fold_and_commit
+from applier.drivers.executors.eligibility import folds_unfit
+from applier.drivers.executors.ranges import LogRange, range_messages
+from applier.drivers.executors.survey import LogSurvey, Surveyor
+from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, session_of
-
-if TYPE_CHECKING:
-
-    from applier.drivers.replay import ReplaySummary
-    from applier.loop import ApplyLoop
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +193,6 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     driver path must take is fed to ``feed`` (the follower's, into ``loop``); ``backlog`` (bytes of WAL
     up to ``target``) gives the progress lines a done fraction and an ETA. Returns with the stream
     the caller's again, the slot confirmed up to what was committed here."""
-    from applier.drivers.replay import ReplaySummary
-
     catalog = loop.feeder.catalog
     ids = loop.applier.identities
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
@@ -214,26 +202,23 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     applied_before = loop.applier.stats.transactions
     transactions = 0
 
-    def confirm_executors_part() -> None:
+    def executors_part() -> None:
+        """What the executors' part applied, for the progress line: fold_and_commit has counted and
+        confirmed it (ApplyLoop.folded_applied) before it hands anything to ``drive``."""
         nonlocal executors_end, transactions
         transactions = loop.applier.stats.transactions - applied_before
-        loop.transactions += transactions
         executors_end = loop.applier.stats.last_end_lsn
-        if executors_end is not None:
-            crashpoint("before_confirm")
-            loop.confirm(executors_end)  # every commit up to it exists (fold_and_commit waited for them)
-            loop.confirmed_lsn = executors_end
 
-    def drive(ranges: list[LogRange]) -> ReplaySummary:
+    def drive(ranges: list[LogRange]) -> ApplyStats:
         nonlocal fed
-        confirm_executors_part()
+        executors_part()
         catalog.replace_with(RelationCache.from_json(ranges[0].catalog))
         before = loop.transactions
         for cut in ranges:
             for raw in range_messages(cut):
                 feed(raw.lsn, raw.data)
                 fed += 1
-        return ReplaySummary(transactions=loop.transactions - before)
+        return ApplyStats(transactions=loop.transactions - before)
 
     started = time.monotonic()
     try:
@@ -247,9 +232,7 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
         raise
     survey = source.result()
     if not fed:
-        confirm_executors_part()
-        catalog.replace_with(survey.catalog)
-        loop.save()
+        executors_part()  # the catalog as at the end of the backlog is the loop's (fold_and_commit)
     loop.messages += survey.messages - fed
     progress(f"catch-up on executors: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "

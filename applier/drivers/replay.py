@@ -12,27 +12,20 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ReplayConfig
-from applier.drivers.distributed import (
-    BackgroundSurvey,
-    LogRange,
-    eligibility,
-    log_messages,
-    range_messages,
-    replay_on_executors,
-)
+from applier.drivers.executors.commit import replay_on_executors
+from applier.drivers.executors.eligibility import eligibility, log_messages
+from applier.drivers.executors.ranges import LogRange, range_messages
+from applier.drivers.executors.survey import BackgroundSurvey
 from applier.infra.progress import ProgressReport, count_fields, count_line
-from applier.loop import ApplyLoop
+from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.sources.rawlog import RawMessage, read_raw_log
 from applier.spark.session import SparkLike, session_of
 from applier.state import StateDir
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +42,13 @@ class ReplaySummary:
     seconds: float = 0.0
     dry_run: bool = False
     ranges: int = 0  # ranges of the log folded on executors (0: the driver path did it all)
+
+    @classmethod
+    def of(cls, stats: ApplyStats) -> ReplaySummary:
+        """What the drivers applied, for ``replay`` to report (its time and dry run are its own)."""
+        return cls(messages=stats.messages, transactions=stats.transactions, applied=stats.applied,
+                   already_applied=stats.already_applied, rows=dict(stats.rows), tables=set(stats.tables),
+                   last_end_lsn=stats.last_end_lsn, ranges=stats.ranges)
 
     def lines(self) -> list[str]:
         applied = ("dry run: nothing written" if self.dry_run
@@ -67,20 +67,21 @@ def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[st
     """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either).
 
     Large logs are decoded and folded on Spark's executors (``distributed``, see
-    applier.drivers.distributed); the rest, and every log that needs it, go through the driver path.
+    applier.drivers.executors); the rest, and every log that needs it, go through the driver path.
     ``spark``: a started session, or a provider that starts one only when an operation needs it."""
     started = time.monotonic()
     state = StateDir.for_target(config.target.path, config.target.state_dir)
     why_not = on_executors(spark, config, state) if dry_run is None else "--dry-run"
     if why_not is None:
-        summary = _replay_on_executors(spark, config, state, progress=progress, progress_every=progress_every)
+        stats = _replay_on_executors(spark, config, state, progress=progress, progress_every=progress_every)
     else:
         if config.distributed.mode == "on":
             log.warning("replaying on the driver, not on executors: %s", why_not)
         loop = _loop(spark, config, state, progress=progress, dry_run=dry_run)
         total = log_messages(config.source_log) if progress is not None else None
-        summary = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every,
-                         total=total)
+        stats = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every,
+                       total=total)
+    summary = ReplaySummary.of(stats)
     summary.seconds = time.monotonic() - started
     summary.dry_run = dry_run is not None
     return summary
@@ -112,7 +113,7 @@ def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: 
 
 
 def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callable[[str], None] | None,
-           progress_every: float, total: int | None = None) -> ReplaySummary:
+           progress_every: float, total: int | None = None) -> ApplyStats:
     """The driver path: every message through the one apply loop, the catalog saved at the end.
     ``total``: the log's messages, for a done fraction and an ETA in the progress lines."""
     started = last_report = time.monotonic()
@@ -129,15 +130,11 @@ def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callabl
                      "transactions": loop.applier.stats.transactions, "lsn": format_lsn(raw.lsn)}))
         loop.flush()
     loop.save()
-    stats = loop.applier.stats
-    return ReplaySummary(
-        messages=loop.messages, transactions=stats.transactions, applied=stats.applied,
-        already_applied=stats.transactions - stats.applied, rows=dict(stats.rows), tables=set(stats.tables),
-        last_end_lsn=stats.last_end_lsn)
+    return ApplyStats.of(loop.applier.stats, messages=loop.messages)
 
 
 def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir, *,
-                         progress: Callable[[str], None] | None, progress_every: float) -> ReplaySummary:
+                         progress: Callable[[str], None] | None, progress_every: float) -> ApplyStats:
     if progress is not None:
         progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
     loop = _loop(spark, config, state, progress=progress)
@@ -146,7 +143,7 @@ def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir
                                  partition_messages=config.distributed.partition_messages,
                                  columns_changed=ids.columns_changed if ids is not None else None)
 
-    def drive(ranges: list[LogRange]) -> ReplaySummary:
+    def drive(ranges: list[LogRange]) -> ApplyStats:
         rest = _loop(spark, config, state, progress=progress, catalog=ranges[0].catalog)
         messages = (raw for r in ranges for raw in range_messages(r))
         return _drive(rest, messages, progress=progress, progress_every=progress_every)

@@ -1,7 +1,7 @@
 """What the stages after decoding read from a pgoutput message's bytes without decoding it: the type
 byte, a change's relation OID, a prepared transaction's xid, named here.
 
-Why: the survey of a log (applier.drivers.distributed) and the feeder's short way through plain
+Why: the survey of a log (applier.drivers.executors) and the feeder's short way through plain
 transactions (applier.assembly.feeder) look at millions of messages of which they need one field.
 Decoding each into a dataclass would cost most of their time, so they read the field in place; the
 offsets they read at are this package's knowledge (the layouts of ``wire.py``, PostgreSQL's

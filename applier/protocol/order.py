@@ -240,7 +240,7 @@ class OpenTransactions:
     block it is in, plus the prepared transactions still waiting for their Commit/Rollback Prepared.
 
     Why here: a place where :meth:`nothing_open` holds is where a log may be cut into independently
-    applicable ranges (applier.drivers.distributed's survey). Knowing what a Prepare, a Stream
+    applicable ranges (applier.drivers.executors.survey). Knowing what a Prepare, a Stream
     Prepare or a Commit Prepared opens or closes means reading their bytes, which is this package's
     business; the survey only asks."""
 

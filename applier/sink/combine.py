@@ -1,6 +1,6 @@
 """Combine the folds of consecutive ranges of one table's changes into the fold of the whole range.
 
-Why: a distributed replay (applier.drivers.distributed) folds each range of the log on an executor;
+Why: a distributed replay (applier.drivers.executors) folds each range of the log on an executor;
 the driver commits the combination. The combination must equal what :func:`fold_changes` gives for
 all the changes in one pass, value for value, and refuse what it refuses:
 

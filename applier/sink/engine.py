@@ -81,7 +81,10 @@ def _value_bytes(value: Any) -> int:
 
 
 @dataclass
-class ApplyStats:
+class CommitCounters:
+    """What a DeltaApplier has done so far, counted as it commits (a driver's result is
+    ``applier.loop.ApplyStats``, taken from these)."""
+
     transactions: int = 0
     applied: int = 0
     rows: Counter[str] = field(default_factory=Counter)
@@ -174,7 +177,7 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
 @dataclass
 class FoldedTable:
     """One table's fold of a range of transactions, made away from this applier (on an executor:
-    applier.drivers.distributed), with the spec and schema version it was folded for."""
+    applier.drivers.executors), with the spec and schema version it was folded for."""
 
     path: str
     spec: TableSpec
@@ -199,7 +202,7 @@ class DeltaApplier:
         self.targets = TableTargets(self.spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
         self.types = types
-        self.stats = ApplyStats()
+        self.stats = CommitCounters()
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
         self._commits: dict[str, int] = {}  # table path -> applier commits this run (for optimize)
         self._schema_seen: dict[str, SchemaVersion] = {}  # table path -> SchemaVersion the Delta table matches

@@ -1,4 +1,4 @@
-"""Replay on Spark's executors (applier.drivers.distributed): what the driver path cannot show.
+"""Replay on Spark's executors (applier.drivers.executors): what the driver path cannot show.
 
 The replay tests, the random workloads and the bad-input tests already run every replay both ways
 (the ``replay_path`` fixture). Here: a target that already holds part of the log (a crash between
@@ -17,7 +17,7 @@ from workloads import SCHEMA, TABLES, random_workload
 
 from applier.checks.verify import verify_against_postgres
 from applier.config import ReplayConfig
-from applier.drivers.distributed import survey_log
+from applier.drivers.executors.survey import survey_log
 from applier.drivers.replay import on_executors, replay_log
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options

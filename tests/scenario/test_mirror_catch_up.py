@@ -104,7 +104,7 @@ def test_a_column_with_a_default_added_inside_the_backlog_hands_over_to_the_driv
             if i == 80:
                 conn.execute("ALTER TABLE constant ADD COLUMN d int DEFAULT 42")
         lines: list[str] = []
-        caplog.set_level(logging.INFO, logger="applier.drivers.distributed")
+        caplog.set_level(logging.INFO, logger="applier.drivers.executors")
         summary = mirror(spark, config, once=True, progress=lines.append)
         assert _executor_lines(lines), lines
         assert "public.constant gained columns ['d']" in caplog.text  # the executors' part ended there

@@ -52,3 +52,31 @@ def test_imports_go_one_way(path: Path) -> None:
 def test_few_modules_sit_loose_at_the_top() -> None:
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert len(loose) <= 8, loose
+
+
+def test_drivers_leave_replay_alone_and_executors_stand_on_their_own() -> None:
+    """No driver imports ``replay`` (a command's driver: its ReplaySummary is built from the drivers'
+    ApplyStats), and ``drivers/executors`` imports no other driver (replay and backlog use it)."""
+    drivers = PACKAGE / "drivers"
+    for path in sorted(drivers.rglob("*.py")):
+        imports = _imports(path)
+        if path != drivers / "replay.py":
+            assert "applier.drivers.replay" not in imports, path
+        if "executors" in path.relative_to(drivers).parts:
+            outside = sorted(m for m in imports
+                             if m.startswith("applier.drivers.") and not m.startswith("applier.drivers.executors"))
+            assert not outside, (path, outside)
+
+
+def test_what_spark_ships_to_executors_imports_without_spark() -> None:
+    """Spark pickles the executors' task functions by reference: their module must import on an
+    executor's Python worker, and imports no Spark itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys, applier.drivers.executors.task as t; "
+            "assert t.fold_pickled.__module__ == t.collect.__module__ == 'applier.drivers.executors.task'; "
+            "assert 'pyspark' not in sys.modules, 'pyspark imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -70,3 +70,67 @@ def test_captured_streams_end_in_the_in_memory_store_as_the_reference_sink_says(
         assert sorted(held, key=repr) == sorted(reference.rows(table, columns), key=repr), table
         assert store.applied_version(path, f"applier:{table}") is not None, table
     assert loop.applier.stats.transactions > 0
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_captured_streams_folded_as_on_executors_and_committed_through_the_loop_end_as_the_reference_says(
+        tmp_path: Path, stream: str) -> None:
+    """The executors' path without Spark: the stream cut where nothing is open (the survey), each range
+    folded by the executors' task code, the folds combined into groups and committed through
+    ``ApplyLoop.commit_folded``, then ``folded_applied``: the tables end as the reference sink says for
+    the messages up to the last cut, the catalog as at that cut is saved, and the end of the last group
+    is confirmed once, after every commit."""
+    from applier.drivers.executors.ranges import FoldJob, LogRange
+    from applier.drivers.executors.scheduler import FoldGroup
+    from applier.drivers.executors.survey import Surveyor
+    from applier.drivers.executors.task import fold_range
+
+    messages = _messages(stream)
+    surveyor = Surveyor(None)
+    ranges: list[LogRange] = []
+    start, taken = surveyor.survey.catalog.to_json(), 0
+    for i, (lsn, _xid, data) in enumerate(messages):
+        surveyor.add(lsn, data)
+        if surveyor.may_cut_after(data):
+            part = messages[taken:i + 1]
+            ranges.append(surveyor.cut(len(ranges), (), start, len(part), part[0][0], lsn,
+                                       ([m[0] for m in part], [m[2] for m in part])))
+            start, taken = surveyor.survey.catalog.to_json(), i + 1
+    store = InMemoryStore()
+    state = StateDir(tmp_path / "state")
+    loop = ApplyLoop(SparkProvider(_no_spark), str(tmp_path / "target"), apply=ApplySettings(), tables=TablesSettings(),
+                     state=state, stores=StorePicker(None, only=store))
+    confirmed: list[int] = []
+    loop.confirm = confirmed.append
+    paths = {rel: loop.applier.path_for(*rel) for rel in sorted(surveyor.survey.relations)}
+    schemas: dict[tuple[int, int], Any] = {}
+
+    def commit(group: FoldGroup) -> None:
+        loop.commit_folded(list(group.tables.values()), group.end, group.transactions, group.messages, group.skipped)
+
+    group = FoldGroup()
+    for cut in ranges:
+        fold = fold_range(FoldJob(cut, loop.settings, TablesSettings(), paths, {}))
+        if fold.error is not None:
+            pytest.skip(f"a range the driver path would take: {fold.error.splitlines()[0]}")
+        for t in fold.folded:
+            t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
+        if not group.fits(fold):
+            commit(group)
+            group = FoldGroup()
+        group.add(fold, cut)
+        assert not confirmed, "confirmed before folded_applied"
+    commit(group)
+    end = loop.folded_applied(catalog=surveyor.survey.catalog)
+    assert end is not None and confirmed == [end] and loop.confirmed_lsn == end
+    assert end == loop.applier.stats.last_end_lsn == group.end
+    assert loop.transactions == loop.applier.stats.transactions > 0
+    assert state.load("catalog") == surveyor.survey.catalog.to_json()
+    reference = _reference(tmp_path, messages[:taken])
+    assert reference.columns, "the stream changed no table before its last cut"
+    for table in sorted(set(reference.columns)):
+        namespace, name = table.split(".", 1)
+        path = loop.applier.path_for(namespace, name)
+        columns = reference.columns[table]
+        held = store.rows(path, columns) if store.exists(path) else []
+        assert sorted(held, key=repr) == sorted(reference.rows(table, columns), key=repr), table

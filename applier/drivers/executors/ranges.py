@@ -1,0 +1,93 @@
+"""What a range of the log is, and what travels with it: the range itself (LogRange), an executor's
+job (FoldJob) and result (RangeFold), and a range's messages read back (from its log files, or carried
+inline for a live stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from applier.changes import SkippedTransaction
+from applier.config import ApplySettings, TablesSettings
+from applier.protocol.messages import LogicalMessage
+from applier.sink.engine import FoldedTable
+from applier.sources.rawlog import RawMessage, read_file_rows
+
+#: One piece of a range: rows ``start:stop`` of one log file.
+Segment = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRange:
+    """Consecutive messages of the log holding whole transactions, with the catalog at their start."""
+
+    index: int
+    segments: tuple[Segment, ...]
+    catalog: dict[str, Any]
+    messages: int
+    first_lsn: int
+    last_lsn: int
+    relations: frozenset[tuple[str, str]] = frozenset()  # (namespace, name) described up to its end
+    #: The messages themselves, (LSNs, datas), for a range read from a live stream (applier.drivers.backlog)
+    #: rather than from log files: they travel to the executor inside its task.
+    inline: tuple[list[int], list[bytes]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FoldJob:
+    """What an executor needs to fold one range: everything is in it (no session, no state dir)."""
+
+    range: LogRange
+    apply: ApplySettings
+    tables: TablesSettings
+    paths: dict[tuple[str, str], str]
+    done: dict[str, int]  # table path -> end LSN it has applied
+
+
+@dataclass
+class RangeFold:
+    """An executor's result for one range."""
+
+    index: int
+    folded: list[FoldedTable] = field(default_factory=list)
+    transactions: int = 0
+    last_end_lsn: int | None = None
+    messages: list[tuple[int, LogicalMessage]] = field(default_factory=list)
+    skipped: list[SkippedTransaction] = field(default_factory=list)
+    error: str | None = None  # the range failed: the driver path takes over from its start
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0  # of the task's process: below ``seconds`` when the task waited for a CPU
+
+
+def merged_segments(segments: list[Segment]) -> Iterator[Segment]:
+    """Adjacent pieces of one file as one."""
+    current: Segment | None = None
+    for file, start, stop in segments:
+        if current is not None and current[0] == file and current[2] == start:
+            current = (file, current[1], stop)
+            continue
+        if current is not None:
+            yield current
+        current = (file, start, stop)
+    if current is not None:
+        yield current
+
+
+def range_messages(log_range: LogRange) -> Iterator[RawMessage]:
+    if log_range.inline is not None:
+        for lsn, data in zip(*log_range.inline, strict=True):
+            yield RawMessage(lsn, None, data)  # type: ignore[arg-type]  # a live stream has no xid column
+        return
+    for file, start, stop in log_range.segments:
+        yield from read_file_rows(file, start, stop)
+
+
+def range_columns(log_range: LogRange) -> tuple[Sequence[int], Sequence[int | None] | None, Sequence[bytes]]:
+    """A range's messages as columns (lsns, xids or None for a live stream's, datas), in memory: a
+    range is at most ``partition_messages`` long, and the fold looks ahead to each Commit."""
+    if log_range.inline is not None:
+        return log_range.inline[0], None, log_range.inline[1]
+    rows = list(range_messages(log_range))
+    return [r.lsn for r in rows], [r.xid for r in rows], [r.data for r in rows]

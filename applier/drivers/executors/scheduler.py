@@ -1,0 +1,89 @@
+"""Step 2, from the driver: ranges handed to Spark one task each, results taken in log order;
+and the group of consecutive ranges' folds, combined, waiting for its commit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from applier.changes import SkippedTransaction
+from applier.drivers.executors.ranges import FoldJob, LogRange, RangeFold
+from applier.drivers.executors.task import collect, fold_pickled, unpickled_fold
+from applier.errors import SinkError
+from applier.protocol.messages import LogicalMessage
+from applier.sink.combine import combine_plans
+from applier.sink.engine import FoldedTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def fold_on_executors(spark: SparkSession, jobs: Iterable[FoldJob]) -> Iterator[RangeFold]:
+    """The folds of ``jobs`` in their order. Each range is a Spark job of one task; ``defaultParallelism
+    + 1`` of them are in flight at a time, so every core stays busy while the caller combines and
+    commits, and the driver holds at most that many results it has not used yet. ``jobs`` is read
+    as the ranges are needed (they may still be being cut)."""
+    sc = spark.sparkContext
+    depth = max(1, sc.defaultParallelism) + 1
+    upcoming = iter(jobs)
+    with ThreadPoolExecutor(depth, thread_name_prefix="applier-fold") as pool:
+        pending: deque[Future[list[bytes]]] = deque()
+
+        def submit() -> None:
+            job = next(upcoming, None)
+            if job is not None:
+                rdd = sc.parallelize([job], 1).map(fold_pickled)
+                pending.append(pool.submit(sc.runJob, rdd, collect, [0]))
+
+        for _ in range(depth):
+            submit()
+        while pending:
+            (payload,) = pending.popleft().result()
+            submit()
+            yield unpickled_fold(payload)
+
+
+class FoldGroup:
+    """Combined folds of consecutive ranges, per table, waiting for their commit."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, FoldedTable] = {}
+        self.transactions = 0
+        self.end: int | None = None
+        self.messages: list[tuple[int, LogicalMessage]] = []
+        self.skipped: list[SkippedTransaction] = []
+        self.ranges: list[LogRange] = []
+
+    def fits(self, fold: RangeFold) -> bool:
+        """Whether ``fold`` can join: the same table layouts (a schema change commits in between)."""
+        for t in fold.folded:
+            mine = self.tables.get(t.path)
+            if mine is not None and (mine.spec != t.spec or mine.schema.version != t.schema.version):
+                return False
+        return True
+
+    def add(self, fold: RangeFold, cut: LogRange) -> None:
+        self.ranges.append(cut)
+        for t in fold.folded:
+            mine = self.tables.get(t.path)
+            if mine is None:
+                self.tables[t.path] = t
+            else:
+                try:
+                    combine_plans(mine.plan, t.plan)
+                except SinkError as e:
+                    e.add_context(table=t.spec.source_name)
+                    raise
+        self.transactions += fold.transactions
+        self.end = fold.last_end_lsn if fold.last_end_lsn is not None else self.end
+        self.messages += fold.messages
+        self.skipped += fold.skipped
+
+    def size(self) -> int:
+        return sum(len(t.plan.keyed) + len(t.plan.counts) for t in self.tables.values())
+
+    def __bool__(self) -> bool:
+        return self.end is not None or bool(self.skipped) or bool(self.messages)
