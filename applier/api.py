@@ -97,7 +97,7 @@ class VerifyPlan:
     """What ``verify`` compares, settled (and the DSN checked) before Spark is needed."""
 
     dsn: str = field(repr=False)
-    target: Path
+    target: str  # a local directory or an object-store URI (never a Path: it would fold s3:// to s3:/)
     settings: TablesSettings | None = None
     publication: str | None = None
     only: tuple[str, ...] = ()
@@ -114,7 +114,7 @@ def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = N
     if config is not None:
         cfg = as_config(config, MirrorConfig)
         dsn = cfg.source.resolved_dsn() if dsn is None else dsn
-        plan = VerifyPlan(dsn, Path(target or cfg.target.path), cfg.tables, cfg.source.publication, tuple(tables),
+        plan = VerifyPlan(dsn, str(target or cfg.target.path), cfg.tables, cfg.source.publication, tuple(tables),
                           special_values or cfg.apply.special_values)
     else:
         if dsn is None:
@@ -124,7 +124,7 @@ def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = N
                               "give --config")
         if not target:
             raise ConfigError("no target: pass --target or --config")
-        plan = VerifyPlan(dsn, Path(target), only=tuple(tables), policy=special_values or "error")
+        plan = VerifyPlan(dsn, str(target), only=tuple(tables), policy=special_values or "error")
     check_connection(plan.dsn)
     return plan
 

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its DSN, target and table selection")
     p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
-    p.add_argument("--target", help="directory of the mirrored Delta tables")
+    p.add_argument("--target", help="directory (or s3://, gs://, abfss:// URI) of the mirrored Delta tables")
     p.add_argument("--table", action="append", help="only this schema.table (repeatable)")
     p.add_argument("--special-values", choices=["error", "clamp", "null"],
                    help="the special-value policy the mirror was written with (default: the config's "
@@ -33,12 +33,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from applier.api import plan_verify, verify_plan
-    from applier.spark.session import build_spark_session
+    from applier.spark.session import SparkSettings, build_spark_session
 
     # DSN parsed and connected before Spark starts: unreachable or unparsable -> exit 3 or 2, one line.
     plan = plan_verify(args.config, dsn=args.dsn, target=args.target, tables=args.table or (),
                        special_values=args.special_values)
-    results = verify_plan(build_spark_session(), plan)
+    results = verify_plan(build_spark_session(SparkSettings(locations=(plan.target,))), plan)
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"

@@ -149,6 +149,16 @@ def test_mirror_copies_and_follows_into_s3_equal_to_postgres(s3, pg, tmp_path, n
             "public.notes": sorted(map(str, [{"id": i, "body": b} for i, b in
                                              conn.execute("SELECT id, body FROM notes")]))}
     assert {k: rows for k, (_, rows) in _contents(target).items()} == expected
+    # `applier verify` on the store: Spark reads the tables through S3A (a fresh process: its JVM gets the
+    # connector); one row changed behind the mirror's back is found
+    with pg.connect() as conn:
+        conn.execute("ALTER PUBLICATION s3_pub DROP TABLE notes")
+        conn.execute("UPDATE notes SET body = 'not mirrored' WHERE id = 1000")
+    verify = subprocess.run([sys.executable, "-m", "applier.cli", "verify", "--dsn", pg.dsn, "--target", target],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, **s3.env})
+    assert verify.returncode == ExitCode.DIFFERENCES, verify.stderr[-3000:]
+    assert "public.accounts: postgres 455 rows, delta 455 rows: equal" in verify.stdout, verify.stdout
+    assert "public.notes: postgres 202 rows, delta 202 rows: DIFFERENT" in verify.stdout, verify.stdout
 
 
 def test_spark_writes_s3_too_every_table_through_spark_equal_to_the_local_replay(s3, spark, tmp_path):
