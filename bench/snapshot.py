@@ -70,13 +70,13 @@ def drop_slot(conn: object, slot: str) -> None:
     raise SystemExit(f"bench/snapshot: slot {slot} stayed active")
 
 
-def applier_copy(work: Path, dsn: str, parallelism: int) -> dict[str, object]:
+def applier_copy(work: Path, root: str, dsn: str, parallelism: int) -> dict[str, object]:
     import yaml
 
     config = work / f"mirror-{parallelism}.yaml"
     config.write_text(yaml.safe_dump({
         "source": {"slot": f"bench_{parallelism}", "publication": "bench_pub"},
-        "target": {"path": str(work / f"delta-{parallelism}")},
+        "target": {"path": f"{root}/delta-{parallelism}"},
         "snapshot": {"parallelism": parallelism},
     }))
     import resource
@@ -127,6 +127,9 @@ def main() -> None:
                    help="snapshot.parallelism values to run applier with (comma list)")
     p.add_argument("--typed", action="store_true",
                    help="one table of the common types (timestamptz, date, numeric, float8, uuid, jsonb, ...)")
+    p.add_argument("--store", choices=["local", "s3"], default="local",
+                   help="where applier's copies go: a local directory, or a bucket on a local S3-protocol server "
+                   "(moto's, started here on loopback)")
     args = p.parse_args()
 
     import psycopg
@@ -138,6 +141,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
+        root = str(work)
+        if args.store == "s3":
+            from applier.devtools.s3server import start_s3_server
+
+            server = start_s3_server(work)
+            os.environ.update(server.env)
+            os.environ["XDG_STATE_HOME"] = str(work / "state")
+            root = f"s3://{server.new_bucket()}"
         tables = TYPED_TABLES if args.typed else TABLES
         main_table = tables[0]
         started = time.monotonic()
@@ -192,7 +203,7 @@ def main() -> None:
 
         runs: dict[int, dict[str, object]] = {}
         for level in levels:
-            runs[level] = applier_copy(work, cluster.dsn(), level)
+            runs[level] = applier_copy(work, root, cluster.dsn(), level)
             drop_slot(conn, f"bench_{level}")
             log(f"applier (parallelism {level}): {float(runs[level]['seconds']):.1f} s "  # type: ignore[arg-type]
                 f"({json.dumps(runs[level])})")
@@ -204,9 +215,9 @@ def main() -> None:
 
         # verify reads each table through Spark's toLocalIterator, one partition at a time: 10M rows
         # that delta-rs wrote in few files make partitions a 2g driver cannot hold (OOM at --scale 100)
-        spark = build_spark_session(SparkSettings(driver_memory="8g"))
+        spark = build_spark_session(SparkSettings(driver_memory="8g", locations=(root,)))
         for level in levels:
-            results = verify_against_postgres(spark, conn, str(work / f"delta-{level}"),
+            results = verify_against_postgres(spark, conn, f"{root}/delta-{level}",
                                               [("public", t) for t in tables])
             bad = [r.source_name for r in results if not r.equal]
             if bad:
@@ -219,7 +230,7 @@ def main() -> None:
     best = min(levels, key=lambda lv: float(runs[lv]["seconds"]))  # type: ignore[arg-type]
     best_seconds = float(runs[best]["seconds"])  # type: ignore[arg-type]
     print(json.dumps({
-        "scale": args.scale, "typed": args.typed, "rows": rows, "cores": os.cpu_count(),
+        "scale": args.scale, "typed": args.typed, "store": args.store, "rows": rows, "cores": os.cpu_count(),
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "deltars_seconds": round(deltars_seconds, 1),
         "applier": {str(lv): {
