@@ -39,8 +39,9 @@ def cluster(tmp_path: Path) -> Iterator[StandaloneCluster]:
 
 
 def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = None,
-           extra_env: dict[str, str] | None = None) -> str:
-    jars = delta_jars(default_cache_dir(), fetch=False)
+           extra_env: dict[str, str] | None = None, extra_jars: list[Path] | None = None,
+           conf: dict[str, str] | None = None) -> str:
+    jars = [*delta_jars(default_cache_dir(), fetch=False), *(extra_jars or [])]
     env = dict(cluster.env, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                APPLIER_DELTA_JARS="provided")  # the jars come with --jars, as on a cluster that ships them
     if dsn is not None:
@@ -49,7 +50,8 @@ def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = N
     out = subprocess.run(
         [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
          "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
-         "--conf", "spark.cores.max=2", str(REPO / "jobs" / job), *args],
+         "--conf", "spark.cores.max=2", *[f"--conf={k}={v}" for k, v in (conf or {}).items()],
+         str(REPO / "jobs" / job), *args],
         env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     return out.stdout
@@ -102,3 +104,41 @@ def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_p
     assert all(app["name"] == "applier" and app["state"] in ("FINISHED", "RUNNING") for app in apps), apps
     for app in apps:  # and the worker launched executors for each (their work directories)
         assert list((cluster.workdir / "work" / app["id"]).glob("*/stderr")), app["id"]
+
+
+def test_replay_on_the_cluster_into_a_target_on_the_s3_server(pg, spark, cluster, s3_server, tmp_path, monkeypatch):
+    """Driver and executors meet on shared storage: the cluster's executors decode, fold and MERGE
+    (merge_engine 'spark') into tables on the S3 server (Hadoop's S3A connector shipped with --jars, the
+    endpoint from the driver's AWS variables, the credentials given to the executors' environment). The
+    tables equal the same log replayed locally."""
+    from deltalake import DeltaTable
+
+    from applier.config import ReplayConfig, TargetSettings
+    from applier.drivers.replay import replay_log
+    from applier.sink.naming import mirrored_table_dirs
+    from applier.spark.jars import connector_jars
+
+    with pg.connect() as conn:
+        create_schema(conn, "pub")
+        create_slot(conn, "s")
+        run_workload(conn, transactions=20, seed=5)
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+    local = tmp_path / "local"
+    replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(local))))
+    target = f"s3://{s3_server.new_bucket()}/replayed"
+    out = submit(cluster, "replay.py", "--source", str(raw), "--target", target, "--distributed", "on",
+                 extra_env={**s3_server.env, "XDG_STATE_HOME": str(tmp_path / "state"),
+                            "APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40", "APPLIER_APPLY__MERGE_ENGINE": "spark"},
+                 extra_jars=connector_jars(default_cache_dir(), {"s3"}, fetch=False),
+                 conf={f"spark.executorEnv.{k}": v for k, v in s3_server.env.items()})
+    assert "folded on executors:" in out, out
+
+    def contents(root: str) -> dict[str, list[str]]:
+        return {f"{t.parent.name}.{t.name}": sorted(map(str, DeltaTable(str(t)).to_pyarrow_table().to_pylist()))
+                for t in mirrored_table_dirs(root)}
+
+    for key, value in s3_server.env.items():  # the test process reads the tables with delta-rs, as a user would
+        monkeypatch.setenv(key, value)
+    on_s3 = contents(target)
+    assert on_s3 == contents(str(local)) and set(on_s3) == {f"{ns}.{t}" for ns, t in SHOP}
