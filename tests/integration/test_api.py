@@ -57,7 +57,7 @@ def test_replay_through_the_api_equals_the_cli(spark, tmp_path, monkeypatch):
     write_raw_log(log, rows)
     summary = applier.replay(spark, {"source_log": str(log), "target": {"path": str(tmp_path / "api")}})
     assert summary.transactions > 0
-    monkeypatch.setattr("applier.spark.session.build_spark_session_for", lambda _cfg: spark)
+    monkeypatch.setattr("applier.spark.session.build_spark_session_for", lambda _cfg, _locations=(): spark)
     assert main(["replay", "--source", str(log), "--target", str(tmp_path / "cli")]) == 0
     tables = sorted(p.relative_to(tmp_path / "api") for p in (tmp_path / "api").glob("*/*")
                     if (p / "_delta_log").exists())

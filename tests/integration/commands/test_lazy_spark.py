@@ -93,7 +93,8 @@ def test_a_key_less_table_starts_spark_once_and_says_why(
         caplog: pytest.LogCaptureFixture) -> None:
     started: list[object] = []
 
-    def build(config: object) -> Any:  # the run's session is the test run's one (getOrCreate would return it)
+    def build(config: object, locations: tuple[str, ...] = ()) -> Any:  # the test run's session (getOrCreate
+        # would return it)
         started.append(config)
         return spark
 
