@@ -21,6 +21,7 @@ The applier's process reports its peak RSS and the JVM's peak heap. The last lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -115,7 +116,8 @@ def main() -> None:
     from applier.checks.verify import verify_against_postgres
     from applier.devtools.pgcluster import start_cluster
 
-    with tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, start_cluster() as cluster, \
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, \
+            start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
         target = str(work / "delta")
@@ -125,6 +127,7 @@ def main() -> None:
             from applier.devtools.s3server import start_s3_server
 
             server = start_s3_server(work)
+            stack.callback(server.stop)
             os.environ.update(server.env)
             os.environ["XDG_STATE_HOME"] = str(work / "state")
             target = f"s3://{server.new_bucket()}/delta"

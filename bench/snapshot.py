@@ -31,6 +31,7 @@ each time and the ratios (PostgreSQL's seconds / applier's: >= 1.0 means applier
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -138,7 +139,8 @@ def main() -> None:
     from applier.devtools.pgcluster import start_cluster
 
     levels = sorted({int(x) for x in args.parallelism.split(",") if x})
-    with tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, start_cluster() as cluster, \
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, \
+            start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
         root = str(work)
@@ -146,6 +148,7 @@ def main() -> None:
             from applier.devtools.s3server import start_s3_server
 
             server = start_s3_server(work)
+            stack.callback(server.stop)
             os.environ.update(server.env)
             os.environ["XDG_STATE_HOME"] = str(work / "state")
             root = f"s3://{server.new_bucket()}"
