@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from applier.errors import DataError
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.state import StateDir
+from applier.storage.location import is_object_store, join
+from applier.storage.paths import location
 
 if TYPE_CHECKING:
     from applier.sink.targets import TableTargets
@@ -209,7 +211,7 @@ class TableIdentities:
             self._put(Bound(oid, qualified, desired, {}))
             self._save()
             return desired
-        if Path(entry.path, "_delta_log").is_dir() and entry.path != desired:
+        if (location(entry.path) / "_delta_log").is_dir() and entry.path != desired:
             self._check_free(desired, entry.name, qualified)
             self._rename_rules_check(entry.name, qualified)
             self._move(oid, entry.path, desired, entry.name, qualified)
@@ -223,7 +225,7 @@ class TableIdentities:
         # (a holder whose Delta table does not exist yet is no exception: its changes may be waiting in
         # the same group, and must not end in the new relation's table)
         if holder.oid in self._in_progress:  # names swapped (t1 <-> t2): park one while the other moves
-            parking = str(Path(self.targets.target_dir) / RETIRED_DIR / ".parking" / str(holder.oid))
+            parking = join(self.targets.target_dir, RETIRED_DIR, ".parking", str(holder.oid))
             self._move(holder.oid, holder.path, parking, holder.name, holder.name)
             return
         if self.lookup is None:
@@ -250,11 +252,11 @@ class TableIdentities:
 
     def retired_path(self, holder: Bound) -> str:
         schema, _, table = holder.name.partition(".")
-        return str(Path(self.targets.target_dir) / RETIRED_DIR / _path_component(schema)
-                   / _path_component(f"{table}@{holder.oid}"))
+        return join(self.targets.target_dir, RETIRED_DIR, _path_component(schema),
+                    _path_component(f"{table}@{holder.oid}"))
 
     def _check_free(self, desired: str, old_name: str, new_name: str) -> None:
-        if Path(desired, "_delta_log").is_dir():
+        if (location(desired) / "_delta_log").is_dir():
             raise IdentityError(
                 f"{old_name} was renamed to {new_name}, but a Delta table that is not this mirror's is already "
                 f"at {desired}; move it away (or name another target for the table in tables.rules) and run again",
@@ -270,6 +272,17 @@ class TableIdentities:
                     "changes), then run again", relation=new_name)
 
     def _move(self, oid: int, src: str, dst: str, old_name: str, new_name: str | None) -> None:
+        if is_object_store(src) or is_object_store(dst):
+            # a store has no directory rename: moving means copying every object, not done yet (issue 33)
+            keep = f"tables.rules: - match: \"{new_name}\", target: \"{src}\"" if new_name else \
+                f"move or delete {src} and its entries in the state directory ({self.state.root})"
+            raise IdentityError(
+                f"{old_name} must move from {src} to {dst}, and applier does not move tables on object "
+                f"storage yet. Nothing was written for it. To go on, keep the table where it is with a rule "
+                f"({keep}) and run again" if new_name else
+                f"{old_name} must be retired from {src} to {dst}, and applier does not move tables on object "
+                f"storage yet. Nothing was written for it. To go on: {keep}, then run again",
+                relation=old_name, path=src)
         if self.mover is None:
             raise IdentityError(f"{old_name} must move from {src} to {dst}, and this run cannot move tables",
                                 relation=old_name)

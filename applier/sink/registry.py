@@ -53,7 +53,7 @@ class TargetRegistry:
 
     def __init__(self, state: StateDir, target_dir: str | Path) -> None:
         self.state = state
-        self.target_dir = Path(target_dir)
+        self.target_dir = str(target_dir)  # a local directory or an object-store URI (a Path folds s3://)
         self.entries: dict[str, dict[str, str | None]] = state.load(_FILE) or {}
 
     def check(self, command: str) -> None:

@@ -257,3 +257,49 @@ def test_capture_into_s3_then_replay_the_log_from_s3_into_s3_equal_to_postgres(s
     assert ObjectStore(log).get("_applier_writer.lock.json") is None  # the lease was given back
     assert main(["replay", "--source", log, "--target", target]) == ExitCode.OK
     assert _contents(target)["public.orders"][1] == expected
+
+
+def test_a_table_renamed_in_postgres_stops_the_mirror_on_s3_with_a_way_forward(s3, pg, tmp_path, no_spark, capsys):
+    """A store has no directory rename: the mirror stops before writing the renamed table's changes
+    anywhere (never into a new, empty table beside the old one), and the rule it names lets it go on."""
+    import yaml
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION ren_pub FOR ALL TABLES")
+    target = f"s3://{s3.new_bucket()}/mirror"
+    config = tmp_path / "mirror.yaml"
+    settings = {"source": {"dsn": pg.dsn, "slot": "ren_slot", "publication": "ren_pub"}, "target": {"path": target}}
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    with pg.connect() as conn:
+        conn.execute("ALTER TABLE t RENAME TO t_new")
+        conn.execute("UPDATE t_new SET v = 'after' WHERE id <= 10")
+    capsys.readouterr()
+    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.BAD_DATA
+    err = capsys.readouterr().err
+    assert "does not move tables on object storage" in err and "public.t_new" in err, err
+    assert set(_contents(target)) == {"public.t"}  # nothing written anywhere else
+    settings["tables"] = {"rules": [{"match": "public.t_new", "target": f"{target}/public/t"}]}
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    with pg.connect() as conn:
+        expected = sorted(str({"id": i, "v": v}) for i, v in conn.execute("SELECT id, v FROM t_new"))
+    assert _contents(target)["public.t"][1] == expected
+
+
+def test_a_table_deleted_from_the_store_is_found_before_anything_is_written(s3, tmp_path, no_spark, capsys):
+    """The target registry (in the local state directory) remembers the tables on the store: one deleted
+    since is refused with the way to rebuild it, not silently re-created from later changes alone."""
+    raw = _raw_log(tmp_path)
+    target = f"s3://{s3.new_bucket()}/mirror"
+    config = str(_config(tmp_path, raw, target))
+    assert main(["replay", "--config", config]) == ExitCode.OK
+    store = ObjectStore(target)
+    for key in store.keys("public/items"):
+        store.delete(key)
+    capsys.readouterr()
+    assert main(["replay", "--config", config]) != ExitCode.OK
+    err = capsys.readouterr().err
+    assert "table public.items was written by an earlier run but its directory is gone" in err, err
