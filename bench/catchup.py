@@ -122,15 +122,9 @@ def main() -> None:
         work = Path(tmp)
         target = str(work / "delta")
         if args.store == "s3":
-            import os
+            from applier.devtools.s3server import serve_this_process
 
-            from applier.devtools.s3server import start_s3_server
-
-            server = start_s3_server(work)
-            stack.callback(server.stop)
-            os.environ.update(server.env)
-            os.environ["XDG_STATE_HOME"] = str(work / "state")
-            target = f"s3://{server.new_bucket()}/delta"
+            target = f"{serve_this_process(stack, work)}/delta"
         conn.execute(SCHEMA)
         conn.execute("CREATE DATABASE replica")
         with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:

@@ -145,13 +145,9 @@ def main() -> None:
         work = Path(tmp)
         root = str(work)
         if args.store == "s3":
-            from applier.devtools.s3server import start_s3_server
+            from applier.devtools.s3server import serve_this_process
 
-            server = start_s3_server(work)
-            stack.callback(server.stop)
-            os.environ.update(server.env)
-            os.environ["XDG_STATE_HOME"] = str(work / "state")
-            root = f"s3://{server.new_bucket()}"
+            root = serve_this_process(stack, work)
         tables = TYPED_TABLES if args.typed else TABLES
         main_table = tables[0]
         started = time.monotonic()

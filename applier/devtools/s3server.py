@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,16 @@ class S3Server:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+def serve_this_process(stack: ExitStack, work: Path) -> str:
+    """(Benchmarks) start a server stopped with ``stack``, point this process and its children at it
+    (the AWS variables; the local state of store targets under ``work``), and return a new bucket's URI."""
+    server = start_s3_server(work)
+    stack.callback(server.stop)
+    os.environ.update(server.env)
+    os.environ["XDG_STATE_HOME"] = str(work / "state")
+    return f"s3://{server.new_bucket()}"
 
 
 def start_s3_server(log_dir: Path) -> S3Server:

@@ -68,13 +68,19 @@ def registered_apps(cluster: StandaloneCluster) -> list[dict]:
     return state.get("completedapps", []) + state.get("activeapps", [])
 
 
+def captured_workload(conn, tmp_path: Path, seed: int) -> Path:
+    """The sample schema, a slot, a seeded workload, and the slot's messages stored as a raw log."""
+    create_schema(conn, "pub")
+    create_slot(conn, "s")
+    run_workload(conn, transactions=20, seed=seed)
+    raw = tmp_path / "raw.parquet"
+    write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+    return raw
+
+
 def test_replay_and_mirror_run_on_a_standalone_cluster(pg, spark, cluster, tmp_path):
     with pg.connect() as conn:
-        create_schema(conn, "pub")
-        create_slot(conn, "s")
-        run_workload(conn, transactions=20, seed=9)
-        raw = tmp_path / "raw.parquet"
-        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+        raw = captured_workload(conn, tmp_path, seed=9)
 
         submit(cluster, "replay.py", "--source", str(raw), "--target", str(tmp_path / "replayed"))
         # decoding and folding on the cluster's executors, in ranges of ~40 messages
@@ -119,11 +125,7 @@ def test_replay_on_the_cluster_into_a_target_on_the_s3_server(pg, spark, cluster
     from applier.spark.jars import connector_jars
 
     with pg.connect() as conn:
-        create_schema(conn, "pub")
-        create_slot(conn, "s")
-        run_workload(conn, transactions=20, seed=5)
-        raw = tmp_path / "raw.parquet"
-        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("pub"))))
+        raw = captured_workload(conn, tmp_path, seed=5)
     local = tmp_path / "local"
     replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(local))))
     target = f"s3://{s3_server.new_bucket()}/replayed"
