@@ -61,7 +61,8 @@ def store_lease(store: ObjectStore, what: str, *, lease_seconds: float = 60.0, k
                 "expires": clock() + lease_seconds}
 
     mine = body()
-    if not store.put_if_absent(key, json.dumps(mine).encode()):
+    etag = store.put_if_absent(key, json.dumps(mine).encode())
+    if etag is None:
         found = store.get(key)
         held: dict[str, object] = {}
         if found is not None:
@@ -71,43 +72,47 @@ def store_lease(store: ObjectStore, what: str, *, lease_seconds: float = 60.0, k
                 held = {}
         alive = _alive_here(held)
         expired = float(str(held.get("expires", 0))) < clock()
-        taken = False
         if found is None:
-            taken = store.put_if_absent(key, json.dumps(mine).encode())
+            etag = store.put_if_absent(key, json.dumps(mine).encode())
         elif alive is False or (alive is None and expired):
-            taken = store.put_if_unchanged(key, json.dumps(mine).encode(), found.etag or "")
-            if taken:
+            etag = store.put_if_unchanged(key, json.dumps(mine).encode(), found.etag or "")
+            if etag is not None:
                 why = "its process is gone" if alive is False else "its lease expired"
                 log.warning("took over the writer lock of %s from %s pid %s (%s)", store.uri, held.get("host"),
                             held.get("pid"), why)
-        if not taken:
+        if etag is None:
             until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(str(held.get("expires", 0)))))
             raise TargetLockedError(
                 f"another applier run is writing to this {what}; wait for it to finish or stop it (a run that "
                 f"died leaves the lock until its lease ends at {until}, or at once for a run on this host)",
                 lock=f"{store.uri}/{key}", holder=f"{held.get('host')} pid {held.get('pid')} since "
                 f"{held.get('since')}")
-    current = store.get(key)
-    etag = current.etag if current is not None else None
     stop = threading.Event()
 
     def lost(reason: str) -> None:
         log.error("lost the writer lock of %s: %s; stopping before the next commit", store.uri, reason)
         (on_lost or (lambda _r: _thread.interrupt_main()))(reason)
 
+    def current_etag(tag: str) -> str | None:
+        """The ETag a put returned, or (a store that returns none) the object's own."""
+        if tag:
+            return tag
+        now = store.get(key)
+        return now.etag if now is not None else None
+
     def renew() -> None:
-        nonlocal etag
+        held_etag = current_etag(etag)
         while not stop.wait(lease_seconds / 3):
             try:
-                ok = etag is not None and store.put_if_unchanged(key, json.dumps(body()).encode(), etag)
-                fresh = store.get(key) if ok else None
+                renewed = None if held_etag is None else \
+                    store.put_if_unchanged(key, json.dumps(body()).encode(), held_etag)
+                held_etag = None if renewed is None else current_etag(renewed)
             except Exception as e:  # noqa: BLE001 - any failure to renew ends the run's right to write
                 lost(str(e))
                 return
-            if not ok or fresh is None:
+            if held_etag is None:
                 lost("another run took it over, or it was deleted")
                 return
-            etag = fresh.etag
 
     renewer = threading.Thread(target=renew, name="applier-lease", daemon=True)
     renewer.start()

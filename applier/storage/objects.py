@@ -8,14 +8,12 @@ whole-object put, which an object store makes atomic by itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
 from applier.errors import ConfigError
 from applier.storage.location import bucket_and_prefix, scheme_of
-from applier.storage.options import obstore_arguments
 
 __all__ = ["ObjectStore", "StoredObject", "StorageAccessError"]
 
@@ -40,16 +38,13 @@ class StoredObject:
 class ObjectStore:
     """Keys under one URI prefix (``s3://bucket/prefix``) of one store, with conditional writes."""
 
-    def __init__(self, uri: str, options: Mapping[str, str] | None = None) -> None:
+    def __init__(self, uri: str) -> None:
         from obstore.store import from_url
 
         self.uri = uri.rstrip("/")
-        scheme = scheme_of(uri) or ""
-        config, client = obstore_arguments(scheme, options or {})
-        url = "s3://" + self.uri.split("://", 1)[1] if scheme == "s3a" else self.uri
-        try:
-            self._store: Any = from_url(url, config=cast(Any, config or None), client_options=cast(Any, client or None),
-                                        retry_config=cast(Any, _RETRIES))
+        url = "s3://" + self.uri.split("://", 1)[1] if scheme_of(uri) == "s3a" else self.uri
+        try:  # credentials, endpoint and region from the cloud's standard environment, as delta-rs reads them
+            self._store: Any = from_url(url, retry_config=cast(Any, _RETRIES))
         except Exception as e:  # noqa: BLE001 - obstore raises its own (and Rust panics) for a bad URL or option
             raise _access_error("opening", uri.rstrip("/"), e) from None
 
@@ -77,32 +72,32 @@ class ObjectStore:
         except Exception as e:  # noqa: BLE001
             raise self._failed("writing", key, e) from None
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Write ``key`` unless it exists; False when it did (someone else's write won)."""
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Write ``key`` unless it exists: the new object's ETag ('' when the store gives none), or None
+        when it existed (someone else's write won)."""
         import obstore
 
         try:
-            obstore.put(self._store, key, data, mode="create")
-            return True
+            return str(obstore.put(self._store, key, data, mode="create").get("e_tag") or "")
         except FileExistsError:
-            return False
+            return None
         except Exception as e:  # noqa: BLE001
             if type(e).__name__ in ("AlreadyExistsError", "PreconditionError"):
-                return False
+                return None
             raise self._failed("writing (if absent)", key, e) from None
 
-    def put_if_unchanged(self, key: str, data: bytes, etag: str) -> bool:
-        """Replace ``key`` only if it still has ``etag``; False when it changed or went away."""
+    def put_if_unchanged(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace ``key`` only if it still has ``etag``: the new ETag ('' when the store gives none), or
+        None when it changed or went away."""
         import obstore
 
         try:
-            obstore.put(self._store, key, data, mode={"e_tag": etag})
-            return True
+            return str(obstore.put(self._store, key, data, mode={"e_tag": etag}).get("e_tag") or "")
         except (FileNotFoundError, FileExistsError):
-            return False
+            return None
         except Exception as e:  # noqa: BLE001
             if type(e).__name__ in ("PreconditionError", "NotFoundError", "AlreadyExistsError"):
-                return False
+                return None
             raise self._failed("writing (if unchanged)", key, e) from None
 
     def delete(self, key: str) -> None:

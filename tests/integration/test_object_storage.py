@@ -303,3 +303,29 @@ def test_a_table_deleted_from_the_store_is_found_before_anything_is_written(s3, 
     assert main(["replay", "--config", config]) != ExitCode.OK
     err = capsys.readouterr().err
     assert "table public.items was written by an earlier run but its directory is gone" in err, err
+
+
+def test_the_lease_is_renewed_while_held_and_a_holder_whose_lock_was_taken_over_stops(s3):
+    """Renewal moves the expiry forward with put-if-unchanged on the holder's own ETag; once another run
+    has replaced the object, the next renewal fails and the holder is told (the CLI interrupts itself)."""
+    import time
+
+    store = ObjectStore(f"s3://{s3.new_bucket()}/mirror")
+
+    def lock() -> dict:
+        held = store.get(LOCK_KEY)
+        assert held is not None
+        return json.loads(held.data)
+
+    lost: list[str] = []
+    with store_lease(store, "target", lease_seconds=0.6, on_lost=lost.append) as mine:
+        time.sleep(0.9)
+        renewed = lock()
+        assert renewed["token"] == mine["token"] and renewed["expires"] > mine["expires"]
+        assert lost == []
+        store.put(LOCK_KEY, json.dumps({"host": "elsewhere", "pid": 1, "token": "theirs", "expires": 4e9}).encode())
+        deadline = time.monotonic() + 5
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lost == ["another run took it over, or it was deleted"]
+    assert lock()["token"] == "theirs"  # not released: it is not ours any more
