@@ -40,8 +40,7 @@ from applier.lsn import parse_lsn
 from applier.storage.paths import StorePath, location
 
 __all__ = ["LogFile", "RawMessage", "read_raw_log", "raw_log_files", "log_batches", "log_message_count",
-           "read_file_rows",
-           "file_order_is_log_order"]
+           "read_file_rows", "file_order_is_log_order"]
 
 _COLUMNS = ("lsn", "xid", "data")
 _EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
@@ -75,11 +74,15 @@ def raw_log_files(path: str | Path) -> list[LogFile]:
         raise SourceError("raw log not found", path=str(root))
     if (root / "_delta_log").is_dir():
         return _delta_files(root)
-    parts: list[LogFile] = sorted(p for p in root.iterdir()
-                                  if p.is_file() and p.suffix == ".parquet" and not p.name.startswith((".", "_")))
+    parts: list[LogFile] = sorted(p for p in root.iterdir() if p.is_file() and _is_part(p))
     if not parts:
         raise RawLogFormatError("no .parquet files in the raw log directory", path=str(root))
     return parts
+
+
+def _is_part(file: LogFile) -> bool:
+    """A Parquet part of a raw log directory (hidden and ``_``-prefixed files are not)."""
+    return file.suffix == ".parquet" and not file.name.startswith((".", "_"))
 
 
 def _store_files(root: StorePath) -> list[LogFile]:
@@ -89,8 +92,7 @@ def _store_files(root: StorePath) -> list[LogFile]:
         return [root]
     if (root / "_delta_log").is_dir():
         return _delta_files(root)
-    parts: list[LogFile] = sorted(p for p in root.files() if p.suffix == ".parquet"
-                                  and not p.name.startswith((".", "_")))
+    parts: list[LogFile] = sorted(p for p in root.files() if _is_part(p))
     if not parts:
         raise RawLogFormatError("no raw log (Parquet objects or a Delta table) at this location", path=str(root))
     return parts
