@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from applier.storage.location import join
+from applier.storage.location import is_object_store, join
 from applier.storage.paths import TablePath, location
 
 #: Characters Delta refuses in column names unless column mapping is on (plus names Spark mangles).
@@ -62,8 +62,23 @@ def decode_path_component(component: str) -> str:
 
 def table_location(target_dir: str | Path, namespace: str, table: str) -> str:
     """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends ''),
-    except the escapes of :func:`_path_component`; a URI target (``s3://...``) joined as a URI."""
-    return join(target_dir, _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS), _path_component(table))
+    except the escapes of :func:`_path_component`; a URI target (``s3://...``) joined as a URI.
+
+    On an object store a name that needs an escape (``%``, ``/``, ``.``/``..``, a reserved name) is
+    refused: delta-rs reads ``%XX`` in a URI as the character it encodes and Hadoop's S3A does not,
+    so the two engines would write the same table at two different keys."""
+    schema_dir = _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS)
+    table_dir = _path_component(table)
+    if "%" in schema_dir + table_dir and is_object_store(target_dir):
+        from applier.errors import ConfigError
+
+        raise ConfigError(
+            f"{namespace}.{table}: its name needs an escape in a path (a '%', '/', '.' or '..', or a reserved "
+            f"name such as _delta_log), which object-store paths do not carry the same way in delta-rs and "
+            "Spark; nothing was written for it. Give the table a plain path of its own (tables.rules: "
+            f"- match: \"{namespace}.{table}\", target: \"{join(target_dir, 'some_plain_name')}\") or leave "
+            "it out (tables.exclude)", table=f"{namespace}.{table}", target=str(target_dir))
+    return join(target_dir, schema_dir, table_dir)
 
 
 def sql_string_literal(value: str) -> str:
