@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 from applier.config.files import load_config
 from applier.errors import ConfigError
 from applier.lsn import format_lsn, parse_lsn
+from applier.storage.options import StorageOptions, put_in_force
 
 __all__ = ["ApplySettings", "CaptureConfig", "DistributedSettings", "MaintenanceSettings", "MirrorConfig",
            "ReplayConfig", "SourceSettings", "SparkConfig", "MetadataNames", "TableRule", "TablesSettings",
@@ -356,6 +357,26 @@ class TargetSettings(_Model):
         description="applier state (catalog as last seen, staged prepared transactions, spill files, skip "
         "audit); default <path>/_applier, for an s3://, gs:// or abfss:// target a local directory of its own "
         "($XDG_STATE_HOME/applier/targets/..., docs/object-storage.md)")
+    storage_options: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="an object-store target's settings when not (only) the cloud's environment: e.g. "
+        "aws_access_key_id, aws_secret_access_key, aws_session_token, aws_region, aws_endpoint_url, aws_allow_http "
+        "(abfss://: azure_storage_account_name, azure_storage_account_key; gs://: google_service_account). delta-rs, "
+        "the lock and Spark's Hadoop settings (fs.s3a.bucket.<bucket>.*) all get them, for every location in the "
+        "target's bucket; secrets are never printed (docs/object-storage.md)")
+
+    @model_validator(mode="after")
+    def _storage_options_in_force(self) -> TargetSettings:
+        """Checked here (an unknown key is an error, not an option one engine ignores) and put in force for
+        the process: every module that opens the bucket finds them there (applier.storage.options)."""
+        if self.storage_options:
+            raw = {key: value.get_secret_value() for key, value in self.storage_options.items()}
+            try:
+                options = StorageOptions.of(self.path, raw)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+            put_in_force(options)
+        return self
 
 
 _SOURCE = "the slot, publication, DSN and pgoutput options"

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from applier.errors import ApplierError, InputError, SourceError
 from applier.lsn import parse_lsn
+from applier.storage.options import deltalake_options
 from applier.storage.paths import StorePath, location
 
 __all__ = ["LogFile", "RawMessage", "read_raw_log", "raw_log_files", "log_batches", "log_message_count",
@@ -102,7 +103,7 @@ def _delta_table(table: LogFile, version: int | None = None):  # type: ignore[no
     from deltalake import DeltaTable
 
     try:
-        return DeltaTable(str(table), version=version)
+        return DeltaTable(str(table), version=version, storage_options=deltalake_options(str(table)))
     except Exception as e:  # noqa: BLE001  # delta-rs raises its own classes; say which table
         raise SourceError(f"cannot open Delta raw log: {type(e).__name__}: {str(e).splitlines()[0]}",
                           path=str(table), version=version) from None

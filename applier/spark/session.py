@@ -133,7 +133,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     cache_dir = settings.cache_dir or default_cache_dir()
     jars = delta_jars(cache_dir)
     stores = {scheme for scheme in map(scheme_of, settings.locations) if scheme in OBJECT_SCHEMES}
-    store_conf = spark_hadoop_conf(stores, os.environ)
+    store_conf = spark_hadoop_conf(stores, os.environ, settings.locations)
     if stores and jars:  # APPLIER_DELTA_JARS set: the environment provides its connectors too
         jars = [*jars, *connector_jars(cache_dir, {CONNECTOR_OF_SCHEME.get(s, s) for s in stores})]
     # Spark picks a non-loopback address by default and warns; a local engine has no reason to.

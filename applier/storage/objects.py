@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from applier.errors import ConfigError
 from applier.storage.location import bucket_and_prefix, scheme_of
+from applier.storage.options import in_force
 
 __all__ = ["ObjectStore", "StoredObject", "StorageAccessError"]
 
@@ -43,8 +44,11 @@ class ObjectStore:
 
         self.uri = uri.rstrip("/")
         url = "s3://" + self.uri.split("://", 1)[1] if scheme_of(uri) == "s3a" else self.uri
-        try:  # credentials, endpoint and region from the cloud's standard environment, as delta-rs reads them
-            self._store: Any = from_url(url, retry_config=cast(Any, _RETRIES))
+        explicit = in_force(uri)
+        config, client = explicit.obstore() if explicit is not None else ({}, {})
+        try:  # the cloud's standard environment, as delta-rs reads it, then target.storage_options
+            self._store: Any = from_url(url, config=cast(Any, config or None), client_options=cast(Any, client or None),
+                                        retry_config=cast(Any, _RETRIES))
         except Exception as e:  # noqa: BLE001 - obstore raises its own (and Rust panics) for a bad URL or option
             raise _access_error("opening", uri.rstrip("/"), e) from None
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from applier.storage.location import is_object_store, scheme_of
 from applier.storage.objects import ObjectStore
+from applier.storage.options import in_force
 
 __all__ = ["StorePath", "TablePath", "location"]
 
@@ -88,6 +89,9 @@ class StorePath:
         uri = str(self)
         if uri.startswith("s3a://"):
             uri = "s3://" + uri.removeprefix("s3a://")
+        explicit = in_force(uri)
+        if explicit is not None and explicit.is_s3:
+            return fs.S3FileSystem(**explicit.pyarrow_s3()).open_input_file(uri.split("://", 1)[1])
         filesystem, path = fs.FileSystem.from_uri(uri)
         return filesystem.open_input_file(path)
 

@@ -362,3 +362,44 @@ def test_a_name_that_needs_an_escape_is_refused_on_s3_and_a_plain_one_with_space
     assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
     assert _contents(target)["Odd sch.weird name"][1] == sorted(
         str(r) for r in [{"id": 1, "_applier_op": "x"}, {"id": 2, "_applier_op": None}])
+
+
+def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_and_the_lock(s3, spark, tmp_path):
+    """No AWS variable in the process: endpoint, credentials and region come only from the config's
+    ``target.storage_options``. A fresh `applier replay` reads its raw log from the target's bucket
+    (pyarrow), takes the lease (obstore), writes the keyed tables with delta-rs and the key-less one
+    with Spark's multiset MERGE (S3A, per-bucket Hadoop settings), and ends equal to the same log replayed
+    into a local directory; `status` reads the tables with the same options; no secret is printed."""
+    import yaml
+
+    raw = _raw_log(tmp_path)
+    bucket = s3.new_bucket()
+    ObjectStore(f"s3://{bucket}/raw").put("part-00000.parquet", raw.read_bytes())
+    target = f"s3://{bucket}/mirror"
+    secret = s3.env["AWS_SECRET_ACCESS_KEY"]
+    section = {"path": target, "storage_options": {
+        "aws_access_key_id": s3.env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": secret,
+        "aws_region": s3.env["AWS_REGION"], "aws_endpoint_url": s3.env["AWS_ENDPOINT_URL"], "aws_allow_http": "true"}}
+    config, mirror_config = tmp_path / "options.yaml", tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"source_log": f"s3://{bucket}/raw", "distributed": {"mode": "off"},
+                                      "target": section}))
+    mirror_config.write_text(yaml.safe_dump({"target": section}))
+    local = tmp_path / "local"
+    assert main(["replay", "--source", str(raw), "--target", str(local)]) == ExitCode.OK
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"  # no instance role to fall back on: the options or nothing
+    for command in (["replay", "--config", str(config)], ["status", "--config", str(mirror_config)]):
+        done = subprocess.run([sys.executable, "-m", "applier.cli", *command], capture_output=True, text=True,
+                              timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert secret not in done.stdout + done.stderr
+    assert all(name in done.stdout for name in ("public.items", "public.full_rows")), done.stdout
+    on_s3, in_dir = _contents(target), _contents(local)
+    assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]  # Spark wrote it
+    assert {k: rows for k, (_, rows) in on_s3.items()} == {k: rows for k, (_, rows) in in_dir.items()}
+    assert ObjectStore(target).get(LOCK_KEY) is None
+    # the same config without its options, and no variables: the store cannot be reached, exit 2
+    config.write_text(yaml.safe_dump({"source_log": f"s3://{bucket}/raw", "target": {"path": target}}))
+    done = subprocess.run([sys.executable, "-m", "applier.cli", "replay", "--config", str(config)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == ExitCode.USAGE, done.stderr[-3000:]

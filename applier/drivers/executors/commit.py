@@ -22,6 +22,7 @@ from applier.infra.progress import Backlog, ProgressReport
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
+from applier.storage.options import options_in_force
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,7 +71,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
                 if version is not None:
                     done[path] = version
             given[cut.index] = cut
-            yield FoldJob(cut, settings, tables, dict(paths), dict(done))
+            yield FoldJob(cut, settings, tables, dict(paths), dict(done), options_in_force())
 
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)

@@ -14,6 +14,7 @@ from applier.config import ApplySettings, TablesSettings
 from applier.protocol.messages import LogicalMessage
 from applier.sink.engine import FoldedTable
 from applier.sources.rawlog import RawMessage, read_file_rows
+from applier.storage.options import StorageOptions
 
 #: One piece of a range: rows ``start:stop`` of one log file.
 Segment = tuple[str, int, int]
@@ -44,6 +45,8 @@ class FoldJob:
     tables: TablesSettings
     paths: dict[tuple[str, str], str]
     done: dict[str, int]  # table path -> end LSN it has applied
+    #: the driver's explicit storage options (target.storage_options): the executor's process loaded no config
+    storage: tuple[StorageOptions, ...] = ()
 
 
 @dataclass

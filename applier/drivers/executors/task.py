@@ -19,6 +19,7 @@ from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.sink.engine import FoldedTable, fold_table, key_runs, table_spec
 from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan
 from applier.state import StateDir
+from applier.storage.options import put_in_force
 
 
 def fold_range(job: FoldJob) -> RangeFold:
@@ -27,6 +28,8 @@ def fold_range(job: FoldJob) -> RangeFold:
     from applier.protocol.decoder import MessageDecoder
 
     started, cpu_started = time.monotonic(), time.process_time()
+    for options in job.storage:
+        put_in_force(options)
     result = RangeFold(job.range.index)
     scratch = tempfile.mkdtemp(prefix="applier-fold-")
     try:

@@ -14,7 +14,8 @@ Which tables: delta-rs writes protocols up to reader 3 / writer 7 with the write
 table with type widening, column mapping, deletion vectors or liquid clustering is Spark's.
 
 Object stores are reached with delta-rs's own settings (``AWS_*``, ``AZURE_*``, ``GOOGLE_*`` environment
-variables), not Spark's Hadoop configuration.
+variables, then the bucket's ``target.storage_options``: ``applier.storage.options``), not Spark's Hadoop
+configuration.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
 from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog, WriteMode
+from applier.storage.options import deltalake_options
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -90,7 +92,7 @@ class DeltaRsStore:
         from deltalake import DeltaTable
 
         try:
-            return DeltaTable(str(path))
+            return DeltaTable(str(path), storage_options=deltalake_options(path))
         except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
             raise SinkError("cannot read the Delta log of a target table", path=path,
                             error=f"{type(e).__name__}: {e}"[:500]) from e
@@ -98,7 +100,7 @@ class DeltaRsStore:
     def exists(self, path: str) -> bool:
         from deltalake import DeltaTable
 
-        return bool(DeltaTable.is_deltatable(str(path)))
+        return bool(DeltaTable.is_deltatable(str(path), storage_options=deltalake_options(path)))
 
     def applied_version(self, path: str, app_id: str) -> int | None:
         """Read from the log's ``txn`` actions (following checkpoints as Spark does); only the log is
@@ -149,6 +151,7 @@ class DeltaRsStore:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         DeltaTable.create(str(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
+                          storage_options=deltalake_options(path),
                           partition_by=list(options.partition_by) or None,
                           configuration=dict(properties), raise_if_key_not_exists=False)
 
@@ -177,7 +180,8 @@ class DeltaRsStore:
             done = self.applied_version(path, tag[0])
             if done is not None and done >= tag[1]:
                 return
-        write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag))
+        write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
+                        storage_options=deltalake_options(path))
 
     def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:
