@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "spark-pipelines (fetched first if needed; empty when APPLIER_DELTA_JARS=provided)")
     p.add_argument("--connectors", default="s3", metavar="LIST",
                    help="Hadoop file system connectors to fetch for Spark, comma-separated: s3 (hadoop-aws and the "
-                   "AWS SDK bundle, ~690 MB; the default), azure (hadoop-azure), or none. Only a run whose target "
-                   "or log is on that store puts them on Spark's classpath (docs/object-storage.md)")
+                   "AWS SDK bundle, ~690 MB; the default), azure (hadoop-azure), gcs (hadoop-gcp), or none. Only a "
+                   "run whose target or log is on that store puts them on Spark's classpath (docs/object-storage.md)")
     p.set_defaults(func=run)
 
 

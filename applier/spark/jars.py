@@ -148,9 +148,12 @@ def hadoop_version() -> str:
 
 
 #: The Hadoop file system connector of each object store (fetched with its SDK: ~690 MB for S3's bundle).
-CONNECTORS = {"s3": "org.apache.hadoop:hadoop-aws", "azure": "org.apache.hadoop:hadoop-azure"}
+#: Hadoop 3.5 has its own GCS connector (``hadoop-gcp``, which core-default.xml already names for gs://).
+CONNECTORS = {"s3": "org.apache.hadoop:hadoop-aws", "azure": "org.apache.hadoop:hadoop-azure",
+              "gcs": "org.apache.hadoop:hadoop-gcp"}
 #: URI scheme -> connector name
-CONNECTOR_OF_SCHEME = {"s3": "s3", "s3a": "s3", "abfs": "azure", "abfss": "azure", "az": "azure", "azure": "azure"}
+CONNECTOR_OF_SCHEME = {"s3": "s3", "s3a": "s3", "abfs": "azure", "abfss": "azure", "az": "azure", "azure": "azure",
+                       "gs": "gcs", "gcs": "gcs"}
 
 
 def connector_jars(cache_dir: Path, connectors: set[str], *, fetch: bool = True,
@@ -162,8 +165,7 @@ def connector_jars(cache_dir: Path, connectors: set[str], *, fetch: bool = True,
     out: list[Path] = []
     for name in sorted(connectors):
         if name not in CONNECTORS:
-            raise EnvironmentSetupError(f"applier does not fetch a Spark connector for {name!r} (gs:// needs "
-                                        "Google's gcs-connector on the cluster: set APPLIER_DELTA_JARS)",
+            raise EnvironmentSetupError(f"applier does not fetch a Spark connector for {name!r}",
                                         known=", ".join(sorted(CONNECTORS)))
         coordinate = f"{CONNECTORS[name]}:{hadoop_version()}"
         jars = _cached(cache_dir, coordinate)

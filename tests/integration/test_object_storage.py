@@ -403,3 +403,25 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
     done = subprocess.run([sys.executable, "-m", "applier.cli", "replay", "--config", str(config)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == ExitCode.USAGE, done.stderr[-3000:]
+
+
+def test_a_gs_target_puts_hadoops_own_gcs_connector_on_a_fresh_spark_and_gs_uris_open_with_it(spark, tmp_path):
+    """No GCS emulator is installed here, so this goes as far as the connector: a session whose target is
+    gs:// gets ``hadoop-gcp`` matching pyspark's Hadoop (fetched into the cache once, as `applier setup
+    --connectors gcs` does) and Hadoop opens gs:// with it; a service-account option becomes its settings."""
+    script = tmp_path / "gs.py"
+    script.write_text(
+        "from applier.spark.session import SparkSettings, build_spark_session\n"
+        "from applier.storage.options import StorageOptions, put_in_force\n"
+        "put_in_force(StorageOptions.of('gs://applier-gs/m', {'google_service_account': '/keys/sa.json'}))\n"
+        "spark = build_spark_session(SparkSettings(locations=('gs://applier-gs/m',)))\n"
+        "jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()\n"
+        "keyfile = conf.get('fs.gs.auth.service.account.json.keyfile'), conf.get('fs.gs.auth.type')\n"
+        "opening = jvm.org.apache.hadoop.conf.Configuration(conf)\n"
+        "opening.set('fs.gs.auth.type', 'COMPUTE_ENGINE')  # no key file here; opening asks nothing of the network\n"
+        "fs = jvm.org.apache.hadoop.fs.FileSystem.newInstance(jvm.java.net.URI('gs://applier-gs/'), opening)\n"
+        "print(fs.getClass().getName(), *keyfile)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["org.apache.hadoop.fs.gs.GoogleHadoopFileSystem", "/keys/sa.json",
+                                 "SERVICE_ACCOUNT_JSON_KEYFILE"], done.stdout
