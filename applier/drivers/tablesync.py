@@ -149,6 +149,12 @@ class TableSync:
         if ids is None:
             return
         before = dict(known)
+        for t in published:  # first: a rename whose move a crash interrupted, finished since by the sink
+            entry = ids.bound(t.oid) if t.oid is not None else None
+            if (entry is not None and not entry.retired and entry.name == t.qualified_name
+                    and t.qualified_name not in known and entry.was is not None and entry.was in known):
+                known[t.qualified_name] = known.pop(entry.was)
+                self.progress(f"table sync: {entry.was} is now {t.qualified_name} (relation OID {t.oid}): followed")
         for t in published:
             if t.oid is None:
                 continue

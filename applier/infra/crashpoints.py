@@ -10,7 +10,9 @@ disk, not yet committed); and, during the initial copy, ``snapshot_chunk`` (a co
 table's copy done, the table not finished); with history or change feed tables, ``feed_committed``
 (a table's change feed committed, the mirror table not) and ``before_history`` (the mirror tables
 committed, their history tables not); with a column added with a constant default, ``column_filled``
-(the Delta table has the column and its filled rows, the group's commit is not done).
+(the Delta table has the column and its filled rows, the group's commit is not done); on an object
+store, ``object_copied`` (an object of a table being moved copied to its new place, not all of them);
+``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ POINTS = ("decode", "between_tables", "before_confirm", "prepared_staged")
 SNAPSHOT_POINTS = ("snapshot_chunk",)  # reached only while copying (the stream's crash test leaves them out)
 DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with history or change feed tables
 FILL_POINTS = ("column_filled",)  # reached only when a column added with a constant default is filled
+MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)
 
 
 class _Counter:
@@ -29,8 +32,8 @@ class _Counter:
         self.point, self.remaining = None, 0
         if spec:
             point, _, n = spec.partition(":")
-            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS:
-                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS)
+            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS:
+                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS)
                 raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {known})")
             self.point, self.remaining = point, int(n or 1)
 

@@ -42,8 +42,9 @@ from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, t
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.spark.session import SparkLike, SparkProvider
-from applier.storage.location import join
-from applier.storage.paths import TablePath
+from applier.storage.location import is_object_store, join
+from applier.storage.moves import TableInTheWay, move_table_on_store
+from applier.storage.paths import TablePath, location
 from applier.values import UNCHANGED_TOAST
 
 log = logging.getLogger(__name__)
@@ -132,14 +133,20 @@ class DerivedTables:
                 dst = self.path(kind, new_ns, new_table)
             if src == dst:
                 continue
-            if Path(src, "_delta_log").is_dir():
+            in_the_way = SinkError(
+                f"the {kind.name} table of {old_name} must follow it to {dst}, where the {kind.name} table "
+                f"of another table already is (two tables with {kind.name} swapped names); nothing was "
+                f"written to either. Move one of them away (or delete it: the mirror then copies its "
+                "table again and starts it anew), then run again", table=new_name or old_name, path=dst)
+            if is_object_store(src):
+                try:
+                    if move_table_on_store(src, dst):
+                        log.warning("the %s table of %s moved from %s to %s", kind.name, old_name, src, dst)
+                except TableInTheWay:
+                    raise in_the_way from None
+            elif Path(src, "_delta_log").is_dir():
                 if Path(dst, "_delta_log").is_dir():
-                    raise SinkError(
-                        f"the {kind.name} table of {old_name} must follow it to {dst}, where the {kind.name} table "
-                        f"of another table already is (two tables with {kind.name} swapped names); nothing was "
-                        f"written to either. Move one of them away (or delete it: the mirror then copies its "
-                        "table again and starts it anew), then run again", table=new_name or old_name,
-                        path=dst)
+                    raise in_the_way
                 Path(dst).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dst)
                 log.warning("the %s table of %s moved from %s to %s", kind.name, old_name, src, dst)
@@ -147,7 +154,7 @@ class DerivedTables:
                 cache.pop(src, None)
                 cache.pop(dst, None)
             self._exists.discard(src)
-            if new_name is not None and Path(dst, "_delta_log").is_dir():
+            if new_name is not None and (location(dst) / "_delta_log").is_dir():
                 carry_applied_version(self.spark, dst, kind.app_id(old_name), kind.app_id(new_name), {})
 
     def missing(self, namespace: str, name: str) -> bool:

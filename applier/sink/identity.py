@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from applier.errors import DataError
+from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.state import StateDir
 from applier.storage.location import is_object_store, join
+from applier.storage.moves import TableInTheWay, move_table_on_store
 from applier.storage.paths import location
 
 if TYPE_CHECKING:
@@ -68,6 +70,9 @@ class Bound:
     path: str
     attnums: dict[str, int]
     retired: bool = False  # dropped in Postgres and its name taken: kept apart under DIR/_retired
+    #: the name before its last rename: what a caller that keeps its own records by name (the table sync)
+    #: follows when a crash came between the move, which a restart finishes, and that caller's record
+    was: str | None = None
 
 
 #: Moves a Delta table from one path to another and carries its applied version to the new name's
@@ -92,7 +97,8 @@ class TableIdentities:
         self._by_name: dict[str, dict[int, None]] = {}
         self._by_path: dict[str, dict[int, None]] = {}
         for k, v in (data.get("tables") or {}).items():
-            self._put(Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired"))))
+            self._put(Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")),
+                            v.get("was")))
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
         self._in_progress: set[int] = set()  # relations whose path_of is running (a swap of names nests)
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
@@ -103,7 +109,7 @@ class TableIdentities:
 
     def _save(self) -> None:
         self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
-                                                        "retired": b.retired}
+                                                        "retired": b.retired, "was": b.was}
                                            for b in self._bound.values()},
                                 "moving": self._moving,
                                 "columns": {str(k): v for k, v in self._columns.items()}})
@@ -163,6 +169,8 @@ class TableIdentities:
 
     def _rename(self, entry: Bound, name: str, path: str) -> None:
         self._unindex(entry)
+        if name != entry.name:
+            entry.was = entry.name
         entry.name, entry.path = name, path
         self._index(entry)
 
@@ -272,26 +280,24 @@ class TableIdentities:
                     "changes), then run again", relation=new_name)
 
     def _move(self, oid: int, src: str, dst: str, old_name: str, new_name: str | None) -> None:
-        if is_object_store(src) or is_object_store(dst):
-            # a store has no directory rename: moving means copying every object, not done yet (issue 33)
-            keep = f"tables.rules: - match: \"{new_name}\", target: \"{src}\"" if new_name else \
-                f"move or delete {src} and its entries in the state directory ({self.state.root})"
-            raise IdentityError(
-                f"{old_name} must move from {src} to {dst}, and applier does not move tables on object "
-                f"storage yet. Nothing was written for it. To go on, keep the table where it is with a rule "
-                f"({keep}) and run again" if new_name else
-                f"{old_name} must be retired from {src} to {dst}, and applier does not move tables on object "
-                f"storage yet. Nothing was written for it. To go on: {keep}, then run again",
-                relation=old_name, path=src)
         if self.mover is None:
             raise IdentityError(f"{old_name} must move from {src} to {dst}, and this run cannot move tables",
                                 relation=old_name)
         self._moving = {"oid": str(oid), "from": src, "to": dst, "old_name": old_name, "new_name": new_name or ""}
         self._save()
-        if Path(src).exists() and not Path(dst, "_delta_log").is_dir():
+        if is_object_store(src) or is_object_store(dst):
+            try:
+                move_table_on_store(src, dst)  # copies and deletes: stops anywhere, finished by repeating
+            except TableInTheWay:
+                raise IdentityError(
+                    f"{old_name} must move from {src} to {dst}, where a Delta table that is not this mirror's "
+                    f"now is; move it away (or name another target for the table in tables.rules) and run again",
+                    relation=new_name or old_name, path=dst) from None
+        elif Path(src).exists() and not Path(dst, "_delta_log").is_dir():
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
             _prune_empty_parent(Path(src))
+        crashpoint("table_moved")
         self.mover(src, dst, old_name, new_name or None)
         from applier.sink.registry import TargetRegistry
 
@@ -394,6 +400,13 @@ class TableIdentities:
             return
         log_["renamed"] = {k: v for k, v in log_["renamed"].items() if k not in done}
         self._save()
+
+
+def interrupted_move(state: StateDir) -> str | None:
+    """The path a table was being moved from when a run stopped (its intent is saved before anything
+    moves; the next run's sink finishes the move and records it): None when no move is pending."""
+    moving = (state.load(_FILE) or {}).get("moving")
+    return str(moving["from"]) if moving else None
 
 
 def _prune_empty_parent(path: Path) -> None:

@@ -104,6 +104,15 @@ class ObjectStore:
                 return None
             raise self._failed("writing (if unchanged)", key, e) from None
 
+    def copy(self, from_key: str, to_key: str) -> None:
+        """Copy an object within the store (server-side: no bytes through this process), replacing ``to_key``."""
+        import obstore
+
+        try:
+            obstore.copy(self._store, from_key, to_key, overwrite=True)
+        except Exception as e:  # noqa: BLE001
+            raise self._failed("copying", f"{from_key} to {to_key}", e) from None
+
     def delete(self, key: str) -> None:
         import obstore
 

@@ -259,9 +259,12 @@ def test_capture_into_s3_then_replay_the_log_from_s3_into_s3_equal_to_postgres(s
     assert _contents(target)["public.orders"][1] == expected
 
 
-def test_a_table_renamed_in_postgres_stops_the_mirror_on_s3_with_a_way_forward(s3, pg, tmp_path, no_spark, capsys):
-    """A store has no directory rename: the mirror stops before writing the renamed table's changes
-    anywhere (never into a new, empty table beside the old one), and the rule it names lets it go on."""
+def test_a_renamed_table_moves_on_s3_even_when_killed_mid_move_and_its_old_name_reused_is_a_new_table(
+        s3, pg, tmp_path, no_spark):
+    """A store has no rename: the renamed table's objects are copied to its new place and then deleted.
+    The first try is SIGKILLed after a few objects are copied; the next run finishes the move (its
+    intent was saved first) and applies the changes. A new table that takes the old name gets a new
+    Delta table; nothing of either is merged into the other. Everything equals Postgres."""
     import yaml
 
     with pg.connect() as conn:
@@ -270,23 +273,43 @@ def test_a_table_renamed_in_postgres_stops_the_mirror_on_s3_with_a_way_forward(s
         conn.execute("CREATE PUBLICATION ren_pub FOR ALL TABLES")
     target = f"s3://{s3.new_bucket()}/mirror"
     config = tmp_path / "mirror.yaml"
-    settings = {"source": {"dsn": pg.dsn, "slot": "ren_slot", "publication": "ren_pub"}, "target": {"path": target}}
-    config.write_text(yaml.safe_dump(settings))
+    config.write_text(yaml.safe_dump({"source": {"dsn": pg.dsn, "slot": "ren_slot", "publication": "ren_pub"},
+                                      "target": {"path": target}}))
     assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    for g in range(3):  # a few commits: the table has log, data and checkpoint-free history to move
+        with pg.connect() as conn:
+            conn.execute(f"UPDATE t SET v = 'round {g}' WHERE id % 3 = {g}")
+        assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    old_keys = set(ObjectStore(f"{target}/public/t").keys())
     with pg.connect() as conn:
         conn.execute("ALTER TABLE t RENAME TO t_new")
         conn.execute("UPDATE t_new SET v = 'after' WHERE id <= 10")
-    capsys.readouterr()
-    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.BAD_DATA
-    err = capsys.readouterr().err
-    assert "does not move tables on object storage" in err and "public.t_new" in err, err
-    assert set(_contents(target)) == {"public.t"}  # nothing written anywhere else
-    settings["tables"] = {"rules": [{"match": "public.t_new", "target": f"{target}/public/t"}]}
-    config.write_text(yaml.safe_dump(settings))
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, w int)")  # the old name, reused
+        conn.execute("INSERT INTO t VALUES (1, 100), (2, 200)")
+    killed = subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "APPLIER_CRASH_AT": "object_copied:3"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert ObjectStore(f"{target}/public/t").keys()  # the move was interrupted: the old place still holds it
     assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
     with pg.connect() as conn:
-        expected = sorted(str({"id": i, "v": v}) for i, v in conn.execute("SELECT id, v FROM t_new"))
-    assert _contents(target)["public.t"][1] == expected
+        expected = {"public.t_new": sorted(str({"id": i, "v": v}) for i, v in conn.execute("SELECT id, v FROM t_new")),
+                    "public.t": sorted(str({"id": i, "w": w}) for i, w in conn.execute("SELECT id, w FROM t"))}
+    assert {k: rows for k, (_, rows) in _contents(target).items()} == expected
+    moved = set(ObjectStore(f"{target}/public/t_new").keys())
+    assert {k for k in old_keys if not k.startswith("_delta_log/")} <= moved  # the same data files, moved
+    assert not any(k.startswith("_applier_moved_from") for k in moved)
+    # dropped, and its name taken by a new table: the old Delta table is retired (moved aside), not merged into
+    with pg.connect() as conn:
+        conn.execute("DROP TABLE t_new")
+        conn.execute("CREATE TABLE t_new (id int PRIMARY KEY, x text)")
+        conn.execute("INSERT INTO t_new VALUES (7, 'x')")
+    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    assert _contents(target)["public.t_new"][1] == [str({"id": 7, "x": "x"})]
+    retired = [k for k in ObjectStore(f"{target}/_retired/public").keys() if "/_delta_log/" in k]
+    assert retired and all(k.startswith("t_new@") for k in retired), retired
+    kept = DeltaTable(f"{target}/_retired/public/{retired[0].split('/')[0]}").to_pyarrow_table().to_pylist()
+    assert sorted(map(str, kept)) == expected["public.t_new"]  # the dropped table's rows, as they were
 
 
 def test_a_table_deleted_from_the_store_is_found_before_anything_is_written(s3, tmp_path, no_spark, capsys):
@@ -425,3 +448,24 @@ def test_a_gs_target_puts_hadoops_own_gcs_connector_on_a_fresh_spark_and_gs_uris
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["org.apache.hadoop.fs.gs.GoogleHadoopFileSystem", "/keys/sa.json",
                                  "SERVICE_ACCOUNT_JSON_KEYFILE"], done.stdout
+
+
+def test_a_move_on_the_store_never_lands_on_someone_elses_table_and_repeating_it_is_harmless(s3):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from applier.storage.moves import MARKER, TableInTheWay, move_table_on_store
+
+    root = f"s3://{s3.new_bucket()}/m"
+    src, dst, foreign = f"{root}/public/a", f"{root}/public/b", f"{root}/public/c"
+    for path, rows in ((src, [1, 2, 3]), (foreign, [9])):
+        write_deltalake(path, pa.table({"id": rows}))
+        write_deltalake(path, pa.table({"id": [r * 10 for r in rows]}), mode="append")
+    with pytest.raises(TableInTheWay):
+        move_table_on_store(src, foreign)
+    assert sorted(DeltaTable(foreign).to_pyarrow_table()["id"].to_pylist()) == [9, 90]  # untouched
+    assert move_table_on_store(src, dst) is True
+    assert sorted(DeltaTable(dst).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3, 10, 20, 30]
+    assert not ObjectStore(src).keys() and MARKER not in ObjectStore(dst).keys()
+    assert move_table_on_store(src, dst) is False  # moved already: repeating changes nothing
+    assert DeltaTable(dst).version() == 1

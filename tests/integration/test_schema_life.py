@@ -283,6 +283,47 @@ def test_the_cli_follows_a_rename_and_its_registry_check_passes_afterwards(pg, t
         assert tables == ["public.t2"]
 
 
+def test_a_rename_killed_mid_move_then_its_old_name_reused_ends_equal_to_postgres(pg, tmp_path):
+    """SIGKILL after the renamed table's directory moved, before its app id and the table sync's records
+    followed: the restart finishes the move, knows the table as copied under its new name, and copies
+    the new table that took the old name from the stream."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from deltalake import DeltaTable
+
+    target = tmp_path / "delta"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"source": {"slot": "life_kill", "publication": "life_kill_pub"},
+                                      "target": {"path": str(target)}}))
+    env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    def run(*extra: str, **more_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--once", "--config", str(config),
+                               *extra], env={**env, **more_env}, capture_output=True, text=True, timeout=600)
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g")
+        conn.execute("CREATE PUBLICATION life_kill_pub FOR ALL TABLES")
+        assert run().returncode == 0
+        conn.execute("ALTER TABLE t RENAME TO t2")
+        conn.execute("UPDATE t2 SET v = 'after' WHERE id <= 5")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, w int)")
+        conn.execute("INSERT INTO t VALUES (1, 100), (2, 200)")
+        killed = run(APPLIER_CRASH_AT="table_moved:1")
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        done = run()
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "public.t2 joined the publication" not in done.stderr, done.stderr  # known: not copied again
+        for name, columns in (("t2", "id, v"), ("t", "id, w")):
+            expected = sorted(conn.execute(f"SELECT {columns} FROM {name}").fetchall())
+            rows = DeltaTable(str(target / "public" / name)).to_pyarrow_table().to_pylist()
+            assert sorted(tuple(r.values()) for r in rows) == expected, name
+
+
 def test_two_tables_that_swap_names_keep_their_rows(pg, spark, tmp_path):
     target = tmp_path / "delta"
     with pg.connect() as conn:
