@@ -5,13 +5,17 @@ process killed by ``kill -9``. So the object says who holds it and until when; t
 (put-if-unchanged on its own ETag) well before it expires, and a run finding it takes it over when
 the lease has expired, or at once when the holder ran on this host and its process is gone (the
 crash-and-restart case needs no waiting). A holder that cannot renew (the store is unreachable, or
-another run took the lock over) stops: it interrupts the main thread, because committing without
-the lock would let two writers race.
+another run took the lock over) stops the process at once, exit 3, as a crash would: interrupting
+the main thread is not enough, because a run that is interrupted (Ctrl-C) commits what it has
+received before it stops, and a commit without the lock lets two writers race. A crash loses
+nothing: what was committed is kept (with its ``txn`` versions) and the next run goes on from there.
+
+``APPLIER_LEASE_SECONDS`` sets the lease (default 60; renewed every third of it): longer for a store
+whose requests can stall for long, shorter to take over a crashed run on another host sooner.
 """
 
 from __future__ import annotations
 
-import _thread
 import json
 import logging
 import os
@@ -30,6 +34,35 @@ log = logging.getLogger(__name__)
 
 #: The lock object, relative to the target's URI (beside the tables, in the reserved ``_applier``).
 LOCK_KEY = "_applier/writer.lock.json"
+LEASE_ENV = "APPLIER_LEASE_SECONDS"
+#: The exit code of a run that lost its lock (ExitCode.UNAVAILABLE: the store, or another run, took it)
+_LOST_EXIT = 3
+
+
+def lease_seconds_from_env() -> float:
+    """``APPLIER_LEASE_SECONDS``, checked (a config error, exit 2, when it is not a number of seconds >= 3)."""
+    from applier.errors import ConfigError
+
+    text = os.environ.get(LEASE_ENV, "").strip()
+    if not text:
+        return 60.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if seconds < 3:
+        raise ConfigError(f"{LEASE_ENV} must be a number of seconds, at least 3", value=text)
+    return seconds
+
+
+def _stop_now(reason: str) -> None:
+    """End the process as a crash would, before it can commit again (see the module docstring)."""
+    import sys
+
+    print(f"applier: error: lost the writer lock ({reason}); stopped at once, as after a crash: what was "
+          "committed is kept and the next run goes on from there (exit 3)", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(_LOST_EXIT)
 
 
 def _alive_here(holder: dict[str, object]) -> bool | None:
@@ -46,13 +79,14 @@ def _alive_here(holder: dict[str, object]) -> bool | None:
 
 
 @contextmanager
-def store_lease(store: ObjectStore, what: str, *, lease_seconds: float = 60.0, key: str = LOCK_KEY,
+def store_lease(store: ObjectStore, what: str, *, lease_seconds: float | None = None, key: str = LOCK_KEY,
                 clock: Callable[[], float] = time.time,
                 on_lost: Callable[[str], None] | None = None) -> Iterator[dict[str, object]]:
     """Hold the writer lock object ``key`` of ``store`` for the ``with`` body (renewed in the
     background); raise TargetLockedError at once when another live run holds it."""
     from applier.infra.lock import TargetLockedError
 
+    lease_seconds = lease_seconds if lease_seconds is not None else lease_seconds_from_env()
     token = uuid.uuid4().hex
 
     def body() -> dict[str, object]:
@@ -91,7 +125,7 @@ def store_lease(store: ObjectStore, what: str, *, lease_seconds: float = 60.0, k
 
     def lost(reason: str) -> None:
         log.error("lost the writer lock of %s: %s; stopping before the next commit", store.uri, reason)
-        (on_lost or (lambda _r: _thread.interrupt_main()))(reason)
+        (on_lost or _stop_now)(reason)
 
     def current_etag(tag: str) -> str | None:
         """The ETag a put returned, or (a store that returns none) the object's own."""

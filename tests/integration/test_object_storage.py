@@ -330,7 +330,7 @@ def test_a_table_deleted_from_the_store_is_found_before_anything_is_written(s3, 
 
 def test_the_lease_is_renewed_while_held_and_a_holder_whose_lock_was_taken_over_stops(s3):
     """Renewal moves the expiry forward with put-if-unchanged on the holder's own ETag; once another run
-    has replaced the object, the next renewal fails and the holder is told (the CLI interrupts itself)."""
+    has replaced the object, the next renewal fails and the holder is told (by default it exits: the next test)."""
     import time
 
     store = ObjectStore(f"s3://{s3.new_bucket()}/mirror")
@@ -352,6 +352,42 @@ def test_the_lease_is_renewed_while_held_and_a_holder_whose_lock_was_taken_over_
             time.sleep(0.05)
         assert lost == ["another run took it over, or it was deleted"]
     assert lock()["token"] == "theirs"  # not released: it is not ours any more
+
+
+def test_a_mirror_whose_lock_is_taken_over_stops_at_once_with_exit_3_and_commits_nothing_more(s3, pg, tmp_path):
+    """A following `applier mirror` (a fresh process, lease of 3 s) finds at its next renewal that another run
+    holds the lock: it ends with exit 3 and one line, as a crash would (not through the Ctrl-C path, which
+    commits what it has received first), and leaves the lock object to its new holder."""
+    import time
+
+    import yaml
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE leased (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO leased VALUES (1, 'a')")
+        conn.execute("CREATE PUBLICATION lease_pub FOR TABLE leased")
+    target = f"s3://{s3.new_bucket()}/mirror"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"source": {"dsn": pg.dsn, "slot": "lease_slot", "publication": "lease_pub"},
+                                      "target": {"path": target}}))
+    store, table = ObjectStore(target), ObjectStore(f"{target}/public/leased")
+    follower = subprocess.Popen([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "APPLIER_LEASE_SECONDS": "3"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and follower.poll() is None and not table.any_under("_delta_log/"):
+            time.sleep(0.2)  # until the copy is done and the mirror follows the stream
+        assert follower.poll() is None, follower.communicate()[1][-3000:]
+        store.put(LOCK_KEY, json.dumps({"host": "elsewhere", "pid": 1, "token": "theirs", "expires": 4e9}).encode())
+        _, err = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == ExitCode.UNAVAILABLE, err[-3000:]
+    assert "lost the writer lock (another run took it over" in err, err[-3000:]
+    held = store.get(LOCK_KEY)
+    assert held is not None and json.loads(held.data)["token"] == "theirs"  # left to its holder
 
 
 def test_a_name_that_needs_an_escape_is_refused_on_s3_and_a_plain_one_with_spaces_mirrors(s3, pg, tmp_path,

@@ -80,3 +80,16 @@ def _replay_config() -> type:
     from applier.config import ReplayConfig
 
     return ReplayConfig
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("", 60.0), ("7.5", 7.5), ("2", None), ("soon", None)])
+def test_the_lease_length_comes_from_applier_lease_seconds_and_a_bad_one_is_a_config_error(
+        monkeypatch: pytest.MonkeyPatch, value: str, seconds: float | None) -> None:
+    from applier.storage.lease import lease_seconds_from_env
+
+    monkeypatch.setenv("APPLIER_LEASE_SECONDS", value)
+    if seconds is None:
+        with pytest.raises(ConfigError, match="APPLIER_LEASE_SECONDS"):
+            lease_seconds_from_env()
+    else:
+        assert lease_seconds_from_env() == seconds
