@@ -55,6 +55,22 @@ def _config(tmp_path: Path, raw: Path, target: str, **apply: object) -> Path:
     return path
 
 
+def _mirror_on_s3(pg, s3, tmp_path: Path, name: str, *statements: str) -> tuple[str, Path]:
+    """Run ``statements``, publish every table (publication and slot named after ``name``), and write a
+    mirror config whose target is a new bucket: (target URI, config path)."""
+    import yaml
+
+    with pg.connect() as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute(f"CREATE PUBLICATION {name}_pub FOR ALL TABLES")
+    target = f"s3://{s3.new_bucket()}/mirror"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"source": {"dsn": pg.dsn, "slot": f"{name}_slot", "publication": f"{name}_pub"},
+                                      "target": {"path": target}}))
+    return target, config
+
+
 def _contents(root: str | Path) -> dict[str, tuple[int, list[str]]]:
     out = {}
     for table in mirrored_table_dirs(root):
@@ -265,16 +281,8 @@ def test_a_renamed_table_moves_on_s3_even_when_killed_mid_move_and_its_old_name_
     The first try is SIGKILLed after a few objects are copied; the next run finishes the move (its
     intent was saved first) and applies the changes. A new table that takes the old name gets a new
     Delta table; nothing of either is merged into the other. Everything equals Postgres."""
-    import yaml
-
-    with pg.connect() as conn:
-        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
-        conn.execute("CREATE PUBLICATION ren_pub FOR ALL TABLES")
-    target = f"s3://{s3.new_bucket()}/mirror"
-    config = tmp_path / "mirror.yaml"
-    config.write_text(yaml.safe_dump({"source": {"dsn": pg.dsn, "slot": "ren_slot", "publication": "ren_pub"},
-                                      "target": {"path": target}}))
+    target, config = _mirror_on_s3(pg, s3, tmp_path, "ren", "CREATE TABLE t (id int PRIMARY KEY, v text)",
+                                   "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
     assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
     for g in range(3):  # a few commits: the table has log, data and checkpoint-free history to move
         with pg.connect() as conn:
@@ -360,16 +368,8 @@ def test_a_mirror_whose_lock_is_taken_over_stops_at_once_with_exit_3_and_commits
     commits what it has received first), and leaves the lock object to its new holder."""
     import time
 
-    import yaml
-
-    with pg.connect() as conn:
-        conn.execute("CREATE TABLE leased (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO leased VALUES (1, 'a')")
-        conn.execute("CREATE PUBLICATION lease_pub FOR TABLE leased")
-    target = f"s3://{s3.new_bucket()}/mirror"
-    config = tmp_path / "mirror.yaml"
-    config.write_text(yaml.safe_dump({"source": {"dsn": pg.dsn, "slot": "lease_slot", "publication": "lease_pub"},
-                                      "target": {"path": target}}))
+    target, config = _mirror_on_s3(pg, s3, tmp_path, "lease", "CREATE TABLE leased (id int PRIMARY KEY, v text)",
+                                   "INSERT INTO leased VALUES (1, 'a')")
     store, table = ObjectStore(target), ObjectStore(f"{target}/public/leased")
     follower = subprocess.Popen([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
