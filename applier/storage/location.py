@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["OBJECT_SCHEMES", "bucket_and_prefix", "is_object_store", "join", "scheme_of"]
+__all__ = ["OBJECT_SCHEMES", "bucket_and_prefix", "bucket_root", "is_object_store", "join", "scheme_of"]
 
 #: URI schemes of object stores applier writes through delta-rs and ``obstore`` (Rust ``object_store``).
 OBJECT_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "azure", "adl"})
@@ -45,3 +45,9 @@ def bucket_and_prefix(uri: str) -> tuple[str, str]:
     bucket, _, prefix = rest.partition("/")
     return bucket.split("@", 1)[0], prefix.strip("/")
 
+
+
+def bucket_root(uri: str) -> str:
+    """The bucket a store location is in, as one spelling: ``s3://bucket`` (``s3a://`` is ``s3://``)."""
+    scheme = scheme_of(uri) or ""
+    return f"{'s3' if scheme == 's3a' else scheme}://{str(uri).split('://', 1)[1].partition('/')[0]}"

@@ -17,7 +17,7 @@ import logging
 
 from applier.errors import ConfigError
 from applier.infra.crashpoints import crashpoint
-from applier.storage.location import bucket_and_prefix, scheme_of
+from applier.storage.location import bucket_and_prefix, bucket_root
 from applier.storage.objects import ObjectStore
 
 __all__ = ["MARKER", "TableInTheWay", "move_table_on_store"]
@@ -32,16 +32,11 @@ class TableInTheWay(Exception):
     """The new prefix holds a Delta table that is not a copy of the one being moved."""
 
 
-def _bucket_root(uri: str) -> str:
-    scheme = scheme_of(uri) or ""
-    return f"{'s3' if scheme == 's3a' else scheme}://{uri.split('://', 1)[1].partition('/')[0]}"
-
-
 def move_table_on_store(src: str, dst: str) -> bool:
     """Move the table at ``src`` to ``dst`` (both in one bucket): True when objects were moved, False when
     ``src`` holds nothing (moved already: only a leftover marker is removed). Raises ``TableInTheWay``."""
-    root = _bucket_root(src)
-    if _bucket_root(dst) != root:
+    root = bucket_root(src)
+    if bucket_root(dst) != root:
         raise ConfigError("a table cannot be moved from one bucket to another", source=src, destination=dst)
     store = ObjectStore(root)
     src_prefix = bucket_and_prefix(src)[1] + "/"
@@ -57,15 +52,15 @@ def move_table_on_store(src: str, dst: str) -> bool:
         if found is None or found.data.decode() != src:
             raise TableInTheWay(dst)
     store.put(marker, src.encode())
-    in_log = sorted(r for r in relative if r.startswith(_LOG))
-    last = [r for r in in_log if r.endswith("_last_checkpoint")]  # the log's entry point goes last of all
-    order = [r for r in relative if not r.startswith(_LOG)] + [r for r in in_log if r not in last] + last
-    for index, rel in enumerate(order, 1):
+    data = [r for r in relative if not r.startswith(_LOG)]
+    # the log in version order, its entry point (_last_checkpoint) last of all
+    in_log = sorted((r for r in relative if r.startswith(_LOG)), key=lambda r: (r.endswith("_last_checkpoint"), r))
+    for index, rel in enumerate(data + in_log, 1):
         store.copy(src_prefix + rel, dst_prefix + rel)
         crashpoint("object_copied")
         if index % 500 == 0:
-            log.info("moving %s to %s: %d of %d objects copied", src, dst, index, len(order))
-    for rel in [*last, *(r for r in in_log if r not in last), *(r for r in relative if not r.startswith(_LOG))]:
+            log.info("moving %s to %s: %d of %d objects copied", src, dst, index, len(relative))
+    for rel in in_log[::-1] + data:  # the entry point first: the old place stops being a table at once
         store.delete(src_prefix + rel)
     store.delete(marker)
     return True

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from applier.errors import ConfigError
-from applier.storage.location import OBJECT_SCHEMES, bucket_and_prefix, scheme_of
+from applier.storage.location import OBJECT_SCHEMES, bucket_and_prefix, bucket_root, scheme_of
 
 __all__ = ["StorageOptions", "deltalake_options", "in_force", "options_in_force", "put_in_force", "spark_hadoop_conf"]
 
@@ -50,13 +50,6 @@ _FAMILY: dict[str, dict[str, tuple[str, ...]]] = {"s3": _S3_KEYS, "s3a": _S3_KEY
            "abfs": _AZURE_KEYS, "abfss": _AZURE_KEYS, "az": _AZURE_KEYS, "azure": _AZURE_KEYS, "adl": _AZURE_KEYS}
 #: Values never printed (applier.infra.redact) and masked in the config (SecretStr).
 SECRET_KEYS = frozenset({"aws_secret_access_key", "aws_session_token", "azure_storage_account_key"})
-
-
-def _root(uri: str) -> str:
-    """The bucket a location is in, as the key of its options: ``s3://bucket`` (``s3a`` is ``s3``)."""
-    scheme = scheme_of(uri) or ""
-    scheme = "s3" if scheme == "s3a" else scheme
-    return f"{scheme}://{str(uri).split('://', 1)[1].partition('/')[0]}"
 
 
 def _is_true(value: str) -> bool:
@@ -91,7 +84,7 @@ class StorageOptions:
         if unknown:
             raise ConfigError(f"target.storage_options: unknown key(s) {', '.join(sorted(unknown))} for a {scheme}:// "
                               f"target; accepted: {', '.join(known)} (docs/object-storage.md)")
-        return cls(_root(location), values)
+        return cls(bucket_root(location), values)
 
     @property
     def is_s3(self) -> bool:
@@ -135,12 +128,7 @@ class StorageOptions:
                     conf[prefix + name] = v[key]
             if "aws_session_token" in v:
                 conf[prefix + "aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
-            endpoint = v.get("aws_endpoint_url")
-            if endpoint:
-                conf[prefix + "endpoint"] = endpoint
-                conf[prefix + "path.style.access"] = "true"
-                if endpoint.startswith("http://"):
-                    conf[prefix + "connection.ssl.enabled"] = "false"
+            conf.update(_s3a_endpoint(prefix, v.get("aws_endpoint_url")))
         elif "azure_storage_account_key" in v:
             host = self.root.split("@", 1)[1] if "@" in self.root else None
             if host is None and "azure_storage_account_name" in v:
@@ -151,6 +139,17 @@ class StorageOptions:
             conf["spark.hadoop.fs.gs.auth.type"] = "SERVICE_ACCOUNT_JSON_KEYFILE"
             conf["spark.hadoop.fs.gs.auth.service.account.json.keyfile"] = v["google_service_account"]
         return conf
+
+
+def _s3a_endpoint(prefix: str, endpoint: str | None) -> dict[str, str]:
+    """S3A's settings for an endpoint (``prefix``: every bucket's, or one bucket's): path-style requests,
+    which S3-compatible servers expect, and plain http when the endpoint is."""
+    if not endpoint:
+        return {}
+    conf = {prefix + "endpoint": endpoint, prefix + "path.style.access": "true"}
+    if endpoint.startswith("http://"):
+        conf[prefix + "connection.ssl.enabled"] = "false"
+    return conf
 
 
 _lock = threading.Lock()
@@ -173,7 +172,7 @@ def in_force(location: str) -> StorageOptions | None:
     if scheme_of(location) not in OBJECT_SCHEMES:
         return None
     with _lock:
-        return _in_force.get(_root(location))
+        return _in_force.get(bucket_root(location))
 
 
 def deltalake_options(location: str) -> dict[str, str] | None:
@@ -202,12 +201,8 @@ def spark_hadoop_conf(schemes: set[str], environ: Mapping[str, str],
     conf: dict[str, str] = {}
     if schemes & {"s3", "s3a"}:
         conf["spark.hadoop.fs.s3.impl"] = "org.apache.hadoop.fs.s3a.S3AFileSystem"
-        endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
-            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
-            if endpoint.startswith("http://"):
-                conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+        conf.update(_s3a_endpoint("spark.hadoop.fs.s3a.",
+                                  environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")))
         region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
         if region:
             conf["spark.hadoop.fs.s3a.endpoint.region"] = region
