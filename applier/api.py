@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from applier.checks.verify import TableComparison
     from applier.drivers.mirror import MirrorSummary
     from applier.drivers.replay import ReplaySummary
+    from applier.spark.session import SparkLike
     from applier.values.special import SpecialValuePolicy
 
 M = TypeVar("M", bound=BaseModel)
@@ -129,8 +130,9 @@ def plan_verify(config: MirrorConfig | str | Path | Mapping[str, Any] | None = N
     return plan
 
 
-def verify_plan(spark: SparkSession, plan: VerifyPlan) -> list[TableComparison]:
-    """Run a settled plan (the CLI's second half, after it started Spark)."""
+def verify_plan(spark: SparkLike | None, plan: VerifyPlan) -> list[TableComparison]:
+    """Run a settled plan (the CLI's second half; ``spark`` a session or a provider that starts one for
+    a table delta-rs cannot read)."""
     import psycopg
 
     from applier.checks.verify import verify_against_postgres

@@ -1,10 +1,11 @@
 """Compare mirrored Delta tables with their PostgreSQL tables.
 
 Both sides are brought to the same Python values: Postgres rows are read in text format and go
-through the values layer exactly like pgoutput 't' columns do; Delta rows come back from Spark.
-Each row becomes a canonical string; a table matches when the row counts and an order-independent
-checksum (sum of 64-bit row digests) are equal. On a mismatch, the rows present on one side only
-are listed (by key when there is one), limited to a few.
+through the values layer exactly like pgoutput 't' columns do; Delta rows come from the store that
+reads the table (``applier.sink.store.picker.scanner``: delta-rs without a JVM where it reads the table
+as Spark does, else Spark), as a Spark row holds them. Each row becomes a canonical string; a table
+matches when the row counts and an order-independent checksum (sum of 64-bit row digests) are equal.
+On a mismatch, the rows present on one side only are listed (by key when there is one), limited to a few.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
-from applier.sink.naming import quote_identifier
+from applier.sink.store.picker import scanner
+from applier.sink.store.spark import SparkStore
 from applier.sources.sql_slot import pin_session
 from applier.values import SpecialValuePolicy
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from applier.config import TablesSettings
+    from applier.spark.session import SparkLike
 
 
 def canonical(value: Any) -> str:
@@ -146,37 +147,6 @@ def _pg_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def delta_rows(spark: SparkSession, path: str, columns: list[str],
-               soft_deleted: str | None = None) -> Iterator[tuple[Any, ...]]:
-    """The Delta table's rows in ``columns``; with ``soft_deleted`` (the flag column of a table that
-    keeps deleted rows) only the rows Postgres still has."""
-    from datetime import datetime, timedelta
-
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampType
-
-    df = spark.read.format("delta").load(path)
-    if soft_deleted is not None:
-        from applier.sink.extras import live_rows
-
-        df = live_rows(df, soft_deleted)
-    df = df.select(*[quote_identifier(c) for c in columns])
-    # PySpark hands TimestampType values back as naive datetimes in this process's local time zone,
-    # which fails for the earliest instants (a clamped '-infinity' is 0001-01-01 UTC: year 0 in a
-    # zone west of UTC). Read them as microseconds since the epoch and build UTC datetimes instead.
-    instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
-    if not any(instants):
-        for row in df.toLocalIterator():
-            yield tuple(row)
-        return
-    df = df.select(*[F.unix_micros(F.col(quote_identifier(c))).alias(c) if flag else F.col(quote_identifier(c))
-                     for c, flag in zip(columns, instants, strict=True)])
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    for row in df.toLocalIterator():
-        yield tuple(epoch + timedelta(microseconds=v) if flag and v is not None else v
-                    for v, flag in zip(row, instants, strict=True))
-
-
 def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterator[tuple[Any, ...]],
             *, show: int = 10, detail: bool = True) -> TableComparison:
     """Compare two row streams as multisets; with ``detail`` keep row texts to list differences."""
@@ -244,20 +214,23 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
     return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters, row_filter)
 
 
-def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, namespace: str, table: str,
+def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, namespace: str, table: str,
                  *, detail: bool = True, exclude: Iterable[str] = (),
                  only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error",
-                 soft_deleted: str | None = None, row_filter: str | None = None) -> TableComparison:
+                 soft_deleted: str | None = None, row_filter: str | None = None,
+                 reader: Literal["auto", "spark"] = "auto") -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
     the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
     list), on the rows the publication sends (``row_filter``: its WHERE clause), with Postgres' values
     converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
-    clamped value: verify compares with exactly that)."""
+    clamped value: verify compares with exactly that). ``reader`` 'spark': read the table with Spark even
+    where delta-rs could (what a Spark consumer sees)."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
-    have = _delta_columns(spark, path)
+    store = scanner(path, spark) if reader == "auto" else SparkStore(spark)
+    have = store.columns(path) if store.exists(path) else None
     if have is None:
         result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)
         result.problems.append(f"no Delta table at {path}")
@@ -269,24 +242,16 @@ def verify_table(spark: SparkSession, conn: psycopg.Connection, path: str, names
         keep_at = [i for i, n in enumerate(names) if n not in missing]
         names = [names[i] for i in keep_at]
         rows = (tuple(row[i] for i in keep_at) for row in rows)
-    result = compare(f"{namespace}.{table}", rows, delta_rows(spark, path, names, soft_deleted), detail=detail)
+    result = compare(f"{namespace}.{table}", rows, store.scan(path, names, unless=soft_deleted), detail=detail)
     result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
     return result
 
 
-def _delta_columns(spark: SparkSession, path: str) -> list[str] | None:
-    """The Delta table's column names, or None when there is no Delta table at ``path``."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    return list(spark.read.format("delta").load(path).columns)
-
-
-def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, target_dir: str,
+def verify_against_postgres(spark: SparkLike | None, conn: psycopg.Connection, target_dir: str,
                             tables: Iterable[tuple[str, str]], settings: TablesSettings | None = None,
                             publication: str | None = None,
-                            policy: SpecialValuePolicy = "error") -> list[TableComparison]:
+                            policy: SpecialValuePolicy = "error",
+                            reader: Literal["auto", "spark"] = "auto") -> list[TableComparison]:
     """Compare each (schema, table) with its Delta table, found and projected as ``settings`` (a
     config's tables section) and the publication's column lists and row filters say the mirror writes
     it (``publication``: one name or a comma-separated list, as the mirror's ``source.publication``;
@@ -310,5 +275,6 @@ def verify_against_postgres(spark: SparkSession, conn: psycopg.Connection, targe
                          exclude=targets.excluded_columns(ns, name),
                          only=published[(ns, name)].columns if (ns, name) in published else None,
                          policy=policy, soft_deleted=soft_deleted(ns, name),
-                         row_filter=published[(ns, name)].row_filter if (ns, name) in published else None)
+                         row_filter=published[(ns, name)].row_filter if (ns, name) in published else None,
+                         reader=reader)
             for ns, name in sorted(tables)]

@@ -33,12 +33,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from applier.api import plan_verify, verify_plan
-    from applier.spark.session import SparkSettings, build_spark_session
+    from applier.spark.session import SparkProvider, SparkSettings, build_spark_session
 
     # DSN parsed and connected before Spark starts: unreachable or unparsable -> exit 3 or 2, one line.
     plan = plan_verify(args.config, dsn=args.dsn, target=args.target, tables=args.table or (),
                        special_values=args.special_values)
-    results = verify_plan(build_spark_session(SparkSettings(locations=(plan.target,))), plan)
+    # Spark only for a table delta-rs cannot read (or a catalog name): most runs start no JVM
+    spark = SparkProvider(lambda: build_spark_session(SparkSettings(locations=(plan.target,))))
+    results = verify_plan(spark, plan)
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"

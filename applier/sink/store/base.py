@@ -10,7 +10,7 @@ declares it can do. A third engine (an in-memory one for tests, an Iceberg one) 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -87,6 +87,12 @@ class TableStore(Protocol):
 
     def is_empty(self, path: str) -> bool:
         """True when the newest version holds no data file (so no rows)."""
+        ...
+
+    def scan(self, path: str, columns: Sequence[str], *, unless: str | None = None) -> Iterator[tuple[Any, ...]]:
+        """The table's rows in ``columns``, as the Python values a Spark row holds (instants as aware UTC
+        datetimes, a struct as a tuple, a map as a dict): what ``verify`` compares with Postgres.
+        ``unless``: a boolean column whose true rows are left out (a soft-deleting table's deleted rows)."""
         ...
 
     def table_id(self, path: str) -> str | None:

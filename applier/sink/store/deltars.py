@@ -21,7 +21,7 @@ configuration.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,15 @@ class DeltaRsStore:
         reader = set(protocol.reader_features or ())
         return writer <= _WRITER_FEATURES and reader <= {"timestampNtz"} and \
             (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)
+
+    def can_scan(self, path: str) -> bool:
+        """Whether delta-rs reads the rows of the table at ``path`` as Spark reads them: a table it opens
+        whose reader protocol asks for nothing beyond ``timestampNtz`` (column mapping, type widening and
+        deletion vectors change what a scan of the files means: Spark reads those)."""
+        if not self.can_open(path) or not self.exists(path):
+            return False
+        version, features = self.reader_protocol(path)
+        return version == 1 or (version == 3 and set(features) <= {"timestampNtz"})
 
     def can_create(self, path: str, spec: TableSpec, options: TableOptions) -> bool:
         """Whether delta-rs creates this table exactly as Spark's ``CREATE TABLE`` would (the same schema
@@ -132,6 +141,24 @@ class DeltaRsStore:
             return str(self.open(path).metadata().id)
         except Exception:  # noqa: BLE001  # an unreadable log is reported by the engine that writes it
             return None
+
+    def scan(self, path: str, columns: Sequence[str], *, unless: str | None = None) -> Iterator[tuple[Any, ...]]:
+        """For a table ``can_scan`` accepts. Names are matched as Spark matches them (case-insensitively
+        when not exactly); values come out as Spark's rows give them (``spark_like``), batch by batch."""
+        import pyarrow.compute as pc
+
+        dataset = self.open(path).to_pyarrow_dataset()
+        have = list(dataset.schema.names)
+        exact, folded = set(have), {n.lower(): n for n in have}
+        wanted = [c if c in exact else folded.get(c.lower(), c) for c in columns]
+        read = list(dict.fromkeys([*wanted, *([unless] if unless is not None else [])]))
+        for batch in dataset.to_batches(columns=read):
+            if unless is not None:
+                batch = batch.filter(pc.invert(pc.fill_null(batch.column(read.index(unless)), False)))
+            if not wanted:
+                yield from (() for _ in range(batch.num_rows))
+                continue
+            yield from zip(*(spark_like(batch.column(read.index(c))) for c in wanted), strict=True)
 
     def file_stats(self, path: str) -> FileStats:
         return _file_stats(self.open(path))
@@ -211,6 +238,33 @@ class DeltaRsStore:
         table.create_checkpoint()
         table.cleanup_metadata()
         return int(table.version())
+
+
+def spark_like(column: Any) -> list[Any]:
+    """A pyarrow column's values as a Spark row holds them: a struct as a tuple in field order (Spark's
+    ``Row``), a map as a dict, lists of those likewise; everything else as pyarrow gives it (instants
+    as aware UTC datetimes, as verify reads Spark's)."""
+    import pyarrow as pa
+
+    def nested(t: Any) -> bool:
+        return bool(pa.types.is_struct(t) or pa.types.is_map(t) or
+                    ((pa.types.is_list(t) or pa.types.is_large_list(t)) and nested(t.value_type)))
+
+    def convert(value: Any, t: Any) -> Any:
+        if value is None:
+            return None
+        if pa.types.is_struct(t):
+            return tuple(convert(value[f.name], f.type) for f in t)
+        if pa.types.is_map(t):
+            return {convert(k, t.key_type): convert(v, t.item_type) for k, v in value}
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return [convert(v, t.value_type) for v in value]
+        return value
+
+    values = column.to_pylist()
+    if not nested(column.type):
+        return values  # type: ignore[no-any-return]
+    return [convert(v, column.type) for v in values]
 
 
 def _commit_properties(tag: CommitTag | None) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,12 @@ class InMemoryStore:
 
     def is_empty(self, path: str) -> bool:
         return not self.table(path).rows
+
+    def scan(self, path: str, columns: Sequence[str], *, unless: str | None = None) -> Iterator[tuple[Any, ...]]:
+        table = self.table(path)
+        flag = None if unless is None else table.columns.index(unless)
+        index = [table.columns.index(c) for c in columns]
+        return iter([tuple(row[i] for i in index) for row in table.rows if flag is None or not row[flag]])
 
     def table_id(self, path: str) -> str | None:
         table = self.tables.get(str(path))

@@ -29,6 +29,13 @@ def reader(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkSto
     return DELTARS if DELTARS.can_open(path) else SparkStore(spark)
 
 
+def scanner(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
+    """The store that reads the rows of the table at ``path`` (``verify``): delta-rs where it reads them
+    as Spark does (no JVM), else Spark. A path that holds no table gets Spark's store, whose ``exists``
+    says so."""
+    return DELTARS if DELTARS.can_scan(path) else SparkStore(spark)
+
+
 def writer(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
     """The store that writes to (or maintains) the existing table at ``path``."""
     return DELTARS if DELTARS.can_write(path) else SparkStore(spark)

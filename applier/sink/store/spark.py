@@ -10,7 +10,7 @@ id) look at the log's files directly, so asking them starts no JVM.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,10 @@ class SparkStore:
     # --- reading ----------------------------------------------------------------------------------
 
     def exists(self, path: str) -> bool:
+        if "://" in str(path):  # an object store's table: Delta's own check (a local one needs no JVM)
+            from delta.tables import DeltaTable
+
+            return bool(DeltaTable.isDeltaTable(self.session(f"{path}: a table on an object store"), str(path)))
         log = Path(path) / "_delta_log"
         return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
 
@@ -57,6 +61,34 @@ class SparkStore:
 
     def is_empty(self, path: str) -> bool:
         return int(self._snapshot(path).numOfFiles()) == 0
+
+    def scan(self, path: str, columns: Sequence[str], *, unless: str | None = None) -> Iterator[tuple[Any, ...]]:
+        """The rows as Spark's ``toLocalIterator`` gives them, but instants as aware UTC datetimes: PySpark
+        hands TimestampType values back as naive datetimes in this process's local time zone, which fails
+        for the earliest instants (a clamped '-infinity' is 0001-01-01 UTC: year 0 in a zone west of
+        UTC), so they are read as microseconds since the epoch."""
+        from datetime import UTC, datetime, timedelta
+
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import TimestampType
+
+        from applier.sink.naming import quote_identifier
+
+        df = self.session(f"{path}: a table delta-rs cannot read").read.format("delta").load(path)
+        if unless is not None:
+            df = df.filter(~F.coalesce(F.col(quote_identifier(unless)), F.lit(False)))
+        df = df.select(*[quote_identifier(c) for c in columns])
+        instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
+        if not any(instants):
+            for row in df.toLocalIterator():
+                yield tuple(row)
+            return
+        df = df.select(*[F.unix_micros(F.col(quote_identifier(c))).alias(c) if flag else F.col(quote_identifier(c))
+                         for c, flag in zip(columns, instants, strict=True)])
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        for row in df.toLocalIterator():
+            yield tuple(epoch + timedelta(microseconds=v) if flag and v is not None else v
+                        for v, flag in zip(row, instants, strict=True))
 
     def table_id(self, path: str) -> str | None:
         """From the first commit's ``metaData`` action (no JVM: a registry check starts none)."""
