@@ -12,7 +12,7 @@ demo: setup
 # that kill and restart processes keep their own order): ~40 min instead of ~57 on 2 cores.
 # APPLIER_TEST_WORKERS=1 runs the suite in one process (as `pytest` alone does).
 test: setup check
-	.venv/bin/python -m pytest -n $${APPLIER_TEST_WORKERS:-2} --dist loadfile
+	.venv/bin/python -m pytest -n $${APPLIER_TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
 
 # The unit tier (tests/unit: no PostgreSQL, no Spark): decoder, assembly, config, CLI errors, layout.
 # Under a minute on 2 cores; for the edit-test loop, not instead of `make test`. The other tiers:

@@ -69,6 +69,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             misplaced.append(f"{item.nodeid}: needs PostgreSQL or Spark, so it belongs in tests/integration")
     if misplaced:
         raise pytest.UsageError("tests in the wrong tier:\n  " + "\n  ".join(misplaced))
+    _longest_files_first(items, tests_dir)
+
+
+#: seconds a file with no figure in tests/durations.json is taken to need, by tier
+_UNKNOWN_FILE_SECONDS = {"unit": 1.0, "integration": 30.0, "scenario": 120.0}
+
+
+def _longest_files_first(items: list[pytest.Item], tests_dir: Path) -> None:
+    """Order the files by the seconds tests/durations.json gives them, longest first; a file's own tests
+    keep their order (scripts/test_durations.py says why and how to refresh the figures). Under xdist
+    (``--dist loadfile --no-loadscope-reorder``) this is the order workers get the files in."""
+    import json
+
+    figures = tests_dir / "durations.json"
+    seconds: dict[str, float] = json.loads(figures.read_text()) if figures.is_file() else {}
+    root = tests_dir.parent
+
+    def weight(item: pytest.Item) -> float:
+        name = item.path.resolve().relative_to(root).as_posix()
+        tier = item.path.resolve().relative_to(tests_dir).parts[0]
+        return seconds.get(name, _UNKNOWN_FILE_SECONDS.get(tier, 1.0))
+
+    items.sort(key=lambda item: -weight(item))  # stable: a file's tests stay together, in their order
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

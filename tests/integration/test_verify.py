@@ -34,7 +34,8 @@ def test_tampered_delta_table_is_reported(pg, spark, tmp_path):
         assert res.only_in_source == ["2\x1ff\x1f\\N\x1f\\N"] and res.only_in_target == ["2\x1ft\x1f\\N\x1f\\N"]
 
 
-def test_verify_command_exit_codes_and_no_dsn_in_output(pg, spark, tmp_path, capsys):
+def test_verify_command_exit_codes_and_no_dsn_in_output(pg, spark, tmp_path, capsys, no_spark):
+    """``no_spark``: delta-rs reads these tables, so the command starts no JVM."""
     from applier.cli import main
 
     with pg.connect() as conn:
