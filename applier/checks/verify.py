@@ -24,7 +24,6 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
 from applier.sink.store.picker import scanner
-from applier.sink.store.spark import SparkStore
 from applier.sources.sql_slot import pin_session
 from applier.values import SpecialValuePolicy
 
@@ -229,7 +228,7 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
-    store = scanner(path, spark) if reader == "auto" else SparkStore(spark)
+    store = scanner(path, spark, spark_only=reader == "spark")
     have = store.columns(path) if store.exists(path) else None
     if have is None:
         result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)

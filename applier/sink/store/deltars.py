@@ -39,6 +39,8 @@ _NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
 
 #: writer features delta-rs writes (a table with any other takes the Spark path)
 _WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
+#: reader features delta-rs reads and writes as Spark does (a table with any other is read through Spark)
+_READER_FEATURES = {"timestampNtz"}
 
 
 class DeltaRsStore:
@@ -64,7 +66,7 @@ class DeltaRsStore:
             return False
         writer = set(protocol.writer_features or ())
         reader = set(protocol.reader_features or ())
-        return writer <= _WRITER_FEATURES and reader <= {"timestampNtz"} and \
+        return writer <= _WRITER_FEATURES and reader <= _READER_FEATURES and \
             (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)
 
     def can_scan(self, path: str) -> bool:
@@ -74,7 +76,7 @@ class DeltaRsStore:
         if not self.can_open(path) or not self.exists(path):
             return False
         version, features = self.reader_protocol(path)
-        return version == 1 or (version == 3 and set(features) <= {"timestampNtz"})
+        return version == 1 or (version == 3 and set(features) <= _READER_FEATURES)
 
     def can_create(self, path: str, spec: TableSpec, options: TableOptions) -> bool:
         """Whether delta-rs creates this table exactly as Spark's ``CREATE TABLE`` would (the same schema

@@ -29,11 +29,11 @@ def reader(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkSto
     return DELTARS if DELTARS.can_open(path) else SparkStore(spark)
 
 
-def scanner(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
+def scanner(path: str, spark: SparkLike | None = None, *, spark_only: bool = False) -> DeltaRsStore | SparkStore:
     """The store that reads the rows of the table at ``path`` (``verify``): delta-rs where it reads them
-    as Spark does (no JVM), else Spark. A path that holds no table gets Spark's store, whose ``exists``
-    says so."""
-    return DELTARS if DELTARS.can_scan(path) else SparkStore(spark)
+    as Spark does (no JVM), else Spark; ``spark_only``: Spark in any case (what a Spark consumer sees).
+    A path that holds no table gets Spark's store, whose ``exists`` says so."""
+    return DELTARS if not spark_only and DELTARS.can_scan(path) else SparkStore(spark)
 
 
 def writer(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:

@@ -72,11 +72,12 @@ class SparkStore:
         from pyspark.sql import functions as F
         from pyspark.sql.types import TimestampType
 
+        from applier.sink.extras import live_rows
         from applier.sink.naming import quote_identifier
 
         df = self.session(f"{path}: a table delta-rs cannot read").read.format("delta").load(path)
         if unless is not None:
-            df = df.filter(~F.coalesce(F.col(quote_identifier(unless)), F.lit(False)))
+            df = live_rows(df, unless)
         df = df.select(*[quote_identifier(c) for c in columns])
         instants = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
         if not any(instants):
