@@ -407,8 +407,8 @@ class DeltaApplier:
         """One table's commit of a group (run side by side with the other tables', in ``spark``, a
         session of its own, started only when this commit needs Spark)."""
         why = "a MERGE merge_engine 'spark' asks for" if self.settings.merge_engine == "spark" else \
-            "a MERGE delta-rs does not write (a key-less table, unchanged TOAST values, a feature or key type " \
-            "delta-rs does not handle)"
+            "a MERGE delta-rs does not write (a key-less table with floating-point or nested columns, a feature " \
+            "or key type delta-rs does not handle)"
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
         store = self.stores.merger(path, spec, spark)
         result = None

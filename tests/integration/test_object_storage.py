@@ -45,8 +45,8 @@ def _raw_log(tmp_path: Path) -> Path:
 
 
 def _config(tmp_path: Path, raw: Path, target: str, **apply: object) -> Path:
-    """Every keyed table of the capture: delta-rs writes them all, no JVM (the key-less one takes Spark's
-    multiset MERGE: test_spark_writes_s3_too...)."""
+    """Every keyed table of the capture: delta-rs writes them all, no JVM (the key-less one is left to
+    test_spark_writes_s3_too... and test_target_storage_options_alone...)."""
     import yaml
 
     path = tmp_path / f"replay-{abs(hash(target))}.yaml"
@@ -426,9 +426,9 @@ def test_a_name_that_needs_an_escape_is_refused_on_s3_and_a_plain_one_with_space
 def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_and_the_lock(s3, spark, tmp_path):
     """No AWS variable in the process: endpoint, credentials and region come only from the config's
     ``target.storage_options``. A fresh `applier replay` reads its raw log from the target's bucket
-    (pyarrow), takes the lease (obstore), writes the keyed tables with delta-rs and the key-less one
-    with Spark's multiset MERGE (S3A, per-bucket Hadoop settings), and ends equal to the same log replayed
-    into a local directory; `status` reads the tables with the same options; no secret is printed."""
+    (pyarrow), takes the lease (obstore), writes every table with delta-rs and the change feed of one
+    with Spark (S3A, per-bucket Hadoop settings), and ends equal to the same log replayed into a local
+    directory; `status` reads the tables with the same options; no secret is printed."""
     import yaml
 
     raw = _raw_log(tmp_path)
@@ -441,7 +441,8 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
         "aws_region": s3.env["AWS_REGION"], "aws_endpoint_url": s3.env["AWS_ENDPOINT_URL"], "aws_allow_http": "true"}}
     config, mirror_config = tmp_path / "options.yaml", tmp_path / "mirror.yaml"
     config.write_text(yaml.safe_dump({"source_log": f"s3://{bucket}/raw", "distributed": {"mode": "off"},
-                                      "target": section}))
+                                      "target": section,
+                                      "tables": {"rules": [{"match": "public.items", "changes": True}]}}))
     mirror_config.write_text(yaml.safe_dump({"target": section}))
     local = tmp_path / "local"
     assert main(["replay", "--source", str(raw), "--target", str(local)]) == ExitCode.OK
@@ -454,7 +455,9 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
         assert secret not in done.stdout + done.stderr
     assert all(name in done.stdout for name in ("public.items", "public.full_rows")), done.stdout
     on_s3, in_dir = _contents(target), _contents(local)
-    assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]  # Spark wrote it
+    assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]
+    feed = DeltaTable(f"{target}/_changes/public/items", storage_options=section["storage_options"])
+    assert feed.to_pyarrow_table().num_rows and feed.history(1)[0]["engineInfo"].startswith("Apache-Spark")
     assert {k: rows for k, (_, rows) in on_s3.items()} == {k: rows for k, (_, rows) in in_dir.items()}
     assert ObjectStore(target).get(LOCK_KEY) is None
     # the same config without its options, and no variables: the store cannot be reached, exit 2

@@ -73,10 +73,7 @@ class DeltaRsStore:
         """Whether delta-rs reads the rows of the table at ``path`` as Spark reads them: a table it opens
         whose reader protocol asks for nothing beyond ``timestampNtz`` (column mapping, type widening and
         deletion vectors change what a scan of the files means: Spark reads those)."""
-        if not self.can_open(path) or not self.exists(path):
-            return False
-        version, features = self.reader_protocol(path)
-        return version == 1 or (version == 3 and set(features) <= _READER_FEATURES)
+        return self.can_open(path) and self.exists(path) and reads_rows(self.open(path))
 
     def can_create(self, path: str, spec: TableSpec, options: TableOptions) -> bool:
         """Whether delta-rs creates this table exactly as Spark's ``CREATE TABLE`` would (the same schema
@@ -240,6 +237,15 @@ class DeltaRsStore:
         table.create_checkpoint()
         table.cleanup_metadata()
         return int(table.version())
+
+
+def reads_rows(table: Any) -> bool:
+    """Whether delta-rs reads the rows of this opened ``deltalake.DeltaTable`` as Spark reads them (see
+    ``DeltaRsStore.can_scan``); a commit that must read the target first (applier.sink.store.rsmerge)
+    asks it too."""
+    protocol = table.protocol()
+    version = int(protocol.min_reader_version)
+    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= _READER_FEATURES)
 
 
 def spark_like(column: Any) -> list[Any]:

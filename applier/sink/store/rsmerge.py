@@ -7,18 +7,25 @@ the same Delta commit: the same rows, the applied version as the same ``txn`` ac
 idempotent writes record, the same ``userMetadata``; Spark, delta-rs and every other reader see
 one table.
 
-Which plans: keyed tables whose fold resolved every unchanged-TOAST value itself (no lookup in the
-target) and whose keys hold no NULL, i.e. the common case. A multiset (key-less) table, a plan that
-must read TOAST values from the target, and a table delta-rs cannot write (type widening, column
-mapping, a path holding ``%``) go through Spark (applier.sink.merge). The caller decides per table.
+Which plans: keyed tables whose keys hold no NULL (unchanged-TOAST values the fold could not resolve
+are read from the target row of their lookup key, in Arrow, from the version the MERGE replaces), and
+key-less (multiset) tables whose columns compare in DataFusion as in PostgreSQL (no floating point,
+no nested types): the same MERGE Spark makes (applier.sink.merge). Anything else, and a table
+delta-rs cannot write (type widening, column mapping, a path holding ``%``), goes through Spark.
+The caller decides per table.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from applier.errors import SinkError
+from applier.sink.plan import freeze, rows_after_truncate
+from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
+from applier.sink.store.deltars import reads_rows
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -35,19 +42,20 @@ def _q(name: str) -> str:
 def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
                        version: int, description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when delta-rs would not make the same
-    commit (the caller then takes the Spark path): a key-less plan, a row that must take unchanged
-    TOAST values from the target, a NULL key, a value that does not convert to Arrow exactly, or a
-    table with columns the source no longer has (Spark fills them with NULL, delta-rs refuses)."""
+    commit (the caller then takes the Spark path): a NULL key, a key-less table whose values do not
+    compare as in PostgreSQL, a value that does not convert to Arrow exactly, or a table with columns
+    the source no longer has (Spark fills them with NULL, delta-rs refuses)."""
+    if plan.multiset:
+        return _apply_multiset(store, path, schema, plan, app_id=app_id, version=version, description=description)
     import pyarrow.compute as pc
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import write_deltalake
     from pyspark.sql.types import StringType, StructField
     from pyspark.sql.types import StructType as SparkStruct
 
-    if plan.multiset:
-        return None
     names = [f.name for f in schema.fields]
     ncols = len(names)
     rows: list[tuple[Any, ...]] = []
+    fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]] = []  # source row, lookup key, positions
     upserts = deletes = 0
     for entry in plan.keyed.values():  # one pass: the checks cost nothing extra on a million keys
         if entry.row is None:
@@ -57,23 +65,29 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
                 row[p] = v
             rows.append((*row, "D"))
         elif entry.unresolved:
-            return None
+            upserts += 1
+            fills.append((len(rows), entry.lookup_key, entry.unresolved))
+            rows.append((*(None if i in entry.unresolved else v for i, v in enumerate(entry.row)), "U"))
         else:
             upserts += 1
             rows.append((*entry.row, "U"))
     source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
-    if source is None or any(source.column(p).null_count for p in plan.key_positions):
+    if source is None or any(source.column(p).null_count - _filled_nulls(fills, p) for p in plan.key_positions):
         return None
 
-    table = store.open(path)
-    done = table.transaction_version(app_id)
-    if done is not None and int(done) >= version:  # what Spark's idempotent write does: nothing
+    table = _open_for(store, path, names, app_id, version)
+    if isinstance(table, CommitResult):
         return CommitResult(0, 0, plan.truncated)
-    if [f.name for f in table.schema().fields] != names:
+    if table is None:
         return None
-    properties = CommitProperties(app_transactions=[Transaction(app_id, version)],
-                                  custom_metadata={"userMetadata": description})
-    if plan.truncated or (may_be_empty and not table.file_uris()):
+    if fills:
+        if not reads_rows(table):  # the values to take are in files delta-rs does not read as Spark does
+            return None
+        source = _fill_from_target(table, source, schema, plan.key_positions, fills, description)
+        if source is None:
+            return None
+    properties = _properties(app_id, version, description)
+    if plan.truncated or (may_be_empty and not fills and not table.file_uris()):
         upserted = source.filter(pc.equal(source.column(ncols), "U")).drop_columns([OP_COL])
         write_deltalake(table, upserted, mode="overwrite" if plan.truncated else "append",
                         commit_properties=properties)
@@ -97,6 +111,153 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
      .when_not_matched_insert(updates=assignments, predicate=f"{op} = 'U'")
      .execute())
     return CommitResult(upserts, deletes, False)
+
+
+def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], position: int) -> int:
+    """How many of a key column's NULLs are placeholders the target fills (a soft-deleted row keeps its
+    key, so this is 0 unless the key itself is read from the target)."""
+    return sum(1 for _, _, unresolved in fills if position in unresolved)
+
+
+def _open_for(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int) -> Any:
+    """The table to commit to; a ``CommitResult`` when ``version`` is applied already (what Spark's
+    idempotent write does: nothing), None when its columns are not the plan's (Spark takes it)."""
+    table = store.open(path)
+    done = table.transaction_version(app_id)
+    if done is not None and int(done) >= version:
+        return CommitResult(0, 0, False)
+    if [f.name for f in table.schema().fields] != names:
+        return None
+    return table
+
+
+def _properties(app_id: str, version: int, description: str) -> Any:
+    """The commit's applied version as the ``txn`` action Spark's idempotent writes record, and its
+    ``userMetadata``."""
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(app_id, version)],
+                            custom_metadata={"userMetadata": description})
+
+
+def _candidates(table: Any, names: list[str], first: str, values: Any) -> Any:
+    """The target rows whose column ``first`` holds one of ``values`` (NULL included when they hold it),
+    read from the version the commit replaces; the file statistics skip the rest."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    present = pc.drop_null(values)
+    condition = ds.field(first).isin(present)
+    if values.null_count:
+        condition = condition | ds.field(first).is_null()
+    return table.to_pyarrow_dataset().to_table(columns=names, filter=condition)
+
+
+def _python_rows(table: Any, columns: list[str]) -> list[object]:
+    """Rows of ``columns`` as frozen Python tuples; both sides of a comparison come from Arrow of the
+    same types, so equal values give equal tuples."""
+    return [freeze(r) for r in zip(*(table.column(c).to_pylist() for c in columns), strict=True)]
+
+
+def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions: tuple[int, ...],
+                      fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], description: str) -> Any:
+    """``source`` with the unchanged-TOAST placeholders replaced by the target row's values (the row of
+    their lookup key): the last step of applier.sink.rowimage's walk, as Spark's MERGE does it. None
+    when a lookup key does not convert to Arrow (Spark takes the plan)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql.types import StructType as SparkStruct
+
+    names = [f.name for f in schema.fields]
+    key_names = [names[p] for p in key_positions]
+    known = [(row, key, unresolved) for row, key, unresolved in fills if key is not None]
+    wanted = arrow_table([key for _, key, _ in known], SparkStruct([schema.fields[p] for p in key_positions]))
+    if wanted is None:
+        return None
+    candidates = _candidates(table, names, key_names[0], wanted.column(0))
+    where = {key: n for n, key in enumerate(_python_rows(candidates, key_names))}
+    found = [where.get(key) for key in _python_rows(wanted, key_names)]
+    missing = len(fills) - len(known) + sum(1 for n in found if n is None)
+    if missing:
+        raise target_missing(missing, table=description, key_columns=key_names)
+    for i in sorted(set().union(*(unresolved for _, _, unresolved in fills))):
+        take: list[int | None] = [None] * source.num_rows
+        for (row, _, unresolved), n in zip(known, found, strict=True):
+            if i in unresolved:
+                take[row] = n
+        indices = pa.array(take, type=pa.int64())
+        field = source.schema.field(i)
+        values = candidates.column(i).take(indices).cast(field.type)
+        source = source.set_column(i, field, pc.if_else(pc.is_valid(indices), values, source.column(i)))
+    return source
+
+
+def _comparable(schema: StructType) -> bool:
+    """Whether DataFusion's equality of these columns is PostgreSQL's: not for floating point (NaN and
+    -0.0) nor for nested values, whose comparison the multiset MERGE would rely on."""
+    return all(f.dataType.typeName() not in ("float", "double", "array", "map", "struct") for f in schema.fields)
+
+
+def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+                    version: int, description: str) -> CommitResult | None:
+    """A key-less table's commit, as Spark makes it (applier.sink.merge): a truncated plan overwrites
+    the table with its rows; otherwise one MERGE deletes every copy of each touched row image and
+    inserts the new number of copies (the target's count plus the plan's signed count)."""
+    from deltalake import write_deltalake
+    from pyspark.sql.types import StringType, StructField
+    from pyspark.sql.types import StructType as SparkStruct
+
+    names = [f.name for f in schema.fields]
+    touched = [(img, delta) for img, delta in plan.counts.items() if delta != 0]
+    if not names or not _comparable(schema):
+        return None
+    if plan.truncated:
+        after = arrow_table(rows_after_truncate(plan, description), schema)
+        table = _open_for(store, path, names, app_id, version) if after is not None else None
+        if table is None:
+            return None
+        if isinstance(table, CommitResult):
+            return CommitResult(0, 0, True)
+        write_deltalake(table, after, mode="overwrite", commit_properties=_properties(app_id, version, description))
+        return CommitResult(after.num_rows, 0, True)
+    if not touched:  # every change cancelled out: no commit, as Spark
+        return CommitResult(0, 0, False)
+
+    images = arrow_table([plan.images[img] for img, _ in touched], schema)
+    if images is None:
+        return None
+    table = _open_for(store, path, names, app_id, version)
+    if isinstance(table, CommitResult) or table is None:
+        return table
+    if not reads_rows(table):  # the copies to count are in files delta-rs does not read as Spark does
+        return None
+    have = Counter(_python_rows(_candidates(table, names, names[0], images.column(0)), names))
+    rows: list[tuple[Any, ...]] = []
+    inserted = deleted = 0
+    for image, (img, delta) in zip(_python_rows(images, names), touched, strict=True):
+        now = have.get(image, 0)
+        want = now + delta
+        if want < 0:
+            raise SinkError(
+                "Postgres deleted more copies of a row than the Delta table holds: the table has "
+                "diverged from the source; rebuild it from a snapshot",
+                table=description, missing_copies=-want)
+        row = plan.images[img]
+        rows.append((*row, "D"))
+        rows.extend([(*row, "I")] * want)
+        inserted += max(want - now, 0)
+        deleted += max(now - want, 0)
+    source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
+    if source is None:
+        return None
+    op = f"s.{_q(OP_COL)}"
+    predicate = " AND ".join([*(f"(t.{_q(n)} IS NOT DISTINCT FROM s.{_q(n)})" for n in names), f"({op} = 'D')"])
+    (table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
+                 commit_properties=_properties(app_id, version, description))
+     .when_matched_delete()
+     .when_not_matched_insert(updates={_q(n): f"s.{_q(n)}" for n in names}, predicate=f"{op} = 'I'")
+     .execute())
+    return CommitResult(inserted, deleted, False)
 
 
 def _integer_type(t: Any) -> bool:

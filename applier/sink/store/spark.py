@@ -1,8 +1,8 @@
 """The Spark store: Delta tables through delta-spark, on the run's SparkSession (started when first
 needed: applier.spark.session.SparkProvider).
 
-It takes what delta-rs cannot: key-less (multiset) MERGEs, MERGEs that read unchanged TOAST values
-from the target, column mapping, type widening, deletion vectors, liquid clustering, and paths
+It takes what delta-rs cannot: key-less (multiset) MERGEs over floating-point or nested columns,
+floating-point keys, column mapping, type widening, deletion vectors, liquid clustering, and paths
 delta-rs cannot open (a ``%`` in an escaped name). Reads that need no job (does the table exist, its
 id) look at the log's files directly, so asking them starts no JVM.
 """

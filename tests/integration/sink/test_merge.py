@@ -167,9 +167,11 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
     DELTARS.merge(sp, SCHEMA, plan, app_id=app_id_for("t"), version=50, description="x")  # and the other way
     assert DeltaTable(rs).version() == before
     assert rows(spark, rs) == rows(spark, sp) == [(6, "six", None), (7, "seven", None)]
-    # what delta-rs does not take: a value to read from the target (unchanged TOAST), a key-less table
-    for changes, keys in (([Ch("U", (7, U, None))], (0,)), ([Ch("I", (7, "x", None))], ())):
-        plan = fold_changes(changes, COLS, keys, unchanged_marker=U)
+    # what delta-rs does not take: a value to read from a target it does not read as Spark does (column
+    # mapping: 'big note'), a key-less table whose rows it would compare differently (a list column)
+    toast = fold_changes([Ch("U", (7, U, ["t"]))], COLS, (0,), unchanged_marker=U)
+    bag = fold_changes([Ch("I", (7, "x", None))], COLS, (), unchanged_marker=U)
+    for plan in (toast, bag):
         assert DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=70, description="x") is None
     # a column dropped in the source stays in Delta: delta-rs would refuse the narrower rows, Spark takes them
     narrow = StructType(SCHEMA.fields[:2])
