@@ -276,9 +276,9 @@ class ApplySettings(_Model):
         0, ge=0, description="compact a table's small files (Delta OPTIMIZE) after this many applier commits "
         "to it; 0: never (run OPTIMIZE yourself)")
     merge_engine: Literal["auto", "spark"] = Field(
-        "auto", description="auto: a keyed table's commit is written by delta-rs from the fold's Arrow table "
-        "when that is the same commit (no unchanged-TOAST value to read from the target, a table delta-rs "
-        "can write, not a key-less table), else by a Spark MERGE, and the initial copy creates and writes "
+        "auto", description="auto: a table's commit is written by delta-rs from the fold's Arrow table when "
+        "that is the same commit (a table delta-rs can write and read; a key-less table without "
+        "floating-point or nested columns; no floating-point key), else by a Spark MERGE, and the initial copy creates and writes "
         "tables with delta-rs; spark: every write by Spark, the initial copy's too (e.g. on a cluster, or "
         "where delta-rs cannot reach the storage with its own credentials)")
     overlap_groups: bool = Field(
