@@ -140,17 +140,20 @@ def _properties(app_id: str, version: int, description: str) -> Any:
                             custom_metadata={"userMetadata": description})
 
 
-def _candidates(table: Any, names: list[str], first: str, values: Any) -> Any:
+def _candidates(table: Any, types: Any, first: str, values: Any) -> Any:
     """The target rows whose column ``first`` holds one of ``values`` (NULL included when they hold it),
-    read from the version the commit replaces; the file statistics skip the rest."""
+    read from the version the commit replaces (the file statistics skip the rest), as the Arrow types
+    of ``types`` (the commit's own: delta-rs may read a string as a view, a time zone by another name)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    present = pc.drop_null(values)
-    condition = ds.field(first).isin(present)
+    dataset = table.to_pyarrow_dataset()
+    condition = ds.field(first).isin(pc.drop_null(values).cast(dataset.schema.field(first).type))
     if values.null_count:
         condition = condition | ds.field(first).is_null()
-    return table.to_pyarrow_dataset().to_table(columns=names, filter=condition)
+    read = dataset.to_table(columns=types.names, filter=condition)
+    return pa.table([read.column(f.name).cast(f.type) for f in types], schema=types)
 
 
 def _python_rows(table: Any, columns: list[str]) -> list[object]:
@@ -174,7 +177,7 @@ def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions
     wanted = arrow_table([key for _, key, _ in known], SparkStruct([schema.fields[p] for p in key_positions]))
     if wanted is None:
         return None
-    candidates = _candidates(table, names, key_names[0], wanted.column(0))
+    candidates = _candidates(table, source.schema.remove(len(names)), key_names[0], wanted.column(0))
     where = {key: n for n, key in enumerate(_python_rows(candidates, key_names))}
     found = [where.get(key) for key in _python_rows(wanted, key_names)]
     missing = len(fills) - len(known) + sum(1 for n in found if n is None)
@@ -231,7 +234,7 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
         return table
     if not reads_rows(table):  # the copies to count are in files delta-rs does not read as Spark does
         return None
-    have = Counter(_python_rows(_candidates(table, names, names[0], images.column(0)), names))
+    have = Counter(_python_rows(_candidates(table, images.schema, names[0], images.column(0)), names))
     rows: list[tuple[Any, ...]] = []
     inserted = deleted = 0
     for image, (img, delta) in zip(_python_rows(images, names), touched, strict=True):
