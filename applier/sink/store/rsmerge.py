@@ -17,7 +17,6 @@ The caller decides per table.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
@@ -140,20 +139,37 @@ def _properties(app_id: str, version: int, description: str) -> Any:
                             custom_metadata={"userMetadata": description})
 
 
-def _candidates(table: Any, types: Any, first: str, values: Any) -> Any:
-    """The target rows whose column ``first`` holds one of ``values`` (NULL included when they hold it),
-    read from the version the commit replaces (the file statistics skip the rest), as the Arrow types
-    of ``types`` (the commit's own: delta-rs may read a string as a view, a time zone by another name)."""
+def _candidates(table: Any, types: Any, wanted: Any) -> Any:
+    """The target rows whose values in each of ``wanted``'s columns are among that column's values (NULL
+    included when it holds one): a superset of the rows matching a row of ``wanted``, read from the
+    version the commit replaces, as the Arrow types of ``types`` (the commit's own: delta-rs may read a
+    string as a view, a time zone by another name). An integer first column also lets the file
+    statistics skip files (only integers: a scan filter must match each file's own physical type)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     dataset = table.to_pyarrow_dataset()
-    condition = ds.field(first).isin(pc.drop_null(values).cast(dataset.schema.field(first).type))
-    if values.null_count:
-        condition = condition | ds.field(first).is_null()
-    read = dataset.to_table(columns=types.names, filter=condition)
-    return pa.table([read.column(f.name).cast(f.type) for f in types], schema=types)
+    first = wanted.column_names[0]
+    skip = None
+    if _integer_type(wanted.schema.field(first).type) and _integer_type(dataset.schema.field(first).type):
+        present = pc.drop_null(wanted.column(first))
+        skip = ds.field(first).isin(present.cast(dataset.schema.field(first).type))
+        if wanted.column(first).null_count:
+            skip = skip | ds.field(first).is_null()
+    kept = []
+    for batch in dataset.to_batches(columns=types.names, filter=skip):
+        columns = [batch.column(f.name).cast(f.type) for f in types]
+        mask = None
+        for name in wanted.column_names:
+            values = wanted.column(name)
+            among = pc.is_in(columns[types.get_field_index(name)], value_set=pc.drop_null(values).combine_chunks(),
+                             skip_nulls=True)
+            if values.null_count:
+                among = pc.or_kleene(among, pc.is_null(columns[types.get_field_index(name)]))
+            mask = among if mask is None else pc.and_kleene(mask, among)
+        kept.append(pa.RecordBatch.from_arrays(columns, schema=types).filter(pc.fill_null(mask, False)))
+    return pa.Table.from_batches(kept, schema=types)
 
 
 def _python_rows(table: Any, columns: list[str]) -> list[object]:
@@ -177,7 +193,7 @@ def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions
     wanted = arrow_table([key for _, key, _ in known], SparkStruct([schema.fields[p] for p in key_positions]))
     if wanted is None:
         return None
-    candidates = _candidates(table, source.schema.remove(len(names)), key_names[0], wanted.column(0))
+    candidates = _candidates(table, source.schema.remove(len(names)), wanted)
     where = {key: n for n, key in enumerate(_python_rows(candidates, key_names))}
     found = [where.get(key) for key in _python_rows(wanted, key_names)]
     missing = len(fills) - len(known) + sum(1 for n in found if n is None)
@@ -234,7 +250,11 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
         return table
     if not reads_rows(table):  # the copies to count are in files delta-rs does not read as Spark does
         return None
-    have = Counter(_python_rows(_candidates(table, images.schema, names[0], images.column(0)), names))
+    # the copies the target holds of each touched image, counted in Arrow (a key-less table may hold
+    # millions of rows like them): only the distinct rows come to Python
+    copies = _candidates(table, images.schema, images).group_by(names, use_threads=False).aggregate(
+        [([], "count_all")])
+    have = dict(zip(_python_rows(copies, names), copies.column("count_all").to_pylist(), strict=True))
     rows: list[tuple[Any, ...]] = []
     inserted = deleted = 0
     for image, (img, delta) in zip(_python_rows(images, names), touched, strict=True):
