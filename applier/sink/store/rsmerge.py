@@ -20,11 +20,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
-from applier.sink.plan import freeze, rows_after_truncate
+from applier.sink.plan import rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
 from applier.sink.store.deltars import reads_rows
+from applier.sink.store.readback import frozen_rows, matching
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -139,45 +140,6 @@ def _properties(app_id: str, version: int, description: str) -> Any:
                             custom_metadata={"userMetadata": description})
 
 
-def _candidates(table: Any, types: Any, wanted: Any) -> Any:
-    """The target rows whose values in each of ``wanted``'s columns are among that column's values (NULL
-    included when it holds one): a superset of the rows matching a row of ``wanted``, read from the
-    version the commit replaces, as the Arrow types of ``types`` (the commit's own: delta-rs may read a
-    string as a view, a time zone by another name). An integer first column also lets the file
-    statistics skip files (only integers: a scan filter must match each file's own physical type)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    dataset = table.to_pyarrow_dataset()
-    first = wanted.column_names[0]
-    skip = None
-    if _integer_type(wanted.schema.field(first).type) and _integer_type(dataset.schema.field(first).type):
-        present = pc.drop_null(wanted.column(first))
-        skip = ds.field(first).isin(present.cast(dataset.schema.field(first).type))
-        if wanted.column(first).null_count:
-            skip = skip | ds.field(first).is_null()
-    kept = []
-    for batch in dataset.to_batches(columns=types.names, filter=skip):
-        columns = [batch.column(f.name).cast(f.type) for f in types]
-        mask = None
-        for name in wanted.column_names:
-            values = wanted.column(name)
-            among = pc.is_in(columns[types.get_field_index(name)], value_set=pc.drop_null(values).combine_chunks(),
-                             skip_nulls=True)
-            if values.null_count:
-                among = pc.or_kleene(among, pc.is_null(columns[types.get_field_index(name)]))
-            mask = among if mask is None else pc.and_kleene(mask, among)
-        kept.append(pa.RecordBatch.from_arrays(columns, schema=types).filter(pc.fill_null(mask, False)))
-    return pa.Table.from_batches(kept, schema=types)
-
-
-def _python_rows(table: Any, columns: list[str]) -> list[object]:
-    """Rows of ``columns`` as frozen Python tuples; both sides of a comparison come from Arrow of the
-    same types, so equal values give equal tuples."""
-    return [freeze(r) for r in zip(*(table.column(c).to_pylist() for c in columns), strict=True)]
-
-
 def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions: tuple[int, ...],
                       fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], description: str) -> Any:
     """``source`` with the unchanged-TOAST placeholders replaced by the target row's values (the row of
@@ -193,9 +155,9 @@ def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions
     wanted = arrow_table([key for _, key, _ in known], SparkStruct([schema.fields[p] for p in key_positions]))
     if wanted is None:
         return None
-    candidates = _candidates(table, source.schema.remove(len(names)), wanted)
-    where = {key: n for n, key in enumerate(_python_rows(candidates, key_names))}
-    found = [where.get(key) for key in _python_rows(wanted, key_names)]
+    candidates = matching(table.to_pyarrow_dataset(), source.schema.remove(len(names)), wanted)
+    where = {key: n for n, key in enumerate(frozen_rows(candidates, key_names))}
+    found = [where.get(key) for key in frozen_rows(wanted, key_names)]
     missing = len(fills) - len(known) + sum(1 for n in found if n is None)
     if missing:
         raise target_missing(missing, table=description, key_columns=key_names)
@@ -252,12 +214,12 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
         return None
     # the copies the target holds of each touched image, counted in Arrow (a key-less table may hold
     # millions of rows like them): only the distinct rows come to Python
-    copies = _candidates(table, images.schema, images).group_by(names, use_threads=False).aggregate(
+    copies = matching(table.to_pyarrow_dataset(), images.schema, images).group_by(names, use_threads=False).aggregate(
         [([], "count_all")])
-    have = dict(zip(_python_rows(copies, names), copies.column("count_all").to_pylist(), strict=True))
+    have = dict(zip(frozen_rows(copies, names), copies.column("count_all").to_pylist(), strict=True))
     rows: list[tuple[Any, ...]] = []
     inserted = deleted = 0
-    for image, (img, delta) in zip(_python_rows(images, names), touched, strict=True):
+    for image, (img, delta) in zip(frozen_rows(images, names), touched, strict=True):
         now = have.get(image, 0)
         want = now + delta
         if want < 0:
