@@ -278,9 +278,9 @@ class ApplySettings(_Model):
     merge_engine: Literal["auto", "spark"] = Field(
         "auto", description="auto: a table's commit is written by delta-rs from the fold's Arrow table when "
         "that is the same commit (a table delta-rs can write and read; a key-less table without "
-        "floating-point or nested columns; no floating-point key), else by a Spark MERGE, and the initial copy creates and writes "
-        "tables with delta-rs; spark: every write by Spark, the initial copy's too (e.g. on a cluster, or "
-        "where delta-rs cannot reach the storage with its own credentials)")
+        "floating-point or nested columns; no floating-point key), else by a Spark MERGE, and the initial "
+        "copy creates and writes tables with delta-rs; spark: every write by Spark, the initial copy's too "
+        "(e.g. on a cluster, or where delta-rs cannot reach the storage with its own credentials)")
     overlap_groups: bool = Field(
         False, description="decode and assemble the next group while the previous one is committed to Delta "
         "(one group in flight; memory up to two groups). Positions are still confirmed only after the "

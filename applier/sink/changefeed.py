@@ -17,25 +17,20 @@ app id), so a re-run adds nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
-from applier.sink.extras import live_rows
-from applier.sink.idempotence import app_id_for, is_delta_table
-from applier.sink.merge import restrict_to_keys
-from applier.sink.naming import quote_identifier as q
+from applier.sink.idempotence import app_id_for
 from applier.sink.plan import freeze
 from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
 from applier.sink.schema import with_added_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.types import StructField
-
     from applier.sink.schema import TableSpec
 
 OP, COMMIT_LSN, ORDINAL, COMMIT_TIME = "__op", "__commit_lsn", "__ordinal", "__commit_time"
@@ -59,49 +54,31 @@ def feed_spec(table: TableSpec) -> TableSpec:
                                       StructField(COMMIT_TIME, TimestampType(), True)], "change feed")
 
 
+#: the mirror table's rows whose key is one of the keys given (every row: None), by frozen key
+#: (applier.sink.derived reads them through the table's store)
+ReadMirror = Callable[[list[tuple[Any, ...]] | None], dict[object, list[Any]]]
+
+
 @dataclass(slots=True)
 class MirrorRows:
     """The mirror table's rows as they were before the walk's first transaction: read by key on
-    demand (one query for the keys the group continues), or all of them for a TRUNCATE."""
+    demand (one read for the keys the group continues), or all of them for a TRUNCATE."""
 
-    spark: SparkSession
-    path: str
-    names: list[str]
-    key_positions: tuple[int, ...]
-    live_filter: str | None  # soft deletes: the rows still in Postgres
+    read: ReadMirror
     rows: dict[object, list[Any]] | None = None
     everything: bool = False
 
-    def load(self, keys: list[tuple[Any, ...]], key_fields: list[StructField]) -> None:
-        self.rows = self._read(keys, key_fields)
+    def load(self, keys: list[tuple[Any, ...]]) -> None:
+        self.rows = self.read(keys) if keys else {}
 
     def get(self, frozen: object) -> list[Any] | None:
         return (self.rows or {}).get(frozen)
 
     def all_keys(self) -> dict[object, list[Any]]:
         if not self.everything:
-            self.rows = self._read(None, None)
+            self.rows = self.read(None)
             self.everything = True
         return dict(self.rows or {})
-
-    def _read(self, keys: list[tuple[Any, ...]] | None,
-              key_fields: list[StructField] | None) -> dict[object, list[Any]]:
-        from pyspark.sql import functions as F
-
-        if (keys is not None and not keys) or not is_delta_table(self.path):
-            return {}
-        df = self.spark.read.format("delta").load(self.path)
-        if self.live_filter is not None:
-            df = live_rows(df, self.live_filter)
-        have = set(df.columns)  # a column the group adds is not in the mirror table yet: NULL there
-        df = df.select(*[F.col(q(n)) if n in have else F.lit(None).alias(n) for n in self.names])
-        if keys is not None and key_fields is not None:
-            df = restrict_to_keys(self.spark, df, key_fields, keys)
-        out: dict[object, list[Any]] = {}
-        for r in df.toLocalIterator():
-            values = list(r)
-            out[freeze(tuple(values[i] for i in self.key_positions))] = values
-        return out
 
 
 def feed_rows(events: list[FeedEvent], key_positions: tuple[int, ...], ncols: int, mirror: MirrorRows,

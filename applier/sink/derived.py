@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from applier.catalog import SchemaVersion
 from applier.changes import TableBatch
@@ -41,6 +41,9 @@ from applier.sink.merge import write_rows
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, table_location
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
+from applier.sink.store.arrow import arrow_table
+from applier.sink.store.picker import scanner
+from applier.sink.store.spark import SparkStore
 from applier.spark.session import SparkLike, SparkProvider
 from applier.storage.location import is_object_store, join
 from applier.storage.moves import TableInTheWay, move_table_on_store
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
     from applier.sink.store import StorePicker
 
@@ -88,8 +92,13 @@ class DerivedTables:
     """The history and change feed tables of a target's mirrored tables."""
 
     def __init__(self, spark: SparkLike, target_dir: str, tables: TablesSettings,
-                 mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str]) -> None:
+                 mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str], *,
+                 stores: StorePicker | None = None) -> None:
+        from applier.sink.store import StorePicker
+
         self._spark = SparkProvider.of(spark)
+        #: which store creates, reads and writes each derived table (delta-rs where it can: no JVM)
+        self.stores = stores if stores is not None else StorePicker(self._spark)
         self.target_dir = target_dir
         self.tables = tables
         self._mirror_version = mirror_version  # (namespace, name) -> the mirror table's applied version
@@ -100,8 +109,8 @@ class DerivedTables:
 
     @property
     def spark(self) -> SparkSession:
-        """The session (started now when it is not: only tables with derived tables get here)."""
-        return self._spark.get("history or change feed tables")
+        """The session (started now when it is not): a history or change feed commit delta-rs does not make."""
+        return self._spark.get("history or change feed tables delta-rs does not write")
 
     def kinds(self, qualified: str) -> list[_Kind]:
         rule = self.tables.rule_for(qualified)
@@ -155,7 +164,7 @@ class DerivedTables:
                 cache.pop(dst, None)
             self._exists.discard(src)
             if new_name is not None and (location(dst) / "_delta_log").is_dir():
-                carry_applied_version(self.spark, dst, kind.app_id(old_name), kind.app_id(new_name), {})
+                carry_applied_version(self._spark, dst, kind.app_id(old_name), kind.app_id(new_name), {})
 
     def missing(self, namespace: str, name: str) -> bool:
         """A derived table the rules ask for does not exist (turned on after the copy, or deleted)."""
@@ -181,7 +190,8 @@ class DerivedTables:
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         if self._schema_seen.get(path) is schema_version:
             return
-        ensure_table(self.spark, path, spec, None)
+        ensure_table(self._spark, path, spec, None, stores=self.stores)
+        self.stores.forget(path)  # created or evolved: its protocol is read again
         self._schema_seen[path] = schema_version
         self._exists.add(path)
 
@@ -190,7 +200,7 @@ class DerivedTables:
         does not exist stops the run (what happened before is not in the stream any more)."""
         done = self._applied.get(path)
         if done is None and is_delta_table(path):
-            done = applied_version(self.spark, path, kind.app_id(source_name))
+            done = applied_version(self._spark, path, kind.app_id(source_name))
         elif done is None and self._mirror_version(namespace, name) is not None:
             raise SinkError(f"{kind.name} is on but the table has no {kind.name} table (turned on after the table "
                             f"was copied, or deleted); the mirror copies such a table again and starts its "
@@ -214,8 +224,16 @@ class DerivedTables:
         commits = 0
         for path, spec, plan, description in histories:
             if not plan.empty:
-                retry_on_conflict(partial(commit_history, self.spark, path, spec, plan, version=group_end,
-                                          description=description), table=spec.source_name)
+                app_id = history_app_id(spec.source_name)
+                store = self.stores.merger(path, spec)
+                written = None
+                if not isinstance(store, SparkStore):  # delta-rs may decline the plan (None): Spark makes it
+                    written = retry_on_conflict(partial(store.merge_history, path, spec, plan, app_id=app_id,
+                                                        version=group_end, description=description),
+                                                table=spec.source_name)
+                if written is None:
+                    retry_on_conflict(partial(commit_history, self.spark, path, spec, plan, version=group_end,
+                                              description=description, app_id=app_id), table=spec.source_name)
                 commits += 1
             self._applied[path] = group_end
         return commits
@@ -246,7 +264,8 @@ class DerivedTables:
             tracked = tuple(range(len(names)))
         layouts = Layouts(names)
         events = [(b.commit_lsn, commit_datetime(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
-        target = read_open_versions(self.spark, path, spec, keys_continued((e[2] for e in events), key_positions))
+        read = partial(self._rows_by_key, path, key_columns=spec.key_columns)
+        target = read_open_versions(read, spec, keys_continued((e[2] for e in events), key_positions))
         plan = plan_history(events, key_positions, tracked, target, UNCHANGED_TOAST)
         description = f"{table.source_name} history end_lsn={format_lsn(group_end)} transactions={len(todo)}"
         return path, spec, plan, description
@@ -271,14 +290,24 @@ class DerivedTables:
         layouts = Layouts(names)
         events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
+        from pyspark.sql.types import StructType
+
         deleted = table.extra.deleted if table.extra is not None else None
-        mirror = MirrorRows(self.spark, self._mirror_path(ns, name), list(names), key_positions, deleted)
-        mirror.load(keys_continued((e[2] for e in events), key_positions), [spec.schema[k] for k in spec.key_columns])
+        own = StructType(spec.schema.fields[:len(names)])
+        mirror = MirrorRows(partial(self._rows_by_key, self._mirror_path(ns, name), own,
+                                    key_columns=spec.key_columns, unless=deleted))
+        mirror.load(keys_continued((e[2] for e in events), key_positions))
         rows = feed_rows(events, key_positions, len(names), mirror, UNCHANGED_TOAST)
         description = f"{table.source_name} changes end_lsn={format_lsn(group_end)} transactions={len(todo)}"
-        retry_on_conflict(partial(write_rows, self.spark, path, spec.schema, rows, replace=False,
-                                  tag=(feed_app_id(table.source_name), group_end, description)),
-                          table=table.source_name)
+        tag = (feed_app_id(table.source_name), group_end, description)
+        piece = arrow_table(rows, spec.schema)
+        store = self.stores.copier(path, spec)
+        if piece is None or isinstance(store, SparkStore):  # a value Arrow cannot hold: Spark's row by row
+            retry_on_conflict(partial(write_rows, self.spark, path, spec.schema, rows, replace=False, tag=tag),
+                              table=table.source_name)
+        else:
+            retry_on_conflict(partial(store.write_arrow, path, piece, mode="append", tag=tag),
+                              table=table.source_name)
         self._applied[path] = group_end
         crashpoint("feed_committed")
 
@@ -293,7 +322,7 @@ class DerivedTables:
         for kind in self.kinds(table.source_name):
             spec = self.spec(kind, table)
             path = self.path(kind, ns, name)
-            if is_delta_table(path) and applied_version(self.spark, path, kind.app_id(table.source_name)) is not None:
+            if is_delta_table(path) and applied_version(self._spark, path, kind.app_id(table.source_name)) is not None:
                 continue  # it exists and follows the stream: a copy of the table (table sync) leaves it alone
             self._ensure(path, spec, schema_version)
             stores.forget(path)  # just created or evolved: its protocol is read again
@@ -301,10 +330,24 @@ class DerivedTables:
             description = f"{table.source_name} {kind.name} snapshot at {format_lsn(lsn)}"
             tag = (kind.app_id(table.source_name), lsn, description)
             loaders.append(SnapshotLoader(
-                self.spark, path, spec, source_columns, tag=tag, commit_bytes=commit_bytes,
+                self._spark, path, spec, source_columns, tag=tag, commit_bytes=commit_bytes,
                 on_done=partial(self._copied, path, lsn), constants=constants,
                 store=stores.copier(path, spec)))
         return loaders
+
+    def _rows_by_key(self, path: str, schema: StructType, keys: list[tuple[Any, ...]] | None, *,
+                     key_columns: tuple[str, ...], open_only: str | None = None,
+                     unless: str | None = None) -> dict[object, list[Any]]:
+        """The rows of ``schema``'s columns of the table at ``path`` whose key is one of ``keys`` (every row:
+        None), by frozen key: read by delta-rs where it reads the table as Spark does, else by Spark."""
+        if not is_delta_table(path):
+            return {}
+        store = scanner(path, self._spark)
+        rows = store.rows_by_key(path, schema, key_columns, keys, open_only=open_only, unless=unless)
+        if rows is None:
+            rows = SparkStore(self._spark).rows_by_key(path, schema, key_columns, keys, open_only=open_only,
+                                                      unless=unless)
+        return rows
 
     def _copied(self, path: str, lsn: int, _rows: int) -> None:
         self._applied[path] = lsn

@@ -212,7 +212,8 @@ class DeltaApplier:
         self._written: set[str] = set()  # table paths this run has written rows to
         #: which store (delta-rs or Spark) creates, merges into and copies into each table
         self.stores = stores if stores is not None else StorePicker(self.spark, merge_engine=self.settings.merge_engine)
-        self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for)
+        self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for,
+                                     stores=self.stores)
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
         self.identities = identities(self.targets) if identities is not None else None
         if self.identities is not None:

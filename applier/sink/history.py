@@ -18,15 +18,14 @@ leaves the history to catch up from the log like any table behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_TRUNCATE, TableChange
 from applier.errors import SinkError
-from applier.sink.idempotence import app_id_for, idempotent_write, is_delta_table
-from applier.sink.merge import restrict_to_keys
+from applier.sink.idempotence import app_id_for, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
 from applier.sink.rowimage import TOAST, check_key, refusal, resolve
@@ -188,36 +187,36 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
     return plan
 
 
-def read_open_versions(spark: SparkSession, path: str, spec: TableSpec,
-                       keys: list[tuple[Any, ...]]) -> dict[object, tuple[int, datetime | None, list[Any]]]:
-    """The target's open versions of ``keys`` (start LSN, start time, the table's own values)."""
-    from pyspark.sql import functions as F
+#: the rows of a table's columns (``StructType``) whose key is one of ``keys``, by frozen key, with
+#: ``open_only`` naming a column that must be NULL (applier.sink.store: ``rows_by_key`` of a store)
+RowsOf = Callable[..., dict[object, list[Any]]]
 
-    if not keys or not is_delta_table(path):
+
+def read_open_versions(read: RowsOf, spec: TableSpec,
+                       keys: list[tuple[Any, ...]]) -> dict[object, tuple[int, datetime | None, list[Any]]]:
+    """The target's open versions of ``keys`` (start LSN, start time, the table's own values), read by
+    ``read`` (the history table's store)."""
+    from pyspark.sql.types import StructType
+
+    if not keys:
         return {}
-    names = list(spec.source_column_names)
-    key_names = list(spec.key_columns)
-    opened = spark.read.format("delta").load(path).filter(F.col(END_LSN).isNull())
-    rows = restrict_to_keys(spark, opened, [spec.schema[k] for k in key_names], keys).select(
-        *[F.col(q(n)) for n in names], F.col(START_LSN), F.col(START_AT)).collect()
-    positions = tuple(names.index(k) for k in key_names)
-    out: dict[object, tuple[int, datetime | None, list[Any]]] = {}
-    for r in rows:
-        values = list(r)[:len(names)]
-        out[freeze(key_of(values, positions))] = (int(r[START_LSN]), r[START_AT], values)
-    return out
+    own = len(spec.source_column_names)
+    schema = StructType([*spec.schema.fields[:own], spec.schema[START_LSN], spec.schema[START_AT]])
+    rows = read(schema, keys, open_only=END_LSN)
+    return {key: (int(v[own]), v[own + 1], v[:own]) for key, v in rows.items()}
 
 
 def commit_history(spark: SparkSession, path: str, spec: TableSpec, plan: HistoryPlan, *, version: int,
-                   description: str) -> int:
-    """Write ``plan`` in one idempotent commit; returns the versions it wrote or changed."""
+                   description: str, app_id: str | None = None) -> int:
+    """Write ``plan`` in one idempotent commit (``app_id``: the history's own, by default); returns the
+    versions it wrote or changed."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     from applier.sink.merge import _null_safe_all, _source_frame
 
-    app_id = history_app_id(spec.source_name)
+    app_id = app_id if app_id is not None else history_app_id(spec.source_name)
     names = list(spec.column_names)
     rows = [(*r, "U") for r in plan.updates] + [(*r, "I") for r in plan.inserts]
     source = _source_frame(spark, rows, StructType(list(spec.schema.fields) + [StructField(_KIND, StringType())]))

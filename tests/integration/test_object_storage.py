@@ -426,7 +426,7 @@ def test_a_name_that_needs_an_escape_is_refused_on_s3_and_a_plain_one_with_space
 def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_and_the_lock(s3, spark, tmp_path):
     """No AWS variable in the process: endpoint, credentials and region come only from the config's
     ``target.storage_options``. A fresh `applier replay` reads its raw log from the target's bucket
-    (pyarrow), takes the lease (obstore), writes every table with delta-rs and the change feed of one
+    (pyarrow), takes the lease (obstore), writes the tables with delta-rs but the liquid-clustered one
     with Spark (S3A, per-bucket Hadoop settings), and ends equal to the same log replayed into a local
     directory; `status` reads the tables with the same options; no secret is printed."""
     import yaml
@@ -436,13 +436,14 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
     ObjectStore(f"s3://{bucket}/raw").put("part-00000.parquet", raw.read_bytes())
     target = f"s3://{bucket}/mirror"
     secret = s3.env["AWS_SECRET_ACCESS_KEY"]
-    section = {"path": target, "storage_options": {
-        "aws_access_key_id": s3.env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": secret,
-        "aws_region": s3.env["AWS_REGION"], "aws_endpoint_url": s3.env["AWS_ENDPOINT_URL"], "aws_allow_http": "true"}}
+    options = {"aws_access_key_id": s3.env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": secret,
+               "aws_region": s3.env["AWS_REGION"], "aws_endpoint_url": s3.env["AWS_ENDPOINT_URL"],
+               "aws_allow_http": "true"}
+    section = {"path": target, "storage_options": options}
     config, mirror_config = tmp_path / "options.yaml", tmp_path / "mirror.yaml"
     config.write_text(yaml.safe_dump({"source_log": f"s3://{bucket}/raw", "distributed": {"mode": "off"},
                                       "target": section,
-                                      "tables": {"rules": [{"match": "public.items", "changes": True}]}}))
+                                      "tables": {"rules": [{"match": "public.full_rows", "cluster_by": ["a"]}]}}))
     mirror_config.write_text(yaml.safe_dump({"target": section}))
     local = tmp_path / "local"
     assert main(["replay", "--source", str(raw), "--target", str(local)]) == ExitCode.OK
@@ -456,8 +457,11 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
     assert all(name in done.stdout for name in ("public.items", "public.full_rows")), done.stdout
     on_s3, in_dir = _contents(target), _contents(local)
     assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]
-    feed = DeltaTable(f"{target}/_changes/public/items", storage_options=section["storage_options"])
-    assert feed.to_pyarrow_table().num_rows and feed.history(1)[0]["engineInfo"].startswith("Apache-Spark")
+    def writers(table: str) -> set[str]:
+        return {c.get("engineInfo", c.get("clientVersion", "")).split("/")[0].split(":")[0]
+                for c in DeltaTable(f"{target}/public/{table}", storage_options=options).history()}
+
+    assert writers("items") == {"delta-rs"} and writers("full_rows") == {"Apache-Spark"}
     assert {k: rows for k, (_, rows) in on_s3.items()} == {k: rows for k, (_, rows) in in_dir.items()}
     assert ObjectStore(target).get(LOCK_KEY) is None
     # the same config without its options, and no variables: the store cannot be reached, exit 2

@@ -32,6 +32,7 @@ from applier.storage.options import deltalake_options
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
     from applier.sink.schema import TableOptions, TableSpec
 
@@ -215,6 +216,21 @@ class DeltaRsStore:
 
         return apply_plan_deltars(self, path, schema, plan, app_id=app_id, version=version,
                                   description=description, may_be_empty=may_be_empty)
+
+    def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
+                      description: str) -> int | None:
+        """A history table's commit (applier.sink.history); None when delta-rs would not make the same one."""
+        from applier.sink.store.rshistory import apply_history_deltars
+
+        return apply_history_deltars(self, path, spec, plan, app_id=app_id, version=version, description=description)
+
+    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+                    keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
+                    unless: str | None = None) -> dict[object, list[Any]] | None:
+        """See applier.sink.store.readback.rows_by_key; None: Spark reads them."""
+        from applier.sink.store.readback import rows_by_key
+
+        return rows_by_key(self.open(path), schema, key_columns, keys, open_only=open_only, unless=unless)
 
     # --- maintenance ------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from applier.sink.store.base import CommitResult, CommitTag, WriteMode
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
     from applier.sink.schema import TableOptions, TableSpec
 
@@ -132,6 +133,15 @@ class InMemoryStore:
         rows = [tuple(None if i is None else columns[i][r] for i in index) for r in range(table.num_rows)]
         target.rows = rows if mode == "overwrite" else target.rows + rows
         self._commit(target, tag, mode.upper())
+
+    def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
+                      description: str) -> int:
+        raise SinkError("the in-memory store keeps no history tables (a Delta store does)", table=spec.source_name)
+
+    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+                    keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
+                    unless: str | None = None) -> dict[object, list[Any]]:
+        raise SinkError("the in-memory store does not read rows by key (a Delta store does)", path=path)
 
     def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
+    from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
     from applier.sink.schema import TableOptions, TableSpec
 
@@ -186,3 +187,44 @@ class SparkStore:
                 return CommitResult(0, 0, False)
         return apply_plan(self.session(f"{path}: a MERGE delta-rs does not write"), path, schema, plan,
                           app_id=app_id, version=version, description=description, may_be_empty=may_be_empty)
+
+    def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
+                      description: str) -> int:
+        """A history table's commit (applier.sink.history), as one Spark MERGE."""
+        from applier.sink.history import commit_history
+
+        return commit_history(self.session(f"{path}: a history commit delta-rs does not make"), path, spec, plan,
+                              app_id=app_id, version=version, description=description)
+
+    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+                    keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
+                    unless: str | None = None) -> dict[object, list[Any]]:
+        """The rows of ``schema``'s columns whose key is one of ``keys`` (every row: None), by frozen key;
+        a column the table does not have yet reads NULL; ``open_only``: only rows where that column is
+        NULL; ``unless``: not the rows where that flag is true."""
+        from pyspark.sql import functions as F
+
+        from applier.sink.extras import live_rows
+        from applier.sink.merge import restrict_to_keys
+        from applier.sink.naming import quote_identifier as q
+        from applier.sink.plan import freeze
+
+        if keys is not None and not keys:
+            return {}
+        spark = self.session(f"{path}: rows read back from a table delta-rs does not read")
+        df = spark.read.format("delta").load(path)
+        if open_only is not None:
+            df = df.filter(F.col(q(open_only)).isNull())
+        if unless is not None:
+            df = live_rows(df, unless)
+        have = set(df.columns)
+        names = [f.name for f in schema.fields]
+        df = df.select(*[F.col(q(n)) if n in have else F.lit(None).alias(n) for n in names])
+        if keys is not None:
+            df = restrict_to_keys(spark, df, [schema[k] for k in key_columns], list(keys))
+        positions = [names.index(k) for k in key_columns]
+        out: dict[object, list[Any]] = {}
+        for r in df.toLocalIterator():
+            values = list(r)
+            out[freeze(tuple(values[p] for p in positions))] = values
+        return out

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
 from storegroups import bag_group, keyed_group
 
 from applier.sink.plan import fold_changes
@@ -52,3 +52,25 @@ def test_spark_commits_give_the_same_table_as_the_in_memory_store(spark, tmp_pat
         store.merge(path, SCHEMA, plan, app_id="app", version=4, description="again")
     assert _rows(stores[0], spark, path) == _rows(memory, spark, path)
     assert stores[0].applied_version(path, "app") == memory.applied_version(path, "app") == 4
+
+
+def test_rows_by_key_read_the_same_through_spark_and_delta_rs(spark, tmp_path: Path) -> None:
+    """What the change feed and the history read back (applier.sink.derived): rows by key, every row,
+    only open versions (a NULL column), not the flagged ones, and NULL for a column the table lacks."""
+    import pyarrow as pa
+
+    from applier.sink.store import DELTARS
+
+    path = str(tmp_path / "t")
+    flagged = StructType([*SCHEMA.fields, StructField("end", IntegerType()), StructField("gone", BooleanType())])
+    DELTARS.create(path, TableSpec("public.t", flagged, ("id",), "d"), TableOptions(), {})
+    DELTARS.write_arrow(path, pa.table({"id": pa.array([1, 2, 3, 4], pa.int32()), "a": ["x", None, "z", "w"],
+                                        "end": pa.array([None, None, 7, None], pa.int32()),
+                                        "gone": [False, None, False, True]}), mode="append", tag=None)
+    wider = StructType([*SCHEMA.fields, StructField("later", StringType())])
+    for keys, extra in (([(1,), (3,), (9,)], {}), (None, {}), ([(1,), (2,), (3,)], {"open_only": "end"}),
+                        (None, {"unless": "gone"}), ([], {})):
+        through_spark = SparkStore(spark).rows_by_key(path, wider, ("id",), keys, **extra)
+        through_rs = DELTARS.rows_by_key(path, wider, ("id",), keys, **extra)
+        assert through_rs == through_spark, (keys, extra)
+    assert DELTARS.rows_by_key(path, wider, ("id",), [(1,), (3,)], open_only="end") == {(1,): [1, "x", None]}

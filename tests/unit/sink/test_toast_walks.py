@@ -41,8 +41,7 @@ def history(changes: list[TableChange], *, one_transaction: bool = False) -> lis
 
 
 def feed(changes: list[TableChange]) -> list[tuple[Any, ...]]:
-    mirror = MirrorRows(cast(Any, None), "", list(COLS), KEYS, None, rows={freeze((1,)): list(TARGET)},
-                        everything=True)
+    mirror = MirrorRows(cast(Any, None), rows={freeze((1,)): list(TARGET)}, everything=True)
     return [r[:4] for r in feed_rows([(10 + i, None, c, True) for i, c in enumerate(changes)], KEYS, 3, mirror, U)]
 
 
