@@ -87,7 +87,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-readback-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         conn.execute(SETUP.format(docs=args.scale * 10_000, bag=args.scale * 100_000))
-        conn.execute("VACUUM ANALYZE; CHECKPOINT")
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
         n = 0
         for run in range(args.runs):
             mirrors = []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.sink.store.arrow import OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
-from applier.sink.store.rsmerge import _open_for, _properties, _q
+from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted
 
 if TYPE_CHECKING:
     from applier.sink.history import HistoryPlan
@@ -43,23 +43,23 @@ def apply_history_deltars(store: DeltaRsStore, path: str, spec: TableSpec, plan:
         ended = _instant(at, source.schema.field(END_AT).type)
         if ended is None:
             return None
-        closing = {_q(END_LSN): str(int(lsn)), _q(END_AT): ended}
-    table = _open_for(store, path, names, app_id, version)
+        closing = {quoted(END_LSN): str(int(lsn)), quoted(END_AT): ended}
+    table = open_for_commit(store, path, names, app_id, version)
     if table is None:
         return None
     if isinstance(table, CommitResult):
         return 0
-    kind = f"s.{_q(OP_COL)}"
-    predicate = " AND ".join([f"({kind} = 'U')", f"(t.{_q(END_LSN)} IS NULL)",
-                              f"(t.{_q(START_LSN)} = s.{_q(START_LSN)})",
-                              *(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in spec.key_columns)])
-    values = {_q(n): f"s.{_q(n)}" for n in names}
+    kind = f"s.{quoted(OP_COL)}"
+    predicate = " AND ".join([f"({kind} = 'U')", f"(t.{quoted(END_LSN)} IS NULL)",
+                              f"(t.{quoted(START_LSN)} = s.{quoted(START_LSN)})",
+                              *(f"(t.{quoted(k)} IS NOT DISTINCT FROM s.{quoted(k)})" for k in spec.key_columns)])
+    values = {quoted(n): f"s.{quoted(n)}" for n in names}
     merge = (table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
-                         commit_properties=_properties(app_id, version, description))
+                         commit_properties=commit_tags(app_id, version, description))
              .when_matched_update(updates=values)
              .when_not_matched_insert(updates=values, predicate=f"{kind} = 'I'"))
     if closing:
-        merge = merge.when_not_matched_by_source_update(updates=closing, predicate=f"t.{_q(END_LSN)} IS NULL")
+        merge = merge.when_not_matched_by_source_update(updates=closing, predicate=f"t.{quoted(END_LSN)} IS NULL")
     merge.execute()
     return len(rows)
 

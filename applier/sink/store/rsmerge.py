@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from applier.sink.store.deltars import DeltaRsStore
 
 
-def _q(name: str) -> str:
+def quoted(name: str) -> str:
     """An identifier for delta-rs's SQL (DataFusion): double-quoted, quotes doubled."""
     return '"' + name.replace('"', '""') + '"'
 
@@ -75,7 +75,7 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
     if source is None or any(source.column(p).null_count - _filled_nulls(fills, p) for p in plan.key_positions):
         return None
 
-    table = _open_for(store, path, names, app_id, version)
+    table = open_for_commit(store, path, names, app_id, version)
     if isinstance(table, CommitResult):
         return CommitResult(0, 0, plan.truncated)
     if table is None:
@@ -86,7 +86,7 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
         source = _fill_from_target(table, source, schema, plan.key_positions, fills, description)
         if source is None:
             return None
-    properties = _properties(app_id, version, description)
+    properties = commit_tags(app_id, version, description)
     if plan.truncated or (may_be_empty and not fills and not table.file_uris()):
         upserted = source.filter(pc.equal(source.column(ncols), "U")).drop_columns([OP_COL])
         write_deltalake(table, upserted, mode="overwrite" if plan.truncated else "append",
@@ -94,17 +94,17 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
         return CommitResult(upserts, 0, plan.truncated)
 
     keys = [names[p] for p in plan.key_positions]
-    predicate = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    predicate = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
     first = source.column(plan.key_positions[0])
     if _integer_type(first.type) and len(first):
         # lets delta-rs skip the files whose key statistics lie outside the batch (a catch-up's
         # changes touch recent keys: 0.4 s instead of 1.0-1.6 s for 1M rows into a 4M-row table)
         bounds = pc.min_max(first)
-        column = f"t.{_q(keys[0])}"
+        column = f"t.{quoted(keys[0])}"
         predicate = (f"{column} >= {int(bounds['min'].as_py())} AND {column} <= {int(bounds['max'].as_py())} "
                      f"AND {predicate}")
-    assignments = {_q(n): f"s.{_q(n)}" for n in names}
-    op = f"s.{_q(OP_COL)}"
+    assignments = {quoted(n): f"s.{quoted(n)}" for n in names}
+    op = f"s.{quoted(OP_COL)}"
     (table.merge(source, predicate=predicate, source_alias="s", target_alias="t", commit_properties=properties)
      .when_matched_delete(predicate=f"{op} = 'D'")
      .when_matched_update(updates=assignments, predicate=f"{op} = 'U'")
@@ -119,7 +119,7 @@ def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]
     return sum(1 for _, _, unresolved in fills if position in unresolved)
 
 
-def _open_for(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int) -> Any:
+def open_for_commit(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int) -> Any:
     """The table to commit to; a ``CommitResult`` when ``version`` is applied already (what Spark's
     idempotent write does: nothing), None when its columns are not the plan's (Spark takes it)."""
     table = store.open(path)
@@ -131,7 +131,7 @@ def _open_for(store: DeltaRsStore, path: str, names: list[str], app_id: str, ver
     return table
 
 
-def _properties(app_id: str, version: int, description: str) -> Any:
+def commit_tags(app_id: str, version: int, description: str) -> Any:
     """The commit's applied version as the ``txn`` action Spark's idempotent writes record, and its
     ``userMetadata``."""
     from deltalake import CommitProperties, Transaction
@@ -194,12 +194,12 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
         return None
     if plan.truncated:
         after = arrow_table(rows_after_truncate(plan, description), schema)
-        table = _open_for(store, path, names, app_id, version) if after is not None else None
+        table = open_for_commit(store, path, names, app_id, version) if after is not None else None
         if table is None:
             return None
         if isinstance(table, CommitResult):
             return CommitResult(0, 0, True)
-        write_deltalake(table, after, mode="overwrite", commit_properties=_properties(app_id, version, description))
+        write_deltalake(table, after, mode="overwrite", commit_properties=commit_tags(app_id, version, description))
         return CommitResult(after.num_rows, 0, True)
     if not touched:  # every change cancelled out: no commit, as Spark
         return CommitResult(0, 0, False)
@@ -207,7 +207,7 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
     images = arrow_table([plan.images[img] for img, _ in touched], schema)
     if images is None:
         return None
-    table = _open_for(store, path, names, app_id, version)
+    table = open_for_commit(store, path, names, app_id, version)
     if isinstance(table, CommitResult) or table is None:
         return table
     if not reads_rows(table):  # the copies to count are in files delta-rs does not read as Spark does
@@ -235,12 +235,12 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
     source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
     if source is None:
         return None
-    op = f"s.{_q(OP_COL)}"
-    predicate = " AND ".join([*(f"(t.{_q(n)} IS NOT DISTINCT FROM s.{_q(n)})" for n in names), f"({op} = 'D')"])
+    op = f"s.{quoted(OP_COL)}"
+    predicate = " AND ".join([*(f"(t.{quoted(n)} IS NOT DISTINCT FROM s.{quoted(n)})" for n in names), f"({op} = 'D')"])
     (table.merge(source, predicate=predicate, source_alias="s", target_alias="t",
-                 commit_properties=_properties(app_id, version, description))
+                 commit_properties=commit_tags(app_id, version, description))
      .when_matched_delete()
-     .when_not_matched_insert(updates={_q(n): f"s.{_q(n)}" for n in names}, predicate=f"{op} = 'I'")
+     .when_not_matched_insert(updates={quoted(n): f"s.{quoted(n)}" for n in names}, predicate=f"{op} = 'I'")
      .execute())
     return CommitResult(inserted, deleted, False)
 
