@@ -262,7 +262,28 @@ class WalSenderStream:
                 self.send_status()
                 self.pgconn.put_copy_end()
                 self.pgconn.flush()
-            except psycopg.Error:
+                self._drain()
+            except (psycopg.Error, OSError):
                 pass
         self.streaming = False
         self.conn.close()
+
+    def _drain(self, timeout: float = 10.0) -> None:
+        """Read what the server still sends until it ends the COPY too. Why: a walsender still sending
+        when the socket closes fails its write and exits before it reads the status update waiting
+        behind that data, so the last confirm was lost now and then (the next run read again
+        transactions it had applied, and skipped them). The server answers our CopyDone only after it
+        has processed the status update sent before it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            n, _ = self.pgconn.get_copy_data(1)
+            if n > 0:
+                continue
+            if n < 0:  # -1: the server's CopyDone (the COPY is over); below: the connection broke
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            ready, _, _ = select.select([self.pgconn.socket], [], [], min(remaining, 1.0))
+            if ready:
+                self.pgconn.consume_input()
