@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.errors import SinkError
 from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
-from applier.sink.plan import TablePlan, rows_after_truncate
+from applier.sink.plan import TablePlan, multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
@@ -263,21 +262,8 @@ def _merge_multiset(spark: SparkSession, path: str, schema: StructType, plan: Ta
                images.alias("s").join(tgt.alias("t"), on=_null_safe_all("t", "s", names), how="inner")
                .groupBy(F.col(f"s.{IMG_COL}")).agg(F.count(F.lit(1)).alias("n")).collect()}
     src_schema = StructType(list(schema.fields) + [StructField(OP_COL, StringType(), False)])
-    rows: list[tuple[object, ...]] = []
-    inserted = deleted = 0
-    for n, (img, delta) in enumerate(touched):
-        have = current.get(n, 0)
-        want = have + delta
-        if want < 0:
-            raise SinkError(
-                "Postgres deleted more copies of a row than the Delta table holds: the table has "
-                "diverged from the source; rebuild it from a snapshot",
-                table=description, missing_copies=-want)
-        row = plan.images[img]
-        rows.append((*row, "D"))
-        rows.extend([(*row, "I")] * want)
-        inserted += max(want - have, 0)
-        deleted += max(have - want, 0)
+    rows, inserted, deleted = multiset_source(plan, touched, [current.get(n, 0) for n in range(len(touched))],
+                                              description)
     src = _source_frame(spark, rows, src_schema)
     cond = _null_safe_all("t", "s", names) & (F.col(f"s.{OP_COL}") == "D")
     values: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}

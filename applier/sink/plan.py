@@ -252,6 +252,29 @@ def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None
         plan.counts[image] += 1
 
 
+def multiset_source(plan: TablePlan, touched: Sequence[tuple[object, int]], held: Sequence[int],
+                    table: str) -> tuple[list[tuple[object, ...]], int, int]:
+    """A key-less plan's MERGE source, whichever engine makes it: per touched row image (with its signed
+    count), one 'D' row (every copy the table holds goes) and one 'I' row per copy it must hold after
+    (``held``: the copies the table holds now); then the rows inserted and deleted. Stops when Postgres
+    deleted more copies than the table holds: the table has diverged."""
+    rows: list[tuple[object, ...]] = []
+    inserted = deleted = 0
+    for (img, delta), now in zip(touched, held, strict=True):
+        want = now + delta
+        if want < 0:
+            raise SinkError(
+                "Postgres deleted more copies of a row than the Delta table holds: the table has "
+                "diverged from the source; rebuild it from a snapshot",
+                table=table, missing_copies=-want)
+        row = plan.images[img]
+        rows.append((*row, "D"))
+        rows.extend([(*row, "I")] * want)
+        inserted += max(want - now, 0)
+        deleted += max(now - want, 0)
+    return rows, inserted, deleted
+
+
 def rows_after_truncate(plan: TablePlan, table: str) -> list[tuple[object, ...]]:
     """Every row a truncated plan leaves the table with (it is overwritten with them): a keyed table's
     final rows, a key-less table's row images as many times as counted."""

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from applier.errors import SinkError
-from applier.sink.plan import rows_after_truncate
+from applier.sink.plan import multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
@@ -217,21 +216,8 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
     copies = matching(table.to_pyarrow_dataset(), images.schema, images).group_by(names, use_threads=False).aggregate(
         [([], "count_all")])
     have = dict(zip(frozen_rows(copies, names), copies.column("count_all").to_pylist(), strict=True))
-    rows: list[tuple[Any, ...]] = []
-    inserted = deleted = 0
-    for image, (img, delta) in zip(frozen_rows(images, names), touched, strict=True):
-        now = have.get(image, 0)
-        want = now + delta
-        if want < 0:
-            raise SinkError(
-                "Postgres deleted more copies of a row than the Delta table holds: the table has "
-                "diverged from the source; rebuild it from a snapshot",
-                table=description, missing_copies=-want)
-        row = plan.images[img]
-        rows.append((*row, "D"))
-        rows.extend([(*row, "I")] * want)
-        inserted += max(want - now, 0)
-        deleted += max(now - want, 0)
+    held = [have.get(image, 0) for image in frozen_rows(images, names)]
+    rows, inserted, deleted = multiset_source(plan, touched, held, description)
     source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
     if source is None:
         return None
