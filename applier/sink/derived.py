@@ -29,7 +29,6 @@ from applier.sink.conflicts import retry_on_conflict
 from applier.sink.extras import OP_READ, commit_datetime
 from applier.sink.history import (
     HistoryPlan,
-    commit_history,
     history_app_id,
     history_spec,
     plan_history,
@@ -42,7 +41,6 @@ from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, t
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import TableSpec, ensure_table
 from applier.sink.store.arrow import arrow_table
-from applier.sink.store.picker import scanner
 from applier.sink.store.spark import SparkStore
 from applier.spark.session import SparkLike, SparkProvider
 from applier.storage.location import is_object_store, join
@@ -232,8 +230,9 @@ class DerivedTables:
                                                         version=group_end, description=description),
                                                 table=spec.source_name)
                 if written is None:
-                    retry_on_conflict(partial(commit_history, self.spark, path, spec, plan, version=group_end,
-                                              description=description, app_id=app_id), table=spec.source_name)
+                    retry_on_conflict(partial(SparkStore(self._spark).merge_history, path, spec, plan,
+                                              app_id=app_id, version=group_end, description=description),
+                                      table=spec.source_name)
                 commits += 1
             self._applied[path] = group_end
         return commits
@@ -342,7 +341,8 @@ class DerivedTables:
         None), by frozen key: read by delta-rs where it reads the table as Spark does, else by Spark."""
         if not is_delta_table(path):
             return {}
-        store = scanner(path, self._spark)
+        # the store that opens the path; delta-rs reads its protocol once, in rows_by_key (None: not as Spark)
+        store = self.stores.reader(path)
         rows = store.rows_by_key(path, schema, key_columns, keys, open_only=open_only, unless=unless)
         if rows is None:
             rows = SparkStore(self._spark).rows_by_key(path, schema, key_columns, keys, open_only=open_only,
