@@ -82,7 +82,8 @@ class StreamRanges:
     def _run(self) -> None:
         started = time.monotonic()
         try:
-            self._read()
+            with self.stream.hot_reader():  # then the heartbeat answers the walsender while executors commit
+                self._read()
         except BaseException as e:  # noqa: BLE001  # handed to the caller's thread by result()
             self._error = e
         finally:

@@ -149,13 +149,15 @@ class ReplicationFollower(SlotFollower):
             except SourceError as e:
                 raise slot_lost_error(src.slot, e.sqlstate, str(e)) or e from None
             self._checked_slot(self.watch.check(force=True))
+            # the status updates go on while Spark starts, a group is applied or executors commit
+            # (a catch-up's reader pauses it while it reads: WalSenderStream.hot_reader)
+            stream.start_heartbeat()
             if self.catch_up is not None and confirmed:
                 self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
                 self.stats.messages = self.loop.messages
                 self.stats.transactions = self.loop.transactions
                 if self.loop.confirmed_lsn is not None:
                     self.stats.confirmed_lsn = self.loop.confirmed_lsn
-            stream.start_heartbeat()  # the status updates go on while a group is applied or Spark starts
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
             last_report = time.monotonic()

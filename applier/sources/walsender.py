@@ -9,10 +9,12 @@ so for what is durably applied: :meth:`WalSenderStream.confirm` is the one place
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -29,6 +31,8 @@ from applier.protocol.replication import (
 )
 from applier.sources.failures import stream_error
 from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
+
+log = logging.getLogger(__name__)
 
 #: A socket read that brought fewer frames than this means the reader is outrunning the walsender
 #: (see ``read_message``'s ``gather``).
@@ -75,10 +79,13 @@ class WalSenderStream:
         self._frames_at_read = 0  # frames_read at the last socket read
         # The connection is shared with the heartbeat thread (start_heartbeat): whoever touches it
         # through read() or send_status() holds this lock. read_message() (the catch-up's hot reader,
-        # which runs before the heartbeat starts and keeps itself alive) does not take it.
+        # which runs before the heartbeat starts and keeps itself alive) does not take it: while a
+        # hot reader holds the stream (hot_reader), a confirm from another thread is left to it.
         self._lock = threading.RLock()
         self._heartbeat: threading.Thread | None = None
         self._heartbeat_stop = threading.Event()
+        self._hot_reader: threading.Thread | None = None
+        self._status_pending = False  # a confirm not sent yet: sent at the next status check
 
     def _command(self, sql: str) -> pq.abc.PGresult:
         res = self.pgconn.exec_(sql.encode("utf-8"))
@@ -152,10 +159,32 @@ class WalSenderStream:
             with self._lock:
                 if not self.streaming:
                     return
+                if self._hot_reader is not None:
+                    continue  # it keeps the connection alive itself
                 try:
                     self._status_if_due()
                 except TransientSourceError:
                     return  # the reader meets the broken connection itself and reconnects
+
+    @contextmanager
+    def hot_reader(self) -> Iterator[None]:
+        """The calling thread reads the stream with ``read_message`` (the executor catch-up's reader)
+        until the block ends; then the heartbeat takes over.
+
+        libpq is not safe for two threads on one connection, and the hot reader takes no lock, so a
+        ``confirm`` from another thread meanwhile (the catch-up's commits) only records the position:
+        the reader sends it at its next status check, and the heartbeat, if started, pauses. When the
+        reader stops, at the end of the backlog, the executors may still be committing for minutes:
+        the heartbeat answers the walsender from then on. Without it the server ended the connection after
+        ``wal_sender_timeout`` and the catch-up's confirm went to a closed socket, unseen."""
+        with self._lock:  # a status update under way (the heartbeat's, a confirm) ends first
+            self._hot_reader = threading.current_thread()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._hot_reader = None
+            self.start_heartbeat()
 
     def read_message(self, timeout: float, *, gather: float = 0.0) -> tuple[int, bytes] | PrimaryKeepalive | None:
         """``read`` for a hot loop (the catch-up's reader, ~10 M frames): an XLogData frame comes as
@@ -234,12 +263,13 @@ class WalSenderStream:
         self._status_if_due()
 
     def _status_if_due(self) -> None:
-        if time.monotonic() - self._last_status >= self.status_interval:
+        if self._status_pending or time.monotonic() - self._last_status >= self.status_interval:
             self.send_status()
 
     def send_status(self, *, reply_requested: bool = False) -> None:
         """Tell the server our position: written = flushed = applied = the last confirmed LSN."""
         with self._lock:
+            self._status_pending = False  # before the position is read: a confirm after it sets it again
             try:
                 self.pgconn.put_copy_data(standby_status_update(self.confirmed, reply_requested=reply_requested))
                 self.pgconn.flush()
@@ -251,7 +281,12 @@ class WalSenderStream:
         """Everything up to ``lsn`` is durably applied: the slot may release it."""
         if lsn > self.confirmed:
             self.confirmed = lsn
-            self.send_status()
+            with self._lock:
+                reader = self._hot_reader
+                if reader is not None and reader is not threading.current_thread():
+                    self._status_pending = True  # the reader sends it (hot_reader)
+                else:
+                    self.send_status()
 
     def close(self) -> None:
         self._heartbeat_stop.set()
@@ -263,10 +298,18 @@ class WalSenderStream:
                 self.pgconn.put_copy_end()
                 self.pgconn.flush()
                 self._drain()
-            except (psycopg.Error, OSError):
-                pass
+            except (TransientSourceError, psycopg.Error, OSError) as e:  # the connection had broken
+                self._lost_at_close(str(e))
         self.streaming = False
         self.conn.close()
+
+    def _lost_at_close(self, detail: str) -> None:
+        """Nothing is wrong in Delta, but the slot may not have taken the last confirm: say so, since
+        the next run then reads the same transactions again (and skips them, as already applied)."""
+        log.warning("the replication connection had ended before it was closed (%s): the server may not "
+                    "have taken the last confirmed position, %s; the next session reads again what "
+                    "follows the slot's position and skips what Delta already holds", detail or "no detail",
+                    format_lsn(self.confirmed))
 
     def _drain(self, timeout: float = 10.0) -> None:
         """Read what the server still sends until it ends the COPY too. Why: a walsender still sending
@@ -279,7 +322,13 @@ class WalSenderStream:
             n, _ = self.pgconn.get_copy_data(1)
             if n > 0:
                 continue
-            if n < 0:  # -1: the server's CopyDone (the COPY is over); below: the connection broke
+            if n == -1:  # the COPY is over: the server's CopyDone, or the error it ended the stream with
+                res = self.pgconn.get_result()
+                if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
+                    self._lost_at_close(res.error_message.decode("utf-8", "replace").strip())
+                return
+            if n < -1:  # the connection broke
+                self._lost_at_close(self.pgconn.error_message.decode("utf-8", "replace").strip())
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:

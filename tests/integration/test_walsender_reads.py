@@ -95,3 +95,68 @@ def test_a_reader_busy_past_wal_sender_timeout_keeps_its_connection_with_the_hea
         conn.execute("SELECT pg_create_logical_replication_slot('g_silent', 'pgoutput')")
     with pytest.raises(SourceError):  # the control: without it the server ends the connection
         _busy_then_read(pg.dsn, "g_silent", heartbeat=False)
+
+
+def test_a_confirm_made_after_the_catch_up_reader_stopped_reaches_the_slot(pg, caplog):
+    """The executor catch-up's reader (StreamRanges) stops at the end of the backlog, and the
+    executors' commits can take longer than ``wal_sender_timeout`` after that (over 100 s in a full
+    test run on two cores). Their confirm must still reach the slot. It was lost: nothing answered the
+    walsender once the reader stopped, the server ended the connection, the confirm went to the closed
+    socket without an error, and the next run read every transaction of the catch-up again."""
+    import time
+
+    from applier.drivers.backlog import StreamRanges
+    from applier.lsn import format_lsn
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_confirm', 'pgoutput')")
+        for i in range(5):
+            conn.execute("INSERT INTO g SELECT g, 'v' FROM generate_series(%s::int, %s::int) g",
+                         (i * 100, i * 100 + 99))
+        target = current_flush_lsn(conn)
+    stream = WalSenderStream(pg.dsn, status_interval=0.25)
+    try:
+        stream._command("SET wal_sender_timeout = '1s'")
+        stream.start("g_confirm", OPTIONS)
+        source = StreamRanges(stream, None, partition_messages=150, target=target)
+        ranges = list(source.ranges())
+        assert sum(r.messages for r in ranges) >= 500
+        time.sleep(3)  # the executors fold and commit
+        stream.confirm(target)  # ApplyLoop.folded_applied, on the caller's thread
+        source.result()
+        time.sleep(3)  # Spark starts before the driver path reads on
+        frame = stream.read(5.0)  # the connection is still there: a keepalive, not an error
+        assert isinstance(frame, PrimaryKeepalive)
+    finally:
+        stream.close()
+    with pg.connect() as conn:
+        confirmed = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
+                                 "WHERE slot_name = 'g_confirm'").fetchone()[0]
+    assert confirmed == format_lsn(target)
+
+
+def test_a_stream_the_server_ended_says_at_close_that_the_last_confirm_may_be_lost(pg, caplog):
+    """The control of the test above: nothing answers the walsender, it ends the connection, and a
+    confirm sent after that is lost. Nothing fails in Delta, but close() must not stay silent."""
+    import contextlib
+    import logging
+    import time
+
+    from applier.errors import TransientSourceError
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_lost', 'pgoutput')")
+    stream = WalSenderStream(pg.dsn, status_interval=0.25)
+    caplog.set_level(logging.WARNING, logger="applier.sources.walsender")
+    try:
+        stream._command("SET wal_sender_timeout = '1s'")
+        stream.start("g_lost", OPTIONS)
+        time.sleep(3)  # nobody answers
+        with contextlib.suppress(TransientSourceError):  # a write to the closed socket may fail, or not
+            stream.confirm(123)
+    finally:
+        stream.close()
+    assert "the server may not have taken the last confirmed position, 0/7B" in caplog.text, caplog.text
