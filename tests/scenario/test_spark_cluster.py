@@ -27,6 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 SHOP = [("shop", "customers"), ("shop", "products"), ("shop", "orders"), ("shop", "events")]
 
 
+#: The jobs' JVMs live seconds: C1 only, as the tests' CLI runs (spark.jit: quick) and as a user would for
+#: a short job. spark-submit starts the driver, so the job's own jit setting cannot reach it; the
+#: ``default`` options leave the ``extra`` ones (the session's time zone) to the job.
+QUICK_JIT = {f"spark.{role}.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+             for role in ("driver", "executor")}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """One cluster for the module's tests (each counts only the applications it submitted)."""
@@ -50,7 +57,7 @@ def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = N
     out = subprocess.run(
         [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url,
          "--jars", ",".join(str(j) for j in jars), "--driver-memory", "1g", "--executor-memory", "1g",
-         "--conf", "spark.cores.max=2", *[f"--conf={k}={v}" for k, v in (conf or {}).items()],
+         "--conf", "spark.cores.max=2", *[f"--conf={k}={v}" for k, v in {**QUICK_JIT, **(conf or {})}.items()],
          str(REPO / "jobs" / job), *args],
         env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
