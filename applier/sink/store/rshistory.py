@@ -44,7 +44,8 @@ def apply_history_deltars(store: DeltaRsStore, path: str, spec: TableSpec, plan:
         if ended is None:
             return None
         closing = {quoted(END_LSN): str(int(lsn)), quoted(END_AT): ended}
-    table = open_for_commit(store, path, names, app_id, version)
+    # the columns the source dropped stay (NULL in new versions), as with Spark's MERGE of the same values
+    table = open_for_commit(store, path, names, app_id, version, dropped_ok=True)
     if table is None:
         return None
     if isinstance(table, CommitResult):

@@ -42,8 +42,8 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
                        version: int, description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when delta-rs would not make the same
     commit (the caller then takes the Spark path): a NULL key, a key-less table whose values do not
-    compare as in PostgreSQL, a value that does not convert to Arrow exactly, or a table with columns
-    the source no longer has (Spark fills them with NULL, delta-rs refuses)."""
+    compare as in PostgreSQL, a value that does not convert to Arrow exactly, or a key-less table with
+    columns the source no longer has (a keyed one takes them: ``open_for_commit``)."""
     if plan.multiset:
         return _apply_multiset(store, path, schema, plan, app_id=app_id, version=version, description=description)
     import pyarrow.compute as pc
@@ -74,7 +74,7 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
     if source is None or any(source.column(p).null_count - _filled_nulls(fills, p) for p in plan.key_positions):
         return None
 
-    table = open_for_commit(store, path, names, app_id, version)
+    table = open_for_commit(store, path, names, app_id, version, dropped_ok=True)
     if isinstance(table, CommitResult):
         return CommitResult(0, 0, plan.truncated)
     if table is None:
@@ -88,6 +88,7 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
     properties = commit_tags(app_id, version, description)
     if plan.truncated or (may_be_empty and not fills and not table.file_uris()):
         upserted = source.filter(pc.equal(source.column(ncols), "U")).drop_columns([OP_COL])
+        upserted = _with_dropped_columns(table, upserted)
         write_deltalake(table, upserted, mode="overwrite" if plan.truncated else "append",
                         commit_properties=properties)
         return CommitResult(upserts, 0, plan.truncated)
@@ -118,16 +119,37 @@ def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]
     return sum(1 for _, _, unresolved in fills if position in unresolved)
 
 
-def open_for_commit(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int) -> Any:
+def open_for_commit(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int, *,
+                    dropped_ok: bool = False) -> Any:
     """The table to commit to; a ``CommitResult`` when ``version`` is applied already (what Spark's
-    idempotent write does: nothing), None when its columns are not the plan's (Spark takes it)."""
+    idempotent write does: nothing), None when its columns are not the plan's (Spark takes it).
+
+    ``dropped_ok``: the table may also hold nullable columns the plan does not, the columns dropped at
+    the source (applier.sink.schema keeps them). A keyed MERGE that assigns only the plan's columns
+    then does what Spark's does: an updated row keeps its value there, a new row gets NULL."""
     table = store.open(path)
     done = table.transaction_version(app_id)
     if done is not None and int(done) >= version:
         return CommitResult(0, 0, False)
-    if [f.name for f in table.schema().fields] != names:
+    fields = table.schema().fields
+    have = [f.name for f in fields]
+    if have == names:
+        return table
+    if not dropped_ok or not set(names) <= set(have) or any(not f.nullable for f in fields if f.name not in names):
         return None
     return table
+
+
+def _with_dropped_columns(table: Any, rows: Any) -> Any:
+    """``rows`` (the plan's columns) as rows of ``table``, NULL in the columns the source dropped: an
+    append or overwrite must carry every column of the table (Spark's fills them the same way)."""
+    import pyarrow as pa
+
+    schema = pa.schema(table.schema().to_arrow())
+    if schema.names == rows.column_names:
+        return rows
+    return pa.table([rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+                     for f in schema], names=schema.names)
 
 
 def commit_tags(app_id: str, version: int, description: str) -> Any:

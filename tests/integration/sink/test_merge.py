@@ -138,7 +138,7 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
     a delta-rs commit's version stops a Spark re-apply and the other way round."""
     from deltalake import DeltaTable
 
-    from applier.sink.store import DELTARS
+    from applier.sink.store import DELTARS, SparkStore
 
     groups = [
         [Ch("I", (1, "a", ["x", None])), Ch("I", (2, "b", None)), Ch("I", (3, "ü€𝄞", []))],  # into empty: append
@@ -173,7 +173,10 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
     bag = fold_changes([Ch("I", (7, "x", None))], COLS, (), unchanged_marker=U)
     for plan in (toast, bag):
         assert DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=70, description="x") is None
-    # a column dropped in the source stays in Delta: delta-rs would refuse the narrower rows, Spark takes them
+    # a column dropped in the source stays in Delta: both engines take the narrower rows alike (NULL there
+    # for a new row, the value kept for an updated one)
     narrow = StructType(SCHEMA.fields[:2])
-    plan = fold_changes([Ch("I", (9, "nine"))], COLS[:2], (0,), unchanged_marker=U)
-    assert DELTARS.merge(rs, narrow, plan, app_id=app_id_for("t"), version=60, description="x") is None
+    plan = fold_changes([Ch("I", (9, "nine")), Ch("U", (6, "six again"))], COLS[:2], (0,), unchanged_marker=U)
+    assert DELTARS.merge(rs, narrow, plan, app_id=app_id_for("t"), version=60, description="x") is not None
+    SparkStore(spark).merge(sp, narrow, plan, app_id=app_id_for("t"), version=60, description="x")
+    assert rows(spark, rs) == rows(spark, sp) == [(6, "six again", None), (7, "seven", None), (9, "nine", None)]
