@@ -78,9 +78,9 @@ class WalSenderStream:
         self.socket_reads = 0  # reads of the socket into libpq's buffer that brought something
         self._frames_at_read = 0  # frames_read at the last socket read
         # The connection is shared with the heartbeat thread (start_heartbeat): whoever touches it
-        # through read() or send_status() holds this lock. read_message() (the catch-up's hot reader,
-        # which runs before the heartbeat starts and keeps itself alive) does not take it: while a
-        # hot reader holds the stream (hot_reader), a confirm from another thread is left to it.
+        # through read() or send_status() holds this lock. read_message() (the catch-up's hot reader)
+        # does not take it: while a hot reader holds the stream (hot_reader) the heartbeat pauses, the
+        # reader keeps the connection alive itself, and a confirm from another thread is left to it.
         self._lock = threading.RLock()
         self._heartbeat: threading.Thread | None = None
         self._heartbeat_stop = threading.Event()
