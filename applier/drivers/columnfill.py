@@ -50,6 +50,7 @@ from applier.sink.naming import quote_identifier
 from applier.sink.schema import ensure_table, table_options
 from applier.sources.sql_slot import pin_session
 from applier.spark.session import SparkLike, SparkProvider
+from applier.spark.types import spark_type
 from applier.state import StateDir
 from applier.values import convert_value
 
@@ -170,15 +171,14 @@ class ColumnFills:
 
         path = self.applier.path_for(*key)
         spec = table_spec(last, self.applier.tables, self.types)
-        missing = [c for c in values if c not in spec.schema.fieldNames()]
+        missing = [c for c in values if c not in spec.schema.names]
         if missing:  # excluded by the config: never in the Delta table
             raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,
                             columns=", ".join(missing))
         ensure_table(self.spark, path, spec, table_options(self.applier.tables.rule_for(spec.source_name)),
                      check_options=False)
-        types = {f.name: f.dataType for f in spec.schema.fields}
         DeltaTable.forPath(self.spark, path).update(
-            set={quote_identifier(c): F.lit(v).cast(types[c]) for c, v in values.items()})
+            set={quote_identifier(c): F.lit(v).cast(spark_type(spec.schema.field(c).type)) for c, v in values.items()})
         crashpoint("column_filled")
         self.progress(f"{spec.source_name}: column(s) {', '.join(sorted(values))} added with a constant "
                       "default: the rows that existed are filled with it from the catalog (no copy)")

@@ -28,7 +28,7 @@ from applier.infra.progress import ProgressReport, count_fields, count_line
 from applier.sources.copy import TablePlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
-from applier.values import RowConverter, SpecialValuePolicy, spark_schema_for
+from applier.values import RowConverter, SpecialValuePolicy, arrow_schema_for
 
 if TYPE_CHECKING:
     from applier.catalog import RelationCache, SchemaVersion, TypeCache
@@ -65,7 +65,7 @@ def copy_job(snap: psycopg.Connection, table: PublishedTable, relation: Relation
     plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
     loader = applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
                                      large=plan.bytes >= settings.commit_mb << 20)
-    fast = arrow_types(relation, types, spark_schema_for(schema, types))
+    fast = arrow_types(relation, types, arrow_schema_for(schema, types))
     return CopyJob(table, relation, plan, loader, converter, fast)
 
 

@@ -28,6 +28,7 @@ from applier.sink.conflicts import retry_on_conflict
 from applier.sink.store import SparkStore
 from applier.sink.store.arrow import arrow_table
 from applier.spark.session import SparkLike, SparkProvider
+from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +46,6 @@ class SnapshotLoader:
                  tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
                  store: TableStore | None = None, constants: tuple[Any, ...] = ()) -> None:
         import pyarrow as pa
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         self._spark = SparkProvider.of(spark)
         self.path = path
@@ -57,7 +57,7 @@ class SnapshotLoader:
         self._names = list(own)
         self._index = None if own == source_columns else \
             [source_columns.index(n) for n in own]  # excluded columns are left out
-        self._arrow_schema = to_arrow_schema(spec.schema, timezone="UTC")
+        self._arrow_schema = spec.schema
         self._own_schema = pa.schema(list(self._arrow_schema)[:len(own)])
         self._constants = constants  # values of applier's added columns in every copied row (spec.extra)
         self._on_done = on_done
@@ -106,7 +106,7 @@ class SnapshotLoader:
         with self._lock:  # a value Arrow cannot take as it is: this piece goes row by row, on its own
             self.rows += len(rows)
             self._write_pending(final=False)  # what is pending first (delta-rs overwrites on its first write)
-            self._write(self.spark.createDataFrame(rows, self.spec.schema), tagged=False)
+            self._write(self.spark.createDataFrame(rows, spark_schema(self.spec.schema)), tagged=False)
 
     def finish(self) -> int:
         """Write what is left with the applied version; returns the table's rows."""

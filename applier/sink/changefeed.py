@@ -47,11 +47,11 @@ def feed_app_id(source_name: str) -> str:
 
 def feed_spec(table: TableSpec) -> TableSpec:
     """The feed table of ``table`` (its own columns): those columns, then op, commit LSN, ordinal, time."""
-    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, TimestampType
+    import pyarrow as pa
 
-    return with_added_columns(table, [StructField(OP, StringType(), True), StructField(COMMIT_LSN, LongType(), True),
-                                      StructField(ORDINAL, IntegerType(), True),
-                                      StructField(COMMIT_TIME, TimestampType(), True)], "change feed")
+    return with_added_columns(table, [pa.field(OP, pa.string()), pa.field(COMMIT_LSN, pa.int64()),
+                                      pa.field(ORDINAL, pa.int32()), pa.field(COMMIT_TIME, pa.timestamp("us", "UTC"))],
+                              "change feed")
 
 
 #: the mirror table's rows whose key is one of the keys given (every row: None), by frozen key

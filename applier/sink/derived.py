@@ -51,8 +51,8 @@ from applier.values import UNCHANGED_TOAST
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import StructType
 
     from applier.sink.store import StorePicker
 
@@ -176,12 +176,12 @@ class DerivedTables:
 
     def spec(self, kind: _Kind, table: TableSpec) -> TableSpec:
         """The derived table's spec: the table's own columns (no metadata columns) and the kind's."""
-        from pyspark.sql.types import StructType
+        import pyarrow
 
         if not table.key_columns:
             raise SinkError(f"a {kind.name} table needs a key: this table has none (set key_columns in its rule)",
                             table=table.source_name)
-        own = TableSpec(table.source_name, StructType(table.schema.fields[:len(table.source_column_names)]),
+        own = TableSpec(table.source_name, pyarrow.schema(list(table.schema)[:len(table.source_column_names)]),
                         table.key_columns, table.replica_identity)
         return kind.spec(own)
 
@@ -289,10 +289,10 @@ class DerivedTables:
         layouts = Layouts(names)
         events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
-        from pyspark.sql.types import StructType
+        import pyarrow
 
         deleted = table.extra.deleted if table.extra is not None else None
-        own = StructType(spec.schema.fields[:len(names)])
+        own = pyarrow.schema(list(spec.schema)[:len(names)])
         mirror = MirrorRows(partial(self._rows_by_key, self._mirror_path(ns, name), own,
                                     key_columns=spec.key_columns, unless=deleted))
         mirror.load(keys_continued((e[2] for e in events), key_positions))
@@ -334,7 +334,7 @@ class DerivedTables:
                 store=stores.copier(path, spec)))
         return loaders
 
-    def _rows_by_key(self, path: str, schema: StructType, keys: list[tuple[Any, ...]] | None, *,
+    def _rows_by_key(self, path: str, schema: pa.Schema, keys: list[tuple[Any, ...]] | None, *,
                      key_columns: tuple[str, ...], open_only: str | None = None,
                      unless: str | None = None) -> dict[object, list[Any]]:
         """The rows of ``schema``'s columns of the table at ``path`` whose key is one of ``keys`` (every row:

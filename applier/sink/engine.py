@@ -52,7 +52,7 @@ from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
 from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.spark.session import SparkLike, SparkProvider
-from applier.values import UNCHANGED_TOAST, spark_schema_for
+from applier.values import UNCHANGED_TOAST, arrow_schema_for
 
 if TYPE_CHECKING:
     pass
@@ -94,7 +94,7 @@ class CommitCounters:
 
 
 def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | None) -> TableSpec:
-    """The Delta table a batch's source table maps to: columns and Spark types (rules' exclusions
+    """The Delta table a batch's source table maps to: columns and Arrow types (rules' exclusions
     applied), merge key, and the added metadata columns. Pure (no session): executors use it too."""
     sv = batch.schema
     rel = sv.relation
@@ -103,15 +103,15 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
         return zero_column_spec(qualified, rel.replica_identity)  # a row count (applier.sink.zerocol)
     rule = tables.rule_for(qualified)
     keys = merge_keys(batch, tables)
-    schema = spark_schema_for(sv, types)
+    schema = arrow_schema_for(sv, types)
     excluded = set(rule.exclude_columns) if rule is not None else set()
     if excluded:
-        from pyspark.sql.types import StructType
+        import pyarrow as pa
 
         if excluded & set(keys):
             raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
                             table=qualified, columns=", ".join(sorted(excluded & set(keys))))
-        schema = StructType([f for f in schema.fields if f.name not in excluded])
+        schema = pa.schema([f for f in schema if f.name not in excluded])
     spec = TableSpec(qualified, schema, keys, rel.replica_identity)
     extra = ExtraColumns.for_table(tables, qualified)
     if extra is None:

@@ -22,8 +22,8 @@ from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.rowkeys import old_key_of
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructField
 
     from applier.config import TablesSettings
     from applier.sink.plan import SoftDelete
@@ -58,12 +58,12 @@ class ExtraColumns:
     def soft_delete(self) -> bool:
         return self.deleted is not None
 
-    def fields(self) -> list[StructField]:
-        from pyspark.sql.types import BooleanType, LongType, StringType, StructField, TimestampType
+    def fields(self) -> list[pa.Field]:
+        import pyarrow
 
-        types = (LongType(), TimestampType(), StringType(), BooleanType())
+        types = (pyarrow.int64(), pyarrow.timestamp("us", "UTC"), pyarrow.string(), pyarrow.bool_())
         names = (self.commit_lsn, self.commit_time, self.op, self.deleted)
-        return [StructField(n, t, True) for n, t in zip(names, types, strict=True) if n is not None]
+        return [pyarrow.field(n, t) for n, t in zip(names, types, strict=True) if n is not None]
 
     def values(self, op: str, commit_lsn: int, commit_time: datetime | None, deleted: bool) -> tuple[Any, ...]:
         out: list[Any] = []

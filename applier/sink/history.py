@@ -53,11 +53,11 @@ def history_app_id(source_name: str) -> str:
 
 def history_spec(table: TableSpec) -> TableSpec:
     """The history table of ``table``: its columns, then the four version columns."""
-    from pyspark.sql.types import LongType, StructField, TimestampType
+    import pyarrow as pa
 
-    return with_added_columns(table, [StructField(START_LSN, LongType(), True), StructField(END_LSN, LongType(), True),
-                                      StructField(START_AT, TimestampType(), True),
-                                      StructField(END_AT, TimestampType(), True)], "history")
+    instant = pa.timestamp("us", "UTC")
+    return with_added_columns(table, [pa.field(START_LSN, pa.int64()), pa.field(END_LSN, pa.int64()),
+                                      pa.field(START_AT, instant), pa.field(END_AT, instant)], "history")
 
 
 @dataclass(slots=True)
@@ -187,7 +187,7 @@ def plan_history(events: Iterable[Event], key_positions: tuple[int, ...], tracke
     return plan
 
 
-#: the rows of a table's columns (``StructType``) whose key is one of ``keys``, by frozen key, with
+#: the rows of a table's columns (an Arrow schema) whose key is one of ``keys``, by frozen key, with
 #: ``open_only`` naming a column that must be NULL (applier.sink.store: ``rows_by_key`` of a store)
 RowsOf = Callable[..., dict[object, list[Any]]]
 
@@ -196,12 +196,13 @@ def read_open_versions(read: RowsOf, spec: TableSpec,
                        keys: list[tuple[Any, ...]]) -> dict[object, tuple[int, datetime | None, list[Any]]]:
     """The target's open versions of ``keys`` (start LSN, start time, the table's own values), read by
     ``read`` (the history table's store)."""
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     if not keys:
         return {}
     own = len(spec.source_column_names)
-    schema = StructType([*spec.schema.fields[:own], spec.schema[START_LSN], spec.schema[START_AT]])
+    fields = list(spec.schema)
+    schema = pa.schema([*fields[:own], spec.schema.field(START_LSN), spec.schema.field(START_AT)])
     rows = read(schema, keys, open_only=END_LSN)
     return {key: (int(v[own]), v[own + 1], v[:own]) for key, v in rows.items()}
 
@@ -210,16 +211,16 @@ def commit_history(spark: SparkSession, path: str, spec: TableSpec, plan: Histor
                    description: str, app_id: str | None = None) -> int:
     """Write ``plan`` in one idempotent commit (``app_id``: the history's own, by default); returns the
     versions it wrote or changed."""
+    import pyarrow as pa
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
 
     from applier.sink.merge import _null_safe_all, _source_frame
 
     app_id = app_id if app_id is not None else history_app_id(spec.source_name)
     names = list(spec.column_names)
     rows = [(*r, "U") for r in plan.updates] + [(*r, "I") for r in plan.inserts]
-    source = _source_frame(spark, rows, StructType(list(spec.schema.fields) + [StructField(_KIND, StringType())]))
+    source = _source_frame(spark, rows, pa.schema([*spec.schema, pa.field(_KIND, pa.string())]))
     key_names = list(spec.key_columns)
     cond = (F.col(f"s.{_KIND}") == "U") & F.col(f"t.{END_LSN}").isNull() & \
         (F.col(f"t.{START_LSN}") == F.col(f"s.{START_LSN}")) & _null_safe_all("t", "s", key_names)

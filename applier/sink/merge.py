@@ -22,10 +22,11 @@ from applier.sink.plan import TablePlan, multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
+from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructField, StructType
 
 _INTERNAL = INTERNAL_PREFIX
 
@@ -42,7 +43,7 @@ def _t_col(i: int) -> str:
     return f"{_INTERNAL}t{i}"
 
 
-def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+def apply_plan(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
                version: int, description: str, may_be_empty: bool = True) -> CommitResult:
     """Make the one commit ``plan`` describes; ``version`` is the end LSN of the last transaction in it.
 
@@ -55,7 +56,7 @@ def apply_plan(spark: SparkSession, path: str, schema: StructType, plan: TablePl
     return _merge_keyed(spark, path, schema, plan, app_id, version, description, may_be_empty)
 
 
-def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: StructType) -> DataFrame:
+def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: pa.Schema) -> DataFrame:
     """Rows to Spark as one Arrow table (columnar; no per-row Python objects on the JVM side).
 
     Values whose type Arrow cannot take as they are (e.g. a year-1 timestamp with a time zone that
@@ -63,11 +64,11 @@ def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: S
     """
     table = arrow_table(rows, schema) if rows else None
     if table is None:
-        return spark.createDataFrame(rows, schema)
-    return spark.createDataFrame(table, schema)
+        return spark.createDataFrame(rows, spark_schema(schema))
+    return spark.createDataFrame(table, spark_schema(schema))
 
 
-def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+def _overwrite(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
                version: int, description: str) -> CommitResult:
     rows = rows_after_truncate(plan, description)
     df = _source_frame(spark, rows, schema)
@@ -76,7 +77,7 @@ def _overwrite(spark: SparkSession, path: str, schema: StructType, plan: TablePl
     return CommitResult(len(rows), 0, True)
 
 
-def write_rows(spark: SparkSession, path: str, schema: StructType, rows: list[tuple[object, ...]], *,
+def write_rows(spark: SparkSession, path: str, schema: pa.Schema, rows: list[tuple[object, ...]], *,
                replace: bool, tag: tuple[str, int, str] | None) -> None:
     """Overwrite (``replace``) or append plain rows, e.g. one chunk of an initial snapshot; with ``tag``
     (app id, version, description) the commit is an idempotent one like every other."""
@@ -107,18 +108,17 @@ def key_range(values: list[object]) -> tuple[object, object] | None:
     return min(values), max(values)  # type: ignore[type-var]  # one comparable type, checked above
 
 
-def restrict_to_keys(spark: SparkSession, df: DataFrame, key_fields: list[StructField],
+def restrict_to_keys(spark: SparkSession, df: DataFrame, key_fields: list[pa.Field],
                      keys: list[tuple[object, ...]]) -> DataFrame:
     """``df``'s rows whose key is one of ``keys``: a semi join, after a filter on the first key
     column's range that lets Delta skip the files whose statistics lie outside it."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
 
     key_names = [f.name for f in key_fields]
     bounds = key_range([k[0] for k in keys])
     if bounds is not None:
         df = df.filter(F.col(q(key_names[0])).between(F.lit(bounds[0]), F.lit(bounds[1])))
-    return df.join(spark.createDataFrame(keys, StructType(key_fields)), on=key_names, how="left_semi")
+    return df.join(spark.createDataFrame(keys, spark_schema(key_fields)), on=key_names, how="left_semi")
 
 
 def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
@@ -130,23 +130,22 @@ def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
     return reduce(lambda a, b: a & b, conds)
 
 
-def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+def _merge_keyed(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
                  version: int, description: str, may_be_empty: bool) -> CommitResult:
+    import pyarrow
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     key_names = [names[i] for i in plan.key_positions]
     lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
     if may_be_empty and not lookup_cols and holds_no_files(spark, path):
         return _insert_into_empty(spark, path, schema, plan, app_id, version, description)
-    src_fields = list(schema.fields) + [StructField(OP_COL, StringType(), False)]
-    src_fields += [StructField(_u_col(i), BooleanType(), False) for i in lookup_cols]
+    src_fields = [*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)]
+    src_fields += [pyarrow.field(_u_col(i), pyarrow.bool_(), nullable=False) for i in lookup_cols]
     if lookup_cols:
-        src_fields += [StructField(_lk_col(j), schema.fields[p].dataType, True)
-                       for j, p in enumerate(plan.key_positions)]
-    src_schema = StructType(src_fields)
+        src_fields += [pyarrow.field(_lk_col(j), schema.field(p).type) for j, p in enumerate(plan.key_positions)]
+    src_schema = pyarrow.schema(src_fields)
 
     rows: list[tuple[object, ...]] = []
     upserts = deletes = 0
@@ -192,7 +191,7 @@ def _merge_keyed(spark: SparkSession, path: str, schema: StructType, plan: Table
     return CommitResult(upserts, deletes, False)
 
 
-def _insert_into_empty(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+def _insert_into_empty(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
                        version: int, description: str) -> CommitResult:
     """A keyed fold into a table without any data file is an append of its final rows.
 
@@ -245,23 +244,23 @@ def _fill_from_target(spark: SparkSession, path: str, src: DataFrame, names: lis
     return joined.select(*out_cols, F.col(OP_COL))
 
 
-def _merge_multiset(spark: SparkSession, path: str, schema: StructType, plan: TablePlan, app_id: str,
+def _merge_multiset(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
                     version: int, description: str) -> CommitResult:
+    import pyarrow
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     touched = [(img, delta) for img, delta in plan.counts.items() if delta != 0]
     if not touched:
         return CommitResult(0, 0, False)
-    img_schema = StructType(list(schema.fields) + [StructField(IMG_COL, LongType(), False)])
+    img_schema = pyarrow.schema([*schema, pyarrow.field(IMG_COL, pyarrow.int64(), nullable=False)])
     images = _source_frame(spark, [(*plan.images[img], n) for n, (img, _d) in enumerate(touched)], img_schema)
     tgt = spark.read.format("delta").load(path)
     current = {r[IMG_COL]: r["n"] for r in
                images.alias("s").join(tgt.alias("t"), on=_null_safe_all("t", "s", names), how="inner")
                .groupBy(F.col(f"s.{IMG_COL}")).agg(F.count(F.lit(1)).alias("n")).collect()}
-    src_schema = StructType(list(schema.fields) + [StructField(OP_COL, StringType(), False)])
+    src_schema = pyarrow.schema([*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)])
     rows, inserted, deleted = multiset_source(plan, touched, [current.get(n, 0) for n in range(len(touched))],
                                               description)
     src = _source_frame(spark, rows, src_schema)

@@ -25,13 +25,16 @@ from typing import TYPE_CHECKING
 from applier.errors import SinkError, TypeChangeError
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
 from applier.sink.store import DeltaRsStore, InMemoryStore, SparkStore, StorePicker, reader
+from applier.sink.store.deltatypes import delta_fields, delta_type
 from applier.sink.store.picker import Store
 from applier.sink.zerocol import ROW_COLUMN
 from applier.spark.session import SparkLike, session_of
+from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import DataType, StructField, StructType
+    from pyspark.sql.types import DataType
 
     from applier.config import TableRule
     from applier.sink.extras import ExtraColumns
@@ -87,7 +90,7 @@ class TableSpec:
     """What the sink needs to know about one source table's current schema."""
 
     source_name: str  # "schema.table" as in Postgres
-    schema: StructType  # Spark types per the documented mapping, columns in source order
+    schema: pa.Schema  # Arrow types per the documented mapping (applier.values.registry), in source order
     key_columns: tuple[str, ...]  # replica identity key; empty for FULL identity without a key
     replica_identity: str  # 'd', 'i', 'f' or 'n'
     extra: ExtraColumns | None = None  # metadata / soft-delete columns, last in ``schema``
@@ -95,7 +98,15 @@ class TableSpec:
 
     @property
     def column_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.schema.fields)
+        return tuple(self.schema.names)
+
+    @property
+    def floating_point_key(self) -> bool:
+        """A key column is floating point: NaN and -0.0 compare differently in SQL engines, so only
+        Spark's MERGE matches such keys as the other commits of the table did."""
+        import pyarrow
+
+        return any(pyarrow.types.is_floating(self.schema.field(k).type) for k in self.key_columns)
 
     @property
     def source_column_names(self) -> tuple[str, ...]:
@@ -104,18 +115,18 @@ class TableSpec:
         return names[:len(names) - self.added]
 
 
-def with_added_columns(table: TableSpec, fields: list[StructField], what: str, *, remedy: str | None = None,
+def with_added_columns(table: TableSpec, fields: list[pa.Field], what: str, *, remedy: str | None = None,
                        extra: ExtraColumns | None = None) -> TableSpec:
     """``table``'s own columns followed by the ``fields`` applier adds (metadata columns, or a derived
     table's: history, change feed); a source column of the same name stops the run."""
-    from pyspark.sql.types import StructType
+    import pyarrow
 
     clash = {f.name for f in fields} & set(table.column_names)
     if clash:
         raise SinkError(f"the table has a column named like a {what} column; "
                         f"{remedy or f'it cannot have a {what} table'}",
                         table=table.source_name, columns=", ".join(sorted(clash)))
-    return TableSpec(table.source_name, StructType(list(table.schema.fields) + fields), table.key_columns,
+    return TableSpec(table.source_name, pyarrow.schema([*table.schema, *fields]), table.key_columns,
                      table.replica_identity, extra, len(fields))
 
 
@@ -240,7 +251,7 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
     from delta.tables import DeltaTable
 
     detail = DeltaTable.forPath(spark, path).detail().collect()[0]
-    writer = spark.createDataFrame([], spec.schema).write.format("delta").mode("overwrite") \
+    writer = spark.createDataFrame([], spark_schema(spec.schema)).write.format("delta").mode("overwrite") \
         .option("overwriteSchema", "true")
     partitions = [c for c in (detail["partitionColumns"] or []) if c in spec.column_names]
     if partitions:
@@ -302,9 +313,10 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
     have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames)
+    wanted = spark_schema(spec.schema)
     added: list[str] = []
     widened: list[str] = []
-    for field in spec.schema.fields:
+    for field in wanted.fields:
         old_type = have.get(field.name)
         if old_type is None:
             added.append(field.name)
@@ -321,7 +333,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         if needs_column_mapping(added):
             enable_column_mapping(spark, path, table=spec.source_name)
         cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
-                         for f in spec.schema.fields if f.name in added)
+                         for f in wanted.fields if f.name in added)
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
     if widened:
         # Type widening is a reader feature delta-rs cannot read, so a table gains it only now, when a source
@@ -331,7 +343,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
                         "(delta-rs) cannot read this table from now on", spec.source_name, ", ".join(widened))
             set_table_property(spark, path, TYPE_WIDENING, "true")
     for name in widened:
-        new_type = next(f.dataType for f in spec.schema.fields if f.name == name)
+        new_type = wanted[name].dataType
         spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
     if widened:
         earlier = json.loads(_get_property(spark, path, PROP_WIDENED) or "[]")
@@ -396,14 +408,14 @@ def evolve_without_spark(store: DeltaRsStore | InMemoryStore, path: str, spec: T
 
         if renames(gone, new, rename_candidates(old_order, spec.source_column_names)):
             return None  # a rename: column mapping, through Spark
-    added = [f for f in spec.schema.fields if f.name not in have]
-    if any(have[f.name] != f.dataType.jsonValue() for f in spec.schema.fields if f.name in have):
+    added = [f for f in spec.schema if f.name not in have]
+    if any(have[f.name] != delta_type(f.type) for f in spec.schema if f.name in have):
         return None  # a retype: widened, or the error, by evolve_table
-    if needs_column_mapping([f.name for f in added]) or "timestamp_ntz" in json.dumps([f.jsonValue() for f in added]):
+    if needs_column_mapping([f.name for f in added]) or "timestamp_ntz" in json.dumps(delta_fields(added)):
         return None
     if added:
         # as ALTER TABLE ADD COLUMNS adds them
-        store.add_columns(path, [dict(f.jsonValue(), nullable=True) for f in added])
+        store.add_columns(path, [dict(f, nullable=True) for f in delta_fields(added)])
     source_names = set(spec.column_names)
     dropped = tuple(n for n in have if n not in source_names and n != ROW_COLUMN)
     properties: dict[str, str] = {}
@@ -429,7 +441,7 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
     if isinstance(store, SparkStore):
         return False
     have = {f["name"]: f["type"] for f in store.schema_fields(path)}
-    if have != {f.name: f.dataType.jsonValue() for f in spec.schema.fields}:
+    if have != {f.name: delta_type(f.type) for f in spec.schema}:
         return False
     keys = store.configuration(path).get(PROP_KEYS)
     return keys is None or json.loads(keys) == list(spec.key_columns)

@@ -27,11 +27,11 @@ ROW_COLUMN = "_applier_row"
 
 def zero_column_spec(source_name: str, replica_identity: str) -> TableSpec:
     """The Delta table of a source table without columns: :data:`ROW_COLUMN` alone, added by applier."""
-    from pyspark.sql.types import BooleanType, StructField, StructType
+    import pyarrow as pa
 
     from applier.sink.schema import TableSpec
 
-    return TableSpec(source_name, StructType([StructField(ROW_COLUMN, BooleanType(), True)]), (),
+    return TableSpec(source_name, pa.schema([pa.field(ROW_COLUMN, pa.bool_(), nullable=True)]), (),
                      replica_identity, added=1)
 
 

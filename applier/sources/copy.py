@@ -28,7 +28,7 @@ from applier.sources.publication import PublishedTable, quote_ident
 from applier.sources.typedcopy import column_readers, convert_chunk
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.catalog import TypeCache
 
@@ -74,7 +74,7 @@ def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
     return f"SELECT {cols} FROM {plan.source_sql}{where}"
 
 
-def arrow_types(relation: Relation, types: TypeCache | None, schema: StructType) -> list[Any] | None:
+def arrow_types(relation: Relation, types: TypeCache | None, schema: pa.Schema) -> list[Any] | None:
     """How every column of the table is read on the fast path (``applier.sources.typedcopy``), or None
     when the table takes the per-value path (a table without columns)."""
     return column_readers(relation, types, schema)

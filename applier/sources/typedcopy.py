@@ -38,7 +38,7 @@ from applier.values.scalars import NotText
 from applier.values.special import Unrepresentable
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.catalog import TypeCache
     from applier.protocol.messages import Relation
@@ -71,19 +71,17 @@ class ColumnReader:
     convert: Convert | None  # None: the CSV reader's column is the value
 
 
-def column_readers(relation: Relation, types: TypeCache | None, schema: StructType) -> list[ColumnReader] | None:
+def column_readers(relation: Relation, types: TypeCache | None, schema: pa.Schema) -> list[ColumnReader] | None:
     """One reader per column, or None when the table has no columns (CSV lines of no columns are not
     rows to pyarrow; the per-value path counts them)."""
     if not relation.columns:
         return None
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     from applier.values.registry import handler_for
 
-    arrow = to_arrow_schema(schema, timezone="UTC")
     out: list[ColumnReader] = []
-    for col, field in zip(relation.columns, arrow, strict=True):
+    for col, field in zip(relation.columns, schema, strict=True):
         text = handler_for(col.type_oid, col.type_modifier, types).text
         target = field.type
         if text in _NATIVE:

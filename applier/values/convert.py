@@ -18,7 +18,7 @@ from applier.values.scalars import NotText
 from applier.values.special import SpecialValuePolicy, Unrepresentable
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import DataType, StructType
+    import pyarrow as pa
 
     from applier.catalog import SchemaVersion, TypeCache
 
@@ -160,12 +160,14 @@ class RowConverter:
         return tuple(out)
 
 
-def spark_type_for(type_oid: int, typmod: int, types: TypeCache | None) -> DataType:
-    return handler_for(type_oid, typmod, types).spark_type()
+def arrow_type_for(type_oid: int, typmod: int, types: TypeCache | None) -> pa.DataType:
+    return handler_for(type_oid, typmod, types).arrow_type()
 
 
-def spark_schema_for(schema: SchemaVersion, types: TypeCache | None) -> StructType:
-    from pyspark.sql.types import StructField, StructType
+def arrow_schema_for(schema: SchemaVersion, types: TypeCache | None) -> pa.Schema:
+    """The columns of ``schema`` as the registry maps them, every one nullable (the sink's contract:
+    a NOT NULL dropped or added in the source never makes a write fail)."""
+    import pyarrow
 
-    return StructType([StructField(c.name, spark_type_for(c.type_oid, c.type_modifier, types), True)
-                       for c in schema.relation.columns])
+    return pyarrow.schema([pyarrow.field(c.name, arrow_type_for(c.type_oid, c.type_modifier, types), nullable=True)
+                           for c in schema.relation.columns])

@@ -25,7 +25,7 @@ from applier.sources.copy import TablePlan, arrow_types, read_arrow_chunk, selec
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, describe_relation
 from applier.sources.sql_slot import pin_session
-from applier.values import RowConverter, spark_schema_for
+from applier.values import RowConverter, arrow_schema_for
 
 pytestmark = [pytest.mark.postgres]
 
@@ -105,15 +105,15 @@ def _read_both_ways(conn: Any, where: str = "", policy: str = "error") -> tuple[
     for typ in types:
         catalog.update_type(typ)
     schema = catalog.update(relation)
-    spark_schema = spark_schema_for(schema, catalog.types)
-    readers = arrow_types(relation, catalog.types, spark_schema)
+    arrow_schema = arrow_schema_for(schema, catalog.types)
+    readers = arrow_types(relation, catalog.types, arrow_schema)
     assert readers is not None
     names = [c.name for c in relation.columns]
     sql = select_sql(TablePlan("ONLY public.every_type", None, ("",), -1), names, where)
     fast = read_arrow_chunk(conn, sql, names, readers, table)
     converter = RowConverter(schema, catalog.types, policy)  # type: ignore[arg-type]
     rows = [converter.convert(t) for batch in copy_rows(conn, table, relation, select=sql) for t in batch]
-    reference = arrow_table(rows, spark_schema)
+    reference = arrow_table(rows, arrow_schema)
     assert reference is not None
     return fast, reference, [r.kind for r in readers]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
 #: Prefix of the MERGE source's own columns. Longer than any PostgreSQL identifier can be (63
 #: bytes, NAMEDATALEN - 1), so no source column can share a name with them: a user column named
@@ -16,18 +16,16 @@ OP_COL = INTERNAL_PREFIX + "op"
 IMG_COL = INTERNAL_PREFIX + "img"
 
 
-def arrow_table(rows: list[tuple[object, ...]], schema: StructType) -> Any:
+def arrow_table(rows: list[tuple[object, ...]], schema: pa.Schema) -> Any:
     """``rows`` as a pyarrow Table of ``schema``'s Arrow types, or None when a value does not convert
     (e.g. a year-1 timestamp with a time zone that overflows Arrow's localisation: the caller then
     takes a row-by-row path)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
+    import pyarrow
 
     try:
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
-        arrays = [pa.array(col, type=field.type, from_pandas=False)
-                  for col, field in zip(columns, arrow_schema, strict=True)]
-        return pa.Table.from_arrays(arrays, schema=arrow_schema)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+        arrays = [pyarrow.array(col, type=field.type, from_pandas=False)
+                  for col, field in zip(columns, schema, strict=True)]
+        return pyarrow.Table.from_arrays(arrays, schema=schema)
+    except (pyarrow.ArrowException, TypeError, ValueError, OverflowError):
         return None

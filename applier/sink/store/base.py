@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.sink.plan import TablePlan
     from applier.sink.schema import TableOptions, TableSpec
@@ -103,16 +103,16 @@ class TableStore(Protocol):
         """Create the table for ``spec`` with ``properties`` and ``options``' layout (an error if it exists)."""
         ...
 
-    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+    def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:
         """The one commit ``plan`` describes, tagged ``(app_id, version)``; None when this store declines
         the plan (another store then makes the commit)."""
         ...
 
     def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
-                    schema: StructType | None = None) -> None:
+                    schema: pa.Schema | None = None) -> None:
         """One commit of a pyarrow Table (overwrite or append); with ``tag``, an idempotent one.
-        ``schema``: the table's Spark types, for a store that converts the columns to them."""
+        ``schema``: the table's columns, for a store that converts the columns to its own types."""
         ...
 
     def set_properties(self, path: str, properties: Mapping[str, str], *,

@@ -30,7 +30,7 @@ from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog
 from applier.storage.options import deltalake_options
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
@@ -86,7 +86,7 @@ class DeltaRsStore:
 
         if not self.can_open(path) or needs_column_mapping(spec.column_names):
             return False
-        if any(not f.nullable for f in spec.schema.fields):
+        if any(not f.nullable for f in spec.schema):
             # delta-rs leaves the invariants feature out of the protocol of a table with named features
             # (e.g. timestamp without time zone) and a NOT NULL column, and Spark then refuses the table
             return False
@@ -175,9 +175,8 @@ class DeltaRsStore:
     def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
         """For a table ``can_create`` accepts."""
         from deltalake import DeltaTable
-        from pyspark.sql.pandas.types import to_arrow_schema
 
-        DeltaTable.create(str(path), to_arrow_schema(spec.schema, timezone="UTC"), mode="error",
+        DeltaTable.create(str(path), spec.schema, mode="error",
                           storage_options=deltalake_options(path),
                           partition_by=list(options.partition_by) or None,
                           configuration=dict(properties), raise_if_key_not_exists=False)
@@ -197,7 +196,7 @@ class DeltaRsStore:
                                                    commit_properties=commit)
 
     def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
-                    schema: StructType | None = None) -> None:
+                    schema: pa.Schema | None = None) -> None:
         """The last commit of a copy carries the applied version as a ``txn`` action (what Spark's
         ``txnAppId``/``txnVersion`` write) and the description as the commit's ``userMetadata``; like
         Spark's idempotent write, a tagged write whose version the table has applied writes nothing."""
@@ -210,7 +209,7 @@ class DeltaRsStore:
         write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
                         storage_options=deltalake_options(path))
 
-    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+    def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:
         from applier.sink.store.rsmerge import apply_plan_deltars
 
@@ -224,7 +223,7 @@ class DeltaRsStore:
 
         return apply_history_deltars(self, path, spec, plan, app_id=app_id, version=version, description=description)
 
-    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+    def rows_by_key(self, path: str, schema: pa.Schema, key_columns: Sequence[str],
                     keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
                     unless: str | None = None) -> dict[object, list[Any]] | None:
         """See applier.sink.store.readback.rows_by_key; None: Spark reads them."""

@@ -20,9 +20,10 @@ from applier.errors import SinkError
 from applier.sink.plan import rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.base import CommitResult, CommitTag, WriteMode
+from applier.sink.store.deltatypes import delta_fields
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
@@ -95,7 +96,7 @@ class InMemoryStore:
     def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
         if self.exists(path):
             raise SinkError("the table exists already", path=path)
-        self.tables[str(path)] = MemoryTable(list(spec.schema.jsonValue()["fields"]), properties=dict(properties))
+        self.tables[str(path)] = MemoryTable(delta_fields(spec.schema), properties=dict(properties))
 
     def schema_fields(self, path: str) -> list[dict[str, Any]]:
         return [dict(f) for f in self.table(path).fields]
@@ -124,7 +125,7 @@ class InMemoryStore:
         table.commits.append("SET TBLPROPERTIES")
 
     def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
-                    schema: StructType | None = None) -> None:
+                    schema: pa.Schema | None = None) -> None:
         target = self.table(path)
         if tag is not None and self._done(target, tag[0], tag[1]):
             return
@@ -138,17 +139,17 @@ class InMemoryStore:
                       description: str) -> int:
         raise SinkError("the in-memory store keeps no history tables (a Delta store does)", table=spec.source_name)
 
-    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+    def rows_by_key(self, path: str, schema: pa.Schema, key_columns: Sequence[str],
                     keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
                     unless: str | None = None) -> dict[object, list[Any]]:
         raise SinkError("the in-memory store does not read rows by key (a Delta store does)", path=path)
 
-    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+    def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:
         target = self.table(path)
         if self._done(target, app_id, version):
             return CommitResult(0, 0, plan.truncated)
-        names = [f.name for f in schema.fields]
+        names = list(schema.names)
         index = [target.columns.index(n) for n in names]  # every source column is in the table (evolved first)
         if plan.truncated:
             result = self._overwrite(target, index, plan, description)

@@ -85,8 +85,7 @@ class StorePicker:
         if self.only is not None:
             return self.only
         if self.deltars_writes(path):
-            key_types = {spec.schema[k].dataType.typeName() for k in spec.key_columns}
-            if not key_types & {"float", "double"}:
+            if not spec.floating_point_key:
                 return DELTARS
         return SparkStore(spark if spark is not None else self.spark)
 

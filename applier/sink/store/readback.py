@@ -16,7 +16,7 @@ from applier.sink.plan import freeze
 from applier.sink.store.arrow import arrow_table
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
 
 def matching(dataset: Any, types: Any, wanted: Any | None) -> Any:
@@ -59,17 +59,15 @@ def frozen_rows(table: Any, columns: list[str]) -> list[object]:
     return [freeze(r) for r in zip(*(table.column(c).to_pylist() for c in columns), strict=True)]
 
 
-def rows_by_key(table: Any, schema: StructType, key_columns: Sequence[str], keys: Sequence[tuple[Any, ...]] | None,
+def rows_by_key(table: Any, schema: pa.Schema, key_columns: Sequence[str], keys: Sequence[tuple[Any, ...]] | None,
                 *, open_only: str | None = None, unless: str | None = None) -> dict[object, list[Any]] | None:
     """The rows of ``schema``'s columns whose key is one of ``keys`` (every row: None), by frozen key as
     given (every row: as read), with values as a Spark row holds them (``spark_like``); a column the
     table does not have yet reads NULL. ``open_only``: only rows where that column is NULL (a history's
     open versions); ``unless``: not the rows where that flag is true (soft-deleted). None when delta-rs
     does not read the table as Spark does, or a key does not convert to Arrow (Spark reads it then)."""
-    import pyarrow as pa
+    import pyarrow
     import pyarrow.compute as pc
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType as SparkStruct
 
     from applier.sink.store.deltars import reads_rows, spark_like
 
@@ -77,15 +75,15 @@ def rows_by_key(table: Any, schema: StructType, key_columns: Sequence[str], keys
         return None
     if keys is not None and not keys:
         return {}
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     dataset = table.to_pyarrow_dataset()
     have = set(dataset.schema.names)
     extras = [c for c in dict.fromkeys((open_only, unless)) if c is not None and c in have and c not in names]
-    types = pa.schema([f for f in to_arrow_schema(schema, timezone="UTC") if f.name in have] +
+    types = pyarrow.schema([f for f in schema if f.name in have] +
                       [dataset.schema.field(c) for c in extras])
     wanted = None
     if keys is not None:
-        wanted = arrow_table(list(keys), SparkStruct([schema[k] for k in key_columns]))
+        wanted = arrow_table(list(keys), pyarrow.schema([schema.field(k) for k in key_columns]))
         if wanted is None:
             return None
     rows = matching(dataset, types, wanted)

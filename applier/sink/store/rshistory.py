@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.sink.store.arrow import OP_COL, arrow_table
 from applier.sink.store.base import CommitResult
-from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted
+from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted, with_op_column
 
 if TYPE_CHECKING:
     from applier.sink.history import HistoryPlan
@@ -26,15 +26,13 @@ def apply_history_deltars(store: DeltaRsStore, path: str, spec: TableSpec, plan:
                           version: int, description: str) -> int | None:
     """Write ``plan`` in one idempotent commit; the versions it wrote or changed (0: applied already),
     None when delta-rs would not make the same commit."""
-    from pyspark.sql.types import StringType, StructField, StructType
-
     from applier.sink.history import END_AT, END_LSN, START_LSN
 
-    if {spec.schema[k].dataType.typeName() for k in spec.key_columns} & {"float", "double"}:
+    if spec.floating_point_key:
         return None
     names = list(spec.column_names)
     rows = [(*r, "U") for r in plan.updates] + [(*r, "I") for r in plan.inserts]
-    source = arrow_table(rows, StructType([*spec.schema.fields, StructField(OP_COL, StringType(), False)]))
+    source = arrow_table(rows, with_op_column(spec.schema))
     if source is None:
         return None
     closing = {}

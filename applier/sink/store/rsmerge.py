@@ -27,10 +27,17 @@ from applier.sink.store.deltars import reads_rows
 from applier.sink.store.readback import frozen_rows, matching
 
 if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
+    import pyarrow as pa
 
     from applier.sink.plan import TablePlan
     from applier.sink.store.deltars import DeltaRsStore
+
+
+def with_op_column(schema: pa.Schema) -> pa.Schema:
+    """``schema`` and the MERGE source's operation column."""
+    import pyarrow
+
+    return pyarrow.schema([*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)])
 
 
 def quoted(name: str) -> str:
@@ -38,7 +45,7 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+def apply_plan_deltars(store: DeltaRsStore, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
                        version: int, description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when delta-rs would not make the same
     commit (the caller then takes the Spark path): a NULL key, a key-less table whose values do not
@@ -48,10 +55,8 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
         return _apply_multiset(store, path, schema, plan, app_id=app_id, version=version, description=description)
     import pyarrow.compute as pc
     from deltalake import write_deltalake
-    from pyspark.sql.types import StringType, StructField
-    from pyspark.sql.types import StructType as SparkStruct
 
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     ncols = len(names)
     rows: list[tuple[Any, ...]] = []
     fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]] = []  # source row, lookup key, positions
@@ -70,7 +75,7 @@ def apply_plan_deltars(store: DeltaRsStore, path: str, schema: StructType, plan:
         else:
             upserts += 1
             rows.append((*entry.row, "U"))
-    source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
+    source = arrow_table(rows, with_op_column(schema))
     if source is None or any(source.column(p).null_count - _filled_nulls(fills, p) for p in plan.key_positions):
         return None
 
@@ -161,19 +166,18 @@ def commit_tags(app_id: str, version: int, description: str) -> Any:
                             custom_metadata={"userMetadata": description})
 
 
-def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions: tuple[int, ...],
+def _fill_from_target(table: Any, source: Any, schema: pa.Schema, key_positions: tuple[int, ...],
                       fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], description: str) -> Any:
     """``source`` with the unchanged-TOAST placeholders replaced by the target row's values (the row of
     their lookup key): the last step of applier.sink.rowimage's walk, as Spark's MERGE does it. None
     when a lookup key does not convert to Arrow (Spark takes the plan)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql.types import StructType as SparkStruct
 
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     key_names = [names[p] for p in key_positions]
     known = [(row, key, unresolved) for row, key, unresolved in fills if key is not None]
-    wanted = arrow_table([key for _, key, _ in known], SparkStruct([schema.fields[p] for p in key_positions]))
+    wanted = arrow_table([key for _, key, _ in known], pa.schema([schema.field(p) for p in key_positions]))
     if wanted is None:
         return None
     candidates = matching(table.to_pyarrow_dataset(), source.schema.remove(len(names)), wanted)
@@ -194,22 +198,22 @@ def _fill_from_target(table: Any, source: Any, schema: StructType, key_positions
     return source
 
 
-def _comparable(schema: StructType) -> bool:
+def _comparable(schema: pa.Schema) -> bool:
     """Whether DataFusion's equality of these columns is PostgreSQL's: not for floating point (NaN and
     -0.0) nor for nested values, whose comparison the multiset MERGE would rely on."""
-    return all(f.dataType.typeName() not in ("float", "double", "array", "map", "struct") for f in schema.fields)
+    import pyarrow
+
+    return not any(pyarrow.types.is_floating(f.type) or pyarrow.types.is_nested(f.type) for f in schema)
 
 
-def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: TablePlan, *, app_id: str,
+def _apply_multiset(store: DeltaRsStore, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
                     version: int, description: str) -> CommitResult | None:
     """A key-less table's commit, as Spark makes it (applier.sink.merge): a truncated plan overwrites
     the table with its rows; otherwise one MERGE deletes every copy of each touched row image and
     inserts the new number of copies (the target's count plus the plan's signed count)."""
     from deltalake import write_deltalake
-    from pyspark.sql.types import StringType, StructField
-    from pyspark.sql.types import StructType as SparkStruct
 
-    names = [f.name for f in schema.fields]
+    names = list(schema.names)
     touched = [(img, delta) for img, delta in plan.counts.items() if delta != 0]
     if not names or not _comparable(schema):
         return None
@@ -240,7 +244,7 @@ def _apply_multiset(store: DeltaRsStore, path: str, schema: StructType, plan: Ta
     have = dict(zip(frozen_rows(copies, names), copies.column("count_all").to_pylist(), strict=True))
     held = [have.get(image, 0) for image in frozen_rows(images, names)]
     rows, inserted, deleted = multiset_source(plan, touched, held, description)
-    source = arrow_table(rows, SparkStruct([*schema.fields, StructField(OP_COL, StringType(), False)]))
+    source = arrow_table(rows, with_op_column(schema))
     if source is None:
         return None
     op = f"s.{quoted(OP_COL)}"

@@ -19,8 +19,8 @@ from applier.sink.store.base import CommitResult, CommitTag, WriteMode
 from applier.spark.session import SparkLike, session_of
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
-    from pyspark.sql.types import StructType
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
@@ -127,9 +127,10 @@ class SparkStore:
         """SQL with every identifier quoted, not DeltaTableBuilder.location(): the builder splices the
         path into ``delta.`...``` unescaped, so a schema or table name with a backtick broke it."""
         from applier.sink.naming import delta_path_sql, quote_identifier, sql_string_literal
+        from applier.spark.types import spark_ddl_type
 
-        columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
-                            f"{'' if f.nullable else ' NOT NULL'}" for f in spec.schema.fields)
+        columns = ", ".join(f"{quote_identifier(f.name)} {spark_ddl_type(f.type)}"
+                            f"{'' if f.nullable else ' NOT NULL'}" for f in spec.schema)
         layout = ""
         if options.partition_by:
             layout = f" PARTITIONED BY ({', '.join(quote_identifier(c) for c in options.partition_by)})"
@@ -167,14 +168,18 @@ class SparkStore:
         writer.save(path)
 
     def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,
-                    schema: StructType | None = None) -> None:
-        """``schema``: the Spark types the Arrow columns are taken as (by default, Arrow's own mapping)."""
+                    schema: pa.Schema | None = None) -> None:
+        """``schema``: the table's columns, whose Spark types the Arrow columns are taken as (by default,
+        Arrow's own mapping)."""
+        from applier.spark.types import spark_schema
+
         spark = self.session(f"{path}: a write delta-rs does not make")
-        frame = spark.createDataFrame(table, schema) if table.num_rows or schema is None else \
-            spark.createDataFrame([], schema)
+        struct = spark_schema(schema) if schema is not None else None
+        frame = spark.createDataFrame(table, struct) if table.num_rows or struct is None else \
+            spark.createDataFrame([], struct)
         self.write_frame(path, frame, mode=mode, tag=tag)
 
-    def merge(self, path: str, schema: StructType, plan: TablePlan, *, app_id: str, version: int,
+    def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult:
         """A key-less plan applied again is checked first: its MERGE counts the copies the table holds
         before Delta's idempotent write could skip it, and a plan that deletes copies would find too few
@@ -196,7 +201,7 @@ class SparkStore:
         return commit_history(self.session(f"{path}: a history commit delta-rs does not make"), path, spec, plan,
                               app_id=app_id, version=version, description=description)
 
-    def rows_by_key(self, path: str, schema: StructType, key_columns: Sequence[str],
+    def rows_by_key(self, path: str, schema: pa.Schema, key_columns: Sequence[str],
                     keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
                     unless: str | None = None) -> dict[object, list[Any]]:
         """The rows of ``schema``'s columns whose key is one of ``keys`` (every row: None), by frozen key;
@@ -218,10 +223,10 @@ class SparkStore:
         if unless is not None:
             df = live_rows(df, unless)
         have = set(df.columns)
-        names = [f.name for f in schema.fields]
+        names = list(schema.names)
         df = df.select(*[F.col(q(n)) if n in have else F.lit(None).alias(n) for n in names])
         if keys is not None:
-            df = restrict_to_keys(spark, df, [schema[k] for k in key_columns], list(keys))
+            df = restrict_to_keys(spark, df, [schema.field(k) for k in key_columns], list(keys))
         positions = [names.index(k) for k in key_columns]
         out: dict[object, list[Any]] = {}
         for r in df.toLocalIterator():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
-from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
 from applier.changes import TableChange
 from applier.errors import SinkError
@@ -23,9 +23,9 @@ def Ch(op: str, new_row: tuple | None = None, old_key: tuple | None = None, old_
     return TableChange(op, old_key, old_row, new_row, restart_identity=restart_identity)
 
 
-SCHEMA = StructType([StructField("id", IntegerType()), StructField("big note", StringType()),
-                     StructField("tags", ArrayType(StringType()))])
-COLS = [f.name for f in SCHEMA.fields]
+SCHEMA = pa.schema([pa.field("id", pa.int32()), pa.field("big note", pa.string()),
+                    pa.field("tags", pa.list_(pa.field("element", pa.string())))])
+COLS = list(SCHEMA.names)
 
 
 def rows(spark, path):
@@ -175,7 +175,7 @@ def test_delta_rs_commits_equal_spark_merges_and_are_idempotent_for_both(spark, 
         assert DELTARS.merge(rs, SCHEMA, plan, app_id=app_id_for("t"), version=70, description="x") is None
     # a column dropped in the source stays in Delta: both engines take the narrower rows alike (NULL there
     # for a new row, the value kept for an updated one)
-    narrow = StructType(SCHEMA.fields[:2])
+    narrow = pa.schema(list(SCHEMA)[:2])
     plan = fold_changes([Ch("I", (9, "nine")), Ch("U", (6, "six again"))], COLS[:2], (0,), unchanged_marker=U)
     assert DELTARS.merge(rs, narrow, plan, app_id=app_id_for("t"), version=60, description="x") is not None
     SparkStore(spark).merge(sp, narrow, plan, app_id=app_id_for("t"), version=60, description="x")

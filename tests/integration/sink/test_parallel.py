@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pyarrow as pa
 import pytest
-from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from test_merge import Ch
 
 from applier.sink.idempotence import app_id_for, applied_version
@@ -16,7 +16,7 @@ from applier.sink.schema import TableSpec, ensure_table
 
 pytestmark = pytest.mark.spark
 
-SCHEMA = StructType([StructField("id", IntegerType()), StructField("v", StringType())])
+SCHEMA = pa.schema([pa.field("id", pa.int32()), pa.field("v", pa.string())])
 TABLES = ("a", "b", "c")
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
 from applier.errors import SinkError
 from applier.sink.schema import PROP_DROPPED, PROP_KEYS, TableSpec, ensure_table
 from applier.sink.store import StorePicker
+from applier.spark.types import spark_schema
 
 pytestmark = pytest.mark.spark
 
 
 def spec(*fields: StructField, keys: tuple[str, ...] = ("id",)) -> TableSpec:
-    return TableSpec("public.weird", StructType(list(fields)), keys, "d")
+    """A spec of these Spark types, as the registry's Arrow types (Spark's own mapping of them)."""
+    return TableSpec("public.weird", to_arrow_schema(StructType(list(fields)), timezone="UTC"), keys, "d")
 
 
 def props(spark, path: str) -> dict[str, str]:
@@ -34,7 +37,7 @@ def test_create_add_widen_drop_and_refuse_narrowing(spark, tmp_path):
     assert json.loads(p[PROP_KEYS]) == ["id"]
     assert p["delta.columnMapping.mode"] == "name"  # the column name has a space
 
-    spark.createDataFrame([(1, "x", None)], v1.schema).write.format("delta").mode("append").save(path)
+    spark.createDataFrame([(1, "x", None)], spark_schema(v1.schema)).write.format("delta").mode("append").save(path)
 
     v2 = spec(StructField("id", LongType()), StructField("amount", DecimalType(12, 2)),
               StructField("new 'col\\", StringType()))
@@ -66,7 +69,7 @@ def test_columns_added_and_dropped_on_a_table_delta_rs_writes_need_no_spark(spar
     path = str(tmp_path / "public" / "plain")
     v1 = spec(StructField("id", IntegerType()), StructField("a", StringType()))
     assert ensure_table(never, path, v1, stores=StorePicker(never)).added == ("id", "a")
-    spark.createDataFrame([(1, "x")], v1.schema).write.format("delta").mode("append").save(path)
+    spark.createDataFrame([(1, "x")], spark_schema(v1.schema)).write.format("delta").mode("append").save(path)
 
     v2 = spec(StructField("id", IntegerType()), StructField("b", StringType()),
               StructField("c", StructType([StructField("d", LongType())])), keys=("id", "b"))

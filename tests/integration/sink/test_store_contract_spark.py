@@ -9,8 +9,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
 from storegroups import bag_group, keyed_group
 
 from applier.sink.plan import fold_changes
@@ -20,7 +20,7 @@ from applier.values import UNCHANGED_TOAST
 
 pytestmark = pytest.mark.spark
 
-SCHEMA = StructType([StructField("id", IntegerType()), StructField("a", StringType())])
+SCHEMA = pa.schema([pa.field("id", pa.int32()), pa.field("a", pa.string())])
 
 
 def _rows(store: TableStore, spark: Any, path: str) -> list[tuple[Any, ...]]:
@@ -57,17 +57,15 @@ def test_spark_commits_give_the_same_table_as_the_in_memory_store(spark, tmp_pat
 def test_rows_by_key_read_the_same_through_spark_and_delta_rs(spark, tmp_path: Path) -> None:
     """What the change feed and the history read back (applier.sink.derived): rows by key, every row,
     only open versions (a NULL column), not the flagged ones, and NULL for a column the table lacks."""
-    import pyarrow as pa
-
     from applier.sink.store import DELTARS
 
     path = str(tmp_path / "t")
-    flagged = StructType([*SCHEMA.fields, StructField("end", IntegerType()), StructField("gone", BooleanType())])
+    flagged = pa.schema([*SCHEMA, pa.field("end", pa.int32()), pa.field("gone", pa.bool_())])
     DELTARS.create(path, TableSpec("public.t", flagged, ("id",), "d"), TableOptions(), {})
     DELTARS.write_arrow(path, pa.table({"id": pa.array([1, 2, 3, 4], pa.int32()), "a": ["x", None, "z", "w"],
                                         "end": pa.array([None, None, 7, None], pa.int32()),
                                         "gone": [False, None, False, True]}), mode="append", tag=None)
-    wider = StructType([*SCHEMA.fields, StructField("later", StringType())])
+    wider = pa.schema([*SCHEMA, pa.field("later", pa.string())])
     for keys, extra in (([(1,), (3,), (9,)], {}), (None, {}), ([(1,), (2,), (3,)], {"open_only": "end"}),
                         (None, {"unless": "gone"}), ([], {})):
         through_spark = SparkStore(spark).rows_by_key(path, wider, ("id",), keys, **extra)
@@ -83,12 +81,10 @@ def test_a_keyed_table_with_a_column_the_source_dropped_commits_the_same_through
     it now makes it, and both engines must leave the same table: an updated row keeps its value in the
     dropped column, a new row has NULL there, unchanged TOAST values come from the target, and a
     TRUNCATE's rows have NULL there too."""
-    import pyarrow as pa
-
     from applier.changes import OP_INSERT, OP_TRUNCATE, TableChange
     from applier.sink.store import DELTARS
 
-    held = StructType([SCHEMA.fields[0], StructField("gone", StringType()), SCHEMA.fields[1]])
+    held = pa.schema([SCHEMA.field(0), pa.field("gone", pa.string()), SCHEMA.field(1)])
     paths = {"spark": str(tmp_path / "spark"), "delta-rs": str(tmp_path / "rs")}
     for path in paths.values():
         DELTARS.create(path, TableSpec("public.t", held, ("id",), "d"), TableOptions(), {})

@@ -14,7 +14,8 @@ from applier.errors import ValueConversionError
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import COL_BINARY, COL_TEXT, Insert, Relation, Type, Update
 from applier.sources.sql_slot import peek, pgoutput_options
-from applier.values import UNCHANGED_TOAST, RowConverter, spark_schema_for
+from applier.spark.types import spark_schema
+from applier.values import UNCHANGED_TOAST, RowConverter, arrow_schema_for
 
 pytestmark = pytest.mark.postgres
 
@@ -133,7 +134,7 @@ def test_types_resolve_through_the_type_cache(captured):
     # A domain column's typmod is -1 (the base type's modifier is not sent), so numeric(10,2) under a
     # domain maps like unconstrained numeric: text, lossless.
     assert col["dn"].type_modifier == -1
-    fields = {f.name: f.dataType.simpleString() for f in spark_schema_for(many, cache.types).fields}
+    fields = {f.name: f.dataType.simpleString() for f in spark_schema(arrow_schema_for(many, cache.types)).fields}
     assert fields == {
         "id": "int", "b": "boolean", "i2": "smallint", "i8": "bigint", "o": "bigint", "f4": "float",
         "f8": "double", "n": "decimal(12,3)", "nu": "string", "t": "string", "vc": "string", "c": "string",
@@ -198,7 +199,7 @@ def test_converted_rows_go_to_spark_and_delta_unchanged(pg, spark, tmp_path):
         create_and_fill(conn)
         cache, rows, _kinds = rows_of(capture(conn, binary=True))
     many = next(cache.get(oid) for oid in _oids(cache) if cache.get(oid).relation.name == "many")
-    schema = spark_schema_for(many, cache.types)
+    schema = spark_schema(arrow_schema_for(many, cache.types))
     spark.createDataFrame(rows["many"], schema, verifySchema=True).write.format("delta").save(str(tmp_path / "t"))
     back = [tuple(r) for r in spark.read.format("delta").load(str(tmp_path / "t")).orderBy("id").collect()]
     converted = [r for r in rows["many"] if isinstance(r, tuple)]

@@ -10,7 +10,8 @@ import pytest
 from applier.errors import ValueConversionError
 from applier.protocol.messages import COL_BINARY, COL_TEXT
 from applier.sources.sql_slot import pin_session
-from applier.values import convert_value, spark_type_for
+from applier.spark.types import spark_type
+from applier.values import arrow_type_for, convert_value
 
 pytestmark = pytest.mark.postgres
 UTC = UTC
@@ -82,7 +83,7 @@ def test_text_and_binary_give_the_expected_value(pg, pg_type, literal, expected)
     assert from_text == expected
     assert from_binary == expected
     assert type(from_text) is type(expected) and type(from_binary) is type(expected)
-    spark_type_for(oid, typmod, None)  # every mapped type has a Spark type
+    spark_type(arrow_type_for(oid, typmod, None))  # every mapped type has an Arrow type and a Spark type
 
 
 @pytest.mark.parametrize(("pg_type", "literal"), [

@@ -14,18 +14,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    IntegerType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 from storegroups import bag_group, keyed_group
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
@@ -35,7 +23,7 @@ from applier.sink.schema import TableOptions, TableSpec
 from applier.sink.store import DELTARS, InMemoryStore, TableStore
 from applier.values import UNCHANGED_TOAST
 
-SCHEMA = StructType([StructField("id", IntegerType()), StructField("a", StringType())])
+SCHEMA = pa.schema([pa.field("id", pa.int32()), pa.field("a", pa.string())])
 SPEC = TableSpec("public.t", SCHEMA, ("id",), "d")
 
 
@@ -125,10 +113,10 @@ def test_toast_lookups_and_multisets_give_the_same_table_in_delta_rs_and_in_memo
 def test_multiset_copies_and_toast_lookups_of_many_types_match_in_delta_rs(tmp_path: Path) -> None:
     """Counting a key-less table's copies and finding a lookup key compare values read back from Delta
     with the commit's own: instants, dates, decimals, bytes, booleans and NULLs must compare equal."""
-    fields = [StructField("at", TimestampType()), StructField("day", DateType()),
-              StructField("amount", DecimalType(12, 2)), StructField("raw", BinaryType()),
-              StructField("ok", BooleanType()), StructField("note", StringType())]
-    schema = StructType(fields)
+    fields = [pa.field("at", pa.timestamp("us", "UTC")), pa.field("day", pa.date32()),
+              pa.field("amount", pa.decimal128(12, 2)), pa.field("raw", pa.binary()),
+              pa.field("ok", pa.bool_()), pa.field("note", pa.string())]
+    schema = pa.schema(fields)
     names = tuple(f.name for f in fields)
     at = datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
     rows = [(at, date(2024, 5, 6), Decimal("12.34"), b"\x00\xff", True, "x"),
@@ -148,7 +136,7 @@ def test_multiset_copies_and_toast_lookups_of_many_types_match_in_delta_rs(tmp_p
     assert sorted(memory.rows(bag), key=repr) == expected
     assert sorted(DELTARS.scan(bag, names), key=repr) == expected
 
-    keyed = StructType([StructField("at", TimestampType(), False), *fields[1:]])
+    keyed = pa.schema([pa.field("at", pa.timestamp("us", "UTC"), nullable=False), *fields[1:]])
     path = str(tmp_path / "keyed")
     DELTARS.create(path, TableSpec("public.k", keyed, ("at", "amount"), "d"), TableOptions(), {})
     first = fold_changes([TableChange(OP_INSERT, None, None, rows[0], 0)], names, (0, 2),
@@ -176,7 +164,7 @@ def test_delta_rs_stops_where_the_target_lacks_what_a_plan_reads_and_declines_fl
         DELTARS.merge(path, SCHEMA, gone, app_id="a", version=2, description="d")
     assert _rows(DELTARS, path) == [(1, "long")] and DELTARS.applied_version(path, "a") is None
 
-    floats = StructType([StructField("x", DoubleType())])
+    floats = pa.schema([pa.field("x", pa.float64())])
     bag = str(tmp_path / "bag")
     DELTARS.create(bag, TableSpec("public.bag", floats, (), "f"), TableOptions(), {})
     plan = fold_changes([TableChange(OP_INSERT, None, None, (float("nan"),), 0)], ("x",), (),
@@ -256,8 +244,8 @@ def test_a_scan_gives_what_a_spark_row_holds_and_leaves_out_flagged_rows(tmp_pat
     assert sorted(DELTARS.scan(path, ("id",), unless="gone")) == [(1,), (3,)]
     assert list(DELTARS.scan(path, ())) == [(), (), ()]
     memory = InMemoryStore()
-    memory.create(path, TableSpec("public.t", StructType([StructField("id", IntegerType()),
-                                                          StructField("gone", StringType())]), ("id",), "d"),
+    memory.create(path, TableSpec("public.t", pa.schema([pa.field("id", pa.int32()), pa.field("gone", pa.string())]),
+                                  ("id",), "d"),
                   TableOptions(), {})
     memory.write_arrow(path, table.select(["id", "gone"]), mode="overwrite", tag=None)
     assert sorted(memory.scan(path, ("id",), unless="gone")) == [(1,), (3,)]
