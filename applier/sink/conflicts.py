@@ -5,6 +5,7 @@ running a conflicted MERGE again is exactly right, and a conflict means nothing 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,11 +18,15 @@ T = TypeVar("T")
 
 
 def _conflict_types() -> tuple[type[BaseException], ...]:
-    """Delta's conflict exceptions (Spark's commits) and delta-rs's failed commit (its conflict checker
-    found that a concurrent commit removed files this one read, e.g. an OPTIMIZE)."""
-    import delta.exceptions as dx  # also installs Delta's conversion of the JVM exceptions
-
+    """delta-rs's failed commit (its conflict checker found that a concurrent commit removed files this
+    one read, e.g. an OPTIMIZE) and, where pyspark is loaded (a Spark commit can run only there),
+    Delta's conflict exceptions of Spark's commits. A run whose tables delta-rs writes never imports
+    pyspark for them."""
     from applier.sink.store.deltars import commit_failed_error
+
+    if sys.modules.get("pyspark") is None:
+        return (commit_failed_error(),)
+    import delta.exceptions as dx  # also installs Delta's conversion of the JVM exceptions
 
     return (*(getattr(dx, name) for name in dx.__all__), commit_failed_error())
 

@@ -264,6 +264,9 @@ class SparkProvider:
                     logging.getLogger("applier.spark").info("starting Spark: %s", why)
                     session = self._build()
                     self.why = why
+                    # Delta's conflict exceptions come through as themselves (applier.sink.conflicts
+                    # retries them) only once this is imported, so before the first commit
+                    import delta.exceptions  # noqa: F401
                 if self._on_start is not None:
                     self._on_start(session)
                 self._session = session
