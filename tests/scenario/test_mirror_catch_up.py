@@ -118,23 +118,27 @@ def test_a_column_with_a_default_added_inside_the_backlog_hands_over_to_the_driv
 def test_killed_inside_a_catch_up_on_executors_and_restarted_ends_equal(pg, spark, tmp_path):
     """SIGKILL between two tables' commits of a group folded on executors, and after all of the
     catch-up's commits but before the slot is confirmed; each restart catches up again from the
-    slot's confirmed position, and what a table already holds is left out of the new folds."""
+    slot's confirmed position, and what a table already holds is left out of the new folds. Only the
+    killed runs are processes of their own (the CLI); the first copy and the last run use the tests'
+    Spark session, as the CLI's run does (same config)."""
     target = tmp_path / "delta"
     config = tmp_path / "mirror.yaml"
-    config.write_text(yaml.safe_dump({
-        "source": {"slot": "k", "publication": "rw_pub", "proto_version": 2, "streaming": "on"},
+    source = {"slot": "k", "publication": "rw_pub", "proto_version": 2, "streaming": "on"}
+    settings = {
+        "source": source,
         "target": {"path": str(target)},
         "apply": {"max_group_transactions": 5},
         "distributed": {"mode": "on", "partition_messages": 37},
-    }))
+    }
+    config.write_text(yaml.safe_dump(settings))
+    in_process = MirrorConfig.model_validate({**settings, "source": {**source, "dsn": pg.dsn}})
     env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("APPLIER_CRASH_AT", None)
     command = [sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"]
     with pg.connect() as conn:
         conn.execute(SCHEMA)
         random_workload(conn, 31, transactions=10)
-        first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-4000:]
+        assert mirror(spark, in_process, once=True).snapshot_lsn is not None
         for run, (point, hit) in enumerate([("between_tables", 5), ("before_confirm", 1)]):
             random_workload(conn, 32 + run, transactions=20)
             killed = subprocess.run(command, env={**env, "APPLIER_CRASH_AT": f"{point}:{hit}"},
@@ -143,8 +147,9 @@ def test_killed_inside_a_catch_up_on_executors_and_restarted_ends_equal(pg, spar
             assert killed.returncode == -signal.SIGKILL, (point, output[-3000:])
             assert "on Spark's executors" in output and "catch-up on executors:" not in output, output[-3000:]
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
-        final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        assert final.returncode == 0, final.stdout[-2000:] + final.stderr[-4000:]
+        lines: list[str] = []
+        mirror(spark, in_process, once=True, progress=lines.append)
+        assert _executor_lines(lines), lines  # the restart caught up on executors too
         _assert_equal(spark, conn, target, TABLES)
         # everything confirmed: the slot would send a next run nothing (read without consuming it; a
         # restarted mirror applying nothing again is tested in process above)
