@@ -288,8 +288,7 @@ class ApplyLoop:
         """What goes with a group's commits: its logical decoding messages (none without a transaction to
         end the group), its skips, and the metrics."""
         if self.settings.messages_table and end is not None:
-            record_messages(self.spark.get("recording logical decoding messages"), self.settings.messages_table,
-                            messages, end)
+            record_messages(self.applier.stores, self.settings.messages_table, messages, end)
         self._record_skips(skipped)
         if self.metrics is not None:
             if transactions:
@@ -379,7 +378,7 @@ class ApplyLoop:
         confirmed to the server."""
         if not skipped:
             return
-        record_skips(self.spark.get("recording skipped transactions"), str(self.state.skipped_table), skipped)
+        record_skips(self.applier.stores, str(self.state.skipped_table), skipped)
         done = set(self.state.load("skipped") or []) | {format_lsn(s.commit_lsn) for s in skipped}
         self.state.save("skipped", sorted(done, key=parse_lsn))
 

@@ -3,39 +3,63 @@
 A skip is a user's decision to lose one source transaction (``apply.skip_transactions``), so it is
 recorded where the data lives, in a Delta table beside the state, written before the transactions
 around it are confirmed. Appends are idempotent per commit LSN (a restarted run that skips the
-same transaction again adds no second row).
+same transaction again adds no second row). Written and read through the run's store (no JVM where
+delta-rs writes the table).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from applier.changes import SkippedTransaction
 from applier.lsn import format_lsn, parse_lsn
+from applier.sink.owntables import append_rows
+from applier.sink.schema import TableSpec
+from applier.sink.store.picker import scanner
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from applier.sink.store import StorePicker
+    from applier.spark.session import SparkLike
 
-SKIPPED_SCHEMA = ("commit_lsn string, xid long, end_lsn string, reason string, skipped_at timestamp")
+_COLUMNS = ("commit_lsn", "xid", "end_lsn", "reason", "skipped_at")
 
 
-def record_skips(spark: SparkSession, path: str, skipped: Sequence[SkippedTransaction]) -> None:
+def skipped_spec() -> TableSpec:
+    """commit_lsn string, xid long, end_lsn string, reason string, skipped_at timestamp."""
+    import pyarrow as pa
+
+    types = (pa.string(), pa.int64(), pa.string(), pa.string(), pa.timestamp("us", "UTC"))
+    return TableSpec("skipped transactions", pa.schema([pa.field(n, t) for n, t in zip(_COLUMNS, types, strict=True)]),
+                     (), "n")
+
+
+def record_skips(stores: StorePicker, path: str, skipped: Sequence[SkippedTransaction]) -> None:
+    import pyarrow as pa
+
     if not skipped:
         return
+    store = stores.reader(path)
+    seen = {row[0] for row in store.scan(path, ("commit_lsn",))} if store.exists(path) else set()
     now = dt.datetime.now(dt.UTC)
-    rows = [(format_lsn(s.commit_lsn), s.xid, format_lsn(s.end_lsn), s.reason[:2000], now) for s in skipped]
-    df = spark.createDataFrame(rows, SKIPPED_SCHEMA)
-    if (Path(path) / "_delta_log").is_dir():
-        seen = spark.read.format("delta").load(path).select("commit_lsn")
-        df = df.join(seen, "commit_lsn", "left_anti")
-    df.dropDuplicates(["commit_lsn"]).write.format("delta").mode("append").save(path)
+    rows: dict[str, tuple[Any, ...]] = {}
+    for s in skipped:
+        lsn = format_lsn(s.commit_lsn)
+        if lsn not in seen:
+            rows.setdefault(lsn, (lsn, s.xid, format_lsn(s.end_lsn), s.reason[:2000], now))
+    if not rows:
+        return
+    spec = skipped_spec()
+    columns = list(zip(*rows.values(), strict=True))
+    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, spec.schema, strict=True)],
+                                 schema=spec.schema)
+    append_rows(stores, path, spec, table, tag=None)
 
 
-def read_skips(spark: SparkSession, path: str) -> list[dict[str, object]]:
-    if not (Path(path) / "_delta_log").is_dir():
+def read_skips(spark: SparkLike | None, path: str) -> list[dict[str, object]]:
+    store = scanner(path, spark)
+    if not store.exists(path):
         return []
-    rows = [r.asDict() for r in spark.read.format("delta").load(path).collect()]
+    rows = [dict(zip(_COLUMNS, row, strict=True)) for row in store.scan(path, _COLUMNS)]
     return sorted(rows, key=lambda r: parse_lsn(str(r["commit_lsn"])))

@@ -8,21 +8,34 @@ from typing import TYPE_CHECKING
 
 from applier.lsn import format_lsn
 from applier.protocol.messages import LogicalMessage
-from applier.sink.idempotence import app_id_for, idempotent_write
+from applier.sink.idempotence import app_id_for
+from applier.sink.owntables import append_rows
+from applier.sink.schema import TableSpec
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from applier.sink.store import StorePicker
 
 
-MESSAGES_SCHEMA = "lsn STRING, transactional BOOLEAN, prefix STRING, content BINARY"
+def messages_spec() -> TableSpec:
+    """lsn string, transactional boolean, prefix string, content binary."""
+    import pyarrow as pa
+
+    return TableSpec("logical decoding messages", pa.schema([
+        pa.field("lsn", pa.string()), pa.field("transactional", pa.bool_()), pa.field("prefix", pa.string()),
+        pa.field("content", pa.binary())]), (), "n")
 
 
-def record_messages(spark: SparkSession, path: str, messages: Sequence[tuple[int, LogicalMessage]],
+def record_messages(stores: StorePicker, path: str, messages: Sequence[tuple[int, LogicalMessage]],
                     version: int) -> None:
     """Append logical decoding messages to a Delta table, once per ``version`` (idempotent like the tables)."""
+    import pyarrow as pa
+
     if not messages:
         return
-    rows = [(format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content)) for lsn, m in messages]
-    df = spark.createDataFrame(rows, MESSAGES_SCHEMA)
-    with idempotent_write(spark, app_id_for("_messages"), version, f"messages end_lsn={format_lsn(version)}"):
-        df.write.format("delta").mode("append").save(path)
+    spec = messages_spec()
+    columns = list(zip(*((format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content))
+                         for lsn, m in messages), strict=True))
+    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, spec.schema, strict=True)],
+                                 schema=spec.schema)
+    append_rows(stores, path, spec, table,
+                tag=(app_id_for("_messages"), version, f"messages end_lsn={format_lsn(version)}"))

@@ -381,15 +381,10 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
         enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
     if _unchanged(store, path, spec):
         return SchemaEvolution()
-    evolver = picker.evolver(path)
-    evolution = evolve_without_spark(evolver, path, spec, renames) if evolver is not None else None
-    if evolution is not None:
-        return evolution
-    if isinstance(evolver, InMemoryStore):
-        raise SinkError("the in-memory store adds and drops columns only (a rename or a retype needs a Delta "
-                        "table)", table=name, path=path)
-    return evolve_table(session_of(spark, f"{name}: a schema change (or a table delta-rs cannot read)"), path, spec,
-                        renames)
+    evolution = picker.evolver(path).evolve(path, spec, renames)
+    if evolution is None:  # declined by delta-rs: Spark makes every change Delta makes
+        evolution = SparkStore(spark).evolve(path, spec, renames)
+    return evolution
 
 
 def evolve_without_spark(store: DeltaRsStore | InMemoryStore, path: str, spec: TableSpec,

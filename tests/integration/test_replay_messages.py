@@ -29,3 +29,8 @@ def test_messages_are_recorded_once(spark, tmp_path):
     got = sorted((r.prefix, bytes(r.content), r.transactional) for r in rows)
     assert got == [("applier", b"non-transactional payload", False), ("applier", b"sent although rolled back", False),
                    ("applier", b"transactional payload", True)]
+    # created and appended through the run's store: by delta-rs (a run that records messages needs no JVM)
+    commits = [json.loads(line) for f in sorted((Path(table) / "_delta_log").glob("*.json"))
+               for line in f.read_text().splitlines() if line.strip()]
+    infos = [c["commitInfo"] for c in commits if "commitInfo" in c]
+    assert infos and all("delta-rs" in str(i.get("clientVersion", "")) for i in infos), infos

@@ -160,3 +160,58 @@ def test_a_stream_the_server_ended_says_at_close_that_the_last_confirm_may_be_lo
     finally:
         stream.close()
     assert "the server may not have taken the last confirmed position, 0/7B" in caplog.text, caplog.text
+
+
+def test_a_confirm_made_while_the_catch_up_reader_reads_is_sent_by_that_reader(pg):
+    """libpq is not safe for two threads on one connection: a confirm from another thread while the hot
+    reader holds the stream (a group's commits ending before the catch-up has read its backlog) only
+    records the position, and the reader sends it at its next status check, within a second when the
+    stream is quiet. The position must reach the slot while the reader still reads, sent by it."""
+    import threading
+    import time
+
+    from applier.lsn import format_lsn
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_hot', 'pgoutput')")
+        conn.execute("INSERT INTO g SELECT g, 'v' FROM generate_series(1, 300) g")
+        target = current_flush_lsn(conn)
+    stream = WalSenderStream(pg.dsn, status_interval=60.0)  # no status update falls due by itself meanwhile
+    sent: list[tuple[str, int]] = []
+    send_status = stream.send_status
+
+    def recorded(*, reply_requested: bool = False) -> None:
+        sent.append((threading.current_thread().name, stream.confirmed))
+        send_status(reply_requested=reply_requested)
+
+    stream.send_status = recorded  # type: ignore[method-assign]
+    stop = threading.Event()
+
+    def read() -> None:
+        with stream.hot_reader():
+            while not stop.is_set():
+                stream.read_message(0.2)
+
+    reader = threading.Thread(target=read, name="catch-up-reader")
+    try:
+        stream.start("g_hot", OPTIONS)
+        reader.start()
+        time.sleep(1)  # the reader has the backlog and waits for more
+        stream.confirm(target)  # a group's commits exist: from the committing thread
+        confirmed = None
+        with pg.connect() as conn:
+            for _ in range(50):
+                confirmed = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
+                                         "WHERE slot_name = 'g_hot'").fetchone()[0]
+                if confirmed == format_lsn(target):
+                    break
+                time.sleep(0.2)
+        assert reader.is_alive()  # still reading: the reader sent it, not the end of its block
+    finally:
+        stop.set()
+        reader.join(10)
+        stream.close()
+    assert confirmed == format_lsn(target)
+    assert [name for name, lsn in sent if lsn == target][:1] == ["catch-up-reader"], sent

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import TableOptions, TableSpec
+    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
 
 #: (app id, version, description): the idempotent-write ids a commit records as a Delta ``txn`` action
 #: and its ``userMetadata`` (applier.sink.idempotence)
@@ -103,10 +104,31 @@ class TableStore(Protocol):
         """Create the table for ``spec`` with ``properties`` and ``options``' layout (an error if it exists)."""
         ...
 
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution | None:
+        """Bring the existing table's columns in line with ``spec`` (columns added, dropped ones kept
+        and recorded, renames followed, types widened; a retype it cannot make raises the error that
+        says what to do); None when this store declines the change (another store then makes it)."""
+        ...
+
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:
         """The one commit ``plan`` describes, tagged ``(app_id, version)``; None when this store declines
         the plan (another store then makes the commit)."""
+        ...
+
+    def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
+                      description: str) -> int | None:
+        """A history table's commit (applier.sink.history): the versions it wrote or changed (0: applied
+        already); None when this store declines it (Spark's store then makes it)."""
+        ...
+
+    def rows_by_key(self, path: str, schema: pa.Schema, key_columns: Sequence[str],
+                    keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
+                    unless: str | None = None) -> dict[object, list[Any]] | None:
+        """The rows of ``schema``'s columns whose key is one of ``keys`` (every row: None), by frozen key;
+        a column the table does not have yet reads NULL; ``open_only``: only rows where that column is
+        NULL; ``unless``: not the rows where that flag is true. None when this store does not read the
+        table as Spark does (Spark's store then reads them)."""
         ...
 
     def write_arrow(self, path: str, table: Any, *, mode: WriteMode, tag: CommitTag | None,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import TableOptions, TableSpec
+    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
 
 _NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
 
@@ -208,6 +208,13 @@ class DeltaRsStore:
                 return
         write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
                         storage_options=deltalake_options(path))
+
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution | None:
+        """Columns added and dropped (applier.sink.schema.evolve_without_spark); None for a rename, a
+        retype or a change that needs a table feature (Spark makes those)."""
+        from applier.sink.schema import evolve_without_spark
+
+        return evolve_without_spark(self, path, spec, renames)
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import TableOptions, TableSpec
+    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
 
 
 @dataclass
@@ -143,6 +143,16 @@ class InMemoryStore:
                     keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
                     unless: str | None = None) -> dict[object, list[Any]]:
         raise SinkError("the in-memory store does not read rows by key (a Delta store does)", path=path)
+
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution:
+        """Columns added and dropped, as delta-rs makes them; anything else stops (it needs a Delta table)."""
+        from applier.sink.schema import evolve_without_spark
+
+        evolution = evolve_without_spark(self, path, spec, renames)
+        if evolution is None:
+            raise SinkError("the in-memory store adds and drops columns only (a rename or a retype needs a Delta "
+                            "table)", table=spec.source_name, path=path)
+        return evolution
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult | None:

@@ -59,13 +59,14 @@ class StorePicker:
             return self.only
         return reader(path, self.spark)
 
-    def evolver(self, path: str) -> DeltaRsStore | InMemoryStore | None:
-        """The store that adds and drops columns without Spark (None: Spark evolves the table): delta-rs
-        when it writes the table (read again: a schema change may be about to change its protocol)."""
+    def evolver(self, path: str) -> Store:
+        """The store that changes the table's columns: delta-rs when it writes the table (read again: a
+        schema change may be about to change its protocol), which declines what only Spark makes (a
+        rename, a widening: ``evolve`` returns None and Spark's store makes it), else Spark."""
         if self.only is not None:
             return self.only
         self.forget(path)
-        return DELTARS if self.deltars_writes(path) else None
+        return DELTARS if self.deltars_writes(path) else SparkStore(self.spark)
 
     def deltars_writes(self, path: str) -> bool:
         """Whether delta-rs may write the table: the setting allows it and it writes the table's

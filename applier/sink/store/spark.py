@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import TableOptions, TableSpec
+    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
 
 
 class SparkStore:
@@ -178,6 +178,13 @@ class SparkStore:
         frame = spark.createDataFrame(table, struct) if table.num_rows or struct is None else \
             spark.createDataFrame([], struct)
         self.write_frame(path, frame, mode=mode, tag=tag)
+
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution:
+        """Every change Delta makes: renames (column mapping) and widenings (type widening) too."""
+        from applier.sink.schema import evolve_table
+
+        return evolve_table(self.session(f"{spec.source_name}: a schema change (or a table delta-rs cannot read)"),
+                            path, spec, renames)
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult:
