@@ -36,8 +36,6 @@ def skipped_spec() -> TableSpec:
 
 
 def record_skips(stores: StorePicker, path: str, skipped: Sequence[SkippedTransaction]) -> None:
-    import pyarrow as pa
-
     if not skipped:
         return
     store = stores.reader(path)
@@ -48,13 +46,8 @@ def record_skips(stores: StorePicker, path: str, skipped: Sequence[SkippedTransa
         lsn = format_lsn(s.commit_lsn)
         if lsn not in seen:
             rows.setdefault(lsn, (lsn, s.xid, format_lsn(s.end_lsn), s.reason[:2000], now))
-    if not rows:
-        return
-    spec = skipped_spec()
-    columns = list(zip(*rows.values(), strict=True))
-    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, spec.schema, strict=True)],
-                                 schema=spec.schema)
-    append_rows(stores, path, spec, table, tag=None)
+    if rows:
+        append_rows(stores, path, skipped_spec(), list(rows.values()), tag=None)
 
 
 def read_skips(spark: SparkLike | None, path: str) -> list[dict[str, object]]:

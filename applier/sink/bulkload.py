@@ -45,7 +45,6 @@ class SnapshotLoader:
     def __init__(self, spark: SparkLike, path: str, spec: TableSpec, source_columns: tuple[str, ...], *,
                  tag: tuple[str, int, str], commit_bytes: int, on_done: Callable[[int], None],
                  store: TableStore | None = None, constants: tuple[Any, ...] = ()) -> None:
-        import pyarrow as pa
 
         self._spark = SparkProvider.of(spark)
         self.path = path
@@ -57,8 +56,7 @@ class SnapshotLoader:
         self._names = list(own)
         self._index = None if own == source_columns else \
             [source_columns.index(n) for n in own]  # excluded columns are left out
-        self._arrow_schema = spec.schema
-        self._own_schema = pa.schema(list(self._arrow_schema)[:len(own)])
+        self._own_schema = spec.source_schema
         self._constants = constants  # values of applier's added columns in every copied row (spec.extra)
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -83,8 +81,8 @@ class SnapshotLoader:
 
             n = table.num_rows  # not piece's: the cast of a table without columns (applier.sink.zerocol) has none
             added = [pa.array([v] * n, type=f.type) for v, f in
-                     zip(self._constants, list(self._arrow_schema)[len(self._names):], strict=True)]
-            piece = pa.Table.from_arrays(piece.columns + added, schema=self._arrow_schema)
+                     zip(self._constants, list(self.spec.schema)[len(self._names):], strict=True)]
+            piece = pa.Table.from_arrays(piece.columns + added, schema=self.spec.schema)
         with self._lock:
             self._pending.append(piece)
             self._pending_bytes += piece.nbytes
@@ -122,7 +120,7 @@ class SnapshotLoader:
         pieces, self._pending, self._pending_bytes = self._pending, [], 0
         if not pieces and not final:
             return
-        table = pa.concat_tables(pieces) if pieces else self._arrow_schema.empty_table()
+        table = pa.concat_tables(pieces) if pieces else self.spec.schema.empty_table()
         del pieces
         if not (table.num_rows or final):
             return

@@ -176,12 +176,10 @@ class DerivedTables:
 
     def spec(self, kind: _Kind, table: TableSpec) -> TableSpec:
         """The derived table's spec: the table's own columns (no metadata columns) and the kind's."""
-        import pyarrow
-
         if not table.key_columns:
             raise SinkError(f"a {kind.name} table needs a key: this table has none (set key_columns in its rule)",
                             table=table.source_name)
-        own = TableSpec(table.source_name, pyarrow.schema(list(table.schema)[:len(table.source_column_names)]),
+        own = TableSpec(table.source_name, table.source_schema,
                         table.key_columns, table.replica_identity)
         return kind.spec(own)
 
@@ -289,11 +287,8 @@ class DerivedTables:
         layouts = Layouts(names)
         events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
-        import pyarrow
-
         deleted = table.extra.deleted if table.extra is not None else None
-        own = pyarrow.schema(list(spec.schema)[:len(names)])
-        mirror = MirrorRows(partial(self._rows_by_key, self._mirror_path(ns, name), own,
+        mirror = MirrorRows(partial(self._rows_by_key, self._mirror_path(ns, name), spec.source_schema,
                                     key_columns=spec.key_columns, unless=deleted))
         mirror.load(keys_continued((e[2] for e in events), key_positions))
         rows = feed_rows(events, key_positions, len(names), mirror, UNCHANGED_TOAST)

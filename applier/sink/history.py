@@ -201,8 +201,7 @@ def read_open_versions(read: RowsOf, spec: TableSpec,
     if not keys:
         return {}
     own = len(spec.source_column_names)
-    fields = list(spec.schema)
-    schema = pa.schema([*fields[:own], spec.schema.field(START_LSN), spec.schema.field(START_AT)])
+    schema = pa.schema([*spec.source_schema, spec.schema.field(START_LSN), spec.schema.field(START_AT)])
     rows = read(schema, keys, open_only=END_LSN)
     return {key: (int(v[own]), v[own + 1], v[:own]) for key, v in rows.items()}
 

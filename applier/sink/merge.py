@@ -20,7 +20,7 @@ from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import TablePlan, multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
-from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table
+from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
 from applier.spark.types import spark_schema
 
@@ -63,9 +63,7 @@ def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: p
     overflows Arrow's localisation) take the row-by-row path, which is slower but takes everything.
     """
     table = arrow_table(rows, schema) if rows else None
-    if table is None:
-        return spark.createDataFrame(rows, spark_schema(schema))
-    return spark.createDataFrame(table, spark_schema(schema))
+    return spark.createDataFrame(rows if table is None else table, spark_schema(schema))
 
 
 def _overwrite(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
@@ -141,7 +139,7 @@ def _merge_keyed(spark: SparkSession, path: str, schema: pa.Schema, plan: TableP
     lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
     if may_be_empty and not lookup_cols and holds_no_files(spark, path):
         return _insert_into_empty(spark, path, schema, plan, app_id, version, description)
-    src_fields = [*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)]
+    src_fields = list(with_op_column(schema))
     src_fields += [pyarrow.field(_u_col(i), pyarrow.bool_(), nullable=False) for i in lookup_cols]
     if lookup_cols:
         src_fields += [pyarrow.field(_lk_col(j), schema.field(p).type) for j, p in enumerate(plan.key_positions)]
@@ -260,7 +258,7 @@ def _merge_multiset(spark: SparkSession, path: str, schema: pa.Schema, plan: Tab
     current = {r[IMG_COL]: r["n"] for r in
                images.alias("s").join(tgt.alias("t"), on=_null_safe_all("t", "s", names), how="inner")
                .groupBy(F.col(f"s.{IMG_COL}")).agg(F.count(F.lit(1)).alias("n")).collect()}
-    src_schema = pyarrow.schema([*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)])
+    src_schema = with_op_column(schema)
     rows, inserted, deleted = multiset_source(plan, touched, [current.get(n, 0) for n in range(len(touched))],
                                               description)
     src = _source_frame(spark, rows, src_schema)

@@ -28,14 +28,8 @@ def messages_spec() -> TableSpec:
 def record_messages(stores: StorePicker, path: str, messages: Sequence[tuple[int, LogicalMessage]],
                     version: int) -> None:
     """Append logical decoding messages to a Delta table, once per ``version`` (idempotent like the tables)."""
-    import pyarrow as pa
-
     if not messages:
         return
-    spec = messages_spec()
-    columns = list(zip(*((format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content))
-                         for lsn, m in messages), strict=True))
-    table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, spec.schema, strict=True)],
-                                 schema=spec.schema)
-    append_rows(stores, path, spec, table,
+    rows = [(format_lsn(lsn), bool(m.transactional), m.prefix, bytes(m.content)) for lsn, m in messages]
+    append_rows(stores, path, messages_spec(), rows,
                 tag=(app_id_for("_messages"), version, f"messages end_lsn={format_lsn(version)}"))

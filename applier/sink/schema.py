@@ -114,6 +114,13 @@ class TableSpec:
         names = self.column_names
         return names[:len(names) - self.added]
 
+    @property
+    def source_schema(self) -> pa.Schema:
+        """``schema`` without applier's added columns."""
+        import pyarrow
+
+        return pyarrow.schema(list(self.schema)[:len(self.schema) - self.added])
+
 
 def with_added_columns(table: TableSpec, fields: list[pa.Field], what: str, *, remedy: str | None = None,
                        extra: ExtraColumns | None = None) -> TableSpec:

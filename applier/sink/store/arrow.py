@@ -16,6 +16,13 @@ OP_COL = INTERNAL_PREFIX + "op"
 IMG_COL = INTERNAL_PREFIX + "img"
 
 
+def with_op_column(schema: pa.Schema) -> pa.Schema:
+    """``schema`` and the MERGE source's operation column (both engines' MERGEs)."""
+    import pyarrow
+
+    return pyarrow.schema([*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)])
+
+
 def arrow_table(rows: list[tuple[object, ...]], schema: pa.Schema) -> Any:
     """``rows`` as a pyarrow Table of ``schema``'s Arrow types, or None when a value does not convert
     (e.g. a year-1 timestamp with a time zone that overflows Arrow's localisation: the caller then

@@ -12,9 +12,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from applier.sink.store.arrow import OP_COL, arrow_table
+from applier.sink.store.arrow import OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
-from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted, with_op_column
+from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted
 
 if TYPE_CHECKING:
     from applier.sink.history import HistoryPlan

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.sink.plan import multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
-from applier.sink.store.arrow import OP_COL, arrow_table
+from applier.sink.store.arrow import OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
 from applier.sink.store.deltars import reads_rows
 from applier.sink.store.readback import frozen_rows, matching
@@ -31,13 +31,6 @@ if TYPE_CHECKING:
 
     from applier.sink.plan import TablePlan
     from applier.sink.store.deltars import DeltaRsStore
-
-
-def with_op_column(schema: pa.Schema) -> pa.Schema:
-    """``schema`` and the MERGE source's operation column."""
-    import pyarrow
-
-    return pyarrow.schema([*schema, pyarrow.field(OP_COL, pyarrow.string(), nullable=False)])
 
 
 def quoted(name: str) -> str:
