@@ -255,20 +255,20 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
     """Leave the existing table at ``path`` empty with ``spec``'s columns and keys, in one commit (an
     overwrite with ``overwriteSchema``: its history, table id, properties and layout stay), for a fresh
     copy (``applier resync``). Not CREATE OR REPLACE: on a path Delta refuses a schema that differs."""
-    from delta.tables import DeltaTable
-
-    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
+    store = SparkStore(spark)
     writer = spark.createDataFrame([], spark_schema(spec.schema)).write.format("delta").mode("overwrite") \
         .option("overwriteSchema", "true")
-    partitions = [c for c in (detail["partitionColumns"] or []) if c in spec.column_names]
+    partitions = [c for c in store.partition_columns(path) if c in spec.column_names]
     if partitions:
         writer = writer.partitionBy(*partitions)
     writer.save(path)
-    set_table_property(spark, path, PROP_KEYS, json.dumps(list(spec.key_columns)))
-    set_table_property(spark, path, PROP_IDENTITY, spec.replica_identity)
-    for stale in (PROP_DROPPED, PROP_WIDENED):  # about columns of the table that was replaced
-        if _get_property(spark, path, stale) is not None:
-            spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES ({sql_string_literal(stale)})")
+    configuration = store.configuration(path)
+    wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}
+    _set_properties(spark, path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
+    stale = [p for p in (PROP_DROPPED, PROP_WIDENED) if p in configuration]  # about the replaced table's columns
+    if stale:
+        spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES "
+                  f"({', '.join(sql_string_literal(p) for p in stale)})")
 
 
 #: (columns gone from Delta's, columns new, rename candidates by position) -> {old: new} (applier.sink.identity)
@@ -289,7 +289,7 @@ def _rename_suspects(have: list[str], spec: TableSpec,
 
 
 def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
-                    renames: Renames | None) -> dict[str, DataType]:
+                    renames: Renames | None, earlier: set[str]) -> dict[str, DataType]:
     """Rename in place the Delta columns that were renamed in the source, keeping their values (column
     mapping lets Delta rename without rewriting data). Which were renamed was decided as the stream's
     Relations were read (``renames`` answers from that note, and stops the run where a column that may
@@ -299,7 +299,6 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
 
     if renames is None:  # a caller that does not follow renames (derived tables)
         return have
-    earlier = set(json.loads(_get_property(spark, path, PROP_DROPPED) or "[]"))
     old_order, gone, new = _rename_suspects(list(have), spec, earlier)
     if not gone or not new:
         return have
@@ -319,7 +318,9 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     """Bring the Delta table's columns in line with ``spec`` (renames first, see ``_rename_columns``);
     raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
-    have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames)
+    configuration = SparkStore(spark).configuration(path)
+    have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames,
+                           set(json.loads(configuration.get(PROP_DROPPED) or "[]")))
     wanted = spark_schema(spec.schema)
     added: list[str] = []
     widened: list[str] = []
@@ -342,26 +343,28 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
                          for f in wanted.fields if f.name in added)
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
+    # applier's own properties change in one commit at the end (each ALTER TABLE is a commit)
+    properties: dict[str, str] = {}
     if widened:
         # Type widening is a reader feature delta-rs cannot read, so a table gains it only now, when a source
         # column is actually widened; the property names the columns for `applier status`.
-        if (_get_property(spark, path, TYPE_WIDENING) or "").lower() != "true":
+        if (configuration.get(TYPE_WIDENING) or "").lower() != "true":
             log.warning("%s: enabling Delta type widening to widen %s; readers without type widening support "
                         "(delta-rs) cannot read this table from now on", spec.source_name, ", ".join(widened))
-            set_table_property(spark, path, TYPE_WIDENING, "true")
+            _set_properties(spark, path, {TYPE_WIDENING: "true"})
+        earlier = json.loads(configuration.get(PROP_WIDENED) or "[]")
+        properties[PROP_WIDENED] = json.dumps(sorted(set(earlier) | set(widened)))
     for name in widened:
         new_type = wanted[name].dataType
         spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
-    if widened:
-        earlier = json.loads(_get_property(spark, path, PROP_WIDENED) or "[]")
-        set_table_property(spark, path, PROP_WIDENED, json.dumps(sorted(set(earlier) | set(widened))))
     if dropped:
         log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
                     spec.source_name, ", ".join(dropped))
-        set_table_property(spark, path, PROP_DROPPED, json.dumps(sorted(dropped)))
-    keys = _get_property(spark, path, PROP_KEYS)
+        properties[PROP_DROPPED] = json.dumps(sorted(dropped))
+    keys = configuration.get(PROP_KEYS)
     if keys is not None and json.loads(keys) != list(spec.key_columns):
-        set_table_property(spark, path, PROP_KEYS, json.dumps(list(spec.key_columns)))
+        properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
+    _set_properties(spark, path, {k: v for k, v in properties.items() if configuration.get(k) != v})
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
@@ -449,20 +452,12 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
     return keys is None or json.loads(keys) == list(spec.key_columns)
 
 
-def _get_property(spark: SparkSession, path: str, key: str) -> str | None:
-    from delta.tables import DeltaTable
-
-    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
-    return (detail["properties"] or {}).get(key)
-
-
-def set_table_property(spark: SparkSession, path: str, key: str, value: str) -> None:
-    if _get_property(spark, path, key) == value:
-        return
-    # TBLPROPERTIES takes no parameter markers; the value is escaped as a literal (it can hold
-    # hostile column names from Postgres).
-    spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES "
-              f"({sql_string_literal(key)} = {sql_string_literal(value)})")
+def _set_properties(spark: SparkSession, path: str, properties: Mapping[str, str]) -> None:
+    """One commit; TBLPROPERTIES takes no parameter markers, so the values are escaped as literals (they
+    can hold hostile column names from Postgres)."""
+    if properties:
+        props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
+        spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,19 +477,12 @@ class MappingState:
 
 def column_mapping_state(spark: SparkLike | None, path: str, store: Store | None = None) -> MappingState:
     """The table's column mapping state, read from its log (no Spark job) by the store that reads it
-    (default: delta-rs where it can open the path), else with DESCRIBE DETAIL."""
+    (default: delta-rs where it can open the path), else from the newest snapshot Spark reads."""
     store = store if store is not None else reader(path, spark)
-    if not isinstance(store, SparkStore):
-        version, features = store.reader_protocol(path)
-        return MappingState(store.configuration(path).get(COLUMN_MAPPING_MODE, "none"), version, features)
-    if spark is None:
+    if isinstance(store, SparkStore) and store.spark is None:
         raise SinkError("reading this table's protocol needs Spark (delta-rs cannot open its path)", path=path)
-    detail = session_of(spark, "a table delta-rs cannot open").sql(
-        f"DESCRIBE DETAIL {delta_path_sql(path)}").collect()[0]
-    # DESCRIBE DETAIL lists reader and writer features together; below reader 3 there are no reader features
-    features = tuple(detail["tableFeatures"] or ()) if int(detail["minReaderVersion"]) >= 3 else ()
-    return MappingState((detail["properties"] or {}).get(COLUMN_MAPPING_MODE, "none"),
-                        int(detail["minReaderVersion"]), features)
+    version, features = store.reader_protocol(path)
+    return MappingState(store.configuration(path).get(COLUMN_MAPPING_MODE, "none"), version, features)
 
 
 def enable_column_mapping(spark: SparkSession, path: str, *, table: str | None = None) -> bool:

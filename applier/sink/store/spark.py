@@ -113,6 +113,26 @@ class SparkStore:
                     best = max(best or 0, int(txn["version"]))
         return best
 
+    def configuration(self, path: str) -> dict[str, str]:
+        """The table's properties (``metaData.configuration``) from its newest snapshot: no Spark job.
+        DESCRIBE DETAIL computes the table's size too, which rebuilds its state from the log (about a
+        second after a protocol change), once per property read in a schema change."""
+        return dict(self._log_action(path, "metaData").get("configuration") or {})
+
+    def partition_columns(self, path: str) -> list[str]:
+        return list(self._log_action(path, "metaData").get("partitionColumns") or [])
+
+    def reader_protocol(self, path: str) -> tuple[int, tuple[str, ...]]:
+        """The table's minimum reader version and reader features."""
+        protocol = self._log_action(path, "protocol")
+        return int(protocol["minReaderVersion"]), tuple(protocol.get("readerFeatures") or ())
+
+    def _log_action(self, path: str, kind: str) -> dict[str, Any]:
+        """The newest snapshot's ``metaData`` or ``protocol`` action, as the log's JSON writes it."""
+        snapshot = self._snapshot(path)
+        action = snapshot.metadata() if kind == "metaData" else snapshot.protocol()
+        return dict(json.loads(action.json())[kind])
+
     def _snapshot(self, path: str) -> Any:
         """The table's newest snapshot through Delta's JVM classes, on a classic Spark session."""
         spark = self.session("a table delta-rs cannot open")
