@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -123,12 +124,15 @@ def test_parallel_chunked_copy_of_every_kind_of_table_equals_postgres_then_strea
 def test_copy_killed_after_some_chunks_of_a_table_resumes_without_copying_finished_tables(pg, spark, tmp_path):
     target = tmp_path / "delta"
     config = tmp_path / "mirror.yaml"
-    config.write_text(yaml.safe_dump({
+    settings: dict[str, Any] = {
         "source": {"slot": "rc", "publication": "cp"},
         "target": {"path": str(target)},
         # one connection: the tables are copied in publication order, so some are done when big dies
         "snapshot": {"parallelism": 1, "chunk_mb": 1, "commit_mb": 1},
-    }))
+    }
+    config.write_text(yaml.safe_dump(settings))
+    # the restarts run in the tests' Spark session with the same config (only the killed run needs a process)
+    in_process = MirrorConfig.model_validate({**settings, "source": {**settings["source"], "dsn": pg.dsn}})
     env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(REPO)}
     env.pop("APPLIER_CRASH_AT", None)
     command = [sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"]
@@ -150,17 +154,17 @@ def test_copy_killed_after_some_chunks_of_a_table_resumes_without_copying_finish
         conn.execute("INSERT INTO bag VALUES (7, 'dup'); DELETE FROM big WHERE id % 2 = 0;"
                      "INSERT INTO big (id, t) VALUES (50001, 'late'); UPDATE typed SET n = 1 WHERE id < 100;"
                      "UPDATE parted SET r = -r WHERE id > 2000")
-        resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert "snapshot: public.bag: copied before, kept" in resumed.stderr
-        assert "snapshot: public.big: copying again at " in resumed.stderr
+        lines: list[str] = []
+        mirror(spark, in_process, once=True, progress=lines.append)
+        assert "snapshot: public.bag: copied before, kept" in lines, lines
+        assert any(line.startswith("snapshot: public.big: copying again at ") for line in lines), lines
         # bag was not copied again: its new commits are the stream's (one insert), no overwrite
         bag_history = spark.sql(f"DESCRIBE HISTORY delta.`{bag_path}`").collect()
         new_ops = [r["operationParameters"].get("mode") for r in bag_history[: len(bag_history) - bag_versions]]
         assert "Overwrite" not in new_ops, new_ops
         _assert_all_equal(spark, conn, target)
         conn.execute("INSERT INTO big (id, t) VALUES (50002, 'after')")
-        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert "copying" not in again.stderr
+        lines.clear()
+        mirror(spark, in_process, once=True, progress=lines.append)
+        assert not [line for line in lines if "copying" in line], lines
         _assert_all_equal(spark, conn, target)
