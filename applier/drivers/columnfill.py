@@ -46,11 +46,9 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.messages import COL_TEXT
 from applier.sink.engine import DeltaApplier, table_spec
-from applier.sink.naming import quote_identifier
 from applier.sink.schema import ensure_table, table_options
 from applier.sources.sql_slot import pin_session
 from applier.spark.session import SparkLike, SparkProvider
-from applier.spark.types import spark_type
 from applier.state import StateDir
 from applier.values import convert_value
 
@@ -166,19 +164,17 @@ class ColumnFills:
     def _fill_delta(self, key: tuple[str, str], last: TableBatch, values: dict[str, object]) -> None:
         """Evolve the Delta table to the group's newest columns and set the filled ones in every row
         it holds (all written before the ALTER: its applied version is below each fill's LSN)."""
-        from delta.tables import DeltaTable
-        from pyspark.sql import functions as F
-
         path = self.applier.path_for(*key)
         spec = table_spec(last, self.applier.tables, self.types)
         missing = [c for c in values if c not in spec.schema.names]
         if missing:  # excluded by the config: never in the Delta table
             raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,
                             columns=", ".join(missing))
+        stores = self.applier.stores
         ensure_table(self.spark, path, spec, table_options(self.applier.tables.rule_for(spec.source_name)),
-                     check_options=False)
-        DeltaTable.forPath(self.spark, path).update(
-            set={quote_identifier(c): F.lit(v).cast(spark_type(spec.schema.field(c).type)) for c, v in values.items()})
+                     check_options=False, stores=stores)
+        if stores.writer(path).fill_columns(path, spec, values) is None:
+            stores.spark_store().fill_columns(path, spec, values)
         crashpoint("column_filled")
         self.progress(f"{spec.source_name}: column(s) {', '.join(sorted(values))} added with a constant "
                       "default: the rows that existed are filled with it from the catalog (no copy)")

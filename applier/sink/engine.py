@@ -490,9 +490,8 @@ class DeltaApplier:
         self._written.discard(path)
         if not self._exists(path):
             return False
-        from applier.sink.schema import empty_with_schema
-
-        empty_with_schema(self.spark.get(f"{spec.source_name}: replacing the table for a fresh copy"), path, spec)
+        if self.stores.writer(path).replace_empty(path, spec) is None:
+            self.stores.spark_store().replace_empty(path, spec)
         self.targets.created(path)
         return True
 
@@ -519,12 +518,12 @@ class DeltaApplier:
             return
         self._commits[path] = self._commits.get(path, 0) + 1
         if self._commits[path] % every == 0:
-            from delta.tables import DeltaTable
-
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
-            session = spark.get("OPTIMIZE (apply.optimize_every_commits)")
-            retry_on_conflict(lambda: DeltaTable.forPath(session, path).optimize().executeCompaction(),
-                              table=source_name)
+            store = self.stores.writer(path)  # delta-rs compacts what it writes (no Spark started for it)
+            if isinstance(store, SparkStore):
+                store = SparkStore(spark)  # this commit's session
+            if retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name) is None:
+                retry_on_conflict(lambda: SparkStore(spark).optimize(path, [], None), table=source_name)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         if self._schema_seen.get(path) is schema_version:

@@ -28,8 +28,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 from applier.errors import SinkError
 from applier.infra.progress import byte_size
 from applier.sink.conflicts import retry_on_conflict
-from applier.sink.naming import delta_path_sql, quote_identifier
-from applier.sink.store import DELTARS, DeltaRsStore, FileStats, writer
+from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
 from applier.storage.paths import TablePath
 
 if TYPE_CHECKING:
@@ -164,30 +162,19 @@ class TableMaintainer:
         s = self.settings
         before = _data_files(path, s.small_file_bytes)
         compact = before is None or before.small >= s.min_small_files
-        sql_path = delta_path_sql(path)
         notes = ["checkpoints written by Spark every delta.checkpointInterval commits"]
         if self.dry_run:  # before Spark starts: a dry run plans nothing with it
             empty = before or DataFiles(0, 0, 0)
             return MaintenanceResult(table, path, "spark", empty, empty, False, None, None,
                                      time.monotonic() - started, ("dry run: Spark tables are not planned ahead",),
                                      dry_run=True)
-        spark = self.spark.get("maintenance of a table delta-rs cannot write")
+        store = SparkStore(self.spark)
         if compact:
-            clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in zorder)})" if zorder else ""
-            self.progress(f"{table}: OPTIMIZE{clause} with Spark")
-            retry_on_conflict(lambda: spark.sql(f"OPTIMIZE {sql_path}{clause}").collect(), table=table)
+            self.progress(f"{table}: OPTIMIZE{' ZORDER BY (' + ', '.join(zorder) + ')' if zorder else ''} with Spark")
+            retry_on_conflict(lambda: store.optimize(path, zorder, s.target_file_bytes), table=table)
         if s.vacuum:
-            retain = f" RETAIN {s.retention_hours} HOURS" if s.retention_hours is not None else ""
-            settings = {}
-            if not s.enforce_retention:
-                settings["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
-            # VACUUM lists the table's directories in this many tasks: Spark's default of 10000 made a
-            # ten-file table take 60-100 s on 2 cores (4 s with 8); a value the user set is kept
-            listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
-            if spark.conf.get(listing) == "10000":
-                settings[listing] = str(max(8, 4 * spark.sparkContext.defaultParallelism))
-            with _session_settings(spark, settings):
-                retry_on_conflict(lambda: spark.sql(f"VACUUM {sql_path}{retain}").collect(), table=table)
+            retry_on_conflict(lambda: store.vacuum(path, s.retention_hours, dry_run=False,
+                                                   enforce_retention=s.enforce_retention), table=table)
             notes.append("vacuum ran (Spark does not count the files it deleted)")
         after = _data_files(path, s.small_file_bytes)
         empty = DataFiles(0, 0, 0)
@@ -255,22 +242,6 @@ class MaintenanceSchedule:
             self.results.append(result)
             self.maintainer.progress(result.line())
             return
-
-
-@contextmanager
-def _session_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
-    """Spark SQL settings for one statement, restored after it."""
-    saved = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def _data_files(path: str, small_below: int) -> DataFiles | None:

@@ -137,6 +137,27 @@ class TableStore(Protocol):
         ``schema``: the table's columns, for a store that converts the columns to its own types."""
         ...
 
+    def replace_empty(self, path: str, spec: TableSpec) -> bool | None:
+        """Leave the existing table empty with ``spec``'s columns and keys, in one commit that keeps its
+        history, id, properties and layout (a fresh copy: ``applier resync``); None when this store
+        declines (Spark's store then makes it)."""
+        ...
+
+    def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> bool | None:
+        """Set ``values``' columns to those constants in every row the table holds, in one commit (a
+        column added with a constant default: applier.drivers.columnfill); None when this store declines."""
+        ...
+
+    def optimize(self, path: str, z_order: list[str], target_size: int | None) -> Mapping[str, Any] | None:
+        """Compact the table's small files (Z-ordered by ``z_order`` when given), in one commit; what
+        the engine reports of it; None when this store declines."""
+        ...
+
+    def vacuum(self, path: str, retention_hours: int | None, *, dry_run: bool, enforce_retention: bool) -> int | None:
+        """Delete the files no version within ``retention_hours`` needs; how many (None: the engine does
+        not count them)."""
+        ...
+
     def set_properties(self, path: str, properties: Mapping[str, str], *,
                        carry: tuple[str, int] | None = None) -> None:
         """Set table properties in one commit; ``carry`` (app id, version) records a ``txn`` action in

@@ -240,6 +240,14 @@ class DeltaRsStore:
 
     # --- maintenance ------------------------------------------------------------------------------
 
+    def replace_empty(self, path: str, spec: TableSpec) -> None:
+        """Declined: an overwrite that replaces the schema and keeps the layout is Spark's (a resync)."""
+        return None
+
+    def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> None:
+        """Declined: delta-rs's UPDATE takes SQL literals, whose types it would infer, not the column's."""
+        return None
+
     def optimize(self, path: str, z_order: list[str], target_size: int | None) -> dict[str, Any]:
         optimizer = self.open(path).optimize  # planned again on a retry: a conflict changed the files
         if z_order:

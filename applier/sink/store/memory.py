@@ -11,6 +11,7 @@ explicit assignment list leaves them.
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +135,34 @@ class InMemoryStore:
         rows = [tuple(None if i is None else columns[i][r] for i in index) for r in range(table.num_rows)]
         target.rows = rows if mode == "overwrite" else target.rows + rows
         self._commit(target, tag, mode.upper())
+
+    def replace_empty(self, path: str, spec: TableSpec) -> bool:
+        from applier.sink.schema import PROP_DROPPED, PROP_IDENTITY, PROP_KEYS, PROP_WIDENED
+
+        table = self.table(path)
+        table.fields = delta_fields(spec.schema)
+        table.rows = []
+        for stale in (PROP_DROPPED, PROP_WIDENED):  # about the replaced table's columns
+            table.properties.pop(stale, None)
+        table.properties.update({PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity})
+        table.commits.append("WRITE (overwrite)")
+        return True
+
+    def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> bool:
+        table = self.table(path)
+        index = {table.columns.index(c): v for c, v in values.items()}
+        table.rows = [tuple(index.get(i, v) for i, v in enumerate(row)) for row in table.rows]
+        table.commits.append("UPDATE")
+        return True
+
+    def optimize(self, path: str, z_order: list[str], target_size: int | None) -> dict[str, Any]:
+        """Nothing to compact: the rows are not in files."""
+        self.table(path)
+        return {}
+
+    def vacuum(self, path: str, retention_hours: int | None, *, dry_run: bool, enforce_retention: bool) -> int:
+        self.table(path)
+        return 0
 
     def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
                       description: str) -> int:

@@ -78,6 +78,18 @@ class StorePicker:
             writable = self._writable[path] = DELTARS.can_write(path)
         return writable
 
+    def writer(self, path: str) -> Store:
+        """The store that makes the other changes to an existing table (maintenance, a fresh copy's empty
+        table, a column fill): delta-rs when it writes the table; it may decline (returns None), and then
+        ``spark_store()`` makes the change."""
+        if self.only is not None:
+            return self.only
+        return DELTARS if self.deltars_writes(path) else SparkStore(self.spark)
+
+    def spark_store(self) -> SparkStore:
+        """Spark's store, which makes every change Delta makes: what a store that declines leaves to it."""
+        return SparkStore(self.spark)
+
     def merger(self, path: str, spec: TableSpec, spark: SparkLike | None = None) -> Store:
         """The store that makes a MERGE into the table: delta-rs when it writes the table and its keys are
         not floating point (NaN and -0.0 compare differently in SQL engines); delta-rs may still decline

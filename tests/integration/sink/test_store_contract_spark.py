@@ -157,3 +157,50 @@ def test_a_history_table_with_a_column_the_source_dropped_commits_the_same_throu
     assert table("spark") == sorted([
         (0, "g0", "a0", 10, 30), (1, None, "a1 again", 20, 30), (1, "g1", "a1", 10, 20), (2, "g2", "a2", 10, 30),
         (3, "g3", "a3", 10, 30), (5, None, "after truncate", 30, None), (9, None, "new", 20, 30)], key=repr)
+
+
+def test_a_fresh_copys_empty_table_and_a_column_fill_are_the_same_through_spark_and_in_memory(
+        spark, tmp_path: Path) -> None:
+    """The store operations a resync and a column added with a constant default make: the table left
+    empty with the new columns (its applied version and source kept, what described the old columns
+    gone), and every row given the constant. delta-rs declines both (Spark's store makes them), and
+    compacts the tables it writes (apply.optimize_every_commits) without Spark."""
+    from applier.sink.schema import PROP_DROPPED, PROP_KEYS, PROP_SOURCE
+    from applier.sink.store import DELTARS
+
+    spec = TableSpec("public.t", SCHEMA, ("id",), "d")
+    wider = pa.schema([*SCHEMA, pa.field("n", pa.int16()), pa.field("at", pa.timestamp("us", "UTC"))])
+    wider_spec = TableSpec("public.t", wider, ("id", "a"), "d")
+    rows = pa.table({"id": pa.array([1, 2], pa.int32()), "a": ["x", None]})
+    path = str(tmp_path / "t")
+    memory = InMemoryStore()
+    stores: list[TableStore] = [SparkStore(spark), memory]
+    for store in stores:
+        store.create(path, spec, TableOptions(), {PROP_SOURCE: "public.t", PROP_DROPPED: '["old"]'})
+        store.write_arrow(path, rows, mode="append", tag=("app", 5, "copy"))
+        assert store.evolve(path, wider_spec, None) is not None
+        assert store.fill_columns(path, wider_spec, {"n": 7}) is True
+    spark_rows = sorted(tuple(r) for r in spark.read.format("delta").load(path).select("id", "a", "n", "at").collect())
+    assert spark_rows == sorted(memory.rows(path)) == [(1, "x", 7, None), (2, None, 7, None)]
+
+    for store in stores:
+        assert store.replace_empty(path, wider_spec) is True
+    spark_store = SparkStore(spark)
+    for store in stores:
+        assert store.is_empty(path) and store.columns(path) == ("id", "a", "n", "at")
+        assert store.applied_version(path, "app") == 5
+    for configuration in (spark_store.configuration(path), memory.configuration(path)):
+        assert configuration[PROP_SOURCE] == "public.t" and configuration[PROP_KEYS] == '["id", "a"]'
+        assert PROP_DROPPED not in configuration
+
+    rs_path = str(tmp_path / "rs")
+    DELTARS.create(rs_path, spec, TableOptions(), {})
+    deltars: TableStore = DELTARS
+    assert deltars.replace_empty(rs_path, spec) is None and deltars.fill_columns(rs_path, spec, {"a": "z"}) is None
+    for i in range(3):
+        DELTARS.write_arrow(rs_path, pa.table({"id": pa.array([i], pa.int32()), "a": ["r"]}), mode="append",
+                            tag=None)
+    assert DELTARS.file_stats(rs_path).count == 3
+    DELTARS.optimize(rs_path, [], None)
+    assert DELTARS.file_stats(rs_path).count == 1
+    assert sorted(DELTARS.scan(rs_path, ["id"])) == [(0,), (1,), (2,)]
