@@ -26,7 +26,7 @@ from applier.errors import InputError
 from applier.lsn import format_lsn
 from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
-from applier.sink.store import DELTARS
+from applier.sink.store import SparkStore, reader
 from applier.sources.rawlog import read_raw_log
 from applier.storage.paths import TablePath
 
@@ -50,9 +50,14 @@ def table_positions(target_dir: str | Path) -> list[TablePosition]:
     """The applied position of every table under ``target_dir`` that has one."""
     out = []
     for path in mirrored_table_dirs(target_dir):
-        try:  # read from the log with delta-rs (no JVM); a path it cannot open is skipped
-            source = DELTARS.configuration(str(path)).get("applier.source") or ".".join(source_name_of(path))
-            version = DELTARS.applied_version(str(path), app_id_for(source))
+        store = reader(str(path))
+        try:  # read from the log without a JVM: by delta-rs, or from the JSON commits of a table it cannot open
+            if isinstance(store, SparkStore):
+                configuration, applied = store.logged_configuration(str(path)), store.logged_applied_version
+            else:
+                configuration, applied = store.configuration(str(path)), store.applied_version
+            source = configuration.get("applier.source") or ".".join(source_name_of(path))
+            version = applied(str(path), app_id_for(source))
         except Exception:  # noqa: BLE001  # unreadable here: Spark reports it when it writes
             continue
         if version is not None:

@@ -107,12 +107,18 @@ class SparkStore:
         """The highest ``txnVersion`` of ``app_id`` in the table's JSON commits (no checkpoint read, no
         JVM): what ``status`` can say of a table delta-rs cannot open."""
         best: int | None = None
-        for commit in sorted((Path(path) / "_delta_log").glob("*.json")):
-            for line in commit.read_text(encoding="utf-8").splitlines():
-                txn = json.loads(line).get("txn") if line.strip() else None
-                if txn and txn.get("appId") == app_id:
-                    best = max(best or 0, int(txn["version"]))
+        for txn in _logged_actions(path, "txn"):
+            if txn.get("appId") == app_id:
+                best = max(best or 0, int(txn["version"]))
         return best
+
+    def logged_configuration(self, path: str) -> dict[str, str]:
+        """The properties of the newest ``metaData`` action in the table's JSON commits (no JVM; empty
+        when a checkpoint took the commits that had one)."""
+        newest: dict[str, str] = {}
+        for meta in _logged_actions(path, "metaData"):
+            newest = dict(meta.get("configuration") or {})
+        return newest
 
     def configuration(self, path: str) -> dict[str, str]:
         """The table's properties (``metaData.configuration``) from its newest snapshot: no Spark job.
@@ -308,6 +314,15 @@ class SparkStore:
             values = list(r)
             out[freeze(tuple(values[p] for p in positions))] = values
         return out
+
+
+def _logged_actions(path: str, kind: str) -> Iterator[dict[str, Any]]:
+    """The ``kind`` actions of a local table's JSON commits, oldest first."""
+    for commit in sorted((Path(path) / "_delta_log").glob("*.json")):
+        for line in commit.read_text(encoding="utf-8").splitlines():
+            action = json.loads(line).get(kind) if line.strip() else None
+            if action:
+                yield action
 
 
 @contextmanager
