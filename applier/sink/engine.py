@@ -520,9 +520,9 @@ class DeltaApplier:
         if self._commits[path] % every == 0:
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
             store = self.stores.writer(path)  # delta-rs compacts what it writes (no Spark started for it)
-            if isinstance(store, SparkStore):
-                store = SparkStore(spark)  # this commit's session
-            if retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name) is None:
+            done = None if isinstance(store, SparkStore) else \
+                retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name)
+            if done is None:  # Spark's, or declined: in this commit's session
                 retry_on_conflict(lambda: SparkStore(spark).optimize(path, [], None), table=source_name)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from applier.errors import SinkError
 from applier.infra.progress import byte_size
 from applier.sink.conflicts import retry_on_conflict
+from applier.sink.naming import quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
 from applier.storage.paths import TablePath
 
@@ -170,7 +171,8 @@ class TableMaintainer:
                                      dry_run=True)
         store = SparkStore(self.spark)
         if compact:
-            self.progress(f"{table}: OPTIMIZE{' ZORDER BY (' + ', '.join(zorder) + ')' if zorder else ''} with Spark")
+            clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in zorder)})" if zorder else ""
+            self.progress(f"{table}: OPTIMIZE{clause} with Spark")
             retry_on_conflict(lambda: store.optimize(path, zorder, s.target_file_bytes), table=table)
         if s.vacuum:
             retry_on_conflict(lambda: store.vacuum(path, s.retention_hours, dry_run=False,

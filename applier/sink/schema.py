@@ -264,7 +264,7 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
     writer.save(path)
     configuration = store.configuration(path)
     wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}
-    _set_properties(spark, path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
+    store.set_properties(path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
     stale = [p for p in (PROP_DROPPED, PROP_WIDENED) if p in configuration]  # about the replaced table's columns
     if stale:
         spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES "
@@ -318,7 +318,8 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     """Bring the Delta table's columns in line with ``spec`` (renames first, see ``_rename_columns``);
     raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
-    configuration = SparkStore(spark).configuration(path)
+    store = SparkStore(spark)
+    configuration = store.configuration(path)
     have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames,
                            set(json.loads(configuration.get(PROP_DROPPED) or "[]")))
     wanted = spark_schema(spec.schema)
@@ -351,7 +352,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         if (configuration.get(TYPE_WIDENING) or "").lower() != "true":
             log.warning("%s: enabling Delta type widening to widen %s; readers without type widening support "
                         "(delta-rs) cannot read this table from now on", spec.source_name, ", ".join(widened))
-            _set_properties(spark, path, {TYPE_WIDENING: "true"})
+            store.set_properties(path, {TYPE_WIDENING: "true"})
         earlier = json.loads(configuration.get(PROP_WIDENED) or "[]")
         properties[PROP_WIDENED] = json.dumps(sorted(set(earlier) | set(widened)))
     for name in widened:
@@ -364,7 +365,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     keys = configuration.get(PROP_KEYS)
     if keys is not None and json.loads(keys) != list(spec.key_columns):
         properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
-    _set_properties(spark, path, {k: v for k, v in properties.items() if configuration.get(k) != v})
+    store.set_properties(path, {k: v for k, v in properties.items() if configuration.get(k) != v})
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
@@ -452,14 +453,6 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
     return keys is None or json.loads(keys) == list(spec.key_columns)
 
 
-def _set_properties(spark: SparkSession, path: str, properties: Mapping[str, str]) -> None:
-    """One commit; TBLPROPERTIES takes no parameter markers, so the values are escaped as literals (they
-    can hold hostile column names from Postgres)."""
-    if properties:
-        props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
-        spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
-
-
 @dataclass(frozen=True, slots=True)
 class MappingState:
     """A table's column mapping mode and reader protocol, as its Delta log says."""
@@ -509,6 +502,5 @@ def enable_column_mapping(spark: SparkSession, path: str, *, table: str | None =
                     table or path, state.min_reader_version)
     else:
         log.info("%s: enabling Delta column mapping (protocol 3/7, 'columnMapping' reader feature)", table or path)
-    props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
-    spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
+    SparkStore(spark).set_properties(path, properties)
     return True

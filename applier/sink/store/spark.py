@@ -175,7 +175,7 @@ class SparkStore:
         from applier.sink.naming import delta_path_sql, sql_string_literal
 
         spark = self.session("changing a table's properties (a table delta-rs does not write)")
-        if properties:
+        if properties:  # one commit; no parameter markers here: keys and values are escaped literals
             props = ", ".join(f"{sql_string_literal(k)} = {sql_string_literal(v)}" for k, v in properties.items())
             spark.sql(f"ALTER TABLE {delta_path_sql(path)} SET TBLPROPERTIES ({props})")
         if carry is not None:
@@ -233,8 +233,7 @@ class SparkStore:
         spark = self.session(f"{path}: OPTIMIZE of a table delta-rs cannot write")
         clause = f" ZORDER BY ({', '.join(quote_identifier(c) for c in z_order)})" if z_order else ""
         rows = spark.sql(f"OPTIMIZE {delta_path_sql(path)}{clause}").collect()
-        metrics = rows[0]["metrics"] if rows and "metrics" in rows[0] else None
-        return metrics.asDict(recursive=True) if metrics is not None else {}
+        return dict((rows[0].asDict(recursive=True).get("metrics") if rows else None) or {})
 
     def vacuum(self, path: str, retention_hours: int | None, *, dry_run: bool, enforce_retention: bool) -> None:
         """Spark's VACUUM, which does not say how many files it deleted (so: None)."""
