@@ -29,10 +29,22 @@ class SchemaChange:
 
 @dataclass(frozen=True, slots=True)
 class SchemaVersion:
+    """One shape of a relation. ``column_ids`` give each column an identity that outlives its name (a
+    column keeps its id through a rename; a column added gets an id no column of the relation had), so
+    rows of an older version are laid out in a newer one by what each column is, not what it is called:
+    a group may hold rows from before and after ``RENAME COLUMN a TO b``, and those rows' ``a`` is ``b``.
+    Empty: positions (a version made without the cache)."""
+
     relation: Relation
     version: int
     key_indexes: tuple[int, ...]
     change: SchemaChange | None
+    column_ids: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """``column_ids``, or positions for a version that has none."""
+        return self.column_ids or tuple(range(1, len(self.relation.columns) + 1))
 
     @property
     def namespace(self) -> str:
@@ -137,6 +149,7 @@ class RelationCache:
     def __init__(self, types: TypeCache | None = None) -> None:
         self.types = types or TypeCache()
         self._current: dict[int, SchemaVersion] = {}
+        self._next_column_id: dict[int, int] = {}  # per relation: the id its next added column gets
         #: told of every Relation that loses columns and gains others (None: the change is left as a drop
         #: and an add, and the sink stops where that could be a rename it was not told about)
         self.columns_changed: ColumnsChanged | None = None
@@ -147,7 +160,9 @@ class RelationCache:
             return current
         keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
         if current is None:
-            version = SchemaVersion(rel, 1, keys, None)
+            ids = tuple(range(1, len(rel.columns) + 1))
+            version = SchemaVersion(rel, 1, keys, None, ids)
+            self._next_column_id[rel.oid] = len(ids) + 1
         else:
             change = _diff(current.relation, rel)
             if change.dropped and self.columns_changed is not None:
@@ -160,9 +175,28 @@ class RelationCache:
                                           tuple(n for n in change.dropped if n not in renamed), change.retyped,
                                           change.renamed_relation, change.key_changed,
                                           change.replica_identity_changed, tuple(renamed.items()))
-            version = SchemaVersion(rel, current.version + 1, keys, change)
+            version = SchemaVersion(rel, current.version + 1, keys, change, self._carry_ids(current, rel, change))
         self._current[rel.oid] = version
         return version
+
+    def _carry_ids(self, current: SchemaVersion, rel: Relation, change: SchemaChange) -> tuple[int, ...]:
+        """The new version's column ids: a column that kept its name or was renamed keeps its id (a name
+        dropped here is not looked up: it is gone), every added one gets a fresh id."""
+        by_name = dict(zip(current.column_names, current.ids, strict=True))
+        moved = {new: by_name.pop(old) for old, new in change.renamed}  # at once: renames may swap names
+        by_name.update(moved)
+        for gone in change.dropped:
+            by_name.pop(gone, None)
+        following = self._next_column_id.get(rel.oid, max(current.ids, default=0) + 1)
+        ids = []
+        for c in rel.columns:
+            if c.name in by_name:
+                ids.append(by_name[c.name])
+            else:
+                ids.append(following)
+                following += 1
+        self._next_column_id[rel.oid] = following
+        return tuple(ids)
 
     def update_type(self, typ: Type) -> None:
         self.types.update(typ)
@@ -183,6 +217,7 @@ class RelationCache:
         """Become ``other`` in place (its types too): others hold this object and its TypeCache (the
         applier converts with the types, table sync describes into the catalog)."""
         self._current = dict(other._current)
+        self._next_column_id = dict(other._next_column_id)
         self.types._types = dict(other.types._types)
 
     def to_json(self) -> dict[str, Any]:
@@ -191,7 +226,8 @@ class RelationCache:
             "relations": [
                 {"oid": v.relation.oid, "namespace": v.relation.namespace, "name": v.relation.name,
                  "replica_identity": v.relation.replica_identity, "version": v.version,
-                 "columns": [[c.flags, c.name, c.type_oid, c.type_modifier] for c in v.relation.columns]}
+                 "columns": [[c.flags, c.name, c.type_oid, c.type_modifier] for c in v.relation.columns],
+                 "column_ids": list(v.ids), "next_column_id": self._next_column_id.get(v.relation.oid)}
                 for v in self._current.values()
             ],
         }
@@ -203,5 +239,7 @@ class RelationCache:
             rel = Relation(None, int(r["oid"]), r["namespace"], r["name"], r["replica_identity"],
                            tuple(RelationColumn(int(f), n, int(t), int(m)) for f, n, t, m in r["columns"]))
             keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
-            cache._current[rel.oid] = SchemaVersion(rel, int(r["version"]), keys, None)
+            ids = tuple(int(i) for i in r.get("column_ids") or range(1, len(rel.columns) + 1))
+            cache._current[rel.oid] = SchemaVersion(rel, int(r["version"]), keys, None, ids)
+            cache._next_column_id[rel.oid] = int(r.get("next_column_id") or max(ids, default=0) + 1)
         return cache

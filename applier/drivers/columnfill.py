@@ -82,17 +82,19 @@ def missing_values(conn: psycopg.Connection, oid: int, names: set[str]) -> dict[
     return {str(name): str(text) for name, text in rows if text is not None}
 
 
-def first_carrying(transactions: GroupedTransactions, key: tuple[str, str], column: str) -> int | None:
-    """The end LSN of the group's first transaction whose changes to table ``key`` carry ``column``."""
+def first_carrying(transactions: GroupedTransactions, oid: int, column: str) -> int | None:
+    """The end LSN of the group's first transaction whose changes to relation ``oid`` carry ``column``."""
     for end_lsn, batches in transactions:
         for batch in batches:
-            if (batch.namespace, batch.name) == key and column in batch.schema.column_names:
+            if batch.relation_oid == oid and column in batch.schema.column_names:
                 return end_lsn
     return None
 
 
 class ColumnFills:
-    """The fills not yet behind a group commit, kept in the state (``filled_columns``)."""
+    """The fills not yet behind a group commit, kept in the state (``filled_columns``), by relation OID:
+    a group may rename the table, or give its name to another one, between the fill's changes (a state
+    written before OIDs keyed it holds names, which are matched by name)."""
 
     def __init__(self, spark: SparkLike, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
                  state: StateDir, progress: Callable[[str], None]) -> None:
@@ -110,20 +112,26 @@ class ColumnFills:
         """The session (started now when it is not: filling a column is a Spark UPDATE)."""
         return self._spark.get("filling a column added with a default")
 
-    def record(self, key: tuple[str, str], fills: Sequence[Fill]) -> None:
-        """Save ``fills`` for table ``key`` before anything is written for them."""
-        entry = self._pending.setdefault(f"{key[0]}.{key[1]}", {})
+    def record(self, oid: int, fills: Sequence[Fill]) -> None:
+        """Save ``fills`` for relation ``oid`` before anything is written for them."""
+        entry = self._pending.setdefault(str(oid), {})
         for fill in fills:
             entry[fill.column] = [fill.text, format_lsn(fill.before)]
         self.state.save(STATE_KEY, self._pending)
 
-    def forget(self, key: tuple[str, str]) -> None:
+    def forget(self, oid: int, qualified: str) -> None:
         """The table is copied again: its copy holds what the fills would have written."""
-        if self._pending.pop(f"{key[0]}.{key[1]}", None) is not None:
+        if (self._pending.pop(str(oid), None), self._pending.pop(qualified, None)) != (None, None):
             self.state.save(STATE_KEY, self._pending)
 
-    def pending(self, qualified: str) -> bool:
-        return qualified in self._pending
+    def pending(self, oid: int, qualified: str) -> bool:
+        return str(oid) in self._pending or qualified in self._pending
+
+    def _key(self, batch: TableBatch) -> str | None:
+        for key in (str(batch.relation_oid), batch.qualified_name):
+            if key in self._pending:
+                return key
+        return None
 
     def apply(self, transactions: GroupedTransactions) -> None:
         """Fill every pending column of the tables this group touches (see the module docstring): the
@@ -132,26 +140,29 @@ class ColumnFills:
         if not self._pending:
             return
         newest: dict[str, TableBatch] = {}
+        first: dict[str, TableBatch] = {}  # where the relation's Delta table is as the group begins
         for _end, batches in transactions:
             for batch in batches:
-                if batch.qualified_name in self._pending:
-                    newest[batch.qualified_name] = batch
+                key = self._key(batch)
+                if key is not None:
+                    newest[key] = batch
+                    first.setdefault(key, batch)
         changed = False
-        for qualified, last in newest.items():
-            key = (last.namespace, last.name)
-            done = self.applier.snapshot_version(*key)
+        for key, last in newest.items():
+            oid = last.relation_oid
+            done = self.applier.relation_version(oid, first[key].namespace, first[key].name)
             fills = [Fill(column, text, parse_lsn(before)) for column, (text, before)
-                     in self._pending[qualified].items() if done is None or parse_lsn(before) > done]
+                     in self._pending[key].items() if done is None or parse_lsn(before) > done]
             fills = [f for f in fills if f.column in last.schema.column_names]  # dropped again: nothing to fill
             if not fills:
-                del self._pending[qualified]
+                del self._pending[key]
                 changed = True
                 continue
             if self.config.apply.schema_changes == "stop":
                 continue  # the sink stops at this schema change; nothing is written before it
             values = {f.column: self._value(last.schema, f) for f in fills}
-            self._fill_delta(key, last, values)
-            _rewrite_batches(transactions, key, fills, values, last.schema)
+            self._fill_delta(first[key], last, values)
+            _rewrite_batches(transactions, oid, fills, values, last.schema)
         if changed:
             self.state.save(STATE_KEY, self._pending)
 
@@ -161,11 +172,16 @@ class ColumnFills:
         return convert_value(COL_TEXT, fill.text.encode("utf-8"), column.type_oid, column.type_modifier,
                              self.types, self.config.apply.special_values, fill.column)
 
-    def _fill_delta(self, key: tuple[str, str], last: TableBatch, values: dict[str, object]) -> None:
+    def _fill_delta(self, first: TableBatch, last: TableBatch, values: dict[str, object]) -> None:
         """Evolve the Delta table to the group's newest columns and set the filled ones in every row
-        it holds (all written before the ALTER: its applied version is below each fill's LSN)."""
-        path = self.applier.path_for(*key)
-        spec = table_spec(last, self.applier.tables, self.types)
+        it holds (all written before the ALTER: its applied version is below each fill's LSN). Its
+        table is where the group's first change of the relation finds it (a rename later in the group
+        moves it after this)."""
+        where = self.applier.relation_table(first.relation_oid, first.namespace, first.name)
+        if where is None:  # no Delta table: created from the stream's rows, which carry the column
+            return
+        path = where[0]
+        spec = replace(table_spec(last, self.applier.tables, self.types), source_name=where[1])
         missing = [c for c in values if c not in spec.schema.names]
         if missing:  # excluded by the config: never in the Delta table
             raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,
@@ -180,9 +196,9 @@ class ColumnFills:
                       "default: the rows that existed are filled with it from the catalog (no copy)")
 
 
-def _rewrite_batches(transactions: GroupedTransactions, key: tuple[str, str], fills: Sequence[Fill],
+def _rewrite_batches(transactions: GroupedTransactions, oid: int, fills: Sequence[Fill],
                      values: dict[str, object], newest: SchemaVersion) -> None:
-    """Give the changes of ``key`` decoded before each filled column existed the missing value, in
+    """Give the changes of relation ``oid`` decoded before each filled column existed the missing value, in
     place in the group's lists: batches of transactions that end before the fill's LSN, and in the
     transaction that ends there (it may have altered the table itself, between two changes) the
     batches before the first one that carries the column."""
@@ -192,7 +208,7 @@ def _rewrite_batches(transactions: GroupedTransactions, key: tuple[str, str], fi
         if not isinstance(batches, MutableSequence):
             raise SinkError("internal: a group's batches cannot be rewritten", end_lsn=end_lsn)
         for i, batch in enumerate(batches):
-            if (batch.namespace, batch.name) != key:
+            if batch.relation_oid != oid:
                 continue
             late: set[str] = set()
             for f in fills:
@@ -206,9 +222,10 @@ def _rewrite_batches(transactions: GroupedTransactions, key: tuple[str, str], fi
                 continue
             cached = extended.get(id(batch.schema))
             if cached is None or cached[1] != add:
-                columns = batch.schema.relation.columns + tuple(
-                    c for c in newest.relation.columns if c.name in add)
-                schema = replace(batch.schema, relation=replace(batch.schema.relation, columns=columns))
+                added = [(c, cid) for c, cid in zip(newest.relation.columns, newest.ids, strict=True) if c.name in add]
+                columns = batch.schema.relation.columns + tuple(c for c, _cid in added)
+                schema = replace(batch.schema, relation=replace(batch.schema.relation, columns=columns),
+                                 column_ids=batch.schema.ids + tuple(cid for _c, cid in added))
                 cached = extended[id(batch.schema)] = (schema, add)
             tail = tuple(values[c] for c in add)
             batches[i] = replace(batch, schema=cached[0],

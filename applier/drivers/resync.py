@@ -80,7 +80,7 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
         if applier.replace_table(schema):
             tablesync.progress(f"resync: {table.qualified_name}: Delta table emptied with the columns Postgres has "
                                "now; copying it")
-        tablesync._columns.pop((table.namespace, table.name), None)  # what its Delta table had before
+        tablesync._columns.pop(table.oid or 0, None)  # what its Delta table had before
     tablesync.sync(tables, reason=reason)
     return {t.qualified_name: tablesync.synced[t.qualified_name] for t in tables}
 

@@ -89,7 +89,7 @@ class TableSync:
         self.state = state
         self.progress = progress
         self._known: dict[str, str] | None = None  # qualified name -> LSN it was copied at
-        self._columns: dict[tuple[str, str], set[str]] = {}  # (schema, table) -> columns its Delta table has
+        self._columns: dict[int, set[str]] = {}  # relation OID -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
         self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
@@ -216,14 +216,14 @@ class TableSync:
                 return f"tables joined the publication: {', '.join(sorted(missing))}"
             for namespace, name, oid, columns in touched:
                 key = (namespace, name)
-                if self.fills.pending(f"{namespace}.{name}"):
+                if self.fills.pending(oid, f"{namespace}.{name}"):
                     return f"{namespace}.{name} has columns to fill with their constant default"
-                have = self._columns.get(key)
+                have = self._columns.get(oid)
                 if have is None:
-                    current = self.applier.target_columns(*key)
+                    current = self.applier.relation_columns(oid, *key)
                     if current is None:
                         continue  # no Delta table yet: created with the stream's columns
-                    have = self._columns[key] = set(current)
+                    have = self._columns[oid] = set(current)
                 added = set(columns) - have - self.applier.targets.excluded_columns(*key)
                 if not added:
                     continue
@@ -246,27 +246,27 @@ class TableSync:
         Like PostgreSQL's table sync, creating the copy's slot waits for transactions open on the
         server, prepared ones too (the log names them). A column dropped again before the mirror
         asks is only reported: Postgres no longer has it to compare with."""
-        new: dict[tuple[str, str], tuple[int, set[str]]] = {}
+        new: dict[int, tuple[tuple[str, str], set[str]]] = {}  # relation OID -> (name, columns added)
         for _end, batches in transactions:
             for batch in batches:
-                key = (batch.namespace, batch.name)
+                key, oid = (batch.namespace, batch.name), batch.relation_oid
                 if self.waiting(batch.qualified_name):
                     continue  # copied as it is once its slot exists
-                have = self._columns.get(key)
+                have = self._columns.get(oid)
                 if have is None:
-                    current = self.applier.target_columns(*key)
+                    current = self.applier.relation_columns(oid, *key)
                     if current is None:
                         continue  # no Delta table yet: created with the column, from the stream's rows
-                    have = self._columns[key] = set(current)
+                    have = self._columns[oid] = set(current)
                 added = set(batch.schema.column_names) - have - self.applier.targets.excluded_columns(*key)
                 if added:
-                    new.setdefault(key, (batch.relation_oid, set()))[1].update(added)
+                    new.setdefault(oid, (key, set()))[1].update(added)
                     have.update(added)
         if not new:
             return
-        recopy: list[tuple[str, str]] = []
+        recopy: list[int] = []
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            for key, (oid, added) in new.items():
+            for oid, (key, added) in new.items():
                 filled, gone = _filled_columns(conn, oid, added)
                 if gone:  # dropped again since: Postgres no longer has it, the Delta table keeps it (NULL)
                     log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
@@ -284,20 +284,20 @@ class TableSync:
                 if filled and not filled - constant.keys():  # all constant defaults: filled, no copy
                     fills = []
                     for column, text in sorted(constant.items()):
-                        before = first_carrying(transactions, key, column)
+                        before = first_carrying(transactions, oid, column)
                         if before is None:  # cannot happen: the column came from this group's batches
                             raise SinkError("internal: an added column is in none of the group's changes",
                                             table=f"{key[0]}.{key[1]}", column=column)
                         fills.append(Fill(column, text, before))
-                    self.fills.record(key, fills)
+                    self.fills.record(oid, fills)
                 elif filled:
                     self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(filled))} "
                                   "whose existing rows are not NULL in Postgres (a volatile default, identity or "
                                   "generated value: the table was rewritten); copying the table again")
-                    self.fills.forget(key)
-                    recopy.append(key)
+                    self.fills.forget(oid, f"{key[0]}.{key[1]}")
+                    recopy.append(oid)
             published = published_selection(conn, self.config.source.publication, self.config.tables)
-        tables = [t for t in published if (t.namespace, t.name) in recopy]
+        tables = [t for t in published if t.oid in recopy]
         if tables:
             self.sync(tables, reason="gained a column with values the stream does not send", wait=False)
 
@@ -347,7 +347,7 @@ class TableSync:
         for table in tables:
             pending.tables[table.qualified_name] = table
             pending.reasons[table.qualified_name] = reason
-            self._columns.pop((table.namespace, table.name), None)  # what its Delta table has changes with the copy
+            self._columns.pop(table.oid or 0, None)  # what its Delta table has changes with the copy
 
     def finish_pending(self, timeout: float | None) -> bool:
         """Copy the waiting tables once their slot exists (waiting up to ``timeout`` seconds for it; None:
@@ -440,7 +440,7 @@ class TableSync:
         for table in tables:
             self.synced[table.qualified_name] = rows[table.qualified_name]
             known[table.qualified_name] = format_lsn(point)
-            self._columns.pop((table.namespace, table.name), None)
+            self._columns.pop(table.oid or 0, None)
             self.progress(f"table sync: {table.qualified_name}: {rows[table.qualified_name]} rows at "
                           f"{format_lsn(point)}")
         self.state.save(STATE_KEY, known)

@@ -259,7 +259,7 @@ class DerivedTables:
             tracked = tuple(names.index(c) for c in rule.history_columns)
         else:
             tracked = tuple(range(len(names)))
-        layouts = Layouts(names)
+        layouts = Layouts(names, last_batch.schema)
         events = [(b.commit_lsn, commit_datetime(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
         read = partial(self._rows_by_key, path, key_columns=spec.key_columns)
         target = read_open_versions(read, spec, keys_continued((e[2] for e in events), key_positions))
@@ -284,7 +284,7 @@ class DerivedTables:
             return
         self._ensure(path, spec, last_batch.schema)
         names, key_positions = self._events_layout(spec)
-        layouts = Layouts(names)
+        layouts = Layouts(names, last_batch.schema)
         events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
         deleted = table.extra.deleted if table.extra is not None else None

@@ -316,9 +316,9 @@ class DeltaApplier:
                 self._ensure(path, spec, last_batch.schema)
             runs = key_runs(todo, self.tables)
             for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
-                self._commit_run(path, spec, run)
+                self._commit_run(path, spec, run, last_batch.schema)
             todo = runs[-1]
-            plan = fold_table(spec, [b for _lsn, b in todo])
+            plan = fold_table(spec, [b for _lsn, b in todo], last_batch.schema)
             if plan.empty:
                 self._applied[path] = group_end
                 continue
@@ -329,7 +329,8 @@ class DeltaApplier:
             commits.append((path, spec, plan, description))
         self._run_commits(commits, group_end, len(transactions), histories)
 
-    def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]]) -> None:
+    def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]],
+                    newest: SchemaVersion) -> None:
         """Fold and commit, at once, one run of a table's batches that a later run with other merge
         keys follows in the same group (``key_runs``): in the columns of the group's newest schema
         (``spec``, the table is already evolved to it) but merged on the run's own keys, tagged with the
@@ -337,7 +338,7 @@ class DeltaApplier:
         version = run[-1][0]
         own = self._spec(run[-1][1])  # raises what a commit per transaction would (metadata columns and no key)
         run_spec = replace(spec, key_columns=own.key_columns, replica_identity=own.replica_identity)
-        plan = fold_table(run_spec, [b for _lsn, b in run])
+        plan = fold_table(run_spec, [b for _lsn, b in run], newest)
         if plan.empty:
             self._applied[path] = version
             return
@@ -505,6 +506,33 @@ class DeltaApplier:
             return None
         return self.stores.reader(path).columns(path)
 
+    def relation_table(self, oid: int, namespace: str, name: str) -> tuple[str, str] | None:
+        """Where relation ``oid`` (called ``namespace.name`` in the stream just now) has its Delta table as
+        the group begins, and the source name its applied version is recorded under: the path it is bound
+        to (a rename the group holds is not followed yet), else the one its name gives, unless another
+        relation holds that path (a name reused: this relation has no Delta table yet, None)."""
+        ids = self.identities
+        bound = ids.bound(oid) if ids is not None else None
+        if bound is not None:
+            return bound.path, bound.name
+        path = self.targets.path_for(namespace, name)
+        holder = ids.holder_of(path) if ids is not None else None
+        if holder is not None and holder.oid != oid:
+            return None
+        return path, f"{namespace}.{name}"
+
+    def relation_columns(self, oid: int, namespace: str, name: str) -> tuple[str, ...] | None:
+        """The columns relation ``oid``'s Delta table has now (None: it has none yet; see relation_table)."""
+        where = self.relation_table(oid, namespace, name)
+        if where is None or not self._exists(where[0]):
+            return None
+        return self.stores.reader(where[0]).columns(where[0])
+
+    def relation_version(self, oid: int, namespace: str, name: str) -> int | None:
+        """The applied version of relation ``oid``'s Delta table (None: none; see relation_table)."""
+        where = self.relation_table(oid, namespace, name)
+        return None if where is None else self._applied_version(*where)
+
     def snapshot_version(self, namespace: str, name: str) -> int | None:
         """The applied version a finished copy (or a later commit) recorded on the table; None when the
         table has none (never copied, or a copy that did not finish)."""
@@ -598,11 +626,12 @@ class DeltaApplier:
         return self._applied[path]
 
 
-def fold_table(spec: TableSpec, batches: Sequence[TableBatch]) -> TablePlan:
+def fold_table(spec: TableSpec, batches: Sequence[TableBatch], newest: SchemaVersion | None = None) -> TablePlan:
     """One table's batches (commit order) folded into one commit's plan, rows aligned to ``spec``'s
-    columns (batches of older schema versions remapped) and the metadata values added."""
+    columns (batches of older schema versions remapped; ``newest``, the version ``spec`` was made
+    from, is the last batch's by default) and the metadata values added."""
     names = spec.column_names
-    layouts = Layouts(spec.source_column_names)
+    layouts = Layouts(spec.source_column_names, newest or (batches[-1].schema if batches else None))
     key_positions = tuple(names.index(k) for k in spec.key_columns)
     extra, ncols = spec.extra, len(spec.source_column_names)
     changes: Iterable[TableChange] = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \

@@ -1,0 +1,117 @@
+"""Random schema walks (issue 46): one database's random life (tests/schemawalk.py) followed by several
+mirrors at once, each cutting the same stream into groups differently, with ``mirror --once`` run
+every k steps (k drawn from 1..30). The property: a group cut never changes a result. After every
+run, every mirror's every table is equal to Postgres; a stop must be one of the documented ones, and
+its documented remedy (``applier resync --table``) must let the next run go on.
+
+``APPLIER_WALK_SEEDS=11,12,...`` and ``APPLIER_WALK_STEPS=N`` run longer walks by hand (a soak)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from schemawalk import SchemaWalk
+
+from applier.checks.verify import verify_against_postgres
+from applier.cli import main as cli_main
+from applier.commands.exitcodes import ExitCode, for_exception
+from applier.config import MirrorConfig
+from applier.drivers.mirror import mirror
+from applier.errors import ApplierError
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
+
+SEEDS = [int(x) for x in os.environ.get("APPLIER_WALK_SEEDS", "7").split(",")]
+STEPS = int(os.environ.get("APPLIER_WALK_STEPS", "120"))
+
+#: the group cuts every walk is mirrored with: one transaction a group, small groups, the defaults
+CUTS: dict[str, dict[str, object]] = {
+    "one": {"max_group_transactions": 1},
+    "three": {"max_group_transactions": 3, "max_group_rows": 7},
+    "default": {},
+}
+
+
+@dataclass
+class Follower:
+    """One mirror of the walk: its config file (the real commands read it) and what happened to it."""
+
+    name: str
+    config_file: Path
+    config: MirrorConfig
+    runs: int = 0
+    resyncs: list[str] = field(default_factory=list)
+
+
+def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: int) -> Follower:
+    source: dict[str, object] = {"dsn": dsn, "slot": f"walk_{name}", "publication": "walk", "proto_version": proto}
+    if proto >= 2:
+        source["streaming"] = "parallel" if proto >= 4 else "on"
+    if proto >= 3:
+        source["two_phase"] = True
+    raw = {"source": source, "target": {"path": str(tmp / name / "delta")},
+           "apply": {"special_values": "clamp", **apply}}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return Follower(name, path, MirrorConfig.model_validate(raw))
+
+
+def _run(spark, f: Follower, walk: SchemaWalk) -> None:
+    """``mirror --once``; a documented stop gets its documented remedy, then the mirror runs again."""
+    for _attempt in range(8):
+        f.runs += 1
+        try:
+            mirror(spark, f.config, once=True)
+            return
+        except ApplierError as e:
+            code = for_exception(e)
+            table = e.context.get("table")
+            if not (code == ExitCode.BAD_DATA and table and "applier resync" in str(e)):
+                print(walk.trace())
+            assert code == ExitCode.BAD_DATA and table and "applier resync" in str(e), \
+                (f.name, f"exit {int(code)}", str(e), walk.trace())
+            f.resyncs.append(f"after step {walk.steps}: {str(e)[:160]}")
+            rc = cli_main(["resync", "--config", str(f.config_file), "--table", str(table)])
+            assert rc == ExitCode.OK, (f.name, walk.done[-12:], str(e), rc)
+    raise AssertionError(f"{f.name}: still stopping after 8 runs: {f.resyncs[-3:]}")
+
+
+def _check(spark, f: Follower, walk: SchemaWalk, conn) -> None:
+    for result in verify_against_postgres(spark, conn, str(f.config.target.path), walk.tables()):
+        if not result.equal:
+            print(walk.trace())
+            print(f"{f.name} {result.source_name}: only in Postgres {result.only_in_source[:4]}, only in Delta "
+                  f"{result.only_in_target[:4]}")
+        assert result.equal, (f.name, result.source_name, result.only_in_source[:3], result.only_in_target[:3],
+                              walk.trace())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_schema_walk_ends_equal_whatever_the_group_cuts(pg, spark, tmp_path, seed):
+    rng = random.Random(seed)
+    proto = 2
+    started = time.monotonic()
+    with pg.connect() as conn, pg.connect() as work:
+        conn.execute("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
+        conn.execute("SELECT pg_reload_conf()")
+        walk = SchemaWalk(work, rng, pg.dsn)
+        walk.create()
+        followers = [_follower(tmp_path, pg.dsn, name, apply, proto) for name, apply in CUTS.items()]
+        for f in followers:
+            _run(spark, f, walk)
+        next_run = rng.randint(1, 30)
+        while walk.steps < STEPS:
+            walk.step()
+            if walk.steps >= next_run or walk.steps == STEPS:
+                next_run = walk.steps + rng.randint(1, 30)
+                for f in followers:
+                    _run(spark, f, walk)
+                    _check(spark, f, walk, conn)
+    print(f"seed {seed}: {walk.steps} steps in {time.monotonic() - started:.0f} s; " + "; ".join(
+        f"{f.name}: {f.runs} runs, {len(f.resyncs)} resyncs {f.resyncs}" for f in followers))
