@@ -171,6 +171,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
+        .config(*PARQUET_TIMESTAMPS)
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
     )
@@ -186,6 +187,7 @@ def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
     except Exception as e:  # py4j/gateway failures carry their own detail
         raise EnvironmentSetupError(f"Spark did not start: {e}") from e
     session.sparkContext.setLogLevel("ERROR")
+    session.conf.set(*PARQUET_TIMESTAMPS)  # a session that ran already took no builder settings
     quiet_python_side()
     if store_conf:  # a session that ran already (a notebook's, a test's) took no builder settings
         hadoop = session.sparkContext._jsc.hadoopConfiguration()
@@ -202,6 +204,20 @@ def build_spark_session_for(config: SparkConfig, locations: tuple[str, ...] = ()
         master=config.master, app_name=config.app_name, shuffle_partitions=config.shuffle_partitions,
         driver_memory=config.driver_memory, extra=dict(config.conf), quick_jit=config.jit == "quick",
         locations=locations))
+
+
+#: How Spark writes ``timestamp`` columns to Parquet. Its default, INT96 (nanoseconds), is what delta-rs
+#: reads back as nanoseconds since 1970 in 64 bits: any instant outside 1677-2262 overflows there, and a
+#: later delta-rs rewrite of the file (an update of another row, a compaction) writes the wrapped value
+#: back (9999-12-31 became 1816-03-30). Microseconds hold every instant both PostgreSQL and Delta can.
+PARQUET_TIMESTAMPS = ("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+
+
+def writing_microseconds(session: SparkSession) -> SparkSession:
+    """``session`` set to write timestamps as microseconds (a runtime setting: a session a caller
+    started, or a new session of the run's, does not inherit it from the builder)."""
+    session.conf.set(*PARQUET_TIMESTAMPS)
+    return session
 
 
 class SparkProvider:
@@ -224,7 +240,7 @@ class SparkProvider:
         if (build is None) == (session is None) and parent is None:
             raise ValueError("a SparkProvider needs exactly one of build and session")
         self._build = build
-        self._session = session
+        self._session = writing_microseconds(session) if session is not None else None
         self._parent = parent
         self._on_start = on_start  # called with the session once it started, on the thread that started it
         self._lock = threading.Lock()
@@ -258,7 +274,7 @@ class SparkProvider:
             if self._session is None:
                 if self._parent is not None:  # a session of its own on the parent's SparkContext
                     parent = self._parent.get(why)
-                    session = parent.newSession()
+                    session = writing_microseconds(parent.newSession())
                 else:
                     assert self._build is not None
                     logging.getLogger("applier.spark").info("starting Spark: %s", why)
@@ -285,4 +301,4 @@ SparkLike: TypeAlias = Union["SparkSession", SparkProvider]
 
 def session_of(spark: SparkLike, why: str) -> SparkSession:
     """The session of ``spark`` (a provider starts it now, see SparkProvider.get)."""
-    return spark.get(why) if isinstance(spark, SparkProvider) else spark
+    return spark.get(why) if isinstance(spark, SparkProvider) else writing_microseconds(spark)
