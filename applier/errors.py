@@ -172,6 +172,14 @@ class TypeChangeError(ResyncNeededError):
     ``apply.schema_changes: resync``). ``table`` is the source's ``schema.table``."""
 
 
+class DivergenceError(ResyncNeededError):
+    """The Delta table does not hold what the stream's change needs (a key-less row to delete that is not
+    there, a row to take unchanged TOAST values from that is missing): it has diverged from Postgres.
+    A restart meets the same table again (never exit 3); a fresh copy of that one table mends it
+    (``applier resync --table``, or ``apply.schema_changes: resync``). ``table`` is the source's
+    ``schema.table``."""
+
+
 class DroppedTypeChangeError(SchemaDecisionError):
     """A retype Delta cannot widen, of a table that has been dropped in Postgres since (the stream is
     behind the catalog): no fresh copy of it can be taken, and ``applier resync --table`` by its name

@@ -22,8 +22,10 @@ applies the later ones on top (exactly once: the copy's position is recorded as 
 applied version, as for a table that joined the publication).
 
 When to use it: the mirror stopped with exit 4 because a column changed type in a way Delta cannot
-widen (ALTER TABLE ... ALTER COLUMN c TYPE text, or DROP COLUMN c; ADD COLUMN c text); or a table
-should be rebuilt from Postgres for any other reason. The Delta table is emptied with the columns
+widen (ALTER TABLE ... ALTER COLUMN c TYPE text, or DROP COLUMN c; ADD COLUMN c text), because a
+Delta table diverged from Postgres (a row to delete or to read unchanged TOAST values from is not
+there), or because a rename could not be proven; or a table should be rebuilt from Postgres for any
+other reason. The Delta table is emptied with the columns
 Postgres has now (one commit; its history and table id stay: time travel still reaches the old
 rows) and filled again. apply.schema_changes: resync makes the mirror do this by itself.
 
@@ -34,7 +36,8 @@ The DSN, slot and publication come from the config, flags or APPLIER_* variables
     )
     p.add_argument("--config", help="the mirror's YAML config (see configs/mirror.yaml and docs/config.md)")
     p.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
-                   help="a published table to copy again, as Postgres names it (repeatable)")
+                   help="a published table to copy again, as Postgres names it now, as the mirror knew it (the "
+                   "name a stop gave, if it was renamed since), or by relation OID (repeatable)")
     p.add_argument("--dsn", help="libpq connection string (prefer APPLIER_DSN: command lines are visible)")
     p.add_argument("--publication", help="the mirror's publication (overrides source.publication)")
     p.add_argument("--slot", help="the mirror's slot (overrides source.slot)")

@@ -28,7 +28,7 @@ import psycopg
 
 from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
-from applier.errors import ConfigError, InputError, ResyncNeededError, TypeChangeError
+from applier.errors import ConfigError, DivergenceError, InputError, ResyncNeededError, TypeChangeError
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 
@@ -44,16 +44,54 @@ MAX_AUTOMATIC_RESYNCS = 20
 
 
 def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[str]) -> list[PublishedTable]:
-    """The published, selected tables named ``schema.table`` (as pgoutput names them); ConfigError
-    naming what is not one of them."""
-    published = {t.qualified_name: t for t in published_selection(conn, config.source.publication, config.tables)}
-    unknown = [n for n in names if n not in published]
+    """The published, selected tables named ``schema.table`` (as Postgres names it now), by relation OID,
+    or by a name this mirror knew the relation by (a stop names the table as the stream had it; it may
+    have been renamed since, or its schema): a table is its relation, not its name. ConfigError naming
+    what is not one of them (a table dropped since says so)."""
+    selection = published_selection(conn, config.source.publication, config.tables)
+    published = {t.qualified_name: t for t in selection}
+    by_oid = {t.oid: t for t in selection if t.oid is not None}
+    known = _known_relations(config)
+    chosen: list[PublishedTable] = []
+    unknown: list[str] = []
+    for name in dict.fromkeys(names):
+        table = published.get(name)
+        if table is None and name.isdigit():
+            table = by_oid.get(int(name))
+        if table is None and name in known:
+            table = by_oid.get(known[name])
+            if table is None:
+                unknown.append(f"{name} (relation OID {known[name]}, which Postgres no longer publishes: dropped "
+                               "or taken out of the publication since)")
+                continue
+            log.info("resync: %s is %s now (relation OID %s)", name, table.qualified_name, table.oid)
+        if table is None:
+            unknown.append(name)
+        elif table not in chosen:
+            chosen.append(table)
     if unknown:
         some = ", ".join(sorted(published)[:10]) + (", ..." if len(published) > 10 else "")
         raise ConfigError(f"not a table this mirror follows: {', '.join(unknown)} (give schema.table as Postgres "
-                          f"names it; publication {config.source.publication!r} with the config's tables.include/"
-                          f"exclude has: {some or 'no tables'})")
-    return [published[n] for n in dict.fromkeys(names)]
+                          f"names it, a name the mirror knew it by, or its relation OID; publication "
+                          f"{config.source.publication!r} with the config's tables.include/exclude has: "
+                          f"{some or 'no tables'})")
+    return chosen
+
+
+def _known_relations(config: MirrorConfig) -> dict[str, int]:
+    """Names this mirror's target knows relations by (their name as last followed, and the one before it),
+    read from its state: name -> relation OID."""
+    from applier.state import StateDir
+
+    saved = StateDir.for_target(config.target.path, config.target.state_dir).load("relations") or {}
+    out: dict[str, int] = {}
+    for oid, entry in (saved.get("tables") or {}).items():
+        if entry.get("retired"):
+            continue
+        for name in (entry.get("was"), entry.get("name")):
+            if name:
+                out[str(name)] = int(oid)
+    return out
 
 
 def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason: str) -> dict[str, int]:
@@ -94,6 +132,9 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
         why = (f"column {c.get('column')!r} changed type from {c.get('old_type')} to {c.get('new_type')}, which "
                "Delta cannot widen")
         reason = "changed a column's type in a way Delta cannot widen"
+    elif isinstance(error, DivergenceError):
+        why = "its Delta table has diverged from Postgres (" + str(error).split(":", 1)[0] + ")"
+        reason = "diverged from Postgres"
     else:
         why = (f"its merge key changed between two row changes of one transaction (keys "
                f"{c.get('keys_before')} -> {c.get('keys_after')})")

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
-from applier.errors import SinkError
+from applier.errors import DivergenceError, SinkError
 from applier.sink.rowimage import KEY_CHANGE, NO_POSITIONS, TOAST, check_key, check_old_image, refusal, resolve
 
 
@@ -252,6 +252,17 @@ def _fold_multiset(plan: TablePlan, change: TableChange, marker: object) -> None
         plan.counts[image] += 1
 
 
+def diverged(description: str, **context: object) -> DivergenceError:
+    """The error of a key-less commit (``description``: its commit description, which starts with the
+    source table's name) that finds fewer copies of a row than Postgres deleted."""
+    table = description.split(" end_lsn=", 1)[0]
+    return DivergenceError(
+        "Postgres deleted more copies of a row than the Delta table holds: the Delta table has diverged from "
+        "the source, and running the mirror again meets the same table. A fresh copy of it mends it: "
+        f"`applier resync --config FILE --table {table}`, then run the mirror again (or set "
+        "apply.schema_changes: resync to do this by itself)", table=table, commit=description, **context)
+
+
 def multiset_source(plan: TablePlan, touched: Sequence[tuple[object, int]], held: Sequence[int],
                     table: str) -> tuple[list[tuple[object, ...]], int, int]:
     """A key-less plan's MERGE source, whichever engine makes it: per touched row image (with its signed
@@ -263,10 +274,7 @@ def multiset_source(plan: TablePlan, touched: Sequence[tuple[object, int]], held
     for (img, delta), now in zip(touched, held, strict=True):
         want = now + delta
         if want < 0:
-            raise SinkError(
-                "Postgres deleted more copies of a row than the Delta table holds: the table has "
-                "diverged from the source; rebuild it from a snapshot",
-                table=table, missing_copies=-want)
+            raise diverged(table, missing_copies=-want)
         row = plan.images[img]
         rows.append((*row, "D"))
         rows.extend([(*row, "I")] * want)

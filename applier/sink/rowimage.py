@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from applier.errors import SinkError
+from applier.errors import DivergenceError, SinkError
 
 __all__ = [
     "NO_POSITIONS", "KEY_CHANGE", "TOAST", "check_key", "check_old_image", "refusal", "resolve",
@@ -126,9 +126,12 @@ def resolve(new: Sequence[object], marker: object, op: str, old: Sequence[object
     return row, frozenset(positions)
 
 
-def target_missing(rows: int, *, table: str, key_columns: Sequence[str]) -> SinkError:
+def target_missing(rows: int, *, table: str, key_columns: Sequence[str]) -> DivergenceError:
     """Step 3 failed: ``rows`` rows read values from a target row that is not there."""
-    return SinkError(
-        f"{rows} row(s) carry unchanged TOAST values but the target has no row to take them from "
-        "(the Delta table is missing rows Postgres has: rebuild it from a snapshot)",
-        table=table, key_columns=", ".join(key_columns))
+    name = table.split(" end_lsn=", 1)[0]
+    return DivergenceError(
+        f"{rows} row(s) carry unchanged TOAST values but the target has no row to take them from: the Delta "
+        "table is missing rows Postgres has (it has diverged), and running the mirror again meets the same "
+        f"table. A fresh copy of it mends it: `applier resync --config FILE --table {name}`, then run the mirror "
+        "again (or set apply.schema_changes: resync to do this by itself)",
+        table=name, key_columns=", ".join(key_columns))

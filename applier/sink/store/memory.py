@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
-from applier.sink.plan import rows_after_truncate
+from applier.sink.plan import diverged, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.base import CommitResult, CommitTag, WriteMode
 from applier.sink.store.deltatypes import delta_fields
@@ -263,9 +263,7 @@ class InMemoryStore:
             same = [n for n, held in enumerate(target.rows) if tuple(held[i] for i in index) == row]
             want = len(same) + delta
             if want < 0:
-                raise SinkError("Postgres deleted more copies of a row than the Delta table holds: the table has "
-                                "diverged from the source; rebuild it from a snapshot",
-                                table=description, missing_copies=-want)
+                raise diverged(description, missing_copies=-want)
             if delta < 0:
                 drop = set(same[:-delta])
                 target.rows = [r for n, r in enumerate(target.rows) if n not in drop]

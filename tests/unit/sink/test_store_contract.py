@@ -17,7 +17,8 @@ import pytest
 from storegroups import bag_group, keyed_group
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
-from applier.errors import SinkError
+from applier.commands.exitcodes import ExitCode, for_exception
+from applier.errors import ResyncNeededError, SinkError
 from applier.sink.plan import fold_changes
 from applier.sink.schema import TableOptions, TableSpec
 from applier.sink.store import DELTARS, InMemoryStore, TableStore
@@ -160,8 +161,12 @@ def test_delta_rs_stops_where_the_target_lacks_what_a_plan_reads_and_declines_fl
         DELTARS.merge(path, SCHEMA, lost, app_id="a", version=1, description="d")
     gone = fold_changes([TableChange(OP_DELETE, None, (1, "other"), None, 0)], SPEC.column_names, (),
                         unchanged_marker=UNCHANGED_TOAST)
-    with pytest.raises(SinkError, match="more copies of a row than the Delta table holds"):
-        DELTARS.merge(path, SCHEMA, gone, app_id="a", version=2, description="d")
+    with pytest.raises(SinkError, match="more copies of a row than the Delta table holds") as diverged:
+        DELTARS.merge(path, SCHEMA, gone, app_id="a", version=2, description="public.t end_lsn=0/2 transactions=1")
+    # a diverged table: exit 4 (a restart meets it again), the table named, and the command that mends it
+    assert for_exception(diverged.value) == ExitCode.BAD_DATA and isinstance(diverged.value, ResyncNeededError)
+    assert diverged.value.context["table"] == "public.t"
+    assert "applier resync --config FILE --table public.t" in str(diverged.value)
     assert _rows(DELTARS, path) == [(1, "long")] and DELTARS.applied_version(path, "a") is None
 
     floats = pa.schema([pa.field("x", pa.float64())])
