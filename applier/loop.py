@@ -252,6 +252,7 @@ class ApplyLoop:
         if not group:
             if self.dry_run is None:
                 self._record_skips(self._take_skips())  # a skipped transaction came last
+                self._record_lone_messages()
             return finished
         work = _Dispatched(group.transactions, group.committed, self._take_messages(), self._take_skips())
         self.group = PendingGroup(self.settings)
@@ -268,6 +269,15 @@ class ApplyLoop:
         messages = list(self.feeder.messages)  # messages after the last transaction wait for the next one's LSN
         self.feeder.messages.clear()
         return messages
+
+    def _record_lone_messages(self) -> None:
+        """Non-transactional messages that no committed transaction followed (their own transaction may
+        have rolled back): recorded now, before a confirm of an idle stream moves the slot past them,
+        tagged with the last one's LSN (messages and commits arrive in WAL order, so the tags still
+        grow, and a re-delivery is recognised as for a group)."""
+        if self.settings.messages_table and self.feeder.messages:
+            messages = self._take_messages()
+            record_messages(self.applier.stores, self.settings.messages_table, messages, messages[-1][0])
 
     def _take_skips(self) -> list[SkippedTransaction]:
         skipped = list(self.feeder.skipped)

@@ -34,3 +34,44 @@ def test_messages_are_recorded_once(spark, tmp_path):
                for line in f.read_text().splitlines() if line.strip()]
     infos = [c["commitInfo"] for c in commits if "commitInfo" in c]
     assert infos and all("delta-rs" in str(i.get("clientVersion", "")) for i in infos), infos
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("read_mode", ["replication", "sql"])
+def test_a_message_of_a_rolled_back_transaction_is_recorded_though_nothing_commits_after_it(pg, tmp_path, read_mode):
+    """PostgreSQL's 020_messages workload: a non-transactional message sent from a transaction that rolls
+    back, with no committed transaction after it in the run. It was never recorded, and the slot was
+    confirmed past it (an idle stream's confirm), so no later run recorded it either (issue 46 item 4)."""
+    from deltalake import DeltaTable
+
+    from applier.config import MirrorConfig, SourceSettings
+    from applier.drivers.mirror import mirror
+    from applier.spark.session import SparkProvider
+
+    table = str(tmp_path / "messages")
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="msgs", publication="msgs", proto_version=2,
+                                                messages=True, read_mode=read_mode),
+                          target=TargetSettings(path=str(tmp_path / "delta")),
+                          apply=ApplySettings(messages_table=table))
+    no_spark = SparkProvider(lambda: pytest.fail("Spark started"))  # type: ignore[arg-type,return-value]
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION msgs FOR TABLE t")
+        mirror(no_spark, config, once=True)
+        conn.execute("INSERT INTO t VALUES (1)")
+        mirror(no_spark, config, once=True)  # the last transaction of the run before the message
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_logical_emit_message(false, 'p', 'sent although rolled back')")
+        conn.execute("ROLLBACK")  # (which does not flush the message's WAL: the next commit does)
+        conn.execute("CREATE TABLE unpublished (x int)")  # a commit with nothing published: no transaction sent
+        mirror(no_spark, config, once=True)
+        mirror(no_spark, config, once=True)  # again: recorded once
+        got = DeltaTable(table).to_pyarrow_table().to_pylist()
+        assert [(r["prefix"], bytes(r["content"]), r["transactional"]) for r in got] == \
+            [("p", b"sent although rolled back", False)]
+        # the slot went past it only once it was recorded: a later message after a commit is recorded too
+        conn.execute("SELECT pg_logical_emit_message(false, 'p', 'second')")
+        conn.execute("INSERT INTO t VALUES (2)")
+        mirror(no_spark, config, once=True)
+        got = DeltaTable(table).to_pyarrow_table().to_pylist()
+        assert sorted(bytes(r["content"]) for r in got) == [b"second", b"sent although rolled back"]
