@@ -53,7 +53,7 @@ def test_a_message_of_a_rolled_back_transaction_is_recorded_though_nothing_commi
                                                 messages=True, read_mode=read_mode),
                           target=TargetSettings(path=str(tmp_path / "delta")),
                           apply=ApplySettings(messages_table=table))
-    no_spark = SparkProvider(lambda: pytest.fail("Spark started"))  # type: ignore[arg-type,return-value]
+    no_spark = SparkProvider(lambda: pytest.fail("Spark started"))
     with pg.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
         conn.execute("CREATE PUBLICATION msgs FOR TABLE t")
