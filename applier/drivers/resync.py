@@ -29,6 +29,7 @@ import psycopg
 from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
 from applier.errors import ConfigError, DivergenceError, InputError, ResyncNeededError, TypeChangeError
+from applier.sink.identity import UnprovenRenameError
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 
@@ -115,6 +116,8 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
         for typ in types:
             tablesync.catalog.update_type(typ)
         schema = RelationCache(tablesync.catalog.types).update(relation)
+        if applier.identities is not None and table.oid is not None:
+            applier.identities.copied_anew(table.oid)
         if applier.replace_table(schema):
             tablesync.progress(f"resync: {table.qualified_name}: Delta table emptied with the columns Postgres has "
                                "now; copying it")
@@ -132,6 +135,9 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
         why = (f"column {c.get('column')!r} changed type from {c.get('old_type')} to {c.get('new_type')}, which "
                "Delta cannot widen")
         reason = "changed a column's type in a way Delta cannot widen"
+    elif isinstance(error, UnprovenRenameError):
+        why = f"a column rename could not be proven ({c.get('columns')})"
+        reason = "had a column change no catalog could prove a rename or a drop"
     elif isinstance(error, DivergenceError):
         why = "its Delta table has diverged from Postgres (" + str(error).split(":", 1)[0] + ")"
         reason = "diverged from Postgres"

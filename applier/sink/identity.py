@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from applier.errors import DataError
+from applier.errors import DataError, ResyncNeededError
 from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.state import StateDir
@@ -49,6 +49,13 @@ _FILE = "relations"
 
 class IdentityError(DataError):
     """The stream names a table whose Delta table cannot be told apart from another's (exit 4)."""
+
+
+class UnprovenRenameError(IdentityError, ResyncNeededError):
+    """A column is gone and another is new, and nothing proved whether that is a rename (no catalog, or
+    the catalog has moved on since): raised when the table's changes are applied, not when the
+    Relation is decoded, so a table copied again past that point (``applier resync``, or
+    ``apply.schema_changes: resync``) goes on; ``table`` is the source's ``schema.table``."""
 
 
 class CatalogLookup(Protocol):
@@ -337,40 +344,41 @@ class TableIdentities:
         (``candidates``), noted for the sink (``renames_for``); raises IdentityError when it cannot be
         told. Called as the stream is decoded, so the note is there before the sink evolves the table."""
         renamed: dict[str, str] = {}
+        undecided: dict[str, str] = {}
         if candidates:
-            renamed = self._prove_renames(oid, table, candidates)
+            renamed, undecided = self._prove_renames(oid, table, candidates)
         log_ = self._columns.setdefault(oid, {"renamed": {}, "dropped": []})
         log_["renamed"].update(renamed)
-        log_["dropped"] = sorted(set(log_["dropped"]) | (set(gone) - set(renamed)))
+        log_["dropped"] = sorted(set(log_["dropped"]) | (set(gone) - set(renamed) - set(undecided)))
+        if undecided:  # told to the sink, which stops only if it applies changes past this point
+            log_.setdefault("undecided", {}).update(undecided)
         self._save()
         return renamed
 
-    def _prove_renames(self, oid: int, table: str, candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    def _prove_renames(self, oid: int, table: str,
+                       candidates: dict[str, tuple[str, ...]]) -> tuple[dict[str, str], dict[str, str]]:
+        """The columns proven renamed ({old: new}) and those nothing can prove either way ({old: why})."""
         entry = self._bound.get(oid)
-        way = (f"re-copy the table: `applier resync --table {table}` (its Delta table is replaced by a copy "
-               "at a new position)")
         gone, new = sorted(candidates), sorted({n for c in candidates.values() for n in c})
         if self.lookup is None:
-            raise IdentityError(
-                f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same "
-                "schema change: a rename or a drop and an add, which the stream alone cannot tell apart (no "
-                "catalog to ask: a stored log). Nothing was written to the table. To go on: follow the table with "
-                f"a live `applier mirror` and {way}; or rebuild it from a log that starts after this change "
-                "(delete its Delta directory and its entry in tables.json)",
-                relation=table, columns=", ".join(gone))
+            why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same schema change: a "
+                   "rename or a drop and an add, which the stream alone cannot tell apart (no catalog to ask: a "
+                   "stored log). To go on: follow the table with a live `applier mirror` and re-copy it there; or "
+                   "rebuild it from a log that starts after this change (delete its Delta directory and its entry "
+                   "in tables.json)")
+            return {}, dict.fromkeys(gone, why)
         recorded = entry.attnums if entry is not None else {}
         current = self.lookup.attnums(oid)
         unknown = [c for c in gone if c not in recorded] + [c for c in new if c not in current]
         if unknown:
-            raise IdentityError(
-                f"{table}: column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog "
-                f"cannot prove which were renamed (no recorded or current attnum for {', '.join(unknown)}: the "
-                f"catalog has moved on since). Nothing was written to the table. To go on: {way}",
-                relation=table, columns=", ".join(unknown))
+            why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog cannot prove "
+                   f"which were renamed (no recorded or current attnum for {', '.join(unknown)}: the catalog has "
+                   "moved on since)")
+            return {}, dict.fromkeys(gone, why)
         renamed = {g: n for g, options in candidates.items() for n in options if recorded[g] == current[n]}
         if renamed and entry is not None:
             entry.attnums = {renamed.get(k, k): v for k, v in entry.attnums.items()}
-        return renamed
+        return renamed, {}
 
     def renames_for(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
                     candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
@@ -388,11 +396,29 @@ class TableIdentities:
             if name != g and name in new:
                 out[g] = name
             elif g in candidates and g not in log_["dropped"]:
-                raise IdentityError(
-                    f"{table}: column {g} is gone and {', '.join(candidates[g])} new, and no catalog told this "
-                    "mirror whether that is a rename; nothing was written to the table. To go on: re-copy the "
-                    f"table (`applier resync --table {table}`)", relation=table, columns=g)
+                why = (log_.get("undecided") or {}).get(g) or (
+                    f"column {g} is gone and {', '.join(candidates[g])} new, and no catalog told this mirror "
+                    "whether that is a rename")
+                raise UnprovenRenameError(
+                    f"{table}: {why}; nothing was written to the table. To go on: re-copy the table (`applier "
+                    f"resync --config FILE --table {table}`: its Delta table is replaced by a copy at a new "
+                    "position, which this change is behind; or set apply.schema_changes: resync to do this by "
+                    "itself)", table=table, columns=g)
         return out
+
+    def copied_anew(self, oid: int) -> None:
+        """Relation ``oid``'s Delta table is being replaced by a fresh copy (``applier resync``): what the
+        stream said of its columns before (renames noted, drops, undecided ones) no longer applies to it,
+        and its attnums are read again from the live catalog as the copy's baseline."""
+        changed = self._columns.pop(oid, None) is not None
+        entry = self._bound.get(oid)
+        if entry is not None and self.lookup is not None:
+            now = self.lookup.attnums(oid)
+            if now and now != entry.attnums:
+                entry.attnums = now
+                changed = True
+        if changed:
+            self._save()
 
     def renames_applied(self, oid: int, done: dict[str, str]) -> None:
         log_ = self._columns.get(oid)
