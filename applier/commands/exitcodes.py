@@ -36,7 +36,8 @@ MEANING: dict[ExitCode, str] = {
     ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly (every table "
     "is as after the transaction before it; fix the source, or `--skip-transaction LSN`), a raw log is "
     "out of order or holds a message twice (fix the log), or a column changed type in a way Delta cannot "
-    "widen (re-copy the table: `applier resync --table`)",
+    "widen, a Delta table diverged from Postgres or a column rename could not be proven (re-copy that table: "
+    "`applier resync --table`; apply.schema_changes: resync does it by itself)",
     ExitCode.INTERNAL: "internal error (a bug): the traceback is printed, with secrets removed",
     ExitCode.INTERRUPTED: "stopped by a second Ctrl-C (128 + SIGINT)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (`applier inspect --json | head`): 128 + SIGPIPE, "

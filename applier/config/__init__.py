@@ -294,9 +294,10 @@ class ApplySettings(_Model):
         "exists the apply stops with an error ('error', the only choice: never a NULL or a placeholder)")
     schema_changes: Literal["evolve", "stop", "resync"] = Field(
         "evolve", description="evolve: add columns, widen types, keep dropped ones, and stop (exit 4) on a type "
-        "change Delta cannot widen (e.g. int to text), naming `applier resync`; resync (mirror only): the same, "
-        "but such a table is copied again from Postgres at a new position, automatically, as `applier resync "
-        "--table` does; stop: stop on any schema change")
+        "change Delta cannot widen (e.g. int to text), a column rename no catalog can prove, or a Delta table "
+        "found diverged from Postgres, naming `applier resync`; resync (mirror only): the same, but such a table "
+        "is copied again from Postgres at a new position, automatically, as `applier resync --table` does; stop: "
+        "stop on any schema change")
     truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
     special_values: Literal["error", "clamp", "null"] = Field(
         "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")
