@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -46,14 +46,9 @@ from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.messages import COL_TEXT
 from applier.sink.engine import DeltaApplier, table_spec
-from applier.sink.schema import ensure_table, table_options
 from applier.sources.sql_slot import pin_session
-from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 from applier.values import convert_value
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +91,8 @@ class ColumnFills:
     a group may rename the table, or give its name to another one, between the fill's changes (a state
     written before OIDs keyed it holds names, which are matched by name)."""
 
-    def __init__(self, spark: SparkLike, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
+    def __init__(self, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
                  state: StateDir, progress: Callable[[str], None]) -> None:
-        self._spark = SparkProvider.of(spark)
         self.config = config
         self.applier = applier
         self.types = types
@@ -106,11 +100,6 @@ class ColumnFills:
         self.progress = progress
         saved = state.load(STATE_KEY) or {}
         self._pending: dict[str, dict[str, list[str]]] = {table: dict(cols) for table, cols in saved.items()}
-
-    @property
-    def spark(self) -> SparkSession:
-        """The session (started now when it is not: filling a column is a Spark UPDATE)."""
-        return self._spark.get("filling a column added with a default")
 
     def record(self, oid: int, fills: Sequence[Fill]) -> None:
         """Save ``fills`` for relation ``oid`` before anything is written for them."""
@@ -187,8 +176,9 @@ class ColumnFills:
             raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,
                             columns=", ".join(missing))
         stores = self.applier.stores
-        ensure_table(self.spark, path, spec, table_options(self.applier.tables.rule_for(spec.source_name)),
-                     check_options=False, stores=stores)
+        # through the engine's own evolution: a column renamed before the add is renamed in place, not
+        # taken for a drop (which left its values NULL: issue 47, repro 21a)
+        self.applier.ensure(path, spec, last.schema)
         if stores.writer(path).fill_columns(path, spec, values) is None:
             stores.spark_store().fill_columns(path, spec, values)
         crashpoint("column_filled")

@@ -92,7 +92,7 @@ class TableSync:
         self._columns: dict[int, set[str]] = {}  # relation OID -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
-        self.fills = ColumnFills(self.spark, config, applier, catalog.types, state, progress)
+        self.fills = ColumnFills(config, applier, catalog.types, state, progress)
         #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
         self.on_copy_rows: Callable[[str, int, int], None] | None = None
         #: told (tables, prepared, open transactions) whenever what a waiting copy waits for is read, and

@@ -553,6 +553,12 @@ class DeltaApplier:
             if done is None:  # Spark's, or declined: in this commit's session
                 retry_on_conflict(lambda: SparkStore(spark).optimize(path, [], None), table=source_name)
 
+    def ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+        """Evolve the Delta table at ``path`` to ``schema_version`` (``spec``), following the renames the
+        catalog proved (a gone column that is a new one renamed keeps its values), once per version: what
+        a group's commit does first, and what a column fill does before it writes (columnfill)."""
+        self._ensure(path, spec, schema_version)
+
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         if self._schema_seen.get(path) is schema_version:
             return

@@ -339,3 +339,23 @@ def test_constant_defaults_of_many_types_are_filled_with_the_streams_values(pg, 
         assert same[2] == same[12] == same[13] == same[15] == "in-txn" and same[14] is None and same[11] == "set"
         row = spark.read.format("delta").load(str(tmp_path / "delta" / "public" / "typed")).filter("id = 1").first()
         assert row["t"] == 'a,"b\'c}' and row["i"] == -42 and str(row["n"]) == "3.10" and row["by"] == b"\x00\xff"
+
+
+def test_a_column_renamed_then_a_column_added_with_a_default_keeps_the_renamed_values(pg, spark, tmp_path):
+    """Issue 47, repro 21a: RENAME COLUMN a TO b, then ADD COLUMN d ... DEFAULT 7, then one update. The
+    fill of d evolved the Delta table without the catalog's rename decision: a was taken for a drop and
+    b was NULL in 99 of 100 rows, with exit 0."""
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="o21n", publication="pub21n"),
+                          target=TargetSettings(path=str(target)))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE o21n (id int PRIMARY KEY, a int, c text)")
+        conn.execute("INSERT INTO o21n SELECT g, g, 'c' || g FROM generate_series(1, 100) g")
+        conn.execute("CREATE PUBLICATION pub21n FOR TABLE o21n")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TABLE o21n RENAME COLUMN a TO b")
+        conn.execute("ALTER TABLE o21n ADD COLUMN d int DEFAULT 7")
+        conn.execute("UPDATE o21n SET d = 8 WHERE id = 1")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "o21n")], "pub21n")
+        assert sorted(_columns(spark, target / "public" / "o21n")) == ["b", "c", "d", "id"]
