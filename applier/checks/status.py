@@ -159,7 +159,20 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
                       failover=health.failover, risk=health.risk(warn_below))
 
 
-def status_json(tables: list[TableStatus], slot: SlotStatus | None) -> str:
-    return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None})
+def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mapping[str, Any] | None = None) -> str:
+    """``stops``: how the mirror's last runs stopped (applier.infra.stops; empty: the last run ended well)."""
+    return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None,
+                       "stops": dict(stops or {})})
+
+
+def stops_line(stops: Mapping[str, Any]) -> str | None:
+    """One line on the mirror's last runs when they stopped on an error (None: the last run ended well)."""
+    if not stops:
+        return None
+    table = f" on {stops['table']}" if stops.get("table") else ""
+    runs = int(stops.get("count", 1))
+    what = "the last run stopped" if runs == 1 else f"STALLED: the last {runs} runs stopped"
+    return (f"mirror: {what} with {stops.get('error')}{table} (since {stops.get('since')}, last {stops.get('last')}): "
+            f"{stops.get('message')}")
 
 

@@ -43,12 +43,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.checks.status import slot_status, status_json, table_status
+    from applier.checks.status import slot_status, status_json, stops_line, table_status
     from applier.config import SourceSettings, libpq_env_given
+    from applier.infra.stops import last_stops
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
+    from applier.state import StateDir
     from applier.storage.paths import TablePath, location
 
     dsn, slot, target = args.dsn, args.slot, args.target
@@ -95,10 +97,14 @@ def run(args: argparse.Namespace) -> int:
         # dropped in Postgres while a new table took the name: kept apart, no longer followed
         tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
         slot_info = slot_status(dsn, slot_name, warn_below=warn_below) if dsn is not None else None
+        stops = last_stops(StateDir.for_target(target, cfg.target.state_dir if args.config else None))
         if args.json:
-            print(status_json(tables, slot_info), flush=True)
+            print(status_json(tables, slot_info, stops), flush=True)
             return
         print_status(tables, slot_info, target)
+        line = stops_line(stops)
+        if line is not None:
+            print(line)
 
     if not args.watch:
         report()

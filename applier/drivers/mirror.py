@@ -33,6 +33,7 @@ from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
+from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
@@ -245,6 +246,14 @@ class Mirror:
                     self.tablesync.close()  # a copy still waiting for its slot is left to the next run
         except KeyboardInterrupt:
             self.stats.stopped_by = "Ctrl-C"
+        except Exception as e:
+            runs = record_stop(self.state, e)
+            if runs > 1:
+                log.warning("this mirror has stopped on this error %d runs in a row (since %s): running it again "
+                            "will not get past it; the error says what will", runs, last_stops(self.state)["since"])
+            raise
+        else:
+            clear_stops(self.state)
         finally:
             if server is not None:
                 server.close()
@@ -267,6 +276,7 @@ class Mirror:
         server = serve_metrics(settings.port, settings.host, self.progress, stall_seconds=settings.stall_seconds,
                                metrics=self.loop.metrics)
         self.loop.metrics = server.metrics
+        server.metrics.consecutive_stops.set(int(last_stops(self.state).get("count", 0)))
         self.tablesync.on_copy_rows = server.metrics.copied  # tables added to the publication later
         self.tablesync.on_waits = server.metrics.sync_waits
         self.metrics_port = server.port

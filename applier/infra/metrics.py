@@ -35,6 +35,10 @@ class MirrorMetrics:
     def __init__(self, *, stall_seconds: float = 300.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.consecutive_stops = Gauge(
+            "applier_consecutive_stopped_runs", "runs of this mirror before this one that stopped on the same "
+            "error, in a row (0: the last run ended well); more than 1 is a stall a restart will not mend",
+            registry=r)
         self.lag_bytes = Gauge("applier_lag_bytes", "WAL bytes between the server's position and the applied one",
                                registry=r)
         self.lag_seconds = Gauge("applier_lag_seconds", "now minus the source commit time of the last applied "

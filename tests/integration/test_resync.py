@@ -9,6 +9,7 @@ duplicate row, one skipped a missing row, and both make the comparison with Post
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,15 @@ def test_alter_type_stops_with_exit_4_and_resync_then_mirror_ends_equal(source, 
     assert "applier resync --config FILE --table public." in err and "apply.schema_changes: resync" in err, err
     assert "restart" not in err and "map the column" not in err and "Traceback" not in err, err
     assert delta_type(spark, target, "t", "c") == "int"  # nothing written over the old table
+    # a second run stops on the same table: a stall, shown as such by status (and its JSON)
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.BAD_DATA
+    assert "stopped on this error 2 runs in a row" in capsys.readouterr().err
+    assert cli_main(["status", "--config", str(cfg)]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "mirror: STALLED: the last 2 runs stopped with TypeChangeError on public.t" in out, out
+    assert cli_main(["status", "--config", str(cfg), "--json"]) == ExitCode.OK
+    stops = json.loads(capsys.readouterr().out)["stops"]
+    assert (stops["error"], stops["table"], stops["count"]) == ("TypeChangeError", "public.t", 2), stops
 
     with source.connect() as conn:  # while the mirror is stopped: before the copy's position
         conn.execute("ALTER TABLE t ALTER COLUMN c TYPE int USING CASE WHEN c ~ '^[0-9]+$' THEN c::int END")
@@ -91,6 +101,9 @@ def test_alter_type_stops_with_exit_4_and_resync_then_mirror_ends_equal(source, 
     assert_equal(spark, source, target)
     assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK  # and it stays so
     assert_equal(spark, source, target)
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out)["stops"] == {}  # the run that went on cleared the stall
 
 
 def test_resync_of_a_table_the_mirror_does_not_follow_is_exit_2_before_spark(source, tmp_path, capsys, no_spark):
