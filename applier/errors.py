@@ -192,6 +192,12 @@ class SourceError(ApplierError):
     """Reading from a slot or a stored raw log failed."""
 
 
+class SlotUnusableError(SourceError):
+    """The slot cannot serve this mirror, and no restart will change that: it was lost (invalidated by
+    ``max_slot_wal_keep_size``, or dropped under a running mirror), it is a physical slot, or it decodes
+    with another plugin than pgoutput. Exit 2: a person decides (drop it, or name another slot)."""
+
+
 class TransientSourceError(SourceError):
     """A source failure that a retry may fix (connection dropped, server restarting)."""
 

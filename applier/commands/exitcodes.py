@@ -29,9 +29,10 @@ MEANING: dict[ExitCode, str] = {
     ExitCode.DIFFERENCES: "`verify` (or `demo`) ran and found tables that differ from Postgres",
     ExitCode.USAGE: "usage or config error: a flag, the config file or the DSN is wrong or missing (also "
     "an invalid sslmode), Java / the Delta jars are missing, the raw log is not one, or the target's tables are "
-    "not the ones applier wrote (gone, replaced, ahead of the log); fix it, a restart will not help",
+    "not the ones applier wrote (gone, replaced, ahead of the log), or the slot cannot serve the mirror (lost: its WAL "
+    "was removed; physical, or another plugin than pgoutput); fix it, a restart will not help",
     ExitCode.UNAVAILABLE: "source or target unavailable: no connection or login refused, the connection "
-    "lost for longer than the retries, the slot gone, Delta refused a commit, the disk full, another "
+    "lost for longer than the retries, Delta refused a commit, the disk full, another "
     "writer holds the target",
     ExitCode.BAD_DATA: "bad data stopped the run: a transaction could not be applied exactly (every table "
     "is as after the transaction before it; fix the source, or `--skip-transaction LSN`), a raw log is "
@@ -54,10 +55,11 @@ def for_exception(error: BaseException) -> ExitCode:
         EnvironmentSetupError,
         InputError,
         SchemaDecisionError,
+        SlotUnusableError,
     )
     from applier.protocol.order import LogOrderError
 
-    if isinstance(error, ConfigError | EnvironmentSetupError | InputError):
+    if isinstance(error, ConfigError | EnvironmentSetupError | InputError | SlotUnusableError):
         return ExitCode.USAGE
     if isinstance(error, DataError | LogOrderError | SchemaDecisionError):
         return ExitCode.BAD_DATA

@@ -161,9 +161,17 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
                   f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
                   f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
                   f"lag {slot_info.lag_bytes} bytes; wal_status {slot_info.wal_status or '-'}, safe_wal_size "
-                  f"{'unlimited' if slot_info.safe_wal_size is None else slot_info.safe_wal_size}"
+                  f"{_safe_wal_size(slot_info)}"
                   f"{', failover' if slot_info.failover else ''}")
             if slot_info.risk:
                 print(f"  WARNING: the slot is at risk: {slot_info.risk}")
         if slot_info.sync_waits:
             print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
+
+
+def _safe_wal_size(slot: SlotStatus) -> str:
+    """How much WAL may still be written before the slot is lost: unlimited without max_slot_wal_keep_size,
+    none for a slot already lost (PostgreSQL reports NULL for both)."""
+    if slot.wal_status == "lost":
+        return "none (lost)"
+    return "unlimited" if slot.safe_wal_size is None else str(slot.safe_wal_size)

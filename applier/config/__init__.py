@@ -101,7 +101,8 @@ class SourceSettings(_Model):
     wal_warning_bytes: int = Field(
         1 << 30, ge=0, description="mirror: warn (log, applier status) when the slot's safe_wal_size, the WAL the "
         "server may still write before the slot exceeds max_slot_wal_keep_size, falls under this; a slot whose "
-        "wal_status is extended or unreserved is always warned about, and a lost slot stops the mirror (exit 3)")
+        "wal_status is extended or unreserved is always warned about, and a lost slot stops the mirror (exit 2: a "
+        "restart cannot mend it)")
     max_retries: int = Field(
         10, ge=0, description="mirror: reconnect attempts after the connection drops or the server restarts "
         "(backoff 1 s doubling to 30 s); counted per outage, then the mirror stops with the last error")

@@ -41,7 +41,7 @@ from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slothealth import read_slot_health
-from applier.sources.slots import slot_info
+from applier.sources.slots import check_usable, slot_info
 from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
@@ -140,8 +140,8 @@ class Mirror:
             tables = [t for t in published_tables(conn, src.publication)
                       if self.config.tables.selected(t.qualified_name)]
             slot = slot_info(conn, src.slot)
-            if slot is not None and slot.plugin != "pgoutput":
-                raise SourceError(f"slot {src.slot!r} uses the {slot.plugin!r} plugin, not pgoutput", slot=src.slot)
+            if slot is not None:
+                check_usable(src.slot, slot)
             if src.failover:
                 self._ensure_failover(conn, slot is not None)
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "streaming":

@@ -6,31 +6,47 @@ from dataclasses import dataclass
 
 import psycopg
 
-from applier.errors import SourceError
+from applier.errors import SlotUnusableError
 from applier.lsn import parse_lsn
 
 
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
-    plugin: str
+    plugin: str | None  # None: a physical slot
     confirmed_flush_lsn: int | None
+    slot_type: str = "logical"
 
 
 def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
-    """The slot's plugin and confirmed position; None when no such slot exists."""
-    row = conn.execute("SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                       (slot,)).fetchone()
+    """The slot's plugin, confirmed position and type; None when no such slot exists."""
+    row = conn.execute("SELECT plugin, confirmed_flush_lsn::text, slot_type FROM pg_replication_slots "
+                       "WHERE slot_name = %s", (slot,)).fetchone()
     if row is None:
         return None
-    return SlotInfo(row[0], parse_lsn(row[1]) if row[1] is not None else None)
+    return SlotInfo(row[0], parse_lsn(row[1]) if row[1] is not None else None, str(row[2]))
 
 
-def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SourceError | None:
+def check_usable(slot: str, info: SlotInfo) -> None:
+    """SlotUnusableError (exit 2) for a slot this mirror cannot read: a physical slot, or a logical slot
+    of another plugin (test_decoding, wal2json...), each said as what it is, with the way on."""
+    if info.slot_type != "logical":
+        raise SlotUnusableError(
+            f"slot {slot!r} is a {info.slot_type} replication slot (a standby's), not a logical one: a mirror needs a "
+            "logical slot of the pgoutput plugin. Name another slot in source.slot (the mirror creates it); do not "
+            "drop this one if a standby uses it", slot=slot)
+    if info.plugin != "pgoutput":
+        raise SlotUnusableError(
+            f"slot {slot!r} decodes with the {info.plugin!r} plugin, not pgoutput, so this mirror cannot read it. "
+            "Name another slot in source.slot (the mirror creates it), or drop this one if nothing else reads it: "
+            f"SELECT pg_drop_replication_slot('{slot}')", slot=slot, plugin=info.plugin)
+
+
+def slot_lost_error(slot: str, sqlstate: str | None, message: str) -> SlotUnusableError | None:
     """The error for a slot that was dropped (42704) or invalidated (55000, e.g. max_slot_wal_keep_size
     exceeded) under a running mirror, with the way back; None for other failures."""
     if sqlstate not in ("42704", "55000") or "slot" not in message:
         return None
-    return SourceError(
+    return SlotUnusableError(
         f"the replication slot can no longer be read ({message.splitlines()[0]}). The changes since the "
         f"last confirmed position are gone from the server, so the tables must be copied again: drop the "
         f"slot if it still exists (SELECT pg_drop_replication_slot('{slot}')) and run mirror again; it "

@@ -58,7 +58,7 @@ def small_wal(tmp_path: Path) -> Iterator[PgDatabase]:
         cluster.stop()
 
 
-def test_a_slot_at_risk_is_warned_about_and_a_lost_slot_stops_with_exit_3(small_wal, spark, tmp_path, caplog,
+def test_a_slot_at_risk_is_warned_about_and_a_lost_slot_stops_with_exit_2(small_wal, spark, tmp_path, caplog,
                                                                           capsys):
     target = tmp_path / "delta"
     config = _config(small_wal.dsn, target)
@@ -96,18 +96,22 @@ def test_a_slot_at_risk_is_warned_about_and_a_lost_slot_stops_with_exit_3(small_
         assert _wal_state(conn, "s")[0] == "reserved"
 
         # down again while more than max_slot_wal_keep_size is written: the checkpoint removes WAL the
-        # slot needs, and the next run stops with exit 3 and the way back instead of skipping changes
+        # slot needs, and the next run stops with the way back instead of skipping changes: exit 2, not 3 (a
+        # supervisor restarting it would meet the same lost slot forever)
         conn.execute("INSERT INTO t VALUES (3, 'lost')")
         for _ in range(3):
             _write_wal(conn, 40)
         assert _wal_state(conn, "s")[0] == "lost"
         with pytest.raises(SourceError) as stopped:
             mirror(spark, config, once=True)
-        assert for_exception(stopped.value) == ExitCode.UNAVAILABLE
+        assert for_exception(stopped.value) == ExitCode.USAGE
         assert "pg_drop_replication_slot('s')" in str(stopped.value) and "copied again" in str(stopped.value)
         capsys.readouterr()
         assert cli_main(["status", "--target", str(target), "--dsn", small_wal.dsn, "--slot", "s", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["slot"]["wal_status"] == "lost"
+        assert cli_main(["status", "--target", str(target), "--dsn", small_wal.dsn, "--slot", "s"]) == 0
+        out = capsys.readouterr().out
+        assert "safe_wal_size none (lost)" in out and "unlimited" not in out, out
 
 
 @pytest.fixture
@@ -204,3 +208,23 @@ def test_a_quiet_publication_on_a_busy_server_does_not_hold_wal(small_wal, spark
     from deltalake import DeltaTable
 
     assert sorted(DeltaTable(str(target / "public" / "t")).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+
+
+@pytest.mark.parametrize("kind", ["test_decoding", "physical"])
+def test_a_slot_of_another_kind_is_a_config_error_that_says_what_it_is(pg, tmp_path, capsys, kind):
+    """Issue 47: a test_decoding or a physical slot under the mirror's slot name was exit 3 with "uses the
+    None plugin": a restart cannot fix it, and the message did not say what the slot is."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION p FOR TABLE t")
+        if kind == "physical":
+            conn.execute("SELECT pg_create_physical_replication_slot('s')")
+        else:
+            conn.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
+    argv = ["mirror", "--dsn", pg.dsn, "--slot", "s", "--publication", "p", "--target", str(tmp_path / "d"), "--once"]
+    assert cli_main(argv) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    said = "is a physical replication slot" if kind == "physical" else "decodes with the 'test_decoding' plugin"
+    assert said in err and "None" not in err and "Traceback" not in err, err
+    with pg.connect() as conn:
+        conn.execute("SELECT pg_drop_replication_slot('s')")
