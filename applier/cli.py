@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from applier import __version__
 from applier.commands import COMMAND_MODULES
-from applier.commands.exitcodes import ExitCode, epilog, for_exception
+from applier.commands.exitcodes import ExitCode, disk_full, epilog, for_exception
 from applier.commands.logsetup import add_logging_arguments, configure_from
 from applier.infra.redact import scrub
 
@@ -78,7 +78,10 @@ def _failed(args: argparse.Namespace, error: Exception) -> int:
         _report(args, f"internal error (a bug; please report it with the traceback below): "
                       f"{type(error).__name__}: {error}", detail=trace)
         return code
-    if isinstance(error, ApplierError):
+    full = disk_full(error)
+    if full is not None:
+        _report(args, f"error: {full}")
+    elif isinstance(error, ApplierError):
         _report(args, f"error: {error}")
         hint = way_forward(args.command, error) if args.command in ("replay", "mirror") else None
         if hint:

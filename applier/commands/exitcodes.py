@@ -59,6 +59,8 @@ def for_exception(error: BaseException) -> ExitCode:
     )
     from applier.protocol.order import LogOrderError
 
+    if disk_full(error) is not None:  # whatever layer it surfaced in
+        return ExitCode.UNAVAILABLE
     if isinstance(error, ConfigError | EnvironmentSetupError | InputError | SlotUnusableError):
         return ExitCode.USAGE
     if isinstance(error, DataError | LogOrderError | SchemaDecisionError):
@@ -68,6 +70,26 @@ def for_exception(error: BaseException) -> ExitCode:
     if _is_connection_failure(error):
         return ExitCode.UNAVAILABLE
     return ExitCode.INTERNAL
+
+
+def disk_full(error: BaseException) -> str | None:
+    """The one line to say when ``error`` (or what caused it) is a full disk: Python's ENOSPC, or delta-rs's
+    and Arrow's errors, which carry the OS error as text ("No space left on device (os error 28)"). A
+    full disk is an outage (exit 3: free space, run again; nothing applied is lost), not a bug."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if (isinstance(current, OSError) and current.errno == errno.ENOSPC) or "No space left on device" in text \
+                or "os error 28" in text:
+            where = getattr(current, "filename", None)
+            return ("the disk is full (No space left on device" + (f": {where}" if where else "") + "); free space "
+                    "and run again: nothing applied is lost, and the run goes on from the last commit")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _is_connection_failure(error: BaseException) -> bool:
