@@ -31,7 +31,7 @@ from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
 from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
 from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
-from applier.drivers.tablesync import TableSync
+from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
 from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
@@ -41,8 +41,9 @@ from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slothealth import read_slot_health
-from applier.sources.slots import check_usable, slot_info
-from applier.sources.walsender import WalSenderStream
+from applier.sources.slots import check_usable, slot_creation_blockers, slot_info
+from applier.sources.syncslot import SyncSlot
+from applier.sources.walsender import CreatedSlot, WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
@@ -52,6 +53,10 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
+
+#: creating the mirror's slot: the first line on what it waits for comes after this, then every
+#: REPORT_EVERY_SECONDS (a slot normally exists within a second)
+SLOT_FIRST_REPORT_SECONDS = 5.0
 
 
 @dataclass
@@ -170,11 +175,13 @@ class Mirror:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
         if resume_at is None:
             self.state.save("mirror", {"slot": src.slot, "phase": "snapshot"})
-        walsender = WalSenderStream(self.dsn)
+        if resume_at is None:
+            maker = SyncSlot(self.dsn, src.slot, temporary=False, two_phase=src.two_phase, failover=src.failover)
+        else:
+            maker = SyncSlot(self.dsn, f"{src.slot[:50]}_copy_{os.getpid()}")
         try:
+            created = self._slot_created(maker)
             if resume_at is None:
-                created = walsender.create_slot(src.slot, two_phase=src.two_phase, export_snapshot=True,
-                                                failover=src.failover)
                 PreparedStore(self.state.staging_dir).cover(src.slot, created.consistent_point)  # issue 30 item 5
                 # from here on a crash keeps the tables whose copy finished (see the docstring)
                 self.state.save("mirror", {"slot": src.slot, "phase": "snapshot",
@@ -184,16 +191,41 @@ class Mirror:
                 point = created.consistent_point
             else:
                 point = resume_at
-                created = walsender.create_slot(f"{src.slot[:50]}_copy_{os.getpid()}", two_phase=False,
-                                                export_snapshot=True, temporary=True)
             assert created.snapshot_name is not None
             self._copy_tables(tables, created.snapshot_name, created.consistent_point, resume_at)
         finally:
-            walsender.close()
+            maker.close()  # a creation still waiting is cancelled: no walsender is left to block the next run
         self.feeder.save(self.state)
         self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
         self.summary.snapshot_lsn = point
         self._snapshot_tables = [t.qualified_name for t in tables]
+
+    def _slot_created(self, maker: SyncSlot) -> CreatedSlot:
+        """Wait for ``maker``'s slot. Creating a logical slot waits for every transaction open on the server,
+        prepared ones too, which may wait for a user for days: every ``REPORT_EVERY_SECONDS`` (and after the
+        first few seconds) this says which ones; Ctrl-C (the mirror's stop) ends the wait, and the caller
+        cancels the creation."""
+        waited = 0.0
+        while True:
+            step = SLOT_FIRST_REPORT_SECONDS if waited == 0.0 else REPORT_EVERY_SECONDS
+            # short waits: the stop flag (Ctrl-C) is looked at at least once a second
+            deadline = time.monotonic() + step
+            while time.monotonic() < deadline:
+                created = maker.created(min(1.0, max(deadline - time.monotonic(), 0.0)))
+                if created is not None:
+                    return created
+                if self.stop.is_set():  # as a second Ctrl-C would: the caller cancels the creation
+                    self.progress(f"stopped while creating slot {maker.name}: nothing was created or copied")
+                    raise KeyboardInterrupt
+            waited += step
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                gids, running = slot_creation_blockers(conn)
+            what = "; ".join(filter(None, [
+                f"{len(gids)} prepared transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}): "
+                "COMMIT PREPARED or ROLLBACK PREPARED them" if gids else "",
+                f"{len(running)} open transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''})"
+                " to end" if running else ""])) or "transactions that were open when it began"
+            self.progress(f"creating slot {maker.name} has waited {waited:.0f}s for {what} (Ctrl-C stops)")
 
     def _ensure_failover(self, conn: psycopg.Connection, exists: bool) -> None:
         """``source.failover``: PostgreSQL 17+ only; a slot created without it is altered (no one reads

@@ -16,10 +16,14 @@ from applier.sources.walsender import CreatedSlot, WalSenderStream
 
 
 class SyncSlot:
-    """``CREATE_REPLICATION_SLOT name TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')`` in the background."""
+    """``CREATE_REPLICATION_SLOT name TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')`` in the background
+    (``temporary=False``: the mirror's own slot, made the same way so that its first run can say what the
+    creation waits for and stop on Ctrl-C, which a blocking command on the main thread would ignore)."""
 
-    def __init__(self, dsn: str, name: str) -> None:
+    def __init__(self, dsn: str, name: str, *, temporary: bool = True, two_phase: bool = False,
+                 failover: bool = False) -> None:
         self.name = name
+        self._options = {"temporary": temporary, "two_phase": two_phase, "failover": failover}
         self.walsender = WalSenderStream(dsn)  # connected here: a refused connection is raised to the caller
         self._created: CreatedSlot | None = None
         self._error: BaseException | None = None
@@ -29,8 +33,7 @@ class SyncSlot:
 
     def _create(self) -> None:
         try:
-            self._created = self.walsender.create_slot(self.name, two_phase=False, export_snapshot=True,
-                                                       temporary=True)
+            self._created = self.walsender.create_slot(self.name, export_snapshot=True, **self._options)
         except BaseException as e:  # noqa: BLE001 - raised by ``created`` on the caller's thread
             self._error = e
         finally:

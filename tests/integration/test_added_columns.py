@@ -359,3 +359,44 @@ def test_a_column_renamed_then_a_column_added_with_a_default_keeps_the_renamed_v
         mirror(spark, config, once=True)
         _assert_equal(spark, conn, target, [("public", "o21n")], "pub21n")
         assert sorted(_columns(spark, target / "public" / "o21n")) == ["b", "c", "d", "id"]
+
+
+def test_a_first_run_waiting_for_a_prepared_transaction_says_so_and_stops_on_request(pg, tmp_path, monkeypatch):
+    """Issue 47: a first run while a prepared transaction exists printed nothing for 11 minutes, ignored
+    Ctrl-C and left a walsender in CREATE_REPLICATION_SLOT that made the next run fail. The creation now
+    runs on a thread: the mirror says what it waits for, a stop ends the wait, and nothing is left behind."""
+    import applier.drivers.mirror as mirror_module
+    from applier.spark.session import SparkProvider
+
+    monkeypatch.setattr(mirror_module, "SLOT_FIRST_REPORT_SECONDS", 1.0)
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="waits", publication="waits_pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")))
+    lines: list[str] = []
+    stop = threading.Event()
+    no_spark = SparkProvider(lambda: pytest.fail("Spark started"))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE w (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION waits_pub FOR TABLE w")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO w VALUES (1)")
+        conn.execute("PREPARE TRANSACTION 'forgotten'")
+        run = threading.Thread(target=lambda: mirror(no_spark, config, once=True, progress=lines.append, stop=stop))
+        run.start()
+        deadline = time.monotonic() + 30
+        while not any("forgotten" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any("creating slot waits has waited" in line and "1 prepared transaction(s) (forgotten)" in line
+                   and "COMMIT PREPARED or ROLLBACK PREPARED" in line for line in lines), lines
+        stop.set()
+        run.join(15)
+        assert not run.is_alive()
+        # no slot, and no walsender still waiting in CREATE_REPLICATION_SLOT
+        time.sleep(0.5)
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'waits'").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender' "
+                            "AND datname = current_database()").fetchone() == (0,)
+        conn.execute("COMMIT PREPARED 'forgotten'")
+    mirror(no_spark, config, once=True)  # the next run creates the slot and copies
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(tmp_path / "delta" / "public" / "w")).to_pyarrow_table().to_pylist() == [{"id": 1}]
