@@ -99,12 +99,22 @@ def read_arrow_chunk(conn: psycopg.Connection, sql: str, names: list[str], reade
     if not data:
         return pa.schema([pa.field(n, r.target) for n, r in zip(names, readers, strict=True)]).empty_table()
     fields = [pa.field(f"c{i}", r.csv_type) for i, r in enumerate(readers)]  # positional: any name is safe
-    result = csv.read_csv(
-        pa.py_buffer(data),
-        read_options=csv.ReadOptions(column_names=[f.name for f in fields], block_size=16 << 20),
-        parse_options=csv.ParseOptions(newlines_in_values=True),
-        convert_options=csv.ConvertOptions(
-            column_types={f.name: f.type for f in fields}, null_values=[""], strings_can_be_null=True,
-            quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
+    block_size = 16 << 20
+    while True:
+        try:
+            result = csv.read_csv(
+                pa.py_buffer(data),
+                read_options=csv.ReadOptions(column_names=[f.name for f in fields], block_size=block_size),
+                parse_options=csv.ParseOptions(newlines_in_values=True),
+                convert_options=csv.ConvertOptions(
+                    column_types={f.name: f.type for f in fields}, null_values=[""], strings_can_be_null=True,
+                    quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
+            break
+        except pa.ArrowInvalid as e:
+            # a row longer than a block (a value over ~16 MB: PostgreSQL holds up to 1 GB in a field, and
+            # a bytea's hex text is twice that): read again with blocks that hold it
+            if "straddl" not in str(e) or block_size > len(data):
+                raise
+            block_size = min(block_size * 4, len(data) + 1, (1 << 31) - 1)
     del data
     return convert_chunk(result, readers, names)
