@@ -18,7 +18,7 @@ import psycopg
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.idempotence import app_id_for, source_commit_time_of
 from applier.sink.naming import source_name_of
-from applier.sink.schema import PROP_SOURCE, PROP_WIDENED
+from applier.sink.schema import PROP_PUBLICATION, PROP_SOURCE, PROP_WIDENED
 from applier.sink.store import SparkStore, reader
 from applier.storage.paths import TablePath
 
@@ -40,6 +40,9 @@ class TableStatus:
     source_commit_time: str | None = None
     #: how long that transaction took to reach Delta: its Delta commit time minus its source commit time
     lag_seconds: float | None = None
+    #: "published", or "not published since ..." (taken out of the publication: no longer followed); None:
+    #: never marked (followed)
+    publication: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.source_name, "kind": self.kind, "path": self.path, "rows": self.rows,
@@ -48,7 +51,7 @@ class TableStatus:
                 "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
                 "option_mismatches": list(self.option_mismatches), "files": self.files,
                 "size_bytes": self.size_bytes, "source_commit_time": self.source_commit_time,
-                "lag_seconds": self.lag_seconds}
+                "lag_seconds": self.lag_seconds, "publication": self.publication}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,8 @@ def table_status(path: TablePath, *, expected_options: Any = None, kind: str = "
         mismatches = tuple(found)
     return TableStatus(source, str(path), applied, last_commit, table.files.rows, widened,
                        table.reader_features, mismatches, kind, table.files.count, table.files.size_bytes,
-                       source_time.isoformat() if source_time is not None else None, lag)
+                       source_time.isoformat() if source_time is not None else None, lag,
+                       properties.get(PROP_PUBLICATION))
 
 
 #: Commits looked at, newest first, for the last one applier made (maintenance commits come between)

@@ -144,6 +144,9 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
     for t in tables:
         if t.kind == "retired":
             print(f"{t.source_name}: dropped in Postgres, kept at {t.path}")
+        if t.publication not in (None, "published"):
+            print(f"{t.source_name}: NOT FOLLOWED: {t.publication} (taken out of the publication or dropped): its rows "
+                  "are as of then, not current")
         if t.widened:
             print(f"{t.source_name}: widened in place: {', '.join(t.widened)} (Delta type widening is on; readers "
                   "without it, such as delta-rs, cannot read this table)")

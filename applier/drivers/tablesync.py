@@ -29,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
@@ -40,6 +42,7 @@ from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sink.idempotence import is_delta_table
+from applier.sink.schema import PROP_PUBLICATION
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 from applier.sources.syncslot import SyncSlot
@@ -50,6 +53,8 @@ from applier.state import StateDir
 log = logging.getLogger(__name__)
 
 STATE_KEY = "copied_tables"
+#: per copied table, its publication's [row filter, column list] when it was copied (see ``_reshaped``)
+SHAPES_KEY = "published_shapes"
 
 #: seconds a table sync waits in line for its slot before the mirror goes on without it (holding the
 #: table's changes): with no transaction open on the server, creating a slot takes well under this
@@ -132,6 +137,11 @@ class TableSync:
             for name in gone:
                 del known[name]
             self.state.save(STATE_KEY, known)
+            for name in gone:
+                self._mark_unpublished(name)
+        reshaped = self._reshaped(published, known)
+        if reshaped:
+            self.sync(reshaped, reason="is published with another row filter or column list now", wait=False)
         missing = [t for t in published if t.qualified_name not in known and not self.waiting(t.qualified_name)]
         if missing:
             self.sync(missing, wait=False)
@@ -139,6 +149,46 @@ class TableSync:
                      and self.applier.derived.missing(t.namespace, t.name)]
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
+
+    def _reshaped(self, published: list[PublishedTable], known: dict[str, str]) -> list[PublishedTable]:
+        """Copied tables whose publication now has another row filter or column list than when they were
+        copied (``ALTER PUBLICATION ... SET TABLE t WHERE (...)``): the stream sends their changes under the
+        new definition from the ALTER on, but the rows already in Delta were chosen by the old one (a
+        narrowed filter leaves rows it now excludes; PostgreSQL's own subscriber keeps them too). They are
+        copied again, at a new position, so the Delta table is what the publication publishes now. A state
+        from before this was recorded takes the definitions as they are now."""
+        shapes: dict[str, list[Any]] = self.state.load(SHAPES_KEY) or {}
+        changed: list[PublishedTable] = []
+        for t in published:
+            if t.qualified_name not in known:
+                continue
+            shape = [t.row_filter, list(t.columns) if t.columns is not None else None]
+            was = shapes.get(t.qualified_name)
+            if was is not None and was != shape:
+                self.progress(f"table sync: {t.qualified_name}: the publication's row filter or column list changed "
+                              f"(row filter {was[0]!r} -> {shape[0]!r}, columns {was[1] or 'all'} -> "
+                              f"{shape[1] or 'all'}); copying the table again so that it holds what is published now")
+                changed.append(t)
+            shapes[t.qualified_name] = shape
+        for name in [n for n in shapes if n not in known and n not in {t.qualified_name for t in published}]:
+            del shapes[name]
+        if shapes != (self.state.load(SHAPES_KEY) or {}):
+            self.state.save(SHAPES_KEY, shapes)
+        return changed
+
+    def _mark_unpublished(self, name: str) -> None:
+        """A table the mirror followed is no longer published (taken out of the publication, or dropped): its
+        Delta table stays as it was, marked ``applier.publication`` = "not published since ..." (applier
+        status shows it), and a warning says it is no longer followed."""
+        bound = self.applier.identities.bound_by_name(name) if self.applier.identities is not None else None
+        path = bound.path if bound is not None else self.applier.path_for(*name.split(".", 1))
+        if not is_delta_table(path):
+            return
+        since = datetime.now(UTC).isoformat(timespec="seconds")
+        log.warning("%s is no longer in publication %s (removed from it, or dropped): its Delta table at %s is no "
+                    "longer followed and keeps its rows as of now; it is marked %s = 'not published since %s'",
+                    name, self.config.source.publication, path, PROP_PUBLICATION, since)
+        self.applier.stores.writer(path).set_properties(path, {PROP_PUBLICATION: f"not published since {since}"})
 
     def _follow_identities(self, published: list[PublishedTable], known: dict[str, str]) -> None:
         """Tables are source relations (OIDs), not names (applier.sink.identity): a copied table renamed
@@ -440,10 +490,19 @@ class TableSync:
         for table in tables:
             self.synced[table.qualified_name] = rows[table.qualified_name]
             known[table.qualified_name] = format_lsn(point)
+            self._mark_published(table)
             self._columns.pop(table.oid or 0, None)
             self.progress(f"table sync: {table.qualified_name}: {rows[table.qualified_name]} rows at "
                           f"{format_lsn(point)}")
         self.state.save(STATE_KEY, known)
+
+
+    def _mark_published(self, table: PublishedTable) -> None:
+        """A table copied again after it was marked not published: published (and followed) again."""
+        path = self.applier.path_for(table.namespace, table.name)
+        store = self.applier.stores.writer(path)
+        if (store.configuration(path) or {}).get(PROP_PUBLICATION, "published") != "published":
+            store.set_properties(path, {PROP_PUBLICATION: "published"})
 
 
 def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tuple[set[str], set[str]]:

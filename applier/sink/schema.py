@@ -46,6 +46,9 @@ PROP_KEYS = "applier.keyColumns"
 PROP_IDENTITY = "applier.replicaIdentity"
 PROP_DROPPED = "applier.droppedColumns"
 PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
+#: "published", or "not published since <time>": a table taken out of the publication (or dropped) is no
+#: longer followed; its Delta table stays, marked, and is never presented as current (applier status)
+PROP_PUBLICATION = "applier.publication"
 PROP_WIDENED = "applier.widenedColumns"  # JSON list of the columns whose type was widened in place
 TYPE_WIDENING = "delta.enableTypeWidening"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"

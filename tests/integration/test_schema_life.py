@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import deltalake
 import pytest
 
 from applier.catalog.relations import rename_candidates
@@ -446,3 +447,48 @@ def test_history_follows_a_renamed_table_and_a_new_table_with_its_name_starts_it
         assert len(retired) == 2 and retired[1] == f"{retired[0]}.history", retired
         retired_history = deltalake.DeltaTable(str(target / "_retired" / "public" / retired[1]))
         assert sorted(r["id"] for r in retired_history.to_pyarrow_table(columns=["id"]).to_pylist()) == [1]
+
+
+def test_publication_edits_are_followed_or_stated(pg, spark, tmp_path, capsys):
+    """Issue 47: a narrowed row filter left rows the filter now excludes (exit 0; verify found them), and a
+    table taken out of the publication stayed in Delta, stale, listed by status like a followed table. A
+    changed row filter copies the table again; a table no longer published is marked and status says so;
+    published again, it is copied and followed again."""
+    from applier.cli import main as cli_main
+
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="pubs", publication="pub17"),
+                          target=TargetSettings(path=str(target)))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE p17b (id int PRIMARY KEY, v int)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO p17b SELECT g, g FROM generate_series(1, 100) g")
+        conn.execute("CREATE PUBLICATION pub17 FOR TABLE p17b, other")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER PUBLICATION pub17 SET TABLE p17b WHERE (id > 50), other")
+        conn.execute("UPDATE p17b SET v = v + 1000 WHERE id IN (1, 2, 60, 61)")
+        mirror(spark, config, once=True)
+        results = verify_against_postgres(spark, conn, str(target), [("public", "p17b")], publication="pub17")
+        assert all(r.equal for r in results), [(r.source_rows, r.target_rows) for r in results]
+        assert deltalake.DeltaTable(str(target / "public" / "p17b")).to_pyarrow_table().num_rows == 50
+
+        conn.execute("ALTER PUBLICATION pub17 DROP TABLE p17b")
+        conn.execute("INSERT INTO other VALUES (1)")  # a change of a table still published: a group
+        mirror(spark, config, once=True)
+        props = deltalake.DeltaTable(str(target / "public" / "p17b")).metadata().configuration
+        assert props["applier.publication"].startswith("not published since"), props
+        capsys.readouterr()
+        assert cli_main(["status", "--target", str(target), "--json"]) == 0
+        statuses = {t["table"]: t for t in json.loads(capsys.readouterr().out)["tables"]}
+        assert statuses["public.p17b"]["publication"].startswith("not published since"), statuses
+        assert cli_main(["status", "--target", str(target)]) == 0
+        assert "public.p17b: NOT FOLLOWED: not published since" in capsys.readouterr().out
+
+        conn.execute("ALTER PUBLICATION pub17 ADD TABLE p17b")
+        conn.execute("UPDATE p17b SET v = -1 WHERE id = 3")
+        conn.execute("INSERT INTO other VALUES (2)")
+        mirror(spark, config, once=True)
+        props = deltalake.DeltaTable(str(target / "public" / "p17b")).metadata().configuration
+        assert props["applier.publication"] == "published", props
+        results = verify_against_postgres(spark, conn, str(target), [("public", "p17b")], publication="pub17")
+        assert all(r.equal for r in results), [(r.source_rows, r.target_rows) for r in results]
