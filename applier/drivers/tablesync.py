@@ -53,7 +53,7 @@ from applier.state import StateDir
 log = logging.getLogger(__name__)
 
 STATE_KEY = "copied_tables"
-#: per copied table, its publication's [row filter, column list] when it was copied (see ``_reshaped``)
+#: per copied table, its publication's [row filter] when it was copied (see ``_reshaped``)
 SHAPES_KEY = "published_shapes"
 
 #: seconds a table sync waits in line for its slot before the mirror goes on without it (holding the
@@ -141,7 +141,7 @@ class TableSync:
                 self._mark_unpublished(name)
         reshaped = self._reshaped(published, known)
         if reshaped:
-            self.sync(reshaped, reason="is published with another row filter or column list now", wait=False)
+            self.sync(reshaped, reason="is published with another row filter now", wait=False)
         missing = [t for t in published if t.qualified_name not in known and not self.waiting(t.qualified_name)]
         if missing:
             self.sync(missing, wait=False)
@@ -150,24 +150,29 @@ class TableSync:
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
 
+    def _renamed(self, oid: int, have: set[str]) -> set[str]:
+        """Columns the Delta table has under an older name (a rename noted, not applied yet): not added."""
+        ids = self.applier.identities
+        return ids.renamed_to(oid, have) if ids is not None else set()
+
     def _reshaped(self, published: list[PublishedTable], known: dict[str, str]) -> list[PublishedTable]:
-        """Copied tables whose publication now has another row filter or column list than when they were
-        copied (``ALTER PUBLICATION ... SET TABLE t WHERE (...)``): the stream sends their changes under the
-        new definition from the ALTER on, but the rows already in Delta were chosen by the old one (a
-        narrowed filter leaves rows it now excludes; PostgreSQL's own subscriber keeps them too). They are
-        copied again, at a new position, so the Delta table is what the publication publishes now. A state
-        from before this was recorded takes the definitions as they are now."""
+        """Copied tables whose publication now has another row filter than when they were copied (``ALTER
+        PUBLICATION ... SET TABLE t WHERE (...)``): the stream sends their changes under the new filter from
+        the ALTER on, but the rows already in Delta were chosen by the old one (a narrowed filter leaves rows
+        it now excludes; PostgreSQL's own subscriber keeps them too). They are copied again, at a new
+        position, so the Delta table is what the publication publishes now. A state from before this was
+        recorded takes the filters as they are now. (A column list is not compared: the catalog lists every
+        column sent, so a rename or an added column would look like a new list.)"""
         shapes: dict[str, list[Any]] = self.state.load(SHAPES_KEY) or {}
         changed: list[PublishedTable] = []
         for t in published:
             if t.qualified_name not in known:
                 continue
-            shape = [t.row_filter, list(t.columns) if t.columns is not None else None]
+            shape = [t.row_filter]
             was = shapes.get(t.qualified_name)
             if was is not None and was != shape:
-                self.progress(f"table sync: {t.qualified_name}: the publication's row filter or column list changed "
-                              f"(row filter {was[0]!r} -> {shape[0]!r}, columns {was[1] or 'all'} -> "
-                              f"{shape[1] or 'all'}); copying the table again so that it holds what is published now")
+                self.progress(f"table sync: {t.qualified_name}: the publication's row filter changed ({was[0]!r} -> "
+                              f"{shape[0]!r}); copying the table again so that it holds what is published now")
                 changed.append(t)
             shapes[t.qualified_name] = shape
         for name in [n for n in shapes if n not in known and n not in {t.qualified_name for t in published}]:
@@ -274,7 +279,7 @@ class TableSync:
                     if current is None:
                         continue  # no Delta table yet: created with the stream's columns
                     have = self._columns[oid] = set(current)
-                added = set(columns) - have - self.applier.targets.excluded_columns(*key)
+                added = set(columns) - have - self.applier.targets.excluded_columns(*key) - self._renamed(oid, have)
                 if not added:
                     continue
                 filled, _gone = _filled_columns(conn, oid, added)
@@ -308,7 +313,8 @@ class TableSync:
                     if current is None:
                         continue  # no Delta table yet: created with the column, from the stream's rows
                     have = self._columns[oid] = set(current)
-                added = set(batch.schema.column_names) - have - self.applier.targets.excluded_columns(*key)
+                added = (set(batch.schema.column_names) - have - self.applier.targets.excluded_columns(*key)
+                         - self._renamed(oid, have))
                 if added:
                     new.setdefault(oid, (key, set()))[1].update(added)
                     have.update(added)

@@ -406,6 +406,21 @@ class TableIdentities:
                     "itself)", table=table, columns=g)
         return out
 
+    def renamed_to(self, oid: int, names: set[str]) -> set[str]:
+        """The names the columns ``names`` of relation ``oid`` have now by the renames noted and not yet
+        applied (followed through chains): a column the stream shows under a new name is not a new column
+        (not one added with a default to fill, say)."""
+        renamed = self._columns.get(oid, {}).get("renamed", {})
+        out: set[str] = set()
+        for name in names:
+            current, seen = name, set()
+            while current in renamed and current not in seen:
+                seen.add(current)
+                current = renamed[current]
+            if current != name:
+                out.add(current)
+        return out
+
     def copied_anew(self, oid: int) -> None:
         """Relation ``oid``'s Delta table is being replaced by a fresh copy (``applier resync``): what the
         stream said of its columns before (renames noted, drops, undecided ones) no longer applies to it,
