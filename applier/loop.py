@@ -36,6 +36,7 @@ from applier.sink.audit import record_skips
 from applier.sink.engine import CommitCounters, DeltaApplier, FoldedTable, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
+from applier.sink.parking import ParkedTables
 from applier.sink.schema import SchemaEvolution
 from applier.sink.store import StorePicker
 from applier.spark.session import SparkLike, SparkProvider
@@ -175,6 +176,8 @@ class ApplyLoop:
         #: Called with each group just before it is applied (the mirror copies tables that joined the
         #: publication there, so that their copy's position is known before their changes apply).
         self.before_apply: Callable[[GroupedTransactions], None] | None = None
+        #: Tables set aside (apply.on_table_error: park): their changes are left out of every group
+        self.parked: ParkedTables | None = None
         #: Called by a live source's follower while the stream is idle, with nothing in flight (the mirror
         #: makes a table sync whose slot now exists there, see ``tick``).
         self.when_idle: Callable[[], None] | None = None
@@ -256,6 +259,8 @@ class ApplyLoop:
             return finished
         work = _Dispatched(group.transactions, group.committed, self._take_messages(), self._take_skips())
         self.group = PendingGroup(self.settings)
+        if self.parked is not None and self.dry_run is None:
+            self.parked.leave_out(work.transactions)
         if self.before_apply is not None and self.dry_run is None:
             self.before_apply(work.transactions)
         if self._executor is None or wait:

@@ -163,10 +163,12 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
                       failover=health.failover, risk=health.risk(warn_below))
 
 
-def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mapping[str, Any] | None = None) -> str:
-    """``stops``: how the mirror's last runs stopped (applier.infra.stops; empty: the last run ended well)."""
+def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mapping[str, Any] | None = None,
+                parked: Mapping[str, Any] | None = None) -> str:
+    """``stops``: how the mirror's last runs stopped (applier.infra.stops; empty: the last run ended well);
+    ``parked``: the tables set aside (applier.sink.parking), by name."""
     return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None,
-                       "stops": dict(stops or {})})
+                       "stops": dict(stops or {}), "parked": dict(parked or {})})
 
 
 def stops_line(stops: Mapping[str, Any]) -> str | None:

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.infra.stops import last_stops
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
+    from applier.sink.parking import ParkedTables
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
     from applier.state import StateDir
@@ -97,11 +98,15 @@ def run(args: argparse.Namespace) -> int:
         # dropped in Postgres while a new table took the name: kept apart, no longer followed
         tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
         slot_info = slot_status(dsn, slot_name, warn_below=warn_below) if dsn is not None else None
-        stops = last_stops(StateDir.for_target(target, cfg.target.state_dir if args.config else None))
+        state = StateDir.for_target(target, cfg.target.state_dir if args.config else None)
+        stops, parked = last_stops(state), ParkedTables(state).entries()
         if args.json:
-            print(status_json(tables, slot_info, stops), flush=True)
+            print(status_json(tables, slot_info, stops, parked), flush=True)
             return
         print_status(tables, slot_info, target)
+        for name, entry in sorted(parked.items()):
+            print(f"{name}: PARKED since {entry.get('since')} ({entry.get('error')}: {entry.get('message')}); its "
+                  f"changes are left out: `applier resync --table {name}` copies it again and brings it back")
         line = stops_line(stops)
         if line is not None:
             print(line)

@@ -299,6 +299,12 @@ class ApplySettings(_Model):
         "found diverged from Postgres, naming `applier resync`; resync (mirror only): the same, but such a table "
         "is copied again from Postgres at a new position, automatically, as `applier resync --table` does; stop: "
         "stop on any schema change")
+    on_table_error: Literal["stop", "park"] = Field(
+        "stop", description="mirror: what a table that cannot be applied past a point does to the others (a type "
+        "change Delta cannot widen, a diverged Delta table, an unproven column rename, when schema_changes does "
+        "not resync it): stop (exit 4: every table waits until `applier resync --table` mends it), or park (that "
+        "table's changes are left out from then on, the other tables go on; applier status lists it as PARKED, "
+        "the metrics count it, and `applier resync --table` copies it again and un-parks it)")
     truncate: Literal["apply", "error"] = Field("apply", description="apply TRUNCATE, or stop on one")
     special_values: Literal["error", "clamp", "null"] = Field(
         "error", description="values Spark cannot hold (infinity dates, BC years, numeric NaN)")

@@ -37,6 +37,7 @@ from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.engine import FoldedTable
+from applier.sink.parking import ParkedTables
 from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
@@ -108,6 +109,8 @@ class Mirror:
         self.tablesync = TableSync(self.spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
                                    self.progress)
         self.loop.before_apply = self.tablesync.before_apply
+        self.parked = ParkedTables(self.state)
+        self.loop.parked = self.parked
         self.loop.when_idle = self.tablesync.tick
         self.maintenance: MaintenanceSchedule | None = None
         if config.maintenance.every_minutes is not None:  # compaction, VACUUM, checkpoints while idle
@@ -199,6 +202,20 @@ class Mirror:
         self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
         self.summary.snapshot_lsn = point
         self._snapshot_tables = [t.qualified_name for t in tables]
+
+    def _park(self, table: str, error: ResyncNeededError) -> None:
+        """apply.on_table_error: park - set ``table`` aside and go on with the others from the slot (the
+        group that failed was not confirmed: its other tables' commits are recognised by their end LSN)."""
+        ids = self.applier.identities
+        bound = ids.bound_by_name(table) if ids is not None else None
+        self.loop.abandon_session()
+        self.parked.park(table, bound.oid if bound is not None else None, error)
+        log.warning("%s is PARKED (apply.on_table_error: park): %s. Its changes are left out from now on and the "
+                    "other tables go on; `applier resync --table %s` copies it again and brings it back",
+                    table, str(error).splitlines()[0], table)
+        if self.loop.metrics is not None:
+            self.loop.metrics.error("park")
+            self.loop.metrics.parked.set(len(self.parked))
 
     def _slot_created(self, maker: SyncSlot) -> CreatedSlot:
         """Wait for ``maker``'s slot. Creating a logical slot waits for every transaction open on the server,
@@ -309,6 +326,7 @@ class Mirror:
                                metrics=self.loop.metrics)
         self.loop.metrics = server.metrics
         server.metrics.consecutive_stops.set(int(last_stops(self.state).get("count", 0)))
+        server.metrics.parked.set(len(self.parked))
         self.tablesync.on_copy_rows = server.metrics.copied  # tables added to the publication later
         self.tablesync.on_waits = server.metrics.sync_waits
         self.metrics_port = server.port
@@ -336,12 +354,17 @@ class Mirror:
                 return
             except ResyncNeededError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
                 resyncs += 1
-                if self.config.apply.schema_changes != "resync" or resyncs > MAX_AUTOMATIC_RESYNCS:
+                if resyncs > MAX_AUTOMATIC_RESYNCS:
                     raise
-                self.loop.abandon_session()
-                if self.loop.metrics is not None:
-                    self.loop.metrics.error("resync")
-                resync_after_schema_change(self.tablesync, e)
+                if self.config.apply.schema_changes == "resync":
+                    self.loop.abandon_session()
+                    if self.loop.metrics is not None:
+                        self.loop.metrics.error("resync")
+                    resync_after_schema_change(self.tablesync, e)
+                elif self.config.apply.on_table_error == "park" and e.context.get("table"):
+                    self._park(str(e.context["table"]), e)
+                else:
+                    raise
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
                         e.sqlstate, True, str(e)):

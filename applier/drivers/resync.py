@@ -30,6 +30,7 @@ from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
 from applier.errors import ConfigError, DivergenceError, InputError, ResyncNeededError, TypeChangeError
 from applier.sink.identity import UnprovenRenameError
+from applier.sink.parking import ParkedTables
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 
@@ -118,6 +119,8 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
         schema = RelationCache(tablesync.catalog.types).update(relation)
         if applier.identities is not None and table.oid is not None:
             applier.identities.copied_anew(table.oid)
+        if ParkedTables(state).release(table.qualified_name, table.oid):
+            tablesync.progress(f"resync: {table.qualified_name} was parked; the copy brings it back")
         if applier.replace_table(schema):
             tablesync.progress(f"resync: {table.qualified_name}: Delta table emptied with the columns Postgres has "
                                "now; copying it")

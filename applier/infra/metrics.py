@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 WAL_STATES = ("reserved", "extended", "unreserved", "lost")
 
 #: The exit code category (applier.commands.exitcodes) of each error kind the mirror recovers from.
-ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data"}
+ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data", "park": "bad_data"}
 
 
 class MirrorMetrics:
@@ -39,6 +39,8 @@ class MirrorMetrics:
             "applier_consecutive_stopped_runs", "runs of this mirror before this one that stopped on the same "
             "error, in a row (0: the last run ended well); more than 1 is a stall a restart will not mend",
             registry=r)
+        self.parked = Gauge("applier_parked_tables", "tables set aside (apply.on_table_error: park): their changes "
+                            "are left out until `applier resync --table` copies them again", registry=r)
         self.lag_bytes = Gauge("applier_lag_bytes", "WAL bytes between the server's position and the applied one",
                                registry=r)
         self.lag_seconds = Gauge("applier_lag_seconds", "now minus the source commit time of the last applied "

@@ -269,3 +269,37 @@ def test_a_retype_of_a_table_dropped_since_stops_with_exit_4_and_a_way_forward(s
     assert len(last) == 1, last  # the dropped t's last changes: its one row changed after the retype
     assert [tuple(r) for r in spark.read.format("delta").load(str(last[0])).select("id", "c").collect()] == \
         [(30, "x")]
+
+
+def test_a_parked_table_lets_the_others_flow_and_resync_brings_it_back(source, spark, tmp_path, capsys):
+    """apply.on_table_error: park (issue 46 item 3): a table that cannot be applied past a point is set
+    aside, the other tables go on (exit 0), status lists it as PARKED, and `applier resync --table` copies
+    it again and brings it back; every table then ends equal to Postgres."""
+    target = tmp_path / "delta"
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"source:\n  dsn: '{source.dsn}'\n  publication: pub\n  slot: park\ntarget:\n  path: {target}\n"
+                   "apply:\n  on_table_error: park\n")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    with source.connect() as conn:
+        conn.execute("ALTER TABLE t ALTER COLUMN c TYPE text")
+        conn.execute("UPDATE t SET c = c || '-txt' WHERE id = 1")
+        conn.execute("INSERT INTO other VALUES (6, 'flows')")
+        conn.execute("INSERT INTO k VALUES (9, 'flows too')")
+    capsys.readouterr()
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    assert "public.t is PARKED" in capsys.readouterr().err
+    with source.connect() as conn:
+        conn.execute("INSERT INTO other VALUES (7, 'still flows')")
+        conn.execute("UPDATE t SET v = 'left out while parked' WHERE id = 2")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    results = {r.source_name: r for r in verify_against_postgres(spark, source.connect(), str(target), TABLES)}
+    assert results["public.other"].equal and results["public.k"].equal and not results["public.t"].equal
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg)]) == ExitCode.OK
+    assert "public.t: PARKED since" in capsys.readouterr().out
+    assert cli_main(["resync", "--config", str(cfg), "--table", "public.t"]) == ExitCode.OK
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    assert_equal(spark, source, target)
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out)["parked"] == {}
