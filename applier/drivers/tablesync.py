@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, MutableSequence
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -150,10 +150,29 @@ class TableSync:
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
 
-    def _renamed(self, oid: int, have: set[str]) -> set[str]:
-        """Columns the Delta table has under an older name (a rename noted, not applied yet): not added."""
+    def _added(self, oid: int, key: tuple[str, str], columns: Sequence[str], *, fresh: set[int],
+               remember: bool = True) -> set[str]:
+        """The stream's ``columns`` of relation ``oid`` that its Delta table lacks (None of it: no table yet,
+        created with them), less the excluded ones and those it has under an older name (a rename noted and
+        not applied yet). The Delta table's columns are cached between groups, but read again (once per
+        call: ``fresh``) before a column is taken for new, since the sink may have renamed one since.
+        ``remember``: count the added columns as the table's from now on (what the caller acts on)."""
+        excluded = self.applier.targets.excluded_columns(*key)
         ids = self.applier.identities
-        return ids.renamed_to(oid, have) if ids is not None else set()
+        while True:
+            have = self._columns.get(oid)
+            if have is None:
+                current = self.applier.relation_columns(oid, *key)
+                if current is None:
+                    return set()
+                have = self._columns[oid] = set(current)
+                fresh.add(oid)
+            added = set(columns) - have - excluded - (ids.renamed_to(oid, have) if ids is not None else set())
+            if not added or oid in fresh:
+                if remember:
+                    have.update(added)
+                return added
+            del self._columns[oid]  # cached before a later evolution? read it again
 
     def _reshaped(self, published: list[PublishedTable], known: dict[str, str]) -> list[PublishedTable]:
         """Copied tables whose publication now has another row filter than when they were copied (``ALTER
@@ -273,19 +292,13 @@ class TableSync:
                 key = (namespace, name)
                 if self.fills.pending(oid, f"{namespace}.{name}"):
                     return f"{namespace}.{name} has columns to fill with their constant default"
-                have = self._columns.get(oid)
-                if have is None:
-                    current = self.applier.relation_columns(oid, *key)
-                    if current is None:
-                        continue  # no Delta table yet: created with the stream's columns
-                    have = self._columns[oid] = set(current)
-                added = set(columns) - have - self.applier.targets.excluded_columns(*key) - self._renamed(oid, have)
+                added = self._added(oid, key, columns, fresh=set(), remember=False)
                 if not added:
                     continue
                 filled, _gone = _filled_columns(conn, oid, added)
                 if filled:
                     return f"{namespace}.{name} gained columns {sorted(filled)} with values the stream does not send"
-                have.update(added)
+                self._columns[oid].update(added)
         return None
 
     def _recopy_for_added_columns(self, transactions: GroupedTransactions) -> None:
@@ -302,22 +315,15 @@ class TableSync:
         server, prepared ones too (the log names them). A column dropped again before the mirror
         asks is only reported: Postgres no longer has it to compare with."""
         new: dict[int, tuple[tuple[str, str], set[str]]] = {}  # relation OID -> (name, columns added)
+        fresh: set[int] = set()
         for _end, batches in transactions:
             for batch in batches:
                 key, oid = (batch.namespace, batch.name), batch.relation_oid
                 if self.waiting(batch.qualified_name):
                     continue  # copied as it is once its slot exists
-                have = self._columns.get(oid)
-                if have is None:
-                    current = self.applier.relation_columns(oid, *key)
-                    if current is None:
-                        continue  # no Delta table yet: created with the column, from the stream's rows
-                    have = self._columns[oid] = set(current)
-                added = (set(batch.schema.column_names) - have - self.applier.targets.excluded_columns(*key)
-                         - self._renamed(oid, have))
+                added = self._added(oid, key, batch.schema.column_names, fresh=fresh)
                 if added:
                     new.setdefault(oid, (key, set()))[1].update(added)
-                    have.update(added)
         if not new:
             return
         recopy: list[int] = []

@@ -402,14 +402,15 @@ def test_a_first_run_waiting_for_a_prepared_transaction_says_so_and_stops_on_req
     assert DeltaTable(str(tmp_path / "delta" / "public" / "w")).to_pyarrow_table().to_pylist() == [{"id": 1}]
 
 
-def test_a_column_added_with_a_default_then_renamed_is_not_filled_again(pg, spark, tmp_path):
+@pytest.mark.parametrize("group", [250_000, 1])
+def test_a_column_added_with_a_default_then_renamed_is_not_filled_again(pg, spark, tmp_path, group):
     """Found by a schema walk (seed 1): a column added with a constant default and mirrored, then another
     added with a default and the first renamed, in one run. The renamed column still has its missing
     value in the catalog, so it was taken for a new column to fill: every row got the old default in it,
     and its values went to the other column."""
     target = tmp_path / "delta"
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="refill", publication="refill"),
-                          target=TargetSettings(path=str(target)))
+                          target=TargetSettings(path=str(target)), apply=ApplySettings(max_group_transactions=group))
     with pg.connect() as conn:
         conn.execute("CREATE TABLE o (id int PRIMARY KEY, c text)")
         conn.execute("INSERT INTO o SELECT g, 'c' || g FROM generate_series(1, 30) g")
@@ -422,5 +423,6 @@ def test_a_column_added_with_a_default_then_renamed_is_not_filled_again(pg, spar
         conn.execute("UPDATE o SET a = -id WHERE id IN (11, 12)")
         conn.execute("ALTER TABLE o RENAME COLUMN a TO r")
         conn.execute("UPDATE o SET r = 1000 + id WHERE id IN (1, 13)")
+        conn.execute("UPDATE o SET c = 'later' WHERE id = 14")  # a group after the rename's (group 1)
         mirror(spark, config, once=True)
         _assert_equal(spark, conn, target, [("public", "o")], "refill")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PgDatabase, _fresh_database
 from schemawalk import SchemaWalk
 
 from applier.checks.verify import verify_against_postgres
@@ -27,14 +29,19 @@ from applier.errors import ApplierError
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark, pytest.mark.slow]
 
-SEEDS = [int(x) for x in os.environ.get("APPLIER_WALK_SEEDS", "7").split(",")]
+#: (seed, PostgreSQL major) of the walks in the suite; APPLIER_WALK_SEEDS=1,2 (and APPLIER_WALK_MAJOR=18)
+#: runs others by hand
+_MAJOR = int(os.environ.get("APPLIER_WALK_MAJOR", "15"))
+WALKS = ([(int(x), _MAJOR) for x in os.environ["APPLIER_WALK_SEEDS"].split(",")]
+         if os.environ.get("APPLIER_WALK_SEEDS") else [(7, 15), (2, 18)])
 #: seed 7 ends equal under every cut; seeds 1-3 at 100 steps still find a rename of a column added with a
 #: constant default (issue 47) and more: run them by hand until they pass, then add them here
 STEPS = int(os.environ.get("APPLIER_WALK_STEPS", "80"))
 
 #: the followers of every walk: (group cuts, protocol version) - one transaction a group, small groups, the
 #: defaults; the same stream decoded as protocol 1 (prepared transactions at COMMIT PREPARED, big ones
-#: whole), 2 (big ones streamed) and 3 (two-phase: prepared transactions at PREPARE, streamed too)
+#: whole), 2 (big ones streamed) and 3 (two-phase: prepared transactions at PREPARE, streamed too; 4 with
+#: parallel streaming on PostgreSQL 16+)
 CUTS: dict[str, tuple[dict[str, object], int]] = {
     "one": ({"max_group_transactions": 1}, 1),
     "three": ({"max_group_transactions": 3, "max_group_rows": 7}, 2),
@@ -53,8 +60,10 @@ class Follower:
     resyncs: list[str] = field(default_factory=list)
 
 
-def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: int) -> Follower:
+def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: int, major: int) -> Follower:
     source: dict[str, object] = {"dsn": dsn, "slot": f"walk_{name}", "publication": "walk", "proto_version": proto}
+    if major >= 16 and proto == 3:  # PostgreSQL 16+: the parallel streaming protocol instead
+        source["proto_version"], proto = 4, 4
     if proto >= 2:
         source["streaming"] = "parallel" if proto >= 4 else "on"
     if proto >= 3:
@@ -71,7 +80,7 @@ def _run(spark, f: Follower, walk: SchemaWalk) -> None:
     for _attempt in range(8):
         f.runs += 1
         try:
-            mirror(spark, f.config, once=True)
+            mirror(spark, f.config, once=True, progress=print if os.environ.get("APPLIER_WALK_VERBOSE") else None)
             return
         except ApplierError as e:
             code = for_exception(e)
@@ -104,16 +113,23 @@ def _check(spark, f: Follower, walk: SchemaWalk, conn) -> None:
             (f.name, result.source_name, result.only_in_source[:3], result.only_in_target[:3], result.problems)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_a_schema_walk_ends_equal_whatever_the_group_cuts(pg, spark, tmp_path, seed):
+@pytest.fixture
+def walk_pg(pg_pool, request) -> Iterator[PgDatabase]:
+    """A fresh database on the walk's PostgreSQL major (``request.param``)."""
+    yield from _fresh_database(pg_pool.get(request.param))
+
+
+@pytest.mark.parametrize("seed,walk_pg", WALKS, ids=[f"seed{s}-pg{m}" for s, m in WALKS], indirect=["walk_pg"])
+def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_path, seed):
     rng = random.Random(seed)
     started = time.monotonic()
-    with pg.connect() as conn, pg.connect() as work:
-        conn.execute("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
-        conn.execute("SELECT pg_reload_conf()")
+    pg, major = walk_pg, walk_pg.major
+    with pg.connect() as conn, pg.connect() as work:  # (the test clusters decode with 64kB: big ones stream)
         walk = SchemaWalk(work, rng, pg.dsn)
         walk.create()
-        followers = [_follower(tmp_path, pg.dsn, name, apply, proto) for name, (apply, proto) in CUTS.items()]
+        forced = int(os.environ.get("APPLIER_WALK_PROTO", "0"))  # by hand: every follower on one protocol
+        followers = [_follower(tmp_path, pg.dsn, name, apply, forced or proto, major)
+                     for name, (apply, proto) in CUTS.items()]
         for f in followers:
             _run(spark, f, walk)
         next_run = rng.randint(1, 30)
