@@ -499,13 +499,6 @@ class DeltaApplier:
     def _mirror_version(self, namespace: str, name: str) -> int | None:
         return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
 
-    def target_columns(self, namespace: str, name: str) -> tuple[str, ...] | None:
-        """The columns the table's Delta table has now (None: no table yet), read from its log."""
-        path = self.path_for(namespace, name)
-        if not self._exists(path):
-            return None
-        return self.stores.reader(path).columns(path)
-
     def relation_table(self, oid: int, namespace: str, name: str) -> tuple[str, str] | None:
         """Where relation ``oid`` (called ``namespace.name`` in the stream just now) has its Delta table as
         the group begins, and the source name its applied version is recorded under: the path it is bound
