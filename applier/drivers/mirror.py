@@ -158,6 +158,14 @@ class Mirror:
                 self.progress(f"slot {src.slot} is gone (dropped): the changes after its last confirmed "
                               "position cannot be read any more; taking a new snapshot with a new slot (the "
                               "tables are replaced)")
+            old = saved.get("slot")
+            if old and old != src.slot:
+                held = slot_info(conn, str(old))
+                log.warning("this target was mirrored with slot %s, and now slot %s is configured: every table is "
+                            "copied again under the new slot%s", old, src.slot,
+                            f"; slot {old} still exists and keeps WAL on the server for as long as it does: drop it "
+                            f"if nothing else reads it (SELECT pg_drop_replication_slot('{old}'))"
+                            if held is not None else "")
             if slot is not None and saved.get("slot") == src.slot and saved.get("phase") == "snapshot":
                 taken_at = saved.get("snapshot_lsn")
                 if taken_at and slot.confirmed_flush_lsn == parse_lsn(taken_at):

@@ -228,3 +228,22 @@ def test_a_slot_of_another_kind_is_a_config_error_that_says_what_it_is(pg, tmp_p
     assert said in err and "None" not in err and "Traceback" not in err, err
     with pg.connect() as conn:
         conn.execute("SELECT pg_drop_replication_slot('s')")
+
+
+def test_a_target_pointed_at_a_new_slot_says_the_old_one_still_holds_wal(pg, spark, tmp_path, caplog):
+    """Issue 47: a target pointed at a new slot re-copied everything and left the old slot holding WAL,
+    with no word. The copy again is right (the new slot's stream starts at its own snapshot); the old
+    slot is named, with the statement that drops it."""
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="first", publication="p"),
+                          target=TargetSettings(path=str(tmp_path / "d")))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("CREATE PUBLICATION p FOR TABLE t")
+        mirror(spark, config, once=True)
+        moved = config.model_copy(update={"source": SourceSettings(dsn=pg.dsn, slot="second", publication="p")})
+        with caplog.at_level(logging.WARNING, logger="applier.drivers.mirror"):
+            mirror(spark, moved, once=True)
+        assert any("mirrored with slot first" in r.getMessage() and "pg_drop_replication_slot('first')"
+                   in r.getMessage() for r in caplog.records), caplog.text
+        conn.execute("SELECT pg_drop_replication_slot('first')")
