@@ -178,10 +178,14 @@ class Mirror:
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
             elif slot is not None:
                 raise SourceError(
-                    f"slot {src.slot!r} exists, but this target has no snapshot taken with it, so the Delta "
-                    "tables would miss the rows written before the slot's position. Drop the slot "
+                    f"slot {src.slot!r} exists, but the state directory this run uses ({self.state.root}) has no "
+                    "record of a snapshot taken with it, so the Delta tables could miss the rows written before "
+                    "the slot's position. If this target was mirrored with another state directory (target."
+                    "state_dir; an s3:// or other object-store target keeps its state in a local directory of "
+                    "the machine that ran it), point target.state_dir at that one. Otherwise drop the slot "
                     f"(SELECT pg_drop_replication_slot('{src.slot}')) to let mirror create it and copy the "
-                    "tables, or use another slot name", slot=src.slot, target=self.config.target.path)
+                    "tables, or use another slot name", slot=src.slot, target=self.config.target.path,
+                    state_dir=str(self.state.root))
             if src.two_phase and conn.info.server_version < 150000:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
         if resume_at is None:

@@ -124,8 +124,10 @@ def test_mirror_refuses_a_slot_it_did_not_snapshot_with(pg, spark, tmp_path):
     with pg.connect() as conn:
         conn.execute(SCHEMA)
         conn.execute("SELECT pg_create_logical_replication_slot('m', 'pgoutput')")
-        with pytest.raises(SourceError, match="no snapshot taken with it"):
+        with pytest.raises(SourceError, match="has no record of a snapshot taken with it") as refused:
             mirror(spark, _config(pg, tmp_path / "delta"), once=True)
+        # it names the state directory it looked in, and the setting that points at another one
+        assert str(tmp_path / "delta" / "_applier") in str(refused.value) and "target.state_dir" in str(refused.value)
         with pytest.raises(ConfigError, match="publication 'nope' does not exist"):
             cfg = _config(pg, tmp_path / "delta2")
             mirror(spark, cfg.model_copy(update={"source": cfg.source.model_copy(update={"publication": "nope"})}),
