@@ -149,8 +149,9 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
                f"{c.get('keys_before')} -> {c.get('keys_after')})")
         reason = "changed its key inside a transaction"
     tablesync.progress(f"resync: {name}: {why}; copying the table again (apply.schema_changes: resync)")
+    oid = c.get("relation_oid")  # the relation, whatever its name is now (the stream may be behind a rename)
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
-        tables = choose_tables(conn, tablesync.config, [name])
+        tables = choose_tables(conn, tablesync.config, [str(oid) if oid is not None else name])
     resync_tables(tablesync, tables, reason=reason)
 
 

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog import SchemaVersion, TypeCache
 from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
 from applier.config import ApplySettings, TablesSettings
-from applier.errors import DroppedTypeChangeError, KeyChangeError, SchemaDecisionError, SinkError, TypeChangeError
+from applier.errors import (
+    DroppedTypeChangeError,
+    KeyChangeError,
+    ResyncNeededError,
+    SchemaDecisionError,
+    SinkError,
+    TypeChangeError,
+)
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
@@ -136,7 +143,8 @@ def merge_keys(batch: TableBatch, tables: TablesSettings) -> tuple[str, ...]:
     return tuple(rel.columns[i].name for i in batch.schema.key_indexes)
 
 
-def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) -> list[list[tuple[int, TableBatch]]]:
+def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings,
+             table: str | None = None) -> list[list[tuple[int, TableBatch]]]:
     """One table's batches of a group (``(end_lsn, batch)``, commit order) cut where the columns its
     rows are merged on change (``merge_keys``: a key added or dropped, REPLICA IDENTITY set to or
     from FULL).
@@ -148,7 +156,8 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
     once per schema version). A cut between two changes of ONE transaction cannot be given Delta
     versions of its own (the idempotence key is the transaction's end LSN), so it stops the run with a
     KeyChangeError: a copy of the table taken after that transaction is exact (``applier resync``, or
-    ``apply.schema_changes: resync``, which the mirror then does by itself)."""
+    ``apply.schema_changes: resync``, which the mirror then does by itself). ``table``: the name the
+    table has now (the stream's name may be behind a rename); the error names that one."""
     keys_of: dict[int, tuple[str, ...]] = {}
     runs: list[list[tuple[int, TableBatch]]] = []
     current: tuple[str, ...] | None = None
@@ -162,10 +171,12 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) ->
                     "the table's merge key changed inside one transaction, between its row changes (e.g. "
                     "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
                     "applier cannot apply the two parts exactly as separate commits. A copy taken after it is "
-                    f"exact: `applier resync --config FILE --table {batch.qualified_name}`, then run the mirror "
-                    "again (or set apply.schema_changes: resync to do this automatically); a replay of a stored "
-                    "log cannot re-copy: rebuild the table from a new snapshot",
-                    table=batch.qualified_name, commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
+                    f"exact: `applier resync --config FILE --table {table or batch.qualified_name}` (or --table and "
+                    "its relation OID, below, if the name is another table's now), then run the mirror again (or "
+                    "set apply.schema_changes: resync to do this automatically); a replay of a stored log cannot "
+                    "re-copy: rebuild the table from a new snapshot",
+                    table=table or batch.qualified_name, relation_oid=batch.relation_oid,
+                    commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
                     keys_before=", ".join(current or ()) or "(none: whole row)",
                     keys_after=", ".join(keys) or "(none: whole row)")
             runs.append([])
@@ -294,40 +305,57 @@ class DeltaApplier:
                      for oid, (last, parts) in per_relation.items()}
         commits: list[tuple[str, TableSpec, TablePlan, str]] = []
         histories: list[HistoryJob] = []
+        oid_of: dict[str, int] = {}  # source name -> relation OID, for the errors of the commits
         for path, (last_batch, parts) in per_table.items():
-            spec = self._spec(last_batch)
-            bound = self.identities.bound(last_batch.relation_oid) if self.identities is not None else None
-            if bound is not None and not bound.retired and bound.name != spec.source_name:
-                # The stream is behind a rename the mirror already followed (the catalog's name decided
-                # where the table is): its applied version, commits and errors go by the name it has now,
-                # the one its version was carried to, or changes applied under the stream's older name
-                # would be applied again under the new one (not idempotent for a multiset table).
-                spec = replace(spec, source_name=bound.name)
-            self.stats.tables.add((last_batch.namespace, last_batch.name))
-            if self._dry_run is None and self.derived.kinds(spec.source_name):
-                history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
-                if history is not None:
-                    histories.append(history)
-            done = self._applied_version(path, spec.source_name)
-            todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
-            if not todo:
-                continue  # already applied: its schema may have moved on since, so touch nothing
-            if self._dry_run is None:
-                self._ensure(path, spec, last_batch.schema)
-            runs = key_runs(todo, self.tables)
-            for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
-                self._commit_run(path, spec, run, last_batch.schema)
-            todo = runs[-1]
-            plan = fold_table(spec, [b for _lsn, b in todo], last_batch.schema)
-            if plan.empty:
-                self._applied[path] = group_end
-                continue
-            description = commit_description(spec, group_end, len(todo), plan, commit_time=todo[-1][1].commit_time)
-            if self._dry_run is not None:
-                self._dry_run(describe_plan(description, plan))
-                continue
-            commits.append((path, spec, plan, description))
-        self._run_commits(commits, group_end, len(transactions), histories)
+            try:
+                self._plan_table(path, last_batch, parts, group_end, commits, histories, oid_of)
+            except ResyncNeededError as e:  # a resync by OID finds it whatever its name is now
+                e.add_context(relation_oid=last_batch.relation_oid)
+                raise
+        try:
+            self._run_commits(commits, group_end, len(transactions), histories)
+        except ResyncNeededError as e:
+            e.add_context(relation_oid=oid_of.get(str(e.context.get("table"))))
+            raise
+
+    def _plan_table(self, path: str, last_batch: TableBatch, parts: list[tuple[int, TableBatch]], group_end: int,
+                    commits: list[tuple[str, TableSpec, TablePlan, str]], histories: list[HistoryJob],
+                    oid_of: dict[str, int]) -> None:
+        """One table's part of a group: its evolution, the runs its merge keys cut (committed at once), and
+        the fold of the rest, added to ``commits``."""
+        spec = self._spec(last_batch)
+        bound = self.identities.bound(last_batch.relation_oid) if self.identities is not None else None
+        if bound is not None and not bound.retired and bound.name != spec.source_name:
+            # The stream is behind a rename the mirror already followed (the catalog's name decided
+            # where the table is): its applied version, commits and errors go by the name it has now,
+            # the one its version was carried to, or changes applied under the stream's older name
+            # would be applied again under the new one (not idempotent for a multiset table).
+            spec = replace(spec, source_name=bound.name)
+        self.stats.tables.add((last_batch.namespace, last_batch.name))
+        if self._dry_run is None and self.derived.kinds(spec.source_name):
+            history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
+            if history is not None:
+                histories.append(history)
+        done = self._applied_version(path, spec.source_name)
+        todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
+        if not todo:
+            return  # already applied: its schema may have moved on since, so touch nothing
+        if self._dry_run is None:
+            self._ensure(path, spec, last_batch.schema)
+        runs = key_runs(todo, self.tables, spec.source_name)
+        for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
+            self._commit_run(path, spec, run, last_batch.schema)
+        todo = runs[-1]
+        plan = fold_table(spec, [b for _lsn, b in todo], last_batch.schema)
+        if plan.empty:
+            self._applied[path] = group_end
+            return
+        description = commit_description(spec, group_end, len(todo), plan, commit_time=todo[-1][1].commit_time)
+        if self._dry_run is not None:
+            self._dry_run(describe_plan(description, plan))
+            return
+        commits.append((path, spec, plan, description))
+        oid_of[spec.source_name] = last_batch.relation_oid
 
     def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]],
                     newest: SchemaVersion) -> None:

@@ -88,7 +88,8 @@ def _run(spark, f: Follower, walk: SchemaWalk) -> None:
             assert code == ExitCode.BAD_DATA and table and "applier resync" in str(e), \
                 (f.name, f"exit {int(code)}", str(e), walk.trace())
             f.resyncs.append(f"after step {walk.steps}: {str(e)[:160]}")
-            rc = cli_main(["resync", "--config", str(f.config_file), "--table", str(table)])
+            oid = e.context.get("relation_oid")  # the relation the stop is about, whatever its name is now
+            rc = cli_main(["resync", "--config", str(f.config_file), "--table", str(oid or table)])
             assert rc == ExitCode.OK, (f.name, walk.done[-12:], str(e), rc)
     raise AssertionError(f"{f.name}: still stopping after 8 runs: {f.resyncs[-3:]}")
 
