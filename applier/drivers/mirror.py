@@ -218,10 +218,12 @@ class Mirror:
     def _park(self, table: str, error: ResyncNeededError) -> None:
         """apply.on_table_error: park - set ``table`` aside and go on with the others from the slot (the
         group that failed was not confirmed: its other tables' commits are recognised by their end LSN)."""
-        ids = self.applier.identities
-        bound = ids.bound_by_name(table) if ids is not None else None
+        oid = error.context.get("relation_oid")  # the relation the error is about, whatever its name is now
+        if oid is None and self.applier.identities is not None:
+            bound = self.applier.identities.bound_by_name(table)
+            oid = bound.oid if bound is not None else None
         self.loop.abandon_session()
-        self.parked.park(table, bound.oid if bound is not None else None, error)
+        self.parked.park(table, oid, error)
         log.warning("%s is PARKED (apply.on_table_error: park): %s. Its changes are left out from now on and the "
                     "other tables go on; `applier resync --table %s` copies it again and brings it back",
                     table, str(error).splitlines()[0], table)
