@@ -204,8 +204,7 @@ class TableSync:
         """A table the mirror followed is no longer published (taken out of the publication, or dropped): its
         Delta table stays as it was, marked ``applier.publication`` = "not published since ..." (applier
         status shows it), and a warning says it is no longer followed."""
-        bound = self.applier.identities.bound_by_name(name) if self.applier.identities is not None else None
-        path = bound.path if bound is not None else self.applier.path_for(*name.split(".", 1))
+        path = self.applier.path_for(*name.split(".", 1))  # (the path its relation is bound to, if bound)
         if not is_delta_table(path):
             return
         since = datetime.now(UTC).isoformat(timespec="seconds")
