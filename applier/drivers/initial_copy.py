@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,8 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
                 catalog: RelationCache, lsn: int, settings: SnapshotSettings, special_values: SpecialValuePolicy,
                 progress: Callable[[str], None], progress_every: float, own_schemas: bool = False,
                 skip: Callable[[PublishedTable], bool] | None = None,
-                on_rows: Callable[[str, int, int], None] | None = None) -> dict[str, int]:
+                on_rows: Callable[[str, int, int], None] | None = None,
+                replace: Collection[str] = ()) -> dict[str, int]:
     """Copy ``tables`` under the exported snapshot ``snapshot_name`` (taken at ``lsn``), the one table
     sync of the mirror's first copy and of every later one (a table added to the publication, a table
     copied again): each table is described under the snapshot, its types and relation go into
@@ -81,6 +82,8 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
     later ALTER and its own Relation messages must keep deciding how its changes decode), its columns'
     attnums are recorded as of the copy, and the chunks of all of them are read on
     ``settings.workers()`` connections. ``skip``: a table already copied (after the catalog saw it).
+    ``replace``: tables (qualified names) whose Delta table is first emptied with the columns they have
+    under the snapshot (``DeltaApplier.replace_table``), instead of evolved to them.
     Returns the rows copied per table."""
     from applier.catalog import RelationCache
     from applier.sources.catalog_lookup import column_attnums
@@ -96,6 +99,8 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
             schema = (RelationCache(catalog.types) if own_schemas else catalog).update(relation)
             if skip is not None and skip(table):
                 continue
+            if table.qualified_name in replace:
+                applier.replace_table(schema)
             jobs.append(copy_job(snap, table, relation, schema, applier=applier, types=catalog.types, lsn=lsn,
                                  settings=settings, special_values=special_values))
             if applier.identities is not None:  # the columns' attnums as of the copy

@@ -43,7 +43,7 @@ from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sink.idempotence import is_delta_table
 from applier.sink.schema import PROP_PUBLICATION
-from applier.sources.publication import PublishedTable, published_selection
+from applier.sources.publication import PublishedTable, published_selection, published_shapes
 from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot
@@ -79,6 +79,8 @@ class PendingCopy:
     slot: SyncSlot
     tables: dict[str, PublishedTable] = field(default_factory=dict)  # qualified name -> table
     reasons: dict[str, str] = field(default_factory=dict)
+    #: tables whose Delta table is replaced (emptied with the columns published now) right before the copy
+    replace: set[str] = field(default_factory=set)
     held: list[tuple[int, list[TableBatch]]] = field(default_factory=list)
     last_report: float = field(default_factory=time.monotonic)
 
@@ -129,19 +131,24 @@ class TableSync:
         """Copy every published (and selected) table the mirror does not know yet."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             published = published_selection(conn, self.config.source.publication, self.config.tables)
-        known = self.known(published)
-        self._follow_identities(published, known)
-        names = {t.qualified_name for t in published}
-        gone = [name for name in known if name not in names]
-        if gone:  # no longer published: if it comes back, its rows must be copied again
-            for name in gone:
-                del known[name]
-            self.state.save(STATE_KEY, known)
-            for name in gone:
-                self._mark_unpublished(name)
-        reshaped = self._reshaped(published, known)
+            known = self.known(published)
+            self._follow_identities(published, known)
+            names = {t.qualified_name for t in published}
+            gone = [name for name in known if name not in names]
+            if gone:  # no longer published: if it comes back, its rows must be copied again
+                for name in gone:
+                    del known[name]
+                self.state.save(STATE_KEY, known)
+                for name in gone:
+                    self._mark_unpublished(name)
+            reshaped = self._reshaped(conn, published, known)
+        for name, (_table, what) in reshaped.items():
+            self.progress(f"table sync: {name}: {'; '.join(what)}; copying the table again so that it holds what "
+                          "is published now")
         if reshaped:
-            self.sync(reshaped, reason="is published with another row filter now", wait=False)
+            self.sync([t for t, _what in reshaped.values()], reason="is published with other rows or columns now",
+                      wait=False, replace={name for name, (_t, what) in reshaped.items()
+                                           if any("column list" in w for w in what)})
         missing = [t for t in published if t.qualified_name not in known and not self.waiting(t.qualified_name)]
         if missing:
             self.sync(missing, wait=False)
@@ -174,29 +181,37 @@ class TableSync:
                 return added
             del self._columns[oid]  # cached before a later evolution? read it again
 
-    def _reshaped(self, published: list[PublishedTable], known: dict[str, str]) -> list[PublishedTable]:
-        """Copied tables whose publication now has another row filter than when they were copied (``ALTER
-        PUBLICATION ... SET TABLE t WHERE (...)``): the stream sends their changes under the new filter from
-        the ALTER on, but the rows already in Delta were chosen by the old one (a narrowed filter leaves rows
-        it now excludes; PostgreSQL's own subscriber keeps them too). They are copied again, at a new
-        position, so the Delta table is what the publication publishes now. A state from before this was
-        recorded takes the filters as they are now. (A column list is not compared: the catalog lists every
-        column sent, so a rename or an added column would look like a new list.)"""
-        shapes: dict[str, list[Any]] = self.state.load(SHAPES_KEY) or {}
-        changed: list[PublishedTable] = []
-        for t in published:
-            if t.qualified_name not in known:
-                continue
-            shape = [t.row_filter]
+    def _reshaped(self, conn: psycopg.Connection, published: list[PublishedTable], known: dict[str, str], *,
+                  save: bool = True) -> dict[str, tuple[PublishedTable, list[str]]]:
+        """Copied tables the publication now sends other rows or columns of than when they were copied, with
+        what changed (``shape_changes``): another row filter (``ALTER PUBLICATION ... SET TABLE t WHERE
+        (...)``), another column list, or, for a partitioned table published through its root, partitions
+        attached or detached. The stream sends their changes under the new shape from then on, but the rows
+        already in Delta were chosen by the old one: a narrowed filter leaves rows it now excludes
+        (PostgreSQL's own subscriber keeps them too), a column newly listed has values no change brought, an
+        attached partition's rows were never sent as changes. They are copied again, at a new position, so
+        the Delta table is what the publication publishes now. A state from before a part was recorded takes
+        that part as it is now. ``save``: record the shapes seen (False: only ask)."""
+        stored: dict[str, list[Any]] = self.state.load(SHAPES_KEY) or {}
+        shapes = dict(stored)
+        copied = [t for t in published if t.qualified_name in known]
+        found = published_shapes(conn, self.config.source.publication, [t.oid for t in copied if t.oid is not None])
+        changed: dict[str, tuple[PublishedTable, list[str]]] = {}
+        for t in copied:
+            got = found.get(t.oid) if t.oid is not None else None
+            shape = [t.row_filter, *((None, None) if got is None else
+                                     ([list(c) for c in got.columns] if got.columns is not None else None,
+                                      [list(p) for p in got.leaves] if got.leaves is not None else None))]
             was = shapes.get(t.qualified_name)
-            if was is not None and was != shape:
-                self.progress(f"table sync: {t.qualified_name}: the publication's row filter changed ({was[0]!r} -> "
-                              f"{shape[0]!r}); copying the table again so that it holds what is published now")
-                changed.append(t)
+            what = shape_changes(was, shape, lambda t=t: self.applier.relation_columns(  # type: ignore[misc]
+                t.oid, t.namespace, t.name) or ()) if was is not None else []
+            if what:
+                changed[t.qualified_name] = (t, what)
             shapes[t.qualified_name] = shape
-        for name in [n for n in shapes if n not in known and n not in {t.qualified_name for t in published}]:
+        names = {t.qualified_name for t in published}
+        for name in [n for n in shapes if n not in known and n not in names]:
             del shapes[name]
-        if shapes != (self.state.load(SHAPES_KEY) or {}):
+        if save and shapes != stored:
             self.state.save(SHAPES_KEY, shapes)
         return changed
 
@@ -287,6 +302,9 @@ class TableSync:
                        if t.qualified_name not in known and not self.waiting(t.qualified_name)]
             if missing:
                 return f"tables joined the publication: {', '.join(sorted(missing))}"
+            reshaped = self._reshaped(conn, published, known, save=False)
+            if reshaped:
+                return f"the publication sends other rows or columns of {', '.join(sorted(reshaped))} now"
             for namespace, name, oid, columns in touched:
                 key = (namespace, name)
                 if self.fills.pending(oid, f"{namespace}.{name}"):
@@ -383,17 +401,20 @@ class TableSync:
                           f"transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''}) "
                           "to end")
 
-    def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication", wait: bool = True) -> None:
+    def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication", wait: bool = True,
+             replace: set[str] | frozenset[str] = frozenset()) -> None:
         """Copy ``tables`` at a new position, then follow them from the stream (see the module docstring).
         With ``wait`` (``applier resync``) this returns once they are copied. Without it (the mirror's
         apply loop) it waits for the copy's slot only ``QUICK_WAIT_SECONDS``: a slot still waiting then
         (for a prepared or long transaction) is left to its thread, and the mirror goes on with the other
         tables while the changes of these are held (``PendingCopy``), as PostgreSQL's tablesync worker
-        waits alone while the apply worker goes on."""
-        self._begin(tables, reason)
+        waits alone while the apply worker goes on. ``replace``: tables whose Delta table is emptied with
+        the columns published now right before their copy (a column list changed: columns no longer
+        published leave the Delta table, as they left the publication)."""
+        self._begin(tables, reason, replace)
         self.finish_pending(None if wait else QUICK_WAIT_SECONDS)
 
-    def _begin(self, tables: list[PublishedTable], reason: str) -> None:
+    def _begin(self, tables: list[PublishedTable], reason: str, replace: set[str] | frozenset[str]) -> None:
         known = self.known([])
         left = [t.qualified_name for t in tables if t.qualified_name in known]
         for name in left:  # first: from here on a stop or a crash leaves them to the next run's table sync
@@ -408,6 +429,8 @@ class TableSync:
         for table in tables:
             pending.tables[table.qualified_name] = table
             pending.reasons[table.qualified_name] = reason
+            if table.qualified_name in replace:
+                pending.replace.add(table.qualified_name)
             self._columns.pop(table.oid or 0, None)  # what its Delta table has changes with the copy
 
     def finish_pending(self, timeout: float | None) -> bool:
@@ -492,7 +515,7 @@ class TableSync:
         rows = copy_tables(self.dsn, created.snapshot_name, tables, applier=self.applier, catalog=self.catalog,
                            lsn=point, settings=self.config.snapshot, special_values=self.config.apply.special_values,
                            progress=self.progress, progress_every=REPORT_EVERY_SECONDS, own_schemas=True,
-                           on_rows=self.on_copy_rows)
+                           on_rows=self.on_copy_rows, replace=pending.replace)
         if pending.held:
             self.progress(f"table sync: {', '.join(pending.tables)}: applying the {len(pending.held)} "
                           "transaction(s) held while the copy waited")
@@ -524,3 +547,41 @@ def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tupl
         "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
         "AND attname = ANY(%s)", (oid, sorted(added))).fetchall()
     return {str(r[0]) for r in rows if r[1]}, added - {str(r[0]) for r in rows}
+
+
+def shape_changes(was: list[Any], now: list[Any], delta_columns: Callable[[], Sequence[str]]) -> list[str]:
+    """What differs between two recorded shapes of a published table, ``[row filter, column list, leaf
+    partitions]`` (see ``TableSync._reshaped``), each said as a user would: a row filter changed, columns
+    no longer (or newly) published, partitions attached or detached. Columns and partitions are compared by
+    attnum and relation OID (a rename changes neither); a part an older state did not record is not
+    compared. ``delta_columns``: the Delta table's columns, to name those a new column list leaves out."""
+    what: list[str] = []
+    if was[0] != now[0]:
+        what.append(f"the publication's row filter changed ({was[0]!r} -> {now[0]!r})")
+    if len(was) < 3:
+        return what
+    (old_cols, old_leaves), (cols, leaves) = was[1:3], now[1:3]
+    if old_cols != cols and {c[0] for c in old_cols or ()} != {c[0] for c in cols or ()}:
+        if cols is None:
+            what.append("the publication's column list was removed: every column is published now")
+        elif old_cols is None:
+            listed = {c[1] for c in cols}
+            gone = [c for c in delta_columns() if c not in listed]
+            what.append("the publication's column list changed: " + (f"{', '.join(gone)} no longer published; "
+                        if gone else "") + f"only {', '.join(c[1] for c in cols)} published now")
+        else:
+            now_nums = {c[0] for c in cols}
+            before = {c[0] for c in old_cols}
+            gone = [c[1] for c in old_cols if c[0] not in now_nums]
+            new = [c[1] for c in cols if c[0] not in before]
+            what.append("the publication's column list changed: " + "; ".join(
+                part for part in (gone and f"{', '.join(gone)} no longer published",
+                                  new and f"{', '.join(new)} published now") if part))
+    if old_leaves is not None and leaves is not None and {p[0] for p in old_leaves} != {p[0] for p in leaves}:
+        now_oids, before = {p[0] for p in leaves}, {p[0] for p in old_leaves}
+        attached = [p[1] for p in leaves if p[0] not in before]
+        detached = [p[1] for p in old_leaves if p[0] not in now_oids]
+        what.append("it is published through its root and " + " and ".join(
+            part for part in (attached and f"partitions {', '.join(attached)} were attached",
+                              detached and f"partitions {', '.join(detached)} were detached") if part))
+    return what

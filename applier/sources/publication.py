@@ -142,3 +142,37 @@ def published_selection(conn: psycopg.Connection, publication: str, tables: Tabl
     """The publication's tables that ``tables`` selects: what a config mirrors, wherever its rules put
     the Delta tables."""
     return [t for t in published_tables(conn, publication) if tables.selected(t.qualified_name)]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedShape:
+    """What decides which rows and columns of a published table the publication sends, beyond the row
+    filter (``PublishedTable.row_filter``): the explicit column list, as (attnum, name) pairs, None when
+    the publication sends every column (attnums, not names: a rename does not change the list); and,
+    for a partitioned table published through its root (``publish_via_partition_root``), its leaf
+    partitions as (relation OID, name) pairs, None otherwise. An attached partition's rows and a
+    detached one's reach no stream: only a copy brings them in, or takes them out."""
+    columns: tuple[tuple[int, str], ...] | None
+    leaves: tuple[tuple[int, str], ...] | None
+
+
+def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]) -> dict[int, PublishedShape]:
+    """The ``PublishedShape`` of each relation in ``oids``, in one query. Column lists exist on PostgreSQL
+    15+ (``pg_publication_rel.prattrs``); earlier servers send every column."""
+    listed = ("SELECT unnest(pr.prattrs::int2[]) FROM pg_publication_rel pr JOIN pg_publication p ON "
+              "p.oid = pr.prpubid WHERE pr.prrelid = c.oid AND p.pubname = ANY(%(pubs)s)"
+              if conn.info.server_version >= 150000 else "SELECT NULL::int2 WHERE false")
+    rows = conn.execute(
+        "SELECT c.oid::int8, cl.nums, cl.names, CASE WHEN c.relkind = 'p' THEN coalesce(lv.oids, '{}') END, "
+        "coalesce(lv.names, '{}') FROM pg_class c "
+        "LEFT JOIN LATERAL (SELECT array_agg(a.attnum::int ORDER BY a.attnum) AS nums, "
+        "array_agg(a.attname::text ORDER BY a.attnum) AS names FROM pg_attribute a "
+        f"WHERE a.attrelid = c.oid AND a.attnum IN ({listed})) cl ON true "
+        "LEFT JOIN LATERAL (SELECT array_agg(t.relid::oid::int8 ORDER BY t.relid::oid) AS oids, "
+        "array_agg(format('%%I.%%I', n.nspname, r.relname) ORDER BY t.relid::oid) AS names "
+        "FROM pg_partition_tree(c.oid) t JOIN pg_class r ON r.oid = t.relid "
+        "JOIN pg_namespace n ON n.oid = r.relnamespace WHERE t.isleaf AND c.relkind = 'p') lv ON true "
+        "WHERE c.oid = ANY(%(oids)s)", {"pubs": publication_names(publication), "oids": oids}).fetchall()
+    return {int(oid): PublishedShape(None if nums is None else tuple(zip(nums, cnames, strict=True)),
+                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)))
+            for oid, nums, cnames, leaves, lnames in rows}

@@ -492,3 +492,67 @@ def test_publication_edits_are_followed_or_stated(pg, spark, tmp_path, capsys):
         assert props["applier.publication"] == "published", props
         results = verify_against_postgres(spark, conn, str(target), [("public", "p17b")], publication="pub17")
         assert all(r.equal for r in results), [(r.source_rows, r.target_rows) for r in results]
+
+
+def test_partitions_attached_and_detached_under_the_published_root_are_copied(pg, spark, tmp_path):
+    """Issue 47 (repro 23): under ``publish_via_partition_root`` an attached partition's rows and a detached
+    one's reach no stream; the run ended with exit 0, the attached rows missing and the detached ones kept.
+    The root table is copied again, and the run says why."""
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="parts", publication="pub23"),
+                          target=TargetSettings(path=str(target)))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE pt (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY LIST (k)")
+        conn.execute("CREATE TABLE pt1 PARTITION OF pt FOR VALUES IN (1)")
+        conn.execute("CREATE TABLE pt2 PARTITION OF pt FOR VALUES IN (2)")
+        conn.execute("INSERT INTO pt SELECT g, 1 + g % 2, 'v' FROM generate_series(1, 100) g")
+        conn.execute("CREATE PUBLICATION pub23 FOR TABLE pt WITH (publish_via_partition_root = true)")
+        mirror(spark, config, once=True)
+        conn.execute("CREATE TABLE pt3 (id int, k int, v text, PRIMARY KEY (id, k))")
+        conn.execute("INSERT INTO pt3 SELECT g, 3, 'attached' FROM generate_series(1, 50) g")
+        conn.execute("ALTER TABLE pt ATTACH PARTITION pt3 FOR VALUES IN (3)")
+        conn.execute("ALTER TABLE pt DETACH PARTITION pt2")
+        conn.execute("UPDATE pt SET v = 'changed' WHERE id IN (1, 3, 5)")
+        lines: list[str] = []
+        mirror(spark, config, once=True, progress=lines.append)
+        said = "\n".join(lines)
+        assert "partitions public.pt3 were attached and partitions public.pt2 were detached" in said, said
+        _assert_equal(spark, conn, target, [("public", "pt")])
+        assert deltalake.DeltaTable(str(target / "public" / "pt")).to_pyarrow_table().num_rows == 100
+        conn.execute("INSERT INTO pt VALUES (1000, 3, 'after')")  # followed from the stream after the copy
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "pt")])
+
+
+def test_a_changed_column_list_is_copied_again_and_said_for_what_it_is(pg, spark, tmp_path):
+    """Issue 47 (repro 17d): a narrowed column list was reported as "columns b were dropped in the
+    source", the rows kept their old b and new rows had NULL; a widened list would have left the newly
+    published column NULL in every existing row. Either way the table is copied again, and the run says
+    which columns are (no longer) published."""
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="collist", publication="pub17d"),
+                          target=TargetSettings(path=str(target)))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE p17c (id int PRIMARY KEY, a int, b text)")
+        conn.execute("INSERT INTO p17c SELECT g, g, 'b' || g FROM generate_series(1, 20) g")
+        conn.execute("CREATE PUBLICATION pub17d FOR TABLE p17c")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER PUBLICATION pub17d SET TABLE p17c (id, a)")
+        conn.execute("UPDATE p17c SET a = -a, b = 'new' WHERE id <= 5")
+        conn.execute("INSERT INTO p17c VALUES (1000, 1000, 'x')")
+        lines: list[str] = []
+        mirror(spark, config, once=True, progress=lines.append)
+        said = "\n".join(lines)
+        assert "column list changed: b no longer published; only id, a published now" in said, said
+        assert "dropped in the source" not in said
+        table = deltalake.DeltaTable(str(target / "public" / "p17c"))
+        assert table.schema().to_arrow().names == ["id", "a"]
+        assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == [
+            {"id": i, "a": -i if i <= 5 else i} for i in range(1, 21)] + [{"id": 1000, "a": 1000}]
+        conn.execute("ALTER PUBLICATION pub17d SET TABLE p17c")  # every column again: b's values are copied
+        conn.execute("UPDATE p17c SET a = 0 WHERE id = 20")
+        lines.clear()
+        mirror(spark, config, once=True, progress=lines.append)
+        said = "\n".join(lines)
+        assert "column list was removed" in said, said
+        _assert_equal(spark, conn, target, [("public", "p17c")])
