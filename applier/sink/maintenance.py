@@ -29,7 +29,7 @@ import fnmatch
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,8 @@ from applier.sink.conflicts import retry_on_conflict
 from applier.sink.naming import quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
 from applier.storage.paths import TablePath
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from applier.config import MaintenanceSettings
@@ -117,13 +119,41 @@ class TableMaintainer:
         started = time.monotonic()
         path = str(path)
         columns = self.z_order_for(table) if z_order else []
+        repaired = self._rewrite_int96(path, table)
         store = writer(path, self.spark)
         if isinstance(store, DeltaRsStore):
-            return self._with_deltars(store, path, table, columns, started)
-        if self.spark is None:
+            result = self._with_deltars(store, path, table, columns, started)
+        elif self.spark is None:
             raise SinkError("this table needs Spark for maintenance (a Delta feature delta-rs cannot write) and "
                             "no Spark session was given", table=table, path=path)
-        return self._with_spark(path, table, columns, started)
+        else:
+            result = self._with_spark(path, table, columns, started)
+        return replace(result, notes=(repaired, *result.notes)) if repaired else result
+
+    def _rewrite_int96(self, path: str, table: str) -> str | None:
+        """Before anything else (a delta-rs compaction would write overflowed values back): data files that
+        store timestamps as INT96 are rewritten by Spark as microseconds (applier.sink.int96). What was
+        done, for the result's notes; None when no file needed it (or delta-rs cannot read the table: then
+        Spark does all its maintenance, and reads INT96 right)."""
+        from applier.sink.int96 import CHECKED, PROP_TIMESTAMPS, int96_files_at, rewrite_with_spark
+
+        found = int96_files_at(path)
+        mark = {PROP_TIMESTAMPS: CHECKED}
+        if not found:
+            if not self.dry_run and _unmarked_with_timestamps(path):
+                retry_on_conflict(lambda: writer(path, self.spark).set_properties(path, mark), table=table)
+            return None
+        what = (f"{len(found)} data files store timestamps as INT96, which delta-rs and other readers misread "
+                "outside 1677-2262")
+        if self.dry_run:
+            return f"{what}: would rewrite them with Spark"
+        if self.spark is None:
+            raise SinkError(f"{what}, and rewriting them needs Spark, which was not given", table=table, path=path)
+        self.progress(f"{table}: {what}; rewriting the table's data files with Spark (timestamps as microseconds)")
+        spark = self.spark.get(f"{table}: rewriting INT96 timestamps")
+        retry_on_conflict(lambda: rewrite_with_spark(spark, path), table=table)
+        retry_on_conflict(lambda: writer(path, self.spark).set_properties(path, mark), table=table)
+        return f"rewrote {len(found)} INT96 data files with Spark (timestamps now microseconds)"
 
     # --- delta-rs ---------------------------------------------------------------------------------
 
@@ -244,6 +274,20 @@ class MaintenanceSchedule:
             self.results.append(result)
             self.maintainer.progress(result.line())
             return
+
+
+def _unmarked_with_timestamps(path: str) -> bool:
+    """A table delta-rs opens, with a timestamp column, not yet marked as free of INT96 files."""
+    from applier.sink.int96 import CHECKED, PROP_TIMESTAMPS, has_timestamps
+
+    if not DeltaRsStore.can_open(path):
+        return False
+    try:
+        table = DeltaRsStore.open(path)
+    except SinkError:
+        return False
+    return (table.metadata().configuration.get(PROP_TIMESTAMPS) != CHECKED
+            and has_timestamps(table.schema().to_json()))
 
 
 def _data_files(path: str, small_below: int) -> DataFiles | None:

@@ -56,3 +56,52 @@ def test_far_timestamps_survive_a_spark_write_then_a_delta_rs_rewrite(pg, spark,
         results = verify_against_postgres(spark, conn, str(target), [("public", "rc")])
         assert all(r.equal for r in results), [(r.only_in_source, r.only_in_target) for r in results]
     assert _physical_types(target / "public" / "rc") <= {"INT64"}
+
+
+def test_int96_files_of_an_older_applier_are_found_by_verify_and_rewritten_by_maintain(pg, spark, tmp_path):
+    """Issue 47: tables an older applier wrote through Spark hold INT96 files. ``verify`` stopped with exit 5
+    (ArrowInvalid) on them, and ``maintain``'s delta-rs compaction wrote the overflowed values back. Now
+    verify says what they are and compares them as Spark reads them; maintain rewrites them with Spark as
+    microseconds before it compacts, and marks the table so that it does not read every footer again."""
+    import deltalake
+
+    from applier.config import MaintenanceSettings
+    from applier.sink.int96 import PROP_TIMESTAMPS, int96_files
+    from applier.sink.maintenance import TableMaintainer
+    from applier.spark.session import PARQUET_TIMESTAMPS, SparkProvider
+
+    target = tmp_path / "delta"
+    path = target / "public" / "rc"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="int96", publication="int96"),
+                          target=TargetSettings(path=str(target)))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE rc (id int PRIMARY KEY, tstz timestamptz, ts timestamp, v int)")
+        conn.execute(f"INSERT INTO rc VALUES {FAR}")
+        conn.execute("CREATE PUBLICATION int96 FOR TABLE rc")
+        mirror(spark, config, once=True)
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # as an older applier wrote
+        try:
+            for _ in range(2):  # (two commits: small files for the compaction after the rewrite)
+                spark.read.format("delta").load(str(path)).write.format("delta").mode("overwrite") \
+                    .option("dataChange", "false").save(str(path))
+        finally:
+            spark.conf.set(*PARQUET_TIMESTAMPS)
+        assert len(int96_files(deltalake.DeltaTable(str(path)))) >= 1
+
+        [result] = verify_against_postgres(spark, conn, str(target), [("public", "rc")])
+        assert not result.equal and any("INT96" in p and "applier maintain" in p for p in result.problems)
+        assert (result.source_rows, result.source_checksum) == (result.target_rows, result.target_checksum)
+
+        maintainer = TableMaintainer(MaintenanceSettings(min_small_files=1), SparkProvider(session=spark))
+        done = maintainer.maintain(path, "public.rc")
+        assert any("rewrote" in n and "INT96" in n for n in done.notes), done.notes
+        assert int96_files(deltalake.DeltaTable(str(path))) == []  # (the replaced files stay until VACUUM)
+        assert deltalake.DeltaTable(str(path)).metadata().configuration[PROP_TIMESTAMPS] == "microseconds"
+        again = maintainer.maintain(path, "public.rc")
+        assert not any("INT96" in n for n in again.notes), again.notes
+        conn.execute("UPDATE rc SET v = 30 WHERE id = 2")  # delta-rs rewrites the file of the far values
+        mirror(spark, config, once=True)
+        [result] = verify_against_postgres(spark, conn, str(target), [("public", "rc")])
+        assert result.equal, (result.problems, result.only_in_source, result.only_in_target)
+        far = {r["id"]: r["ts"] for r in deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()}
+        assert far[3].year == 9999 and far[1].year == 1500, far
