@@ -7,13 +7,15 @@ and hands the engine what it applies: ``(end_lsn, [TableBatch, ...])`` in commit
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from struct import error as StructError
 from typing import Any
 
 from applier.assembly import CommittedTransaction, PreparedStore, TransactionAssembler
 from applier.assembly.rowchanges import row_change, row_changes
 from applier.assembly.shortrows import ShortRowReader
+from applier.assembly.transactions import Change
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
 from applier.changes import SkippedTransaction, TableBatch, TableChange
 from applier.config import ApplySettings
@@ -190,7 +192,11 @@ class TransactionFeeder:
             self.skipped_by_origin += 1
             return []
         by_table: dict[int, list[tuple[SchemaVersion, TableChange]]] = {}
-        for change in txn.changes:
+        changes: Iterable[Change] = txn.changes
+        total = len(txn.changes) if isinstance(txn.changes, Sized) else 0
+        if total >= LARGE_TRANSACTION_CHANGES:  # read back from disk, converted: say so meanwhile
+            changes = _reported(txn, total)
+        for change in changes:
             if isinstance(change.message, LogicalMessage):
                 self.messages.append((change.lsn, change.message))
                 continue
@@ -204,6 +210,24 @@ class TransactionFeeder:
         return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
 
 
+#: A transaction of this many changes is converted with progress lines (it takes seconds to minutes)
+LARGE_TRANSACTION_CHANGES = 100_000
+REPORT_SECONDS = 10.0
+
+
+def _reported(txn: CommittedTransaction, total: int) -> Iterator[Change]:
+    """The ``total`` changes of ``txn``, with a line when they start and every ``REPORT_SECONDS`` after."""
+    log.info("transaction xid %s (commit LSN %s): converting its %s changes", txn.xid, format_lsn(txn.commit_lsn),
+             f"{total:,}")
+    started = last = time.monotonic()
+    for done, change in enumerate(txn.changes, 1):
+        if not done % 4096 and (now := time.monotonic()) - last >= REPORT_SECONDS:
+            last = now
+            log.info("transaction xid %s: %s of %s changes converted (%.0fs)", txn.xid, f"{done:,}", f"{total:,}",
+                     now - started)
+        yield change
+
+
 #: Per relation OID in a plain transaction: its schema version, converter, short reader and row changes.
 _PlainTable = tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], Callable[[bytes, int], TableChange | None],
                     list[TableChange]]
@@ -215,11 +239,15 @@ def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],
     out: list[TableBatch] = []
     run: list[TableChange] = []
     schema = rows[0][0]
+    same = {id(schema)}  # objects of the run's version: a spill reads each chunk's back as objects of its own
     for version, row in rows:
-        if version is not schema:
-            out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn,
-                                  run, txn.commit_time))
-            run, schema = [], version
+        if id(version) not in same:
+            if version == schema:
+                same.add(id(version))
+            else:
+                out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn,
+                                      txn.end_lsn, run, txn.commit_time))
+                run, schema, same = [], version, {id(version)}
         run.append(row)
     out.append(TableBatch(oid, schema.namespace, schema.relation.name, schema, txn.commit_lsn, txn.end_lsn, run,
                           txn.commit_time))

@@ -288,7 +288,11 @@ class TransactionAssembler:
         sub = msg.xid
         if self._stream_xid is not None and sub is not None and sub != tx.xid and sub not in tx.first_change_of:
             tx.first_change_of[sub] = len(tx.buffer)
+        spills = tx.buffer.spill_events
         tx.buffer.append(_make_change(lsn, len(tx.buffer), msg, schemas), _size(msg))
+        if tx.buffer.spill_events != spills and (spills == 0 or not tx.buffer.spill_events % 10):
+            log.info("transaction xid %s: %s changes so far, over apply.memory_budget_mb (%d MB): spilled to disk",
+                     tx.xid, f"{len(tx.buffer):,}", self._budget >> 20)
 
     def _message(self, lsn: int, msg: LogicalMessage) -> list[CommittedTransaction]:
         if not msg.transactional:

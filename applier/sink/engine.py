@@ -10,6 +10,7 @@ recovered by simply applying the transaction again.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,9 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+#: A table's changes in one group from which its fold and merge say what they do (they take seconds)
+LARGE_FOLD_ROWS = 100_000
 
 
 def approximate_bytes(batch: TableBatch, sample: int = 4) -> int:
@@ -346,6 +350,10 @@ class DeltaApplier:
         for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
             self._commit_run(path, spec, run, last_batch.schema)
         todo = runs[-1]
+        changes = sum(len(b.changes) for _lsn, b in todo)
+        if changes >= LARGE_FOLD_ROWS:  # seconds to minutes: say what the run is doing meanwhile
+            log.info("%s: folding %s row changes of %d transaction(s) (end LSN %s)", spec.source_name,
+                     f"{changes:,}", len({lsn for lsn, _b in todo}), format_lsn(group_end))
         plan = fold_table(spec, [b for _lsn, b in todo], last_batch.schema)
         if plan.empty:
             self._applied[path] = group_end
@@ -442,6 +450,9 @@ class DeltaApplier:
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
         store = self.stores.merger(path, spec, spark)
         result = None
+        rows, started = plan.size(), time.monotonic()
+        if rows >= LARGE_FOLD_ROWS:
+            log.info("%s: merging %s rows into its Delta table", spec.source_name, f"{rows:,}")
         if not isinstance(store, SparkStore):  # delta-rs may decline the plan (None): Spark makes the commit
             result = retry_on_conflict(
                 partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
@@ -454,6 +465,8 @@ class DeltaApplier:
                         description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
         self._applied[path] = version
+        if rows >= LARGE_FOLD_ROWS:
+            log.info("%s: merged %s rows in %.1fs", spec.source_name, f"{rows:,}", time.monotonic() - started)
         if result.rows_upserted:
             self._written.add(path)  # it has data files now (a later delete of every row only costs a MERGE)
         crashpoint("between_tables")

@@ -82,6 +82,10 @@ class TablePlan:
     def empty(self) -> bool:
         return not (self.truncated or self.keyed or any(self.counts.values()))
 
+    def size(self) -> int:
+        """The rows the commit writes or deletes (row images, or distinct images of a multiset table)."""
+        return len(self.keyed) + len(self.counts)
+
     def needs_lookup(self) -> bool:
         return any(k.unresolved for k in self.keyed.values() if k.row is not None)
 
