@@ -21,6 +21,7 @@ change is stored with the schema version it was decoded with.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,7 @@ class TransactionAssembler:
         self._on_skip = on_skip
         self.prepared = prepared
         self._budget = memory_budget_bytes
+        self._spill_said = 0.0  # when a spill was last logged (every 10 s at most while a transaction spills)
         self._spill_dir = spill_dir
         self._on_message = on_message
         self._regular: _Open | None = None
@@ -290,7 +292,8 @@ class TransactionAssembler:
             tx.first_change_of[sub] = len(tx.buffer)
         spills = tx.buffer.spill_events
         tx.buffer.append(_make_change(lsn, len(tx.buffer), msg, schemas), _size(msg))
-        if tx.buffer.spill_events != spills and (spills == 0 or not tx.buffer.spill_events % 10):
+        if tx.buffer.spill_events != spills and (spills == 0 or time.monotonic() - self._spill_said >= 10.0):
+            self._spill_said = time.monotonic()
             log.info("transaction xid %s: %s changes so far, over apply.memory_budget_mb (%d MB): spilled to disk",
                      tx.xid, f"{len(tx.buffer):,}", self._budget >> 20)
 

@@ -42,7 +42,7 @@ from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
 from applier.sources.slothealth import read_slot_health
-from applier.sources.slots import check_usable, slot_creation_blockers, slot_info
+from applier.sources.slots import check_usable, open_phrase, prepared_phrase, slot_creation_blockers, slot_info
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot, WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
@@ -252,10 +252,8 @@ class Mirror:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 gids, running = slot_creation_blockers(conn)
             what = "; ".join(filter(None, [
-                f"{len(gids)} prepared transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}): "
-                "COMMIT PREPARED or ROLLBACK PREPARED them" if gids else "",
-                f"{len(running)} open transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''})"
-                " to end" if running else ""])) or "transactions that were open when it began"
+                f"{prepared_phrase(gids)}: COMMIT PREPARED or ROLLBACK PREPARED them" if gids else "",
+                f"{open_phrase(running)} to end" if running else ""])) or "transactions that were open when it began"
             self.progress(f"creating slot {maker.name} has waited {waited:.0f}s for {what} (Ctrl-C stops)")
 
     def _ensure_failover(self, conn: psycopg.Connection, exists: bool) -> None:

@@ -81,19 +81,11 @@ def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[st
 
 
 def _known_relations(config: MirrorConfig) -> dict[str, int]:
-    """Names this mirror's target knows relations by (their name as last followed, and the one before it),
-    read from its state: name -> relation OID."""
+    """Names this mirror's target knows relations by: name -> relation OID (``known_names``)."""
+    from applier.sink.identity import known_names
     from applier.state import StateDir
 
-    saved = StateDir.for_target(config.target.path, config.target.state_dir).load("relations") or {}
-    out: dict[str, int] = {}
-    for oid, entry in (saved.get("tables") or {}).items():
-        if entry.get("retired"):
-            continue
-        for name in (entry.get("was"), entry.get("name")):
-            if name:
-                out[str(name)] = int(oid)
-    return out
+    return known_names(StateDir.for_target(config.target.path, config.target.state_dir))
 
 
 def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason: str) -> dict[str, int]:

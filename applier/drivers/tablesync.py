@@ -44,7 +44,7 @@ from applier.sink.engine import DeltaApplier
 from applier.sink.idempotence import is_delta_table
 from applier.sink.schema import PROP_PUBLICATION
 from applier.sources.publication import PublishedTable, published_selection, published_shapes
-from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
+from applier.sources.slots import open_phrase, prepared_phrase, slot_creation_blockers, sync_slot_prefix
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot
 from applier.spark.session import SparkLike, SparkProvider
@@ -393,13 +393,10 @@ class TableSync:
             self.on_waits(tables if gids or running else [], len(gids), len(running))
         names = ", ".join(tables)
         if gids:
-            self.progress(f"table sync: {names}: creating the copy's slot waits for {len(gids)} prepared "
-                          f"transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''}); "
+            self.progress(f"table sync: {names}: creating the copy's slot waits for {prepared_phrase(gids)}; "
                           "COMMIT PREPARED or ROLLBACK PREPARED them to go on")
         if running:
-            self.progress(f"table sync: {names}: creating the copy's slot waits for {len(running)} open "
-                          f"transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''}) "
-                          "to end")
+            self.progress(f"table sync: {names}: creating the copy's slot waits for {open_phrase(running)} to end")
 
     def sync(self, tables: list[PublishedTable], *, reason: str = "joined the publication", wait: bool = True,
              replace: set[str] | frozenset[str] = frozenset()) -> None:

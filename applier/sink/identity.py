@@ -87,6 +87,24 @@ class Bound:
 Mover = Callable[[str, str, str, str | None], None]
 
 
+def saved_bindings(data: dict[str, Any]) -> list[Bound]:
+    """The bindings of a target's saved identities (its state's ``relations``), in binding order."""
+    return [Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")), v.get("was"))
+            for k, v in (data.get("tables") or {}).items()]
+
+
+def known_names(state: StateDir) -> dict[str, int]:
+    """The names a target's mirror knows live relations by (as last followed, and the one before a rename),
+    read from its state without a ``TableTargets``: name -> relation OID."""
+    out: dict[str, int] = {}
+    for bound in saved_bindings(state.load(_FILE) or {}):
+        if not bound.retired:
+            for name in (bound.was, bound.name):
+                if name:
+                    out[name] = bound.oid
+    return out
+
+
 class TableIdentities:
     """OID -> Delta table bindings of one target, and the moves that follow renames."""
 
@@ -103,9 +121,8 @@ class TableIdentities:
         #: name, and path -> OIDs of every binding at that path, each in binding order
         self._by_name: dict[str, dict[int, None]] = {}
         self._by_path: dict[str, dict[int, None]] = {}
-        for k, v in (data.get("tables") or {}).items():
-            self._put(Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")),
-                            v.get("was")))
+        for bound in saved_bindings(data):
+            self._put(bound)
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
         self._in_progress: set[int] = set()  # relations whose path_of is running (a swap of names nests)
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink

@@ -59,6 +59,16 @@ def sync_slot_prefix(slot: str) -> str:
     return f"{slot}_sync_"
 
 
+def prepared_phrase(gids: list[str]) -> str:
+    """The prepared transactions a slot's creation waits for, as the wait lines name them (five at most)."""
+    return f"{len(gids)} prepared transaction(s) ({', '.join(gids[:5])}{', ...' if len(gids) > 5 else ''})"
+
+
+def open_phrase(running: list[str]) -> str:
+    """The open transactions a slot's creation waits for (``slot_creation_blockers``), five at most."""
+    return f"{len(running)} open transaction(s) ({'; '.join(running[:5])}{'; ...' if len(running) > 5 else ''})"
+
+
 def slot_creation_blockers(conn: psycopg.Connection) -> tuple[list[str], list[str]]:
     """What creating a logical slot now would wait for: the prepared transactions (their gids) and
     the open transactions that hold a transaction id (pid, database, state, age), oldest first.
