@@ -23,7 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
-from applier.assembly.feeder import TransactionFeeder
+from applier.assembly.feeder import PiecedBatches, TransactionFeeder
 from applier.changes import GroupedTransactions, SkippedTransaction, TableBatch
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
@@ -48,6 +48,18 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
+
+#: State key: end LSNs of the transactions being applied in pieces (``ApplyLoop._apply_pieced``)
+PIECES_KEY = "pieced_transactions"
+#: What a row change costs while a piece is converted, folded and merged (measured: about 1.2 KB for a
+#: row of three columns), and the fewest row changes a piece holds
+PIECE_ROW_BYTES = 1024
+PIECE_MIN_ROWS = 1000
+
+
+def piece_rows(apply: ApplySettings) -> int:
+    """The row changes of one piece of a large transaction: about ``apply.memory_budget_mb`` of them."""
+    return max(PIECE_MIN_ROWS, (apply.memory_budget_mb << 20) // PIECE_ROW_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +180,10 @@ class ApplyLoop:
                                     stores=stores)
         if self.applier.identities is not None:  # renamed columns are decided as Relations are read
             self.feeder.catalog.columns_changed = self.applier.identities.columns_changed
+        # a transaction of more row changes than this is applied in pieces (see _apply_pieced)
+        self.feeder.piece_rows = piece_rows(apply)
+        if dry_run is None:
+            self.applier.pieced_ends.update(parse_lsn(e) for e in state.load(PIECES_KEY) or [])
         self.decoder = MessageDecoder()
         self.group = PendingGroup(apply)
         self.confirm: Confirm = lambda _lsn: None
@@ -219,11 +235,53 @@ class ApplyLoop:
                 self.flush()
             raise
         for txn, batches in completed:
-            self.group.add(txn, batches)
             self.received += 1
             self.last_commit_time = txn.commit_time
+            if isinstance(batches, PiecedBatches):
+                self._apply_pieced(txn, batches)
+                continue
+            self.group.add(txn, batches)
             if self.group.full():
                 self._dispatch(wait=False)
+
+    def _apply_pieced(self, txn: CommittedTransaction, pieces: PiecedBatches) -> None:
+        """A transaction of more row changes than one fold should hold, applied a piece at a time as it is
+        read back from its spill (memory holds one piece): the groups before it first, then each piece but
+        the last as a group of its own, committed with piece markers (``DeltaApplier.apply_group``,
+        ``piece``) and neither counted nor confirmed, then the last piece, with what the pieces left for
+        the whole (tables with history or change feed tables, merge keys changing inside), as the
+        transaction's own group: its commits carry its end LSN, and only then is it confirmed. Readers
+        of a table see the transaction's pieces land one commit at a time. The transaction's end LSN is
+        in the state (``PIECES_KEY``) from before the first piece until its group is applied, so that a
+        run after a crash leaves out what the pieces committed, however it cuts the transaction."""
+        self.flush()
+        end = txn.end_lsn
+        if self.dry_run is None and end not in self.applier.pieced_ends:
+            self.applier.pieced_ends.add(end)
+            self._save_pieced()
+        deferred: list[TableBatch] = []
+        count = 0
+        for batches, last in pieces:
+            if last:
+                self.group.add(txn, deferred + batches)
+                self._dispatch(wait=True)
+                break
+            count += 1
+            rows = sum(len(b.changes) for b in batches)
+            self.progress(f"transaction xid {txn.xid} (end LSN {format_lsn(end)}): applying piece {count} "
+                          f"({rows:,} row changes)")
+            work: list[tuple[int, list[TableBatch]]] = [(end, batches)]
+            if self.parked is not None and self.dry_run is None:
+                self.parked.leave_out(work)
+            if self.before_apply is not None and self.dry_run is None:
+                self.before_apply(work)
+            deferred.extend(self.applier.apply_group(work, piece=True))
+            crashpoint("piece_committed")
+        if self.dry_run is None and end not in self.applier.pieced_ends:
+            self._save_pieced()
+
+    def _save_pieced(self) -> None:
+        self.state.save(PIECES_KEY, sorted(format_lsn(e) for e in self.applier.pieced_ends))
 
     def tick(self) -> None:
         """The source has nothing to read just now: run ``when_idle`` unless a group is in flight (its

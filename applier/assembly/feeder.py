@@ -43,6 +43,9 @@ class TransactionFeeder:
         self._short_rows: PerSchemaVersion[ShortRowReader] = PerSchemaVersion(
             lambda schema: ShortRowReader(self._converters[schema].text_parsers, schema.key_indexes))
         self.messages: list[tuple[int, LogicalMessage]] = []
+        #: A committed transaction of more row changes than this comes as ``PiecedBatches`` (None: whole,
+        #: always; the apply loop sets it, see ``piece_rows``)
+        self.piece_rows: int | None = None
         self.skipped_by_origin = 0
         self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
         # Refuses swapped, reordered or doubled messages (protocol/order.py): for messages from a
@@ -85,7 +88,7 @@ class TransactionFeeder:
         self.skipped.append(skipped)
 
     def feed_raw(self, decoder: MessageDecoder, lsn: int, xid: int | None,
-                 data: bytes) -> list[tuple[CommittedTransaction, list[TableBatch]]]:
+                 data: bytes) -> list[tuple[CommittedTransaction, Batches]]:
         """Decode one raw message and feed it. Bytes that do not decode are held against their
         transaction (it stops the run at its commit, with its commit LSN, unless it aborts or is
         listed to skip) or raised at once when they break the stream's framing."""
@@ -119,7 +122,9 @@ class TransactionFeeder:
                     yield done
                     i = j + 1
                     continue
-            yield from self.feed_raw(decoder, lsns[i], xids[i] if xids is not None else None, data)
+            for txn, batches in self.feed_raw(decoder, lsns[i], xids[i] if xids is not None else None, data):
+                assert isinstance(batches, list)  # (a feeder of ranges has no piece_rows)
+                yield txn, batches
             i += 1
 
     def _plain(self, decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes], begin_at: int,
@@ -173,11 +178,15 @@ class TransactionFeeder:
     def _convert(self, schema: SchemaVersion, tup: TupleData) -> tuple[Any, ...]:
         return self._converters[schema].convert(tup)
 
-    def feed(self, lsn: int, msg: Message) -> Iterator[tuple[CommittedTransaction, list[TableBatch]]]:
+    def feed(self, lsn: int, msg: Message) -> Iterator[tuple[CommittedTransaction, Batches]]:
         """Committed transactions completed by this message, with their batches. Call
         ``applied(txn)`` once the transaction's Delta commits exist (drops staged prepares)."""
         for txn in self.assembler.feed(lsn, msg):
-            yield txn, self.batches(txn)
+            if (self.piece_rows is not None and isinstance(txn.changes, Sized)
+                    and len(txn.changes) > self.piece_rows and not self._skip(txn)):
+                yield txn, PiecedBatches(self, txn, self.piece_rows)
+            else:
+                yield txn, self.batches(txn)
 
     def applied(self, txn: CommittedTransaction) -> None:
         self.assembler.finished(txn)
@@ -192,6 +201,13 @@ class TransactionFeeder:
             self.skipped_by_origin += 1
             return []
         by_table: dict[int, list[tuple[SchemaVersion, TableChange]]] = {}
+        for schema, row in self.row_changes(txn):
+            by_table.setdefault(schema.relation.oid, []).append((schema, row))
+        return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
+
+    def row_changes(self, txn: CommittedTransaction) -> Iterator[tuple[SchemaVersion, TableChange]]:
+        """The row changes of ``txn``, in order, each with the schema version it was decoded with (its
+        logical decoding messages go to ``messages``); a large one with progress lines."""
         changes: Iterable[Change] = txn.changes
         total = len(txn.changes) if isinstance(txn.changes, Sized) else 0
         if total >= LARGE_TRANSACTION_CHANGES:  # read back from disk, converted: say so meanwhile
@@ -201,14 +217,38 @@ class TransactionFeeder:
                 self.messages.append((change.lsn, change.message))
                 continue
             try:
-                for schema, row in row_changes(change, self._convert):
-                    by_table.setdefault(schema.relation.oid, []).append((schema, row))
+                yield from row_changes(change, self._convert)
             except ApplierError as e:  # a value the values layer refused: say where it is in the stream
                 relation = change.schemas[0].qualified_name if change.schemas else None
                 e.add_context(lsn=change.lsn, xid=txn.xid, commit_lsn=txn.commit_lsn, relation=relation)
                 raise
-        return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
 
+
+class PiecedBatches:
+    """A committed transaction of more row changes than one fold should hold (``TransactionFeeder.
+    piece_rows``): its TableBatches in pieces of at most ``rows`` row changes, read from its spill as they
+    are asked for, each with whether it is the last. The apply loop applies each piece as it comes
+    (applier.loop, ``ApplyLoop._apply_pieced``), so memory holds one piece, not the transaction."""
+
+    def __init__(self, feeder: TransactionFeeder, txn: CommittedTransaction, rows: int) -> None:
+        self.feeder = feeder
+        self.txn = txn
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[tuple[list[TableBatch], bool]]:
+        by_table: dict[int, list[tuple[SchemaVersion, TableChange]]] = {}
+        held = 0
+        for schema, row in self.feeder.row_changes(self.txn):
+            if held >= self.rows:
+                yield [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, self.txn)], False
+                by_table, held = {}, 0
+            by_table.setdefault(schema.relation.oid, []).append((schema, row))
+            held += 1
+        yield [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, self.txn)], True
+
+
+#: A committed transaction's batches: all of them, or a large one's in pieces
+Batches = list[TableBatch] | PiecedBatches
 
 #: A transaction of this many changes is converted with progress lines (it takes seconds to minutes)
 LARGE_TRANSACTION_CHANGES = 100_000

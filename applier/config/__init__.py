@@ -314,7 +314,9 @@ class ApplySettings(_Model):
         False, description="drop every transaction that carries a replication origin (an Origin message: it "
         "was replayed into the source by a subscription or another replication tool), on the applier side; "
         "skip_origins drops only the named ones")
-    memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling")
+    memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling; "
+                                  "a larger transaction is applied in pieces of about one row change per KB of it "
+                                  "(docs/applying.md)")
     skip_transactions: list[Lsn] = Field(
         default_factory=list,
         description="commit LSNs (as in '0/16B3748') of transactions to leave out, like ALTER SUBSCRIPTION "

@@ -494,7 +494,11 @@ class TableSync:
             if not isinstance(batches, MutableSequence):
                 raise SinkError("internal: a group's batches cannot be held", end_lsn=format_lsn(end))
             batches[:] = [b for b in batches if b.qualified_name not in pending.tables]
-            if not pending.held or end > pending.held[-1][0]:  # a group sent again after a reconnect: once
+            # a group sent again after a reconnect is held once; a large transaction's later pieces (the same
+            # end LSN, later changes: applier.loop) are held after its earlier ones
+            last_end = pending.held[-1][0] if pending.held else None
+            if last_end is None or end > last_end or (end == last_end and _first_ordinal(mine) > _last_ordinal(
+                    pending.held[-1][1])):
                 pending.held.append((end, mine))
 
     def _copy(self, pending: PendingCopy, created: CreatedSlot) -> None:
@@ -534,6 +538,14 @@ class TableSync:
         store = self.applier.stores.writer(path)
         if (store.configuration(path) or {}).get(PROP_PUBLICATION, "published") != "published":
             store.set_properties(path, {PROP_PUBLICATION: "published"})
+
+
+def _first_ordinal(batches: list[TableBatch]) -> int:
+    return min((c.ordinal for b in batches for c in b.changes), default=-1)
+
+
+def _last_ordinal(batches: list[TableBatch]) -> int:
+    return max((c.ordinal for b in batches for c in b.changes), default=-1)
 
 
 def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tuple[set[str], set[str]]:

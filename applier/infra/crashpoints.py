@@ -12,7 +12,8 @@ table's copy done, the table not finished); with history or change feed tables, 
 committed, their history tables not); with a column added with a constant default, ``column_filled``
 (the Delta table has the column and its filled rows, the group's commit is not done); on an object
 store, ``object_copied`` (an object of a table being moved copied to its new place, not all of them);
-``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated).
+``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated);
+``piece_committed`` (a piece of a large transaction committed, its later pieces not).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SNAPSHOT_POINTS = ("snapshot_chunk",)  # reached only while copying (the stream'
 DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with history or change feed tables
 FILL_POINTS = ("column_filled",)  # reached only when a column added with a constant default is filled
 MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)
+PIECE_POINTS = ("piece_committed",)  # reached only when a large transaction is applied in pieces
 
 
 class _Counter:
@@ -32,8 +34,8 @@ class _Counter:
         self.point, self.remaining = None, 0
         if spec:
             point, _, n = spec.partition(":")
-            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS:
-                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS)
+            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS:
+                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS)
                 raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {known})")
             self.point, self.remaining = point, int(n or 1)
 

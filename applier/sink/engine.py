@@ -229,6 +229,12 @@ class DeltaApplier:
         self.stores = stores if stores is not None else StorePicker(self.spark, merge_engine=self.settings.merge_engine)
         self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for,
                                      stores=self.stores)
+        #: end LSNs of transactions applied in pieces (``apply_group(piece=True)``) that may have pieces
+        #: committed: a group holding one leaves out each table's changes its piece marker covers (the loop
+        #: keeps this, in its state, from before the first piece until the last piece's group is applied)
+        self.pieced_ends: set[int] = set()
+        self._piece_marks: dict[tuple[str, int], int | None] = {}  # (path, end LSN) -> last ordinal committed
+        self._pieced_tables: dict[tuple[str, int], str] = {}  # (path, end LSN) -> source name, of those marks
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
         self.identities = identities(self.targets) if identities is not None else None
         if self.identities is not None:
@@ -278,7 +284,7 @@ class DeltaApplier:
     def _spec(self, batch: TableBatch) -> TableSpec:
         return table_spec(batch, self.tables, self.types)
 
-    def apply_group(self, transactions: GroupedTransactions) -> None:
+    def apply_group(self, transactions: GroupedTransactions, *, piece: bool = False) -> list[TableBatch]:
         """Apply consecutive committed transactions, one Delta commit per table they touch.
 
         The fold of several transactions equals applying them one by one (last image per key in
@@ -286,9 +292,19 @@ class DeltaApplier:
         with the group's last end LSN. Transactions a table has already applied (its recorded version
         is >= their end LSN) are left out of that table's fold, so re-running with other group
         boundaries after a crash stays exact.
+
+        ``piece``: ``transactions`` is one piece of one large transaction (applier.loop applies it in
+        pieces, so that memory holds one piece): each table's commit is tagged, not with the
+        transaction's end LSN (its applied version stays where it was, so the transaction's later
+        pieces still apply), but with a piece marker (app id ``piece_app_id``) holding the ordinal of the
+        piece's last change to it. The transaction's next pieces, and its re-delivery after a crash,
+        leave out the changes a table's marker covers (``pieced_ends``), so each change is applied once
+        whatever the pieces' boundaries. A table with history or change feed tables, or whose merge
+        keys change inside the piece, is not applied in pieces: its batches are returned, for the
+        transaction's last group, which applies them with the rest.
         """
         if not transactions:
-            return
+            return []
         group_end = transactions[-1][0]
         per_relation: dict[int, tuple[TableBatch, list[tuple[int, TableBatch]]]] = {}
         for end_lsn, batches in transactions:
@@ -307,26 +323,49 @@ class DeltaApplier:
         # inside the group has all of its changes in the one table, at its new path)
         per_table = {self._current_path(oid, last.namespace, last.name): (last, parts)
                      for oid, (last, parts) in per_relation.items()}
-        commits: list[tuple[str, TableSpec, TablePlan, str]] = []
+        commits: list[PlannedCommit] = []
         histories: list[HistoryJob] = []
         oid_of: dict[str, int] = {}  # source name -> relation OID, for the errors of the commits
+        deferred: list[TableBatch] = []
         for path, (last_batch, parts) in per_table.items():
             try:
-                self._plan_table(path, last_batch, parts, group_end, commits, histories, oid_of)
+                if not self._plan_table(path, last_batch, parts, group_end, commits, histories, oid_of, piece=piece):
+                    deferred.extend(b for _lsn, b in parts)
             except ResyncNeededError as e:  # a resync by OID finds it whatever its name is now
                 e.add_context(relation_oid=last_batch.relation_oid)
                 raise
         try:
-            self._run_commits(commits, group_end, len(transactions), histories)
+            self._run_commits(commits, group_end, 0 if piece else len(transactions), histories, piece=piece)
         except ResyncNeededError as e:
             e.add_context(relation_oid=oid_of.get(str(e.context.get("table"))))
             raise
+        if not piece and (ends := self.pieced_ends.intersection(lsn for lsn, _b in transactions)):
+            self._finish_pieced(ends, {c.path for c in commits})
+        return deferred
+
+    def _finish_pieced(self, ends: set[int], committed: set[str]) -> None:
+        """The last group of transactions applied in pieces is committed: a table whose changes all came in
+        earlier pieces (its last commit holds a piece marker) records the transaction's end LSN as its
+        applied version now, in a commit of its own with no rows, as any table that applied the
+        transaction does (``applier status``, and a replay of a stored log, go by it)."""
+        for (path, lsn), name in list(self._pieced_tables.items()):
+            if lsn not in ends:
+                continue
+            del self._pieced_tables[(path, lsn)]
+            if path in committed or self._piece_marks.get((path, lsn)) is None or self._dry_run is not None:
+                continue
+            carry = (app_id_for(name), lsn)
+            retry_on_conflict(partial(self.stores.writer(path).set_properties, path, {}, carry=carry), table=name)
+            self._applied[path] = lsn
+        self._piece_marks = {k: v for k, v in self._piece_marks.items() if k[1] not in ends}
+        self.pieced_ends -= ends  # every table has them whole now
 
     def _plan_table(self, path: str, last_batch: TableBatch, parts: list[tuple[int, TableBatch]], group_end: int,
-                    commits: list[tuple[str, TableSpec, TablePlan, str]], histories: list[HistoryJob],
-                    oid_of: dict[str, int]) -> None:
+                    commits: list[PlannedCommit], histories: list[HistoryJob],
+                    oid_of: dict[str, int], *, piece: bool = False) -> bool:
         """One table's part of a group: its evolution, the runs its merge keys cut (committed at once), and
-        the fold of the rest, added to ``commits``."""
+        the fold of the rest, added to ``commits``. False: ``piece`` and the table is not applied in pieces
+        (see ``apply_group``); nothing was done for it."""
         spec = self._spec(last_batch)
         bound = self.identities.bound(last_batch.relation_oid) if self.identities is not None else None
         if bound is not None and not bound.retired and bound.name != spec.source_name:
@@ -335,6 +374,8 @@ class DeltaApplier:
             # the one its version was carried to, or changes applied under the stream's older name
             # would be applied again under the new one (not idempotent for a multiset table).
             spec = replace(spec, source_name=bound.name)
+        if piece and self.derived.kinds(spec.source_name):
+            return False
         self.stats.tables.add((last_batch.namespace, last_batch.name))
         if self._dry_run is None and self.derived.kinds(spec.source_name):
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
@@ -342,11 +383,15 @@ class DeltaApplier:
                 histories.append(history)
         done = self._applied_version(path, spec.source_name)
         todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
+        if self.pieced_ends and todo:
+            todo = self._past_pieces(path, spec.source_name, todo)
         if not todo:
-            return  # already applied: its schema may have moved on since, so touch nothing
+            return True  # already applied: its schema may have moved on since, so touch nothing
+        runs = key_runs(todo, self.tables, spec.source_name)
+        if piece and len(runs) > 1:
+            return False
         if self._dry_run is None:
             self._ensure(path, spec, last_batch.schema)
-        runs = key_runs(todo, self.tables, spec.source_name)
         for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
             self._commit_run(path, spec, run, last_batch.schema)
         todo = runs[-1]
@@ -356,14 +401,44 @@ class DeltaApplier:
                      f"{changes:,}", len({lsn for lsn, _b in todo}), format_lsn(group_end))
         plan = fold_table(spec, [b for _lsn, b in todo], last_batch.schema)
         if plan.empty:
-            self._applied[path] = group_end
-            return
-        description = commit_description(spec, group_end, len(todo), plan, commit_time=todo[-1][1].commit_time)
+            if not piece:
+                self._applied[path] = group_end
+            return True
+        tag = None
+        if piece:  # the piece's last change to this table: what its next pieces and a re-delivery leave out
+            last = max(c.ordinal for _lsn, b in todo for c in b.changes)
+            tag = (piece_app_id(app_id_for(spec.source_name), group_end), last)
+        description = commit_description(spec, group_end, len({lsn for lsn, _b in todo}), plan,
+                                         f"piece=changes<={tag[1]}" if tag is not None else "",
+                                         commit_time=todo[-1][1].commit_time)
         if self._dry_run is not None:
             self._dry_run(describe_plan(description, plan))
-            return
-        commits.append((path, spec, plan, description))
+            return True
+        commits.append(PlannedCommit(path, spec, plan, description, tag))
         oid_of[spec.source_name] = last_batch.relation_oid
+        return True
+
+    def _past_pieces(self, path: str, source_name: str,
+                     todo: list[tuple[int, TableBatch]]) -> list[tuple[int, TableBatch]]:
+        """``todo`` less the changes of transactions applied in pieces that the table's piece marker says
+        are committed already (see ``apply_group``)."""
+        out: list[tuple[int, TableBatch]] = []
+        for lsn, batch in todo:
+            if lsn in self.pieced_ends:
+                key = (path, lsn)
+                if key not in self._piece_marks:
+                    self._piece_marks[key] = self.stores.reader(path).applied_version(
+                        path, piece_app_id(app_id_for(source_name), lsn)) if self._exists(path) else None
+                mark = self._piece_marks[key]
+                if mark is not None:
+                    self._pieced_tables[key] = source_name
+                    kept = [c for c in batch.changes if c.ordinal > mark]
+                    if not kept:
+                        continue
+                    if len(kept) != len(batch.changes):
+                        batch = replace(batch, changes=kept)
+            out.append((lsn, batch))
+        return out
 
     def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]],
                     newest: SchemaVersion) -> None:
@@ -392,7 +467,7 @@ class DeltaApplier:
     def apply_folded(self, folded: Sequence[FoldedTable], group_end: int, transactions: int) -> None:
         """Commit plans folded elsewhere (each already leaves out what its table had applied when the
         fold was made) as one group ending at ``group_end``: what apply_group does after its fold."""
-        commits: list[tuple[str, TableSpec, TablePlan, str]] = []
+        commits: list[PlannedCommit] = []
         for table in folded:
             rel = table.schema.relation
             if self.path_of(rel.oid, table.schema.namespace, rel.name) != table.path:
@@ -405,7 +480,7 @@ class DeltaApplier:
                 self._applied[table.path] = group_end
                 continue
             description = commit_description(table.spec, group_end, transactions, table.plan)
-            commits.append((table.path, table.spec, table.plan, description))
+            commits.append(PlannedCommit(table.path, table.spec, table.plan, description))
         self._run_commits(commits, group_end, transactions, [])
 
     def hand_over_for_identity(self, folded: Sequence[FoldedTable]) -> str | None:
@@ -426,28 +501,34 @@ class DeltaApplier:
                 return f"{name} is a new relation where relation {holder.oid} was (a reused name)"
         return None
 
-    def _run_commits(self, commits: list[tuple[str, TableSpec, TablePlan, str]], group_end: int, transactions: int,
-                     histories: list[HistoryJob]) -> None:
-        results = self._sessions.run([partial(self._commit, path=path, spec=spec, plan=plan, version=group_end,
-                                              description=description)
-                                      for path, spec, plan, description in commits])
-        for (_path, spec, _plan, _description), result in zip(commits, results, strict=True):
-            self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
+    def _run_commits(self, commits: list[PlannedCommit], group_end: int, transactions: int,
+                     histories: list[HistoryJob], *, piece: bool = False) -> None:
+        results = self._sessions.run([partial(self._commit, path=c.path, spec=c.spec, plan=c.plan, version=group_end,
+                                              description=c.description, tag=c.tag)
+                                      for c in commits])
+        for commit, result in zip(commits, results, strict=True):
+            self.stats.rows[commit.spec.source_name] += result.rows_upserted + result.rows_deleted
             self.stats.commits += 1
         self.stats.commits += self.derived.after_mirror_commits(histories, group_end)  # behind: they catch up
+        if piece:
+            return  # the transaction is counted, and its end recorded, with its last piece
         self.stats.transactions += transactions
         if commits:
             self.stats.applied += transactions
         self.stats.last_end_lsn = group_end
 
     def _commit(self, spark: SparkProvider, *, path: str, spec: TableSpec, plan: TablePlan, version: int,
-                description: str) -> CommitResult:
+                description: str, tag: tuple[str, int] | None = None) -> CommitResult:
         """One table's commit of a group (run side by side with the other tables', in ``spark``, a
-        session of its own, started only when this commit needs Spark)."""
+        session of its own, started only when this commit needs Spark). ``tag``: a piece's (app id,
+        version) instead of the table's own app id and ``version`` (see ``apply_group``)."""
         why = "a MERGE merge_engine 'spark' asks for" if self.settings.merge_engine == "spark" else \
             "a MERGE delta-rs does not write (a key-less table with floating-point or nested columns, a feature " \
             "or key type delta-rs does not handle)"
         app_id, may_be_empty = app_id_for(spec.source_name), path not in self._written
+        applied = version
+        if tag is not None:
+            app_id, version = tag
         store = self.stores.merger(path, spec, spark)
         result = None
         rows, started = plan.size(), time.monotonic()
@@ -464,7 +545,11 @@ class DeltaApplier:
                 partial(spark_store.merge, path, spec.schema, plan, app_id=app_id, version=version,
                         description=description, may_be_empty=may_be_empty),
                 table=spec.source_name)
-        self._applied[path] = version
+        if tag is None:
+            self._applied[path] = applied
+        else:
+            self._piece_marks[(path, applied)] = version
+            self._pieced_tables[(path, applied)] = spec.source_name
         if rows >= LARGE_FOLD_ROWS:
             log.info("%s: merged %s rows in %.1fs", spec.source_name, f"{rows:,}", time.monotonic() - started)
         if result.rows_upserted:
@@ -664,6 +749,24 @@ class DeltaApplier:
                 return None
             self._applied[path] = version
         return self._applied[path]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCommit:
+    """One table's commit of a group, planned: ``tag`` (app id, version) for a piece of a large
+    transaction (``DeltaApplier.apply_group``), None for the table's own app id and the group's end."""
+
+    path: str
+    spec: TableSpec
+    plan: TablePlan
+    description: str
+    tag: tuple[str, int] | None = None
+
+
+def piece_app_id(app_id: str, end_lsn: int) -> str:
+    """The app id of a table's piece marker for the transaction ending at ``end_lsn``: its version is the
+    ordinal of the last change of that transaction committed to the table in pieces."""
+    return f"{app_id}#piece:{format_lsn(end_lsn)}"
 
 
 def fold_table(spec: TableSpec, batches: Sequence[TableBatch], newest: SchemaVersion | None = None) -> TablePlan:

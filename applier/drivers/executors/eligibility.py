@@ -24,6 +24,10 @@ def folds_unfit(apply: ApplySettings, tables: TablesSettings, state: StateDir) -
 
     if PreparedStore(state.staging_dir).gids():
         return "prepared transactions staged by an earlier run wait for their Commit Prepared"
+    from applier.loop import PIECES_KEY
+
+    if state.load(PIECES_KEY):  # a fold of the whole transaction would apply its committed pieces again
+        return "a large transaction was being applied in pieces when an earlier run stopped"
     return None
 
 

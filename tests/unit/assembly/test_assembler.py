@@ -217,6 +217,7 @@ def test_a_transaction_joining_a_pending_group_frees_its_buffered_changes_and_ke
         for txn, batches in feeder.feed(lsn, msg):
             assert len(tuple(txn.changes)) > 0  # readable by the feed's consumer
             spilled = spilled or bool(list(spill.glob("*")))
+            assert isinstance(batches, list)  # (no piece_rows set: whole)
             group.add(txn, batches)
             with pytest.raises(AssemblyError, match="released already"):
                 list(txn.changes)  # the decoded messages are gone once the group holds the rows

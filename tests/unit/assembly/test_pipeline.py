@@ -76,7 +76,8 @@ def _fed(tmp_path: Path, lsns: list[int], datas: list[bytes], *, whole: bool, **
     if whole:
         produced = feeder.feed_range(dec, lsns, None, datas)
     else:
-        produced = (out for lsn, data in zip(lsns, datas, strict=True) for out in feeder.feed_raw(dec, lsn, None, data))
+        produced = ((txn, batches) for lsn, data in zip(lsns, datas, strict=True)
+                    for txn, batches in feeder.feed_raw(dec, lsn, None, data) if isinstance(batches, list))
     seen, short = [], 0
     for txn, batches in produced:
         short += txn.changes == ()
