@@ -29,6 +29,11 @@ other reason. The Delta table is emptied with the columns
 Postgres has now (one commit; its history and table id stay: time travel still reaches the old
 rows) and filled again. apply.schema_changes: resync makes the mirror do this by itself.
 
+A table a stop named that Postgres no longer publishes (dropped, or taken out of the publication,
+since) has nothing to copy: it is set aside for good instead. It is parked (applier status shows it),
+so its changes still in the stream are left out and the mirror goes on; a dropped table's Delta table
+is also retired under TARGET/_retired.
+
 Creating the copy's temporary slot waits for transactions open on the server (prepared ones too,
 which are named). A table with history or change feed tables is refused: they cannot take a copy.
 A run cut short (Ctrl-C, a crash) is finished by the next `applier mirror`, which copies the table.
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         check_connection(dsn)  # before Spark starts, as for mirror: a wrong DSN, publication or table is exit 2/3
         check_publication(dsn, cfg.source.publication)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            choose_tables(conn, cfg, list(args.table))
+            choose_tables(conn, cfg, list(args.table), gone={})  # (a relation dropped since is set aside)
         require_mirror(cfg)
         spark = build_spark_session_for(cfg.spark, (cfg.target.path,))
         copied = resync(spark, cfg, list(args.table), progress=progress("resync"))

@@ -45,11 +45,14 @@ log = logging.getLogger(__name__)
 MAX_AUTOMATIC_RESYNCS = 20
 
 
-def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[str]) -> list[PublishedTable]:
+def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[str], *,
+                  gone: dict[str, int] | None = None) -> list[PublishedTable]:
     """The published, selected tables named ``schema.table`` (as Postgres names it now), by relation OID,
     or by a name this mirror knew the relation by (a stop names the table as the stream had it; it may
     have been renamed since, or its schema): a table is its relation, not its name. ConfigError naming
-    what is not one of them (a table dropped since says so)."""
+    what is not one of them. A relation the mirror follows that Postgres no longer publishes (dropped, or
+    taken out of the publication, since) goes in ``gone`` (name -> OID) when it is given (``set_aside``
+    then resolves it), else its name says so in the error."""
     selection = published_selection(conn, config.source.publication, config.tables)
     published = {t.qualified_name: t for t in selection}
     by_oid = {t.oid: t for t in selection if t.oid is not None}
@@ -60,11 +63,13 @@ def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[st
         table = published.get(name)
         if table is None and name.isdigit():
             table = by_oid.get(int(name))
+            if table is None and int(name) in known.values():
+                _gone(name, int(name), gone, unknown)
+                continue
         if table is None and name in known:
             table = by_oid.get(known[name])
             if table is None:
-                unknown.append(f"{name} (relation OID {known[name]}, which Postgres no longer publishes: dropped "
-                               "or taken out of the publication since)")
+                _gone(name, known[name], gone, unknown)
                 continue
             log.info("resync: %s is %s now (relation OID %s)", name, table.qualified_name, table.oid)
         if table is None:
@@ -78,6 +83,40 @@ def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[st
                           f"{config.source.publication!r} with the config's tables.include/exclude has: "
                           f"{some or 'no tables'})")
     return chosen
+
+
+def _gone(name: str, oid: int, gone: dict[str, int] | None, unknown: list[str]) -> None:
+    if gone is not None:
+        gone[name] = oid
+    else:
+        unknown.append(f"{name} (relation OID {oid}, which Postgres no longer publishes: dropped or taken out of "
+                       "the publication since)")
+
+
+def set_aside(tablesync: TableSync, gone: dict[str, int], why: str) -> None:
+    """Relations the mirror follows that Postgres no longer publishes, named by a stop (``gone``: name ->
+    OID): there is nothing to copy, and their changes still in the stream cannot be applied exactly
+    (that is why the mirror stopped), so they are set aside for good: parked, so every later group
+    leaves their changes out, and, when the relation was dropped, its Delta table retired under
+    DIR/_retired (as when its name is taken). A table only taken out of the publication keeps its
+    Delta table, which table sync marks as not published."""
+    applier, state = tablesync.applier, tablesync.state
+    parked = ParkedTables(state)
+    with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
+        exists = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)",
+                                                  (sorted(set(gone.values())),))}
+    for name, oid in gone.items():
+        if oid in exists:
+            what = "is no longer published (it still exists in Postgres): its Delta table stays as it is"
+        else:
+            path = applier.identities.retire(oid) if applier.identities is not None else None
+            what = "was dropped in Postgres: " + (f"its Delta table is retired to {path}" if path is not None
+                                                  else "it has no Delta table to keep")
+        message = (f"{name} (relation OID {oid}) {what}, and its changes still in the stream are left out "
+                   f"({why}); nothing is left to copy")
+        parked.park(name, oid, message)
+        log.warning("resync: %s", message)
+        tablesync.progress(f"resync: {message}")
 
 
 def _known_relations(config: MirrorConfig) -> dict[str, int]:
@@ -142,9 +181,13 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
         reason = "changed its key inside a transaction"
     tablesync.progress(f"resync: {name}: {why}; copying the table again (apply.schema_changes: resync)")
     oid = c.get("relation_oid")  # the relation, whatever its name is now (the stream may be behind a rename)
+    gone: dict[str, int] = {}
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
-        tables = choose_tables(conn, tablesync.config, [str(oid) if oid is not None else name])
-    resync_tables(tablesync, tables, reason=reason)
+        tables = choose_tables(conn, tablesync.config, [str(oid) if oid is not None else name], gone=gone)
+    if gone:
+        set_aside(tablesync, gone, f"{why}; set aside by apply.schema_changes: resync")
+    if tables:
+        resync_tables(tablesync, tables, reason=reason)
 
 
 def require_mirror(config: MirrorConfig) -> None:
@@ -166,6 +209,9 @@ def resync(spark: SparkLike, config: MirrorConfig, names: list[str], *,
 
     require_mirror(config)
     mirror = Mirror(spark, config, progress=progress)
+    gone: dict[str, int] = {}
     with psycopg.connect(mirror.dsn, autocommit=True) as conn:
-        tables = choose_tables(conn, config, names)
-    return resync_tables(mirror.tablesync, tables, reason="copied again as asked (applier resync)")
+        tables = choose_tables(conn, config, names, gone=gone)
+    if gone:
+        set_aside(mirror.tablesync, gone, "set aside by applier resync")
+    return resync_tables(mirror.tablesync, tables, reason="copied again as asked (applier resync)") if tables else {}

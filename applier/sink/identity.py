@@ -282,6 +282,20 @@ class TableIdentities:
         self._put(Bound(holder.oid, holder.name, retired, holder.attnums, retired=True))
         self._save()
 
+    def retire(self, oid: int) -> str | None:
+        """Relation ``oid`` was dropped in Postgres: its Delta table moves under DIR/_retired (as when a new
+        table takes its name), never merged into again. Its new path; None when it is not bound or is
+        retired already."""
+        entry = self._bound.get(oid)
+        if entry is None or entry.retired:
+            return None
+        retired = self.retired_path(entry)
+        if (location(entry.path) / "_delta_log").is_dir():
+            self._move(oid, entry.path, retired, entry.name, None)
+        self._put(Bound(oid, entry.name, retired, entry.attnums, retired=True))
+        self._save()
+        return retired
+
     def retired_path(self, holder: Bound) -> str:
         schema, _, table = holder.name.partition(".")
         return join(self.targets.target_dir, RETIRED_DIR, _path_component(schema),

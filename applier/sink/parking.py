@@ -40,8 +40,10 @@ class ParkedTables:
     def entries(self) -> dict[str, dict[str, Any]]:
         return dict(self._tables)
 
-    def park(self, table: str, oid: int | None, error: BaseException) -> None:
-        self._tables[table] = {"oid": oid, "error": type(error).__name__, "message": str(error).splitlines()[0][:500],
+    def park(self, table: str, oid: int | None, error: BaseException | str) -> None:
+        """Set ``table`` aside for ``error`` (or a reason, said as it is: a table set aside for good)."""
+        kind, message = ("Gone", error) if isinstance(error, str) else (type(error).__name__, str(error))
+        self._tables[table] = {"oid": oid, "error": kind, "message": message.splitlines()[0][:500],
                                "since": datetime.now(UTC).isoformat(timespec="seconds")}
         self.state.save(STATE_KEY, self._tables)
 

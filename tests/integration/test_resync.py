@@ -303,3 +303,36 @@ def test_a_parked_table_lets_the_others_flow_and_resync_brings_it_back(source, s
     capsys.readouterr()
     assert cli_main(["status", "--config", str(cfg), "--json"]) == ExitCode.OK
     assert json.loads(capsys.readouterr().out)["parked"] == {}
+
+
+def test_a_diverged_table_dropped_since_is_set_aside_and_the_mirror_goes_on(source, spark, tmp_path, capsys):
+    """Issue 46 item 2: a stop named a table that was dropped afterwards. `applier resync --table` refused it
+    ("not a table this mirror follows"), and every run stopped on it again: stalled for good, with no command
+    left. Now resync sets it aside (parked, its Delta table retired under _retired), and the mirror goes on;
+    the other tables end equal to Postgres."""
+    import deltalake
+
+    target = tmp_path / "delta"
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"source:\n  dsn: '{source.dsn}'\n  publication: pub\n  slot: gone\ntarget:\n  path: {target}\n")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    deltalake.DeltaTable(str(target / "public" / "k")).delete("c = 1")  # the Delta table diverges
+    with source.connect() as conn:
+        conn.execute("DELETE FROM k WHERE c = 1")  # deletes rows Delta no longer holds
+        conn.execute("INSERT INTO other VALUES (6, 'after')")
+        conn.execute("DROP TABLE k")
+        conn.execute("INSERT INTO other VALUES (7, 'after the drop')")
+    capsys.readouterr()
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.BAD_DATA
+    assert "applier resync" in capsys.readouterr().err
+    assert cli_main(["resync", "--config", str(cfg), "--table", "public.k"]) == ExitCode.OK
+    said = capsys.readouterr().err
+    assert "public.k (relation OID" in said and "was dropped in Postgres: its Delta table is retired" in said, said
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == ExitCode.OK
+    with source.connect() as conn:
+        for result in verify_against_postgres(spark, conn, str(target), [("public", "t"), ("public", "other")]):
+            assert result.equal, (result.source_name, result.source_rows, result.target_rows)
+    assert not (target / "public" / "k").exists() and list((target / "_retired" / "public").iterdir())
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg), "--json"]) == ExitCode.OK
+    assert json.loads(capsys.readouterr().out)["parked"]["public.k"]["error"] == "Gone"
