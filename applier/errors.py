@@ -202,3 +202,8 @@ class TransientSourceError(SourceError):
     """A source failure that a retry may fix (connection dropped, server restarting)."""
 
     transient = True
+
+
+class NotRecorded(LookupError):  # noqa: N818  # an answer missing, not a failure: never shown to a user
+    """A catalog that answers from records (a stored log's, ``applier.sources.catalog_lookup.RecordedCatalog``)
+    has none for this question: the sink treats it as no catalog at all (never as a dropped relation)."""

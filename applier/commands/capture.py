@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "capture",
         help="drain a slot into a stored raw log (a Delta table) for replay",
         description="Peek the slot (creating it if absent), append the messages of every complete "
-        "transaction to the Delta table LOG (columns lsn, xid, data, seq, session, captured_at; the "
+        "transaction to the Delta table LOG (columns lsn, xid, data, seq, session, captured_at, and catalog: "
+        "what the live catalog said of each Relation, which replay follows through DDL; the "
         "format `applier replay --source LOG` reads), and only then advance the slot. Each Delta "
         "commit records the end LSN it stored up to, so a crash at any point neither loses nor "
         "duplicates a message: run the same command again. Without --follow it drains what is "

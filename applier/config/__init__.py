@@ -517,7 +517,8 @@ class CaptureConfig(_Model):
 
     source: SourceSettings = Field(default_factory=SourceSettings, description=_SOURCE)
     log_path: str = Field(json_schema_extra=PATH,
-                          description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at)")
+                          description="the Delta table of raw messages (lsn, xid, data, seq, session, captured_at, "
+                                      "catalog)")
     batch_changes: int = Field(10_000, ge=1, description="changes per peek (whole transactions are kept together)")
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings,

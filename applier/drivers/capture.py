@@ -11,6 +11,14 @@ Rows carry ``seq`` (the position in the log; Delta readers with Spark should ord
 decoding ``session`` (one per peek: Relation messages are re-sent at each session start, and a
 streamed transaction still open at the end of a session is re-sent from its first segment in the
 next, which replay handles) and ``captured_at``.
+
+Relation rows also carry ``catalog`` (NULL on every other row): what the live catalog said of that
+relation just after the round was peeked (applier.sources.catalog_lookup.CatalogNote: its name then or
+that it was dropped, its columns' attnums when they are the message's columns, and what became of the
+relations this log saw under its name before). ``replay`` answers from these notes the questions a live
+mirror asks the catalog (a rename or a drop, a renamed column), so that the log replays exactly
+through them. A log written before this column existed gains it at the next capture (Delta schema
+evolution); its older rows read as NULL, and its Relations are replayed without notes, as before.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from applier.errors import ApplierError
 from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.messages import transaction_end_lsn
+from applier.protocol.messages import Relation, transaction_end_lsn
 from applier.sink.idempotence import applied_version, idempotent_write
 from applier.sources import sql_slot
+from applier.sources.catalog_lookup import CatalogRecorder
 from applier.sources.slothealth import SlotWatch
 
 if TYPE_CHECKING:
@@ -40,7 +49,8 @@ if TYPE_CHECKING:
 
     from applier.infra.metrics import MirrorMetrics
 
-CAPTURE_SCHEMA = "lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRING, captured_at TIMESTAMP"
+CAPTURE_SCHEMA = ("lsn STRING, xid BIGINT, data BINARY, seq BIGINT, session STRING, captured_at TIMESTAMP, "
+                  "catalog STRING")
 
 
 def capture_app_id(slot: str) -> str:
@@ -74,6 +84,18 @@ def _log_state(spark: SparkSession, path: str, app_id: str) -> tuple[int | None,
     return recorded, (int(top[0]) + 1 if top is not None and top[0] is not None else 0)
 
 
+def _logged_notes(spark: SparkSession, path: str) -> list[str]:
+    """The catalog notes the log holds already (none in a log written before they existed)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
+    log = spark.read.format("delta").load(path)
+    if "catalog" not in log.columns:
+        return []
+    return [r[0] for r in log.where("catalog IS NOT NULL").select("catalog").collect()]
+
+
 def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
             progress: Callable[[str], None] | None = None, stop: threading.Event | None = None,
             poll_seconds: float = 1.0) -> CaptureSummary:
@@ -86,6 +108,8 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     recorded, seq = _log_state(spark, config.log_path, capture_app_id(src.slot))
     summary = CaptureSummary()
     decoder = MessageDecoder()
+    notes = CatalogRecorder()
+    notes.remember(_logged_notes(spark, config.log_path))
     server = None
     if config.metrics.port is not None:  # /metrics and /healthz while capture runs (applier.infra.metrics)
         from applier.infra.metrics import serve_metrics
@@ -98,7 +122,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
         with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
             sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
             _capture_rounds(spark, config, conn, summary, decoder, recorded, seq, once=once, say=say, stop=stop,
-                            poll_seconds=poll_seconds, metrics=metrics, watch=watch)
+                            poll_seconds=poll_seconds, metrics=metrics, watch=watch, notes=notes)
     finally:
         if server is not None:
             server.close()
@@ -109,7 +133,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
 def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Connection, summary: CaptureSummary,
                     decoder: MessageDecoder, recorded: int | None, seq: int, *, once: bool,
                     say: Callable[[str], None], stop: threading.Event, poll_seconds: float,
-                    metrics: MirrorMetrics | None, watch: SlotWatch) -> None:
+                    metrics: MirrorMetrics | None, watch: SlotWatch, notes: CatalogRecorder) -> None:
     """Peek, store, advance, until drained (``once``) or stopped."""
     src = config.source
     options = sql_slot.options_for(src)
@@ -128,12 +152,16 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
         cut = None  # index just past the last boundary
         cut_end = None
         skip_to = 0
+        relations: dict[int, Relation] = {}  # row index -> its Relation message
         for i, row in enumerate(rows):
             try:
-                end = transaction_end_lsn(decoder.decode(row.data, row.lsn))
+                msg = decoder.decode(row.data, row.lsn)
             except ApplierError as e:
                 e.add_context(xid=row.xid)
                 raise
+            if isinstance(msg, Relation):
+                relations[i] = msg
+            end = transaction_end_lsn(msg)
             if end is None:
                 continue
             if recorded is not None and end <= recorded:
@@ -159,10 +187,14 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
         stored = rows[skip_to:cut]
         session = str(uuid.uuid4())
         now = datetime.now(UTC)
-        data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now) for n, r in enumerate(stored)]
+        described = [i for i in range(skip_to, cut) if i in relations]  # read after the peek: a later catalog
+        noted = dict(zip(described, notes.notes(conn, [_described(relations[i]) for i in described]), strict=True))
+        data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now, noted.get(skip_to + n))
+                for n, r in enumerate(stored)]
         frame = spark.createDataFrame(data, CAPTURE_SCHEMA).coalesce(1)  # one file, rows in log order
         with idempotent_write(spark, app_id, cut_end, f"capture {src.slot} up to {format_lsn(cut_end)}"):
-            frame.write.format("delta").mode("append").save(path)
+            # a log written before the catalog column existed gains it here
+            frame.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
         seq += len(stored)
         recorded = cut_end
         sql_slot.advance(conn, src.slot, cut_end)  # only now: the messages are stored
@@ -180,3 +212,7 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
         if metrics is not None:
             metrics.captured.inc(len(stored))
             metrics.lag(behind, 0.0)
+
+
+def _described(rel: Relation) -> tuple[int, tuple[str, str], tuple[str, ...]]:
+    return rel.oid, (rel.namespace or "pg_catalog", rel.name), tuple(c.name for c in rel.columns)

@@ -4,6 +4,14 @@ raw log rows -> the apply loop (applier.loop), in log order. Progress is
 reported on long runs; the summary says how many transactions were applied or found already
 applied, the rows per table and the LSN reached. Re-running on the same log writes no new Delta
 versions: each table's Delta log records the end LSN of the last transaction applied to it.
+
+A log written by ``applier capture`` carries, on each Relation row, what the live catalog said of that
+relation as it was stored (applier.sources.catalog_lookup.CatalogNote). The driver path feeds those
+notes, in log order, to a ``RecordedCatalog`` that answers the sink's questions as the live catalog
+answers a mirror's (was the table that held this name renamed or dropped, which column was renamed),
+so the log replays exactly through renames, reused names and drops. A log whose notes show such a
+change is replayed on the driver path only (executors.eligibility): there the notes are read in log
+order. A log without notes has no catalog to ask, and stops where it cannot tell, as it always did.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from applier.drivers.executors.survey import BackgroundSurvey
 from applier.infra.progress import ProgressReport, count_fields, count_line
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
+from applier.sources.catalog_lookup import CatalogNote, RecordedCatalog
 from applier.sources.rawlog import RawMessage, read_raw_log
 from applier.spark.session import SparkLike, session_of
 from applier.state import StateDir
@@ -115,11 +124,23 @@ def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: 
 def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callable[[str], None] | None,
            progress_every: float, total: int | None = None) -> ApplyStats:
     """The driver path: every message through the one apply loop, the catalog saved at the end.
-    ``total``: the log's messages, for a done fraction and an ETA in the progress lines."""
+    ``total``: the log's messages, for a done fraction and an ETA in the progress lines. A message's
+    catalog note is recorded before it is decoded (its Relation's column change is proven against it),
+    and its attnums become the relation's baseline once it is."""
     started = last_report = time.monotonic()
+    ids = loop.applier.identities
+    recorded: RecordedCatalog | None = None  # the sink asks it once the log's first note is read
     with loop.running():
         for raw in messages:
+            note = CatalogNote.from_json(raw.catalog) if raw.catalog is not None and ids is not None else None
+            if note is not None and ids is not None:
+                if recorded is None:
+                    recorded = RecordedCatalog()
+                    ids.lookup = recorded
+                recorded.record(note)
             loop.feed(raw.lsn, raw.xid, raw.data)
+            if note is not None and note.attnums is not None and ids is not None:
+                ids.described(note.oid, note.attnums)
             if progress is not None and time.monotonic() - last_report >= progress_every:
                 last_report = time.monotonic()
                 seconds = last_report - started

@@ -24,6 +24,7 @@ from applier.config import ApplySettings, TablesSettings
 from applier.errors import (
     DroppedTypeChangeError,
     KeyChangeError,
+    NotRecorded,
     ResyncNeededError,
     SchemaDecisionError,
     SinkError,
@@ -721,8 +722,12 @@ class DeltaApplier:
         if ids is None or ids.lookup is None:
             return
         bound = ids.bound(oid)
-        if not (bound is not None and bound.retired) and ids.lookup.relation(oid) is not None:
-            return
+        if not (bound is not None and bound.retired):
+            try:
+                if ids.lookup.relation(oid) is not None:
+                    return
+            except NotRecorded:  # a stored log's records say nothing of it: not known to be dropped
+                return
         c, table = error.context, str(error.context.get("table"))
         reused = ids.bound_by_name(table)
         other = (f"; {table} is now another table (relation OID {reused.oid}), which `applier resync --table "

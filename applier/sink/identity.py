@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from applier.errors import DataError, ResyncNeededError
+from applier.errors import DataError, NotRecorded, ResyncNeededError
 from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.state import StateDir
@@ -59,7 +59,8 @@ class UnprovenRenameError(IdentityError, ResyncNeededError):
 
 
 class CatalogLookup(Protocol):
-    """The live source catalog, asked when a name alone cannot say which table is which."""
+    """The source catalog, asked when a name alone cannot say which table is which: the live one, or
+    what ``applier capture`` recorded of it (either may raise NotRecorded: no answer)."""
 
     def relation(self, oid: int) -> tuple[str, str] | None:
         """(schema, name) of relation ``oid`` now; None when it no longer exists."""
@@ -128,6 +129,8 @@ class TableIdentities:
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
         self._columns: dict[int, dict[str, Any]] = {int(k): v for k, v in (data.get("columns") or {}).items()}
         self._moving: dict[str, str] | None = data.get("moving")
+        #: attnums of relations not bound yet, as a stored log's records gave them (``described``)
+        self._described: dict[int, dict[str, int]] = {}
 
     # --- persistence ------------------------------------------------------------------------------
 
@@ -217,13 +220,11 @@ class TableIdentities:
         entry = self._bound.get(oid)
         if entry is not None and (entry.retired or entry.name == qualified):
             return entry.path
-        if self.lookup is not None:
+        known = self._catalog_name(oid, qualified)
+        if known is not None:
             # The stream may be behind the catalog (a name it shows was renamed again since, or is the
             # name before a rename the mirror already followed): the catalog's name now decides.
-            key = (oid, qualified)
-            if key not in self._names:
-                self._names[key] = self.lookup.relation(oid)
-            now = self._names[key]
+            (now,) = known
             if now is None and entry is not None:
                 return entry.path  # dropped since: its last changes go where its rows are
             if now is not None:
@@ -240,7 +241,7 @@ class TableIdentities:
                 raise IdentityError(f"{qualified} (relation OID {oid}) and relation OID {still.oid} both claim "
                                     f"{desired}; nothing was written to it", relation=qualified, path=desired)
         if entry is None:
-            self._put(Bound(oid, qualified, desired, {}))
+            self._put(Bound(oid, qualified, desired, self._described.pop(oid, {})))
             self._save()
             return desired
         if (location(entry.path) / "_delta_log").is_dir() and entry.path != desired:
@@ -252,6 +253,19 @@ class TableIdentities:
             self._save()
         return desired
 
+    def _catalog_name(self, oid: int, qualified: str) -> tuple[tuple[str, str] | None] | None:
+        """(the catalog's name of ``oid`` now, None when dropped), asked once per name the stream showed;
+        None when there is no catalog to ask or it has no answer (NotRecorded)."""
+        key = (oid, qualified)
+        if key not in self._names:
+            if self.lookup is None:
+                return None
+            try:
+                self._names[key] = self.lookup.relation(oid)
+            except NotRecorded:
+                return None
+        return (self._names[key],)
+
     def _make_way(self, holder: Bound, *, for_name: str, for_oid: int) -> None:
         """``holder``'s path is wanted by another relation: follow holder's rename, or retire it."""
         # (a holder whose Delta table does not exist yet is no exception: its changes may be waiting in
@@ -260,15 +274,18 @@ class TableIdentities:
             parking = join(self.targets.target_dir, RETIRED_DIR, ".parking", str(holder.oid))
             self._move(holder.oid, holder.path, parking, holder.name, holder.name)
             return
-        if self.lookup is None:
+        try:
+            if self.lookup is None:
+                raise NotRecorded(holder.oid)
+            now = self.lookup.relation(holder.oid)
+        except NotRecorded:
             raise IdentityError(
                 f"{for_name} is now a different table (relation OID {for_oid}) from the one mirrored at "
                 f"{holder.path} (OID {holder.oid}), and a stored log has no catalog to tell whether that one "
                 "was renamed or dropped. Nothing was written to it. To go on: move or delete that Delta "
                 f"directory and its entry in {self.state.root / (_FILE + '.json')} (and in tables.json), "
                 "then run again; the new table is then created from the log's rows",
-                relation=for_name, relation_oid=for_oid, held_by_oid=holder.oid, path=holder.path)
-        now = self.lookup.relation(holder.oid)
+                relation=for_name, relation_oid=for_oid, held_by_oid=holder.oid, path=holder.path) from None
         if now is not None:
             log.warning("%s was renamed to %s.%s (relation OID %d); its Delta table follows it, and %s is a new "
                         "table", holder.name, now[0], now[1], holder.oid, for_name)
@@ -359,12 +376,25 @@ class TableIdentities:
             entry.attnums = dict(attnums)
             self._save()
 
+    def described(self, oid: int, attnums: dict[str, int]) -> None:
+        """The stream's Relation of ``oid`` just decoded has exactly the columns ``attnums`` names, with
+        these attnums (what ``applier capture`` recorded of the catalog for that message): the baseline its
+        next column change is proven against, in log order (``observe`` records it at apply time on a live
+        mirror, where the catalog is read then). Kept aside until the relation is bound."""
+        if oid in self._bound:
+            self.record_attnums(oid, attnums)
+        else:
+            self._described[oid] = dict(attnums)
+
     def observe(self, oid: int, columns: tuple[str, ...]) -> None:
         """Record relation ``oid``'s attnums when the live catalog has exactly ``columns`` (the stream's
         current Relation): then no DDL is pending between the two and the names are the same columns."""
         if self.lookup is None or oid not in self._bound:
             return
-        now = self.lookup.attnums(oid)
+        try:
+            now = self.lookup.attnums(oid)
+        except NotRecorded:
+            return
         if set(now) == set(columns):
             self.record_attnums(oid, now)
 
@@ -391,24 +421,31 @@ class TableIdentities:
         """The columns proven renamed ({old: new}) and those nothing can prove either way ({old: why})."""
         entry = self._bound.get(oid)
         gone, new = sorted(candidates), sorted({n for c in candidates.values() for n in c})
-        if self.lookup is None:
+        current: dict[str, int] | None = None
+        if self.lookup is not None:
+            try:
+                current = self.lookup.attnums(oid)
+            except NotRecorded:
+                pass
+        if current is None:
             why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new in the same schema change: a "
                    "rename or a drop and an add, which the stream alone cannot tell apart (no catalog to ask: a "
                    "stored log). To go on: follow the table with a live `applier mirror` and re-copy it there; or "
                    "rebuild it from a log that starts after this change (delete its Delta directory and its entry "
                    "in tables.json)")
             return {}, dict.fromkeys(gone, why)
-        recorded = entry.attnums if entry is not None else {}
-        current = self.lookup.attnums(oid)
+        recorded = entry.attnums if entry is not None else self._described.get(oid, {})
         unknown = [c for c in gone if c not in recorded] + [c for c in new if c not in current]
         if unknown:
             why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog cannot prove "
                    f"which were renamed (no recorded or current attnum for {', '.join(unknown)}: the catalog has "
-                   "moved on since)")
+                   "moved on since, or a stored log's capture did not record it)")
             return {}, dict.fromkeys(gone, why)
         renamed = {g: n for g, options in candidates.items() for n in options if recorded[g] == current[n]}
         if renamed and entry is not None:
             entry.attnums = {renamed.get(k, k): v for k, v in entry.attnums.items()}
+        elif renamed and oid in self._described:
+            self._described[oid] = {renamed.get(k, k): v for k, v in recorded.items()}
         return renamed, {}
 
     def renames_for(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
@@ -459,7 +496,10 @@ class TableIdentities:
         changed = self._columns.pop(oid, None) is not None
         entry = self._bound.get(oid)
         if entry is not None and self.lookup is not None:
-            now = self.lookup.attnums(oid)
+            try:
+                now = self.lookup.attnums(oid)
+            except NotRecorded:
+                now = {}
             if now and now != entry.attnums:
                 entry.attnums = now
                 changed = True

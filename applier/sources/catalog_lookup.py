@@ -1,14 +1,32 @@
-"""The live catalog, asked when the stream alone cannot say which table or column is which.
+"""The source catalog, asked when the stream alone cannot say which table or column is which.
 
 The sink binds each source relation to its Delta table by OID (applier.sink.identity); when a new
 relation takes a name another one had, or a column disappears while another appears, it asks here
-what the older relation or column is now. One short connection per question: these are schema
-events, rare next to row changes.
+what the older relation or column is now:
+
+- ``LiveCatalog``: the live catalog (``mirror``). One short connection per question: these are schema
+  events, rare next to row changes.
+- ``RecordedCatalog``: what ``applier capture`` read of the live catalog as it stored each Relation
+  message (a ``CatalogNote`` in the log's ``catalog`` column), answered in log order (``replay``). It
+  answers only what was recorded: any other question raises NotRecorded, which the sink treats as no
+  catalog at all (a log without notes stops where it stopped before they existed).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
 import psycopg
+
+from applier.errors import NotRecorded, SourceError
+
+#: the ``catalog`` column's format; a note of another version is not read (as if absent)
+NOTE_VERSION = 1
+
+Name = tuple[str, str]
 
 
 class LiveCatalog:
@@ -33,3 +51,137 @@ def column_attnums(conn: psycopg.Connection, oid: int) -> dict[str, int]:
     rows = conn.execute("SELECT attname, attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
                         "AND NOT attisdropped", (oid,)).fetchall()
     return {str(name): int(num) for name, num in rows}
+
+
+# --- what capture records, and replay reads back -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogNote:
+    """What the live catalog said of one Relation message when ``applier capture`` stored it (after
+    peeking it, so at or after the time the message was written):
+
+    ``oid``, ``name`` and ``columns`` are the message's own; ``now`` the relation's (schema, name) then,
+    None when it was dropped; ``attnums`` its columns' attnums, only when its live columns were exactly
+    the message's (else None: they would not be the message's columns); ``others`` every other relation
+    the capture had seen under this name (or the name ``now``) before, displaced since: its (schema,
+    name) then, or None when dropped."""
+
+    oid: int
+    name: Name
+    columns: tuple[str, ...]
+    now: Name | None
+    attnums: dict[str, int] | None
+    others: dict[int, Name | None] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"v": NOTE_VERSION, "oid": self.oid, "name": list(self.name), "columns": list(self.columns),
+                           "now": list(self.now) if self.now is not None else None, "attnums": self.attnums,
+                           "others": {str(k): list(v) if v is not None else None for k, v in self.others.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> CatalogNote | None:
+        """The note, or None for a note of another format version (not read: as if absent)."""
+        try:
+            raw: dict[str, Any] = json.loads(text)
+            if raw.get("v") != NOTE_VERSION:
+                return None
+            return cls(int(raw["oid"]), _name(raw["name"]), tuple(str(c) for c in raw["columns"]),
+                       _name(raw["now"]) if raw["now"] is not None else None,
+                       {str(k): int(v) for k, v in raw["attnums"].items()} if raw["attnums"] is not None else None,
+                       {int(k): _name(v) if v is not None else None for k, v in (raw.get("others") or {}).items()})
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise SourceError(f"raw log row has a catalog note that cannot be read: {type(e).__name__}: {e}",
+                              note=text[:200]) from None
+
+
+def _name(value: Sequence[Any]) -> Name:
+    schema, table = value
+    return str(schema), str(table)
+
+
+class RecordedCatalog:
+    """``CatalogLookup`` over the notes of a stored log, each ``record``-ed as replay reaches its Relation
+    (before the message is decoded): a relation's name and attnums are the latest notes' of it. Every note
+    was taken at or after its message was written, so an answer is, as a live catalog's is, the catalog at
+    some time after the change the sink asks about. A relation no note speaks of raises NotRecorded
+    (never "dropped"); so do the attnums of one whose latest Relation had none recorded."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, Name | None] = {}
+        self._attnums: dict[int, dict[str, int] | None] = {}
+
+    def record(self, note: CatalogNote) -> None:
+        for oid, now in note.others.items():
+            self._names[oid] = now
+        self._names[note.oid] = note.now
+        self._attnums[note.oid] = note.attnums
+
+    def relation(self, oid: int) -> tuple[str, str] | None:
+        if oid not in self._names:
+            raise NotRecorded(oid)
+        return self._names[oid]
+
+    def attnums(self, oid: int) -> dict[str, int]:
+        found = self._attnums.get(oid)
+        if found is None:
+            raise NotRecorded(oid)
+        return dict(found)
+
+
+class CatalogRecorder:
+    """``applier capture``'s side: the notes of the Relation messages of one stored round, read from the
+    live catalog in one statement (one snapshot) after the round was peeked. Remembers which relations it
+    has seen under which names (its own notes, and the log's notes read back when a capture starts)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Name, set[int]] = {}
+
+    def _see(self, oid: int, name: Name | None) -> None:
+        if name is not None:
+            self._seen.setdefault(name, set()).add(oid)
+
+    def remember(self, notes: Iterable[str]) -> None:
+        """The notes a log already holds (a capture that starts again goes on from them)."""
+        for text in notes:
+            note = CatalogNote.from_json(text)
+            if note is None:
+                continue
+            self._see(note.oid, note.name)
+            self._see(note.oid, note.now)
+            for oid, now in note.others.items():
+                self._see(oid, now)
+
+    def notes(self, conn: psycopg.Connection, relations: Sequence[tuple[int, Name, tuple[str, ...]]]) -> list[str]:
+        """A note (JSON) for each Relation ``(oid, (schema, name), columns)``, in order."""
+        if not relations:
+            return []
+        oids = {oid for oid, _n, _c in relations} | {o for oids in self._seen.values() for o in oids}
+        live = _catalog_now(conn, sorted(oids))
+        out = []
+        for oid, name, columns in relations:
+            now, attnums = live.get(oid, (None, {}))
+            displaced = self._seen.get(name, set()) | (self._seen.get(now, set()) if now is not None else set())
+            others = {o: live[o][0] if o in live else None for o in sorted(displaced - {oid})}
+            out.append(CatalogNote(oid, name, columns, now,
+                                   attnums if now is not None and set(attnums) == set(columns) else None,
+                                   others).to_json())
+            self._see(oid, name)
+            self._see(oid, now)
+            for o, other in others.items():
+                self._see(o, other)
+        return out
+
+
+def _catalog_now(conn: psycopg.Connection, oids: list[int]) -> dict[int, tuple[Name, dict[str, int]]]:
+    """(schema, name) and column attnums of each of ``oids`` that exists, in one statement."""
+    rows = conn.execute(
+        "SELECT c.oid, n.nspname, c.relname, (SELECT coalesce(json_object_agg(a.attname, a.attnum), '{}') FROM "
+        "pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (oids,)).fetchall()
+    out: dict[int, tuple[Name, dict[str, int]]] = {}
+    for oid, schema, table, attnums in rows:
+        parsed = attnums if isinstance(attnums, dict) else json.loads(attnums)
+        out[int(oid)] = ((str(schema), str(table)), {str(k): int(v) for k, v in parsed.items()})
+    return out

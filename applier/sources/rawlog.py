@@ -21,7 +21,10 @@ with a SourceError naming the row and LSN. That costs one more pass over the hea
 what makes a replay stop before it writes anything from such a log instead of after.
 
 Columns: ``lsn`` (text like ``0/16B3748``, or an integer), ``xid`` (integer), ``data`` (binary),
-optional ``seq`` (integer). A column of any other type is a SourceError naming it. Reading streams
+optional ``seq`` (integer) and ``catalog`` (text: the catalog note ``applier capture`` stores on a
+Relation row, NULL elsewhere; see applier.sources.catalog_lookup), which travels with its message
+(``RawMessage.catalog``); a file of the log without it (written before it existed) reads as NULL.
+A column of any other type is a SourceError naming it. Reading streams
 in record batches per file, so a log larger than memory is fine.
 """
 
@@ -41,10 +44,12 @@ from applier.storage.options import deltalake_options
 from applier.storage.paths import StorePath, location
 
 __all__ = ["LogFile", "RawMessage", "read_raw_log", "raw_log_files", "log_batches", "log_message_count",
-           "read_file_rows", "file_order_is_log_order"]
+           "read_file_rows", "file_order_is_log_order", "catalog_notes"]
 
 _COLUMNS = ("lsn", "xid", "data")
-_EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer"}
+_NOTE = "catalog"
+_EXPECTED = {"lsn": "text (like 0/16B3748) or integer", "xid": "integer", "data": "binary", "seq": "integer",
+             _NOTE: "text"}
 
 
 class RawLogFormatError(SourceError, InputError):
@@ -56,6 +61,7 @@ class RawMessage:
     lsn: int
     xid: int
     data: bytes
+    catalog: str | None = None  # a Relation row's catalog note (applier capture), when the log has one
 
 
 #: A raw log's file: a local path, or an object on a store (``s3://...``, read through pyarrow's file system).
@@ -256,7 +262,7 @@ def _open(file: LogFile) -> pq.ParquetFile:
     missing = [c for c in _COLUMNS if c not in schema.names]
     if missing:
         raise RawLogFormatError(f"raw log file lacks column(s) {', '.join(missing)}", path=str(file))
-    for name in (*_COLUMNS, "seq"):
+    for name in (*_COLUMNS, "seq", _NOTE):
         if name in schema.names and not _type_ok(name, schema.field(name).type):
             raise RawLogFormatError(f"raw log column {name} has type {schema.field(name).type}, expected "
                               f"{_EXPECTED[name]}", path=str(file), column=name)
@@ -268,7 +274,36 @@ def _type_ok(name: str, t: pa.DataType) -> bool:
         return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t))
     if name == "data":
         return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+    if name == _NOTE:
+        return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
     return bool(pa.types.is_integer(t))
+
+
+def _columns_of(pf: pq.ParquetFile) -> list[str]:
+    """The columns read for messages: lsn, xid, data, and the catalog note when the file has it."""
+    return [*_COLUMNS, _NOTE] if _NOTE in pf.schema_arrow.names else list(_COLUMNS)
+
+
+def catalog_notes(path: str | Path) -> list[str]:
+    """The log's catalog notes in log order, reading only the ``catalog`` and ``seq`` columns (a log
+    without notes: none). For a look at what the log records before replaying it."""
+    files = raw_log_files(path)
+    by_seq = any(_has_seq(f) for f in files)
+    found: list[tuple[int, int, str]] = []
+    for n, file in enumerate(files):
+        try:
+            pf = _open(file)
+            if _NOTE not in pf.schema_arrow.names:
+                continue
+            table = pf.read(columns=[_NOTE, "seq"] if by_seq else [_NOTE])
+        except (OSError, pa.ArrowException) as e:
+            raise SourceError(f"cannot read raw log file: {e}", path=str(file)) from e
+        notes = table.column(0).to_pylist()
+        seqs = table.column(1).to_pylist() if by_seq else [None] * len(notes)
+        found += [(n if seq is None else seq, row, note)  # (seq, -) or (file, row): log order
+                  for row, (seq, note) in enumerate(zip(seqs, notes, strict=True)) if note is not None]
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [note for _k, _r, note in found]
 
 
 def _has_seq(file: LogFile) -> bool:
@@ -279,7 +314,7 @@ def _read_parquet(file: LogFile, batch_rows: int) -> Iterator[tuple[pa.RecordBat
     try:
         pf = _open(file)
         row = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=list(_COLUMNS)):
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=_columns_of(pf)):
             yield batch, file, row
             row += batch.num_rows
     except (OSError, pa.ArrowException) as e:
@@ -291,12 +326,14 @@ def _rows(batch: pa.RecordBatch | pa.Table, file: LogFile, first_row: int) -> It
     xids = batch.column(1).to_pylist()
     datas = batch.column(2).to_pylist()
     text_lsn = _text_lsn(batch)
+    at = batch.schema.get_field_index(_NOTE)
+    notes = batch.column(at).to_pylist() if at >= 0 else [None] * len(lsns)
     for i in range(len(lsns)):
         lsn, xid, data = lsns[i], xids[i], datas[i]
         if lsn is None or xid is None or data is None:
             raise SourceError("raw log row has a NULL lsn, xid or data", path=str(file), row=first_row + i)
         try:
-            yield RawMessage(parse_lsn(lsn) if text_lsn else int(lsn), int(xid), data)
+            yield RawMessage(parse_lsn(lsn) if text_lsn else int(lsn), int(xid), data, notes[i])
         except ApplierError as e:
             raise SourceError("raw log row has an invalid LSN", path=str(file), row=first_row + i) from e
 
@@ -327,8 +364,11 @@ def _by_seq(files: list[LogFile], batch_rows: int) -> Iterator[tuple[pa.Table, L
     previous: int | None = None
     for cluster in clusters:
         try:
-            table = pa.concat_tables([_open(f).read(columns=[*_COLUMNS, "seq"]) for f in cluster],
-                                     promote_options="permissive")
+            parts = [(pf := _open(f)).read(columns=[*_columns_of(pf), "seq"]) for f in cluster]
+            if any(_NOTE in t.schema.names for t in parts):  # files from before the column: NULL notes
+                parts = [t if _NOTE in t.schema.names else t.append_column(_NOTE, pa.nulls(t.num_rows, pa.string()))
+                         for t in parts]
+            table = pa.concat_tables(parts, promote_options="permissive")
         except (OSError, pa.ArrowException) as e:
             raise SourceError(f"cannot read raw log file: {e}", path=str(cluster[0])) from e
         table = table.sort_by("seq")
