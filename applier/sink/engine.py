@@ -258,6 +258,17 @@ class DeltaApplier:
             return self.targets.path_for(namespace, name)
         return self.identities.path_of(oid, namespace, name)
 
+    def _applied_where_bound(self, oid: int, end_lsn: int) -> bool:
+        """Relation ``oid``'s Delta table (where it is bound) has applied the transaction ending at
+        ``end_lsn`` already (a log replayed again, a slot re-sending after a crash): the stream's name then
+        is an older one, whose rename must not be followed backwards, nor a name the catalog gave it then
+        (a stored log's notes) be asked for again. Its changes are left out of the fold there anyway."""
+        bound = self.identities.bound(oid) if self.identities is not None else None
+        if bound is None or bound.retired:
+            return False
+        done = self._applied_version(bound.path, bound.name)
+        return done is not None and end_lsn <= done
+
     def _current_path(self, oid: int, namespace: str, name: str) -> str:
         bound = self.identities.bound(oid) if self.identities is not None else None
         return bound.path if bound is not None else self.targets.path_for(namespace, name)
@@ -316,7 +327,8 @@ class DeltaApplier:
                 if any(c.op == OP_TRUNCATE for c in batch.changes) and self.settings.truncate == "error":
                     raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
                                     end_lsn=end_lsn)
-                self.path_of(batch.relation_oid, batch.namespace, batch.name)  # follows a rename, in order
+                if not self._applied_where_bound(batch.relation_oid, end_lsn):
+                    self.path_of(batch.relation_oid, batch.namespace, batch.name)  # follows a rename, in order
                 entry = per_relation.setdefault(batch.relation_oid, (batch, []))
                 entry[1].append((end_lsn, batch))
                 per_relation[batch.relation_oid] = (batch, entry[1])  # remember the newest schema

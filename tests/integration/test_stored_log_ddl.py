@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from applier.checks.verify import verify_against_postgres
+from applier.commands.exitcodes import ExitCode, for_exception
 from applier.config import ApplySettings, CaptureConfig, ReplayConfig, SourceSettings, TargetSettings
 from applier.drivers.capture import capture
 from applier.drivers.replay import replay_log
-from applier.sink.identity import IdentityError
+from applier.sink.identity import UnprovenRenameError
 from applier.sink.naming import table_location
 from applier.sources.rawlog import read_raw_log
 from applier.sources.rawlog_writer import write_raw_log
@@ -86,12 +87,13 @@ def _assert_equal(spark, conn, target: Path) -> None:
                               result.only_in_source[:3], result.only_in_target[:3])
 
 
-@pytest.mark.usefixtures("replay_path")  # on the driver; with executors on, the notes keep it there
-def test_a_captured_log_replays_exactly_through_ddl(pg, spark, tmp_path):
+def test_a_captured_log_replays_exactly_through_ddl(pg, spark, tmp_path, replay_path):
     log, target = tmp_path / "raw-log", tmp_path / "replayed"
     with pg.connect() as conn:
         _workload(pg, spark, conn, log)
         _replay(spark, log, target)
+        if replay_path.name == "executors":  # the notes are read on the driver path, in log order
+            assert any("catalog notes" in why for why in replay_path.driver_only), replay_path
         _assert_equal(spark, conn, target)
         # the renamed table's Delta table followed its name, with its rows from before the rename
         t2 = spark.read.format("delta").load(table_location(target, "public", "t2"))
@@ -107,12 +109,48 @@ def test_a_captured_log_replays_exactly_through_ddl(pg, spark, tmp_path):
 
 
 def test_a_bare_log_of_the_same_workload_stops_as_before(pg, spark, tmp_path):
-    """The same messages without the notes (lsn, xid, data): nothing can tell whether t1 was renamed
-    or dropped, and the replay stops (exit 4) with the message it has always had."""
+    """The captured log notes the catalog on its Relation rows, and only there. The same messages without
+    the notes (lsn, xid, data): nothing can tell whether cols.a was renamed to b or dropped, and the replay
+    stops there (exit 4) with the message it has always had, before writing to that table."""
     log, bare = tmp_path / "raw-log", tmp_path / "bare.parquet"
     with pg.connect() as conn:
         _workload(pg, spark, conn, log)
-    write_raw_log(bare, ((m.lsn, m.xid, m.data) for m in read_raw_log(log)))
-    with pytest.raises(IdentityError) as stopped:
+    messages = list(read_raw_log(log))
+    assert {m.data[:1] for m in messages if m.catalog is not None} == {b"R"}
+    assert all(m.catalog is not None for m in messages if m.data[:1] == b"R")
+    write_raw_log(bare, ((m.lsn, m.xid, m.data) for m in messages))
+    with pytest.raises(UnprovenRenameError) as stopped:
         _replay(spark, bare, tmp_path / "replayed")
-    assert "no catalog to ask" in str(stopped.value) or "no catalog to tell" in str(stopped.value), stopped.value
+    assert for_exception(stopped.value) == ExitCode.BAD_DATA
+    assert str(stopped.value).startswith(
+        "public.cols: column(s) a are gone and b are new in the same schema change: a rename or a drop and an add, "
+        "which the stream alone cannot tell apart (no catalog to ask: a stored log)."), stopped.value
+
+
+def test_a_capture_log_from_before_the_notes_gains_them_and_still_replays(pg, spark, tmp_path):
+    """A log written before the catalog column existed: the next capture adds it (Delta schema evolution),
+    the older rows read with no note, and the log replays; a table renamed and its name reused after the
+    upgrade is followed, its Relation being noted again in the new capture's round."""
+    log, target = tmp_path / "raw-log", tmp_path / "replayed"
+    cfg = _capture_config(pg, log)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE PUBLICATION ddl_pub FOR ALL TABLES")
+        capture(spark, cfg)
+        conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        capture(spark, cfg)
+        # what a capture before the notes wrote: the same rows and commits, without the column
+        before = spark.read.format("delta").load(str(log)).drop("catalog")
+        before.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(str(log))
+        conn.execute("INSERT INTO t VALUES (3, 'c')")
+        conn.execute("ALTER TABLE t RENAME TO t2")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO t VALUES (1, 'new')")
+        conn.execute("UPDATE t2 SET v = 'changed' WHERE id = 2")
+        assert capture(spark, cfg).messages > 0
+        rows = spark.read.format("delta").load(str(log)).orderBy("seq").collect()
+        relations = [r for r in rows if bytes(r["data"][:1]) == b"R"]
+        assert relations[0]["catalog"] is None and relations[-1]["catalog"] is not None
+        _replay(spark, log, target)
+        for result in verify_against_postgres(spark, conn, str(target), [("public", "t"), ("public", "t2")]):
+            assert result.equal, (result.source_name, result.only_in_source[:3], result.only_in_target[:3])
