@@ -13,8 +13,10 @@ and a new table never shares with a live one, so each OID is bound here to the D
   the new source name;
 - a new OID whose name's path is bound to another OID: the other relation is looked up in the live
   catalog. Renamed: its table moves to its new name first. Gone (dropped): its Delta table is retired
-  to ``DIR/_retired/<schema>/<table>@<oid>`` with a warning, never merged into. Without a catalog to ask
-  (a stored raw log) nothing can prove which, and the run stops (``IdentityError``, exit 4).
+  to ``DIR/_retired/<schema>/<table>@<oid>`` with a warning, never merged into. A stored raw log is asked
+  through the catalog notes ``applier capture`` wrote (applier.sources.catalog_lookup.RecordedCatalog);
+  without a note that answers (``NotRecorded``), or without notes at all, nothing can prove which, and the
+  run stops (``IdentityError``, exit 4).
 
 A move is made crash-safe by writing its intent first (``moving``) and finishing it on the next start.
 Column renames are told from drop+add by ``pg_attribute.attnum``, which a rename keeps and an added
