@@ -85,7 +85,8 @@ def _log_state(spark: SparkSession, path: str, app_id: str) -> tuple[int | None,
 
 
 def _logged_notes(spark: SparkSession, path: str) -> list[str]:
-    """The catalog notes the log holds already (none in a log written before they existed)."""
+    """The catalog notes the log holds already (none in a log written before they existed), each once
+    (a table's Relation is noted again in every round that touches it, mostly alike)."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
@@ -93,7 +94,7 @@ def _logged_notes(spark: SparkSession, path: str) -> list[str]:
     log = spark.read.format("delta").load(path)
     if "catalog" not in log.columns:
         return []
-    return [r[0] for r in log.where("catalog IS NOT NULL").select("catalog").collect()]
+    return [r[0] for r in log.where("catalog IS NOT NULL").select("catalog").distinct().collect()]
 
 
 def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
