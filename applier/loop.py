@@ -58,7 +58,10 @@ PIECE_MIN_ROWS = 1000
 
 
 def piece_rows(apply: ApplySettings) -> int:
-    """The row changes of one piece of a large transaction: about ``apply.memory_budget_mb`` of them."""
+    """The row changes of one piece of a large transaction: ``apply.piece_rows``, or about
+    ``apply.memory_budget_mb`` of them."""
+    if apply.piece_rows is not None:
+        return apply.piece_rows
     return max(PIECE_MIN_ROWS, (apply.memory_budget_mb << 20) // PIECE_ROW_BYTES)
 
 

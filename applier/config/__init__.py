@@ -317,6 +317,8 @@ class ApplySettings(_Model):
     memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling; "
                                   "a larger transaction is applied in pieces of about one row change per KB of it "
                                   "(docs/applying.md)")
+    piece_rows: int | None = Field(None, ge=1, description="row changes per piece of a transaction applied in pieces "
+                                   "(default: one per KB of memory_budget_mb, at least 1000)")
     skip_transactions: list[Lsn] = Field(
         default_factory=list,
         description="commit LSNs (as in '0/16B3748') of transactions to leave out, like ALTER SUBSCRIPTION "

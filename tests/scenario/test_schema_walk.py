@@ -39,10 +39,11 @@ WALKS = ([(int(x), _MAJOR, _STEPS) for x in os.environ["APPLIER_WALK_SEEDS"].spl
 #: the followers of every walk: (group cuts, protocol version) - one transaction a group, small groups, the
 #: defaults; the same stream decoded as protocol 1 (prepared transactions at COMMIT PREPARED, big ones
 #: whole), 2 (big ones streamed) and 3 (two-phase: prepared transactions at PREPARE, streamed too; 4 with
-#: parallel streaming on PostgreSQL 16+)
+#: parallel streaming on PostgreSQL 16+); the second applies each transaction of more than 8 row changes in
+#: pieces (applier.loop: what a transaction over apply.memory_budget_mb is applied in)
 CUTS: dict[str, tuple[dict[str, object], int]] = {
     "one": ({"max_group_transactions": 1}, 1),
-    "three": ({"max_group_transactions": 3, "max_group_rows": 7}, 2),
+    "three": ({"max_group_transactions": 3, "max_group_rows": 7, "piece_rows": 8}, 2),  # big ones in pieces
     "default": ({}, 3),
 }
 
