@@ -40,7 +40,7 @@ from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError
 from applier.lsn import format_lsn
-from applier.sink.engine import DeltaApplier
+from applier.sink.engine import DeltaApplier, merge_keys
 from applier.sink.idempotence import is_delta_table
 from applier.sink.schema import PROP_PUBLICATION
 from applier.sources.publication import PublishedTable, published_selection, published_shapes
@@ -312,9 +312,11 @@ class TableSync:
                 added = self._added(oid, key, columns, fresh=set(), remember=False)
                 if not added:
                     continue
-                filled, _gone = _filled_columns(conn, oid, added)
+                filled, gone = _filled_columns(conn, oid, added)
                 if filled:
                     return f"{namespace}.{name} gained columns {sorted(filled)} with values the stream does not send"
+                if gone:  # a key-less table's old images carry it: the driver path decides (copies it again)
+                    return f"{namespace}.{name} gained columns {sorted(gone)} that were dropped again since"
                 self._columns[oid].update(added)
         return None
 
@@ -330,7 +332,10 @@ class TableSync:
         the group's changes to it up to that position are in the copy and left out of the apply.
         Like PostgreSQL's table sync, creating the copy's slot waits for transactions open on the
         server, prepared ones too (the log names them). A column dropped again before the mirror
-        asks is only reported: Postgres no longer has it to compare with."""
+        asks is only reported (Postgres no longer has it to compare with), unless the group's changes
+        that carry it match rows on every column (REPLICA IDENTITY FULL without a key): their old
+        images hold what the rows that existed had in it (a rewrite's or a default's values), which
+        the Delta rows (NULL there) never match, so that table is copied again as well."""
         new: dict[int, tuple[tuple[str, str], set[str]]] = {}  # relation OID -> (name, columns added)
         fresh: set[int] = set()
         for _end, batches in transactions:
@@ -347,20 +352,26 @@ class TableSync:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             for oid, (key, added) in new.items():
                 filled, gone = _filled_columns(conn, oid, added)
-                if gone:  # dropped again since: Postgres no longer has it, the Delta table keeps it (NULL)
+                # dropped again since: in a key-less table the old images still carry it (see above); changes
+                # the table has applied (a copy made since holds them) carry nothing to match any more
+                done = self.applier.relation_version(oid, *key) if gone else None
+                carriers = [b for end, batches in transactions if done is None or end > done for b in batches
+                            if b.relation_oid == oid and not gone.isdisjoint(b.schema.column_names)] if gone else []
+                unknown = gone if any(not merge_keys(b, self.applier.tables) for b in carriers) else set()
+                if carriers and not unknown:  # Postgres no longer has it, the Delta table keeps it (NULL)
                     log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
                                 "the rows that existed then keep NULL in them in Delta", key[0], key[1],
                                 ", ".join(sorted(gone)))
-                if filled and self.applier.derived.kinds(f"{key[0]}.{key[1]}"):
+                if (filled or unknown) and self.applier.derived.kinds(f"{key[0]}.{key[1]}"):
                     raise SinkError(
                         "the table gained a column whose existing rows are not NULL in Postgres (a default, "
                         "identity or generated value), which the stream does not send; the mirror would copy "
                         "the table again, but its history or change feed table cannot take a copy without "
                         "losing what it holds. Delete those derived tables (the mirror then copies the table "
                         "and starts them anew) or turn history/changes off for it",
-                        table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(filled)))
-                constant = missing_values(conn, oid, filled) if filled else {}
-                if filled and not filled - constant.keys():  # all constant defaults: filled, no copy
+                        table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(filled | unknown)))
+                constant = missing_values(conn, oid, filled) if filled and not unknown else {}
+                if filled and not unknown and not filled - constant.keys():  # all constant defaults: filled, no copy
                     fills = []
                     for column, text in sorted(constant.items()):
                         before = first_carrying(transactions, oid, column)
@@ -369,6 +380,13 @@ class TableSync:
                                             table=f"{key[0]}.{key[1]}", column=column)
                         fills.append(Fill(column, text, before))
                     self.fills.record(oid, fills)
+                elif unknown:
+                    self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(unknown))} "
+                                  "that were dropped again since, while the old row images of its changes (REPLICA "
+                                  "IDENTITY FULL) carry them with values the stream never sent for the rows that "
+                                  "existed; copying the table again")
+                    self.fills.forget(oid, f"{key[0]}.{key[1]}")
+                    recopy.append(oid)
                 elif filled:
                     self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) {', '.join(sorted(filled))} "
                                   "whose existing rows are not NULL in Postgres (a volatile default, identity or "
