@@ -15,7 +15,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "maintain",
         help="compact small files, VACUUM and checkpoint the mirrored tables (safe while mirror runs)",
         description="For every Delta table under TARGET (mirrored tables, their history and change feed tables, "
-        "retired tables): when it holds at least maintenance.min_small_files data files smaller than "
+        "retired tables): first, data files an older applier let Spark write with INT96 timestamps (which delta-rs "
+        "and other readers misread outside 1677-2262) are rewritten by Spark as microseconds, once (the table is "
+        "then marked applier.parquetTimestamps); then, when it holds at least maintenance.min_small_files data files smaller than "
         "maintenance.small_file_bytes, compact them (OPTIMIZE; Z-ordered by maintenance.z_order's columns where a "
         "glob matches); then VACUUM with maintenance.retention_hours (default: the table's own "
         "delta.deletedFileRetentionDuration, 7 days) and write a checkpoint. Safe while `applier mirror` writes "
