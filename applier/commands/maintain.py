@@ -15,16 +15,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "maintain",
         help="compact small files, VACUUM and checkpoint the mirrored tables (safe while mirror runs)",
         description="For every Delta table under TARGET (mirrored tables, their history and change feed tables, "
-        "retired tables): first, data files an older applier let Spark write with INT96 timestamps (which delta-rs "
-        "and other readers misread outside 1677-2262) are rewritten by Spark as microseconds, once (the table is "
-        "then marked applier.parquetTimestamps); then, when it holds at least maintenance.min_small_files data files smaller than "
-        "maintenance.small_file_bytes, compact them (OPTIMIZE; Z-ordered by maintenance.z_order's columns where a "
-        "glob matches); then VACUUM with maintenance.retention_hours (default: the table's own "
-        "delta.deletedFileRetentionDuration, 7 days) and write a checkpoint. Safe while `applier mirror` writes "
-        "the same tables: the mirror's exactly-once record (the txn actions) is untouched, and a compaction "
-        "that races a MERGE is a Delta commit conflict that the loser retries (docs/operations.md, \"Table "
-        "maintenance\"). delta-rs does the work on every table it can write (no JVM); the others go through "
-        "Spark's OPTIMIZE and VACUUM. One line per table, or one JSON object with --json.",
+        "retired tables): first, data files an older applier let Spark write with INT96 timestamps (which "
+        "delta-rs and other readers misread outside 1677-2262) are rewritten by Spark as microseconds, once (the "
+        "table is then marked applier.parquetTimestamps); then, when it holds at least "
+        "maintenance.min_small_files data files smaller than maintenance.small_file_bytes, compact them "
+        "(OPTIMIZE; Z-ordered by maintenance.z_order's columns where a glob matches); then VACUUM with "
+        "maintenance.retention_hours (default: the table's own delta.deletedFileRetentionDuration, 7 days) and "
+        "write a checkpoint. Safe while `applier mirror` writes the same tables: the mirror's exactly-once "
+        "record (the txn actions) is untouched, and a compaction that races a MERGE is a Delta commit conflict "
+        "that the loser retries (docs/operations.md, \"Table maintenance\"). delta-rs does the work on every "
+        "table it can write (no JVM); the others go through Spark's OPTIMIZE and VACUUM. One line per table, "
+        "or one JSON object with --json.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its target and maintenance section")
     p.add_argument("--target", help="directory of the mirrored Delta tables (overrides target.path)")
