@@ -203,7 +203,7 @@ class TransactionFeeder:
         by_table: dict[int, list[tuple[SchemaVersion, TableChange]]] = {}
         for schema, row in self.row_changes(txn):
             by_table.setdefault(schema.relation.oid, []).append((schema, row))
-        return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
+        return _table_batches(by_table, txn)
 
     def row_changes(self, txn: CommittedTransaction) -> Iterator[tuple[SchemaVersion, TableChange]]:
         """The row changes of ``txn``, in order, each with the schema version it was decoded with (its
@@ -240,11 +240,11 @@ class PiecedBatches:
         held = 0
         for schema, row in self.feeder.row_changes(self.txn):
             if held >= self.rows:
-                yield [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, self.txn)], False
+                yield _table_batches(by_table, self.txn), False
                 by_table, held = {}, 0
             by_table.setdefault(schema.relation.oid, []).append((schema, row))
             held += 1
-        yield [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, self.txn)], True
+        yield _table_batches(by_table, self.txn), True
 
 
 #: A committed transaction's batches: all of them, or a large one's in pieces
@@ -271,6 +271,12 @@ def _reported(txn: CommittedTransaction, total: int) -> Iterator[Change]:
 #: Per relation OID in a plain transaction: its schema version, converter, short reader and row changes.
 _PlainTable = tuple[SchemaVersion, Callable[[TupleData], tuple[Any, ...]], Callable[[bytes, int], TableChange | None],
                     list[TableChange]]
+
+
+def _table_batches(by_table: dict[int, list[tuple[SchemaVersion, TableChange]]],
+                   txn: CommittedTransaction) -> list[TableBatch]:
+    """Each relation's row changes of ``txn`` (or of a piece of it) as its batches (``_batches_of``)."""
+    return [b for oid, rows in by_table.items() for b in _batches_of(oid, rows, txn)]
 
 
 def _batches_of(oid: int, rows: list[tuple[SchemaVersion, TableChange]],

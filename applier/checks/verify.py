@@ -231,7 +231,7 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
     store = scanner(path, spark, spark_only=reader == "spark")
-    int96 = int96_files_at(path) if isinstance(store, DeltaRsStore) else []
+    int96 = (int96_files_at(path) or []) if isinstance(store, DeltaRsStore) else []
     if int96:  # delta-rs misreads them (or stops): compared as Spark reads them, and reported
         if spark is None:
             result = compare(f"{namespace}.{table}", iter(()), iter(()), detail=detail)

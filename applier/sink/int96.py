@@ -66,22 +66,23 @@ def int96_files(table: Any) -> list[str]:
     return found
 
 
-def int96_files_at(path: str) -> list[str]:
-    """``int96_files`` of the table at ``path``; none for a table marked as checked (``PROP_TIMESTAMPS``)
-    or without a timestamp column, and none for one delta-rs cannot open (Spark reads it, and reads
-    INT96 right)."""
+def int96_files_at(path: str) -> list[str] | None:
+    """``int96_files`` of the table at ``path``, or None when there is nothing to check: a table marked as
+    checked (``PROP_TIMESTAMPS``), one without a timestamp column, one delta-rs cannot open or list (Spark
+    reads it, and reads INT96 right). One open of the table for all of it."""
     from applier.sink.store.deltars import DeltaRsStore
 
     if not DeltaRsStore.can_open(path):
-        return []
+        return None
     try:
         table = DeltaRsStore.open(path)
-        if table.metadata().configuration.get(PROP_TIMESTAMPS) == CHECKED:
-            return []
+        if (table.metadata().configuration.get(PROP_TIMESTAMPS) == CHECKED
+                or not has_timestamps(table.schema().to_json())):
+            return None
         return int96_files(table)
     except Exception as e:  # noqa: BLE001 - a table delta-rs opens but cannot list: Spark's to read
         log.debug("%s: data files not checked for INT96 timestamps: %s", path, e)
-        return []
+        return None
 
 
 def int96_advice(files: list[str]) -> str:

@@ -138,9 +138,11 @@ class TableMaintainer:
         from applier.sink.int96 import CHECKED, PROP_TIMESTAMPS, int96_files_at, rewrite_with_spark
 
         found = int96_files_at(path)
+        if found is None:  # nothing to check (marked already, no timestamp column, not delta-rs's to read)
+            return None
         mark = {PROP_TIMESTAMPS: CHECKED}
         if not found:
-            if not self.dry_run and _unmarked_with_timestamps(path):
+            if not self.dry_run:
                 retry_on_conflict(lambda: writer(path, self.spark).set_properties(path, mark), table=table)
             return None
         what = (f"{len(found)} data files store timestamps as INT96, which delta-rs and other readers misread "
@@ -274,20 +276,6 @@ class MaintenanceSchedule:
             self.results.append(result)
             self.maintainer.progress(result.line())
             return
-
-
-def _unmarked_with_timestamps(path: str) -> bool:
-    """A table delta-rs opens, with a timestamp column, not yet marked as free of INT96 files."""
-    from applier.sink.int96 import CHECKED, PROP_TIMESTAMPS, has_timestamps
-
-    if not DeltaRsStore.can_open(path):
-        return False
-    try:
-        table = DeltaRsStore.open(path)
-    except SinkError:
-        return False
-    return (table.metadata().configuration.get(PROP_TIMESTAMPS) != CHECKED
-            and has_timestamps(table.schema().to_json()))
 
 
 def _data_files(path: str, small_below: int) -> DataFiles | None:
