@@ -21,6 +21,7 @@ from applier.commands import COMMAND_MODULES
 from applier.commands.exitcodes import ExitCode, disk_full, epilog, for_exception
 from applier.commands.logsetup import add_logging_arguments, configure_from
 from applier.infra.redact import scrub
+from applier.infra.rustpanics import RustPanicFilter
 
 DESCRIPTION = """\
 Mirror PostgreSQL tables into Delta Lake by replaying PostgreSQL's logical replication stream
@@ -54,6 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_from(args)
+    with RustPanicFilter() as panics:
+        code = _run(args)
+    if panics.held:
+        _after_panics(args, code, panics.held)
+    return code
+
+
+def _after_panics(args: argparse.Namespace, code: int, held: list[str]) -> None:
+    """A run that stopped with an error of its own (a full disk: exit 3) has said what happened in one
+    line; the panics of delta-rs's threads on the way there go to the debug log. Otherwise they are
+    news, and shown as Rust would have shown them."""
+    if code in (ExitCode.OK, ExitCode.INTERNAL):
+        print("\n\n".join(held), file=sys.stderr, flush=True)
+    else:
+        logging.getLogger(f"applier.{args.command}").debug(
+            "delta-rs's own threads panicked while the run stopped (the error line says why):\n%s", "\n\n".join(held))
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
