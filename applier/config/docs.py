@@ -49,7 +49,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
 HEADER = """\
 # Config reference
 
-Generated from the pydantic models in `applier/config/__init__.py` by `python -m applier.config.docs --write`;
+Generated from the pydantic models in `applier/config/` by `python -m applier.config.docs --write`;
 do not edit by hand (a test fails when this file is out of date). Examples: `configs/*.yaml`.
 
 How a config is read (`applier COMMAND --config FILE`, or `applier.replay(spark, "FILE")`):

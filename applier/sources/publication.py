@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from applier.config.source import publication_names
 from applier.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,44 +29,6 @@ class PublishedTable:
 
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def publication_names(text: str) -> list[str]:
-    """The publications of a ``source.publication`` setting, read as pgoutput reads its
-    ``publication_names`` option (SplitIdentifierString): comma-separated, blanks around a name ignored,
-    unquoted names folded to lower case, "double-quoted" names taken as written ("" is a quote)."""
-    names: list[str] = []
-    i, n = 0, len(text)
-    while True:
-        while i < n and text[i].isspace():
-            i += 1
-        if i < n and text[i] == '"':
-            j, name = i + 1, []
-            while True:
-                end = text.find('"', j)
-                if end < 0:
-                    raise ConfigError(f"unterminated quoted name in publication list {text!r}")
-                name.append(text[j:end])
-                if text.startswith('"', end + 1):  # "" inside quotes
-                    name.append('"')
-                    j = end + 2
-                    continue
-                i = end + 1
-                break
-            value = "".join(name)
-        else:
-            j = i
-            while i < n and text[i] != "," and not text[i].isspace():
-                i += 1
-            value = text[j:i].lower()
-        while i < n and text[i].isspace():
-            i += 1
-        if not value or (i < n and text[i] != ","):
-            raise ConfigError(f"not a comma-separated list of publication names: {text!r}")
-        names.append(value)
-        if i >= n:
-            return names
-        i += 1  # the comma
 
 
 def require_publication(conn: psycopg.Connection, publication: str) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from applier.config import ApplySettings, ReplayConfig, TablesSettings
+from applier.config import GroupingSettings, ReplayConfig, TablesSettings
 from applier.sources.rawlog import file_order_is_log_order
 from applier.state import StateDir
 
@@ -44,7 +44,7 @@ def recorded_schema_changes(path: str, state: StateDir) -> str | None:
     return None
 
 
-def folds_unfit(apply: ApplySettings, tables: TablesSettings, state: StateDir) -> str | None:
+def folds_unfit(apply: GroupingSettings, tables: TablesSettings, state: StateDir) -> str | None:
     """Why folds made on executors cannot stand for these settings and this state (replay and the
     mirror's catch-up alike), or None."""
     if apply.grouping == "transaction":

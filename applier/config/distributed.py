@@ -1,0 +1,31 @@
+"""``distributed``: decoding and folding on Spark's executors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from applier.config.base import SettingsModel
+
+
+class DistributedSettings(SettingsModel):
+    """Decoding and folding on Spark's executors (applier.drivers.executors): for ``replay``, the driver
+    surveys the log; for ``mirror``, a large backlog of the slot is read by the driver (applier.drivers.backlog).
+    Executors decode and fold ranges of it, the driver combines and commits."""
+
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on executors when the log has at least min_messages messages (mirror: the "
+        "backlog at least min_backlog_mb) and Spark has more than one core (spark.default.parallelism); on: "
+        "whenever the log allows it; off: the driver path. A log that needs the driver path (history or "
+        "change-feed tables, grouping 'transaction', prepared transactions staged by an earlier run, files not in "
+        "log order; a mirror reading with read_mode 'sql') takes it, with a log line")
+    min_messages: int = Field(2_000_000, ge=1, description="replay, auto: the smallest log replayed on executors")
+    min_backlog_mb: int = Field(
+        64, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
+        "the server's flush position, in MiB) caught up on executors; the mirror then follows the stream on the "
+        "driver")
+    partition_messages: int = Field(
+        250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
+        "is open, so a range may be longer)")
+
