@@ -65,7 +65,7 @@ def replay(spark: SparkSession, config: ReplayConfig | str | Path | Mapping[str,
 
     from applier.checks.position import check_log_continues_target
     from applier.drivers.replay import replay_log
-    from applier.infra.lock import target_writer
+    from applier.drivers.writer import target_writer
 
     cfg = as_config(config, ReplayConfig)
     # the CLI's guards (one writer, stale spill, the target registry, the log's position), here too
@@ -86,7 +86,7 @@ def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str,
     from applier.sources.dsn import check_connection
 
     cfg = as_config(config, MirrorConfig)
-    from applier.infra.lock import target_writer
+    from applier.drivers.writer import target_writer
 
     with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):  # as the CLI: one writer etc.
         check_connection(cfg.source.resolved_dsn())

@@ -204,6 +204,11 @@ class TransientSourceError(SourceError):
     transient = True
 
 
+class TargetLockedError(ApplierError):
+    """Another applier run holds the target (or raw log) this run would write: its ``flock``
+    (applier.infra.lock) or its lease object on an object store (applier.storage.lease)."""
+
+
 class NotRecorded(LookupError):  # noqa: N818  # an answer missing, not a failure: never shown to a user
     """A catalog that answers from records (a stored log's, ``applier.sources.catalog_lookup.RecordedCatalog``)
     has none for this question: the sink treats it as no catalog at all (never as a dropped relation)."""

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from applier.checks.writable import check_writable_directory
     from applier.drivers.capture import capture
-    from applier.infra.lock import location_lock
+    from applier.drivers.writer import location_lock
     from applier.sources.dsn import check_connection
     from applier.sources.publication import check_publication
     from applier.spark.session import build_spark_session_for

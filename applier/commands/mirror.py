@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "stopping after the transactions received so far (Ctrl-C again to quit now)")
         stop.set()
 
-    from applier.infra.lock import target_writer
+    from applier.drivers.writer import target_writer
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
 def run(args: argparse.Namespace) -> int:
     from applier.checks.position import check_log_continues_target
     from applier.drivers.replay import replay_log
-    from applier.infra.lock import target_writer
+    from applier.drivers.writer import target_writer
     from applier.spark.session import SparkProvider
 
     cfg = config_from_args(args)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import psycopg
 
     from applier.drivers.resync import choose_tables, require_mirror, resync
-    from applier.infra.lock import target_writer
+    from applier.drivers.writer import target_writer
     from applier.sources.dsn import check_connection
     from applier.sources.publication import check_publication
     from applier.spark.session import build_spark_session_for

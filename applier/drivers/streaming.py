@@ -13,7 +13,7 @@ from, and Delta's per-table transaction ids make re-applying its transactions a 
 transactions' staged copies are only released one batch later, so a retried batch still finds them.
 
 The sink is a target's writer like ``applier replay``: every batch runs inside the target's session
-(applier.infra.lock.target_writer: the one-writer lock, stale spill removed, the target registry
+(applier.drivers.writer.target_writer: the one-writer lock, stale spill removed, the target registry
 checked before and recorded after), so a CLI run, an API call or another stream writing the same
 target at the same time is refused instead of racing this batch on the Delta commits and the batch
 states. Per batch, not for the query's life: a query restarted in the same process (a new sink on
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from applier.assembly import CommittedTransaction
 from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
+from applier.drivers.writer import target_writer
 from applier.errors import ApplierError
 from applier.infra.gcpolicy import collect_between_groups
-from applier.infra.lock import target_writer
 from applier.loop import ApplyLoop
 from applier.lsn import parse_lsn
 from applier.protocol.replication import pg_now

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from applier.errors import TargetLockedError
 from applier.storage.objects import ObjectStore
 
 __all__ = ["LOCK_KEY", "store_lease"]
@@ -84,8 +85,6 @@ def store_lease(store: ObjectStore, what: str, *, lease_seconds: float | None = 
                 on_lost: Callable[[str], None] | None = None) -> Iterator[dict[str, object]]:
     """Hold the writer lock object ``key`` of ``store`` for the ``with`` body (renewed in the
     background); raise TargetLockedError at once when another live run holds it."""
-    from applier.infra.lock import TargetLockedError
-
     lease_seconds = lease_seconds if lease_seconds is not None else lease_seconds_from_env()
     token = uuid.uuid4().hex
 

@@ -72,7 +72,8 @@ def test_two_writers_through_the_api_and_the_sink_are_refused_like_two_through_t
     """The one-writer lock is taken by the API and the foreachBatch sink too (before any Spark or
     server work: a held target is refused at once, the session is never touched)."""
     from applier.drivers.streaming import DeltaApplySink
-    from applier.infra.lock import TargetLockedError, target_writer
+    from applier.drivers.writer import target_writer
+    from applier.errors import TargetLockedError
 
     target = tmp_path / "delta"
     with target_writer(target, command="mirror"):  # another run writing the target

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from applier.cli import main as cli_main
-from applier.infra.lock import TargetLockedError, writer_lock
+from applier.errors import TargetLockedError
+from applier.infra.lock import writer_lock
 from applier.lsn import parse_lsn
 from applier.sources.rawlog_writer import write_raw_log
 
