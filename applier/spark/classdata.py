@@ -54,14 +54,14 @@ def archive_options(cache_dir: Path) -> str:
 
 
 def write_archive(cache_dir: Path) -> Path:
-    """Write the archive (replacing an older one for the same key) by running ``_warm_up`` in a JVM
-    that dumps the classes it loaded when it exits. Takes about as long as one mirror run's Spark start
+    """Write the archive (replacing an older one for the same key) by running ``applier.spark.warmup`` in a
+    JVM that dumps the classes it loaded when it exits. Takes about as long as one mirror run's Spark start
     and first MERGE; a process killed meanwhile leaves no archive behind, only a temporary file."""
     path = archive_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     env = {**os.environ, "APPLIER_CLASS_ARCHIVE": "off", "APPLIER_CACHE_DIR": str(cache_dir)}
-    done = subprocess.run([sys.executable, "-m", "applier.spark.classdata", str(tmp)], env=env,
+    done = subprocess.run([sys.executable, "-m", "applier.spark.warmup", str(tmp)], env=env,
                           capture_output=True, text=True)
     if done.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
@@ -71,32 +71,3 @@ def write_archive(cache_dir: Path) -> Path:
         if old != path and not old.name.endswith(f".tmp{os.getpid()}"):
             old.unlink(missing_ok=True)
     return path
-
-
-def _warm_up(dump_to: str) -> None:
-    """What a mirror's JVM does first: start, create a Delta table, MERGE into it, read it."""
-    import tempfile
-
-    from applier.spark.session import SparkSettings, build_spark_session
-
-    spark = build_spark_session(SparkSettings(java_options=f"-XX:ArchiveClassesAtExit={dump_to}"))
-    with tempfile.TemporaryDirectory() as tmp:
-        from delta.tables import DeltaTable
-
-        path = f"{tmp}/t"
-        spark.range(10).selectExpr("id", "cast(id AS string) AS s").write.format("delta").save(path)
-        source = spark.range(5, 15).selectExpr("id", "'x' AS s")
-        DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.id = s.id") \
-            .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
-        spark.read.format("delta").load(path).collect()
-    spark.stop()
-    from pyspark import SparkContext
-
-    jvm = SparkContext._gateway.proc  # type: ignore[union-attr]  # the JVM pyspark launched
-    SparkContext._gateway.shutdown()  # type: ignore[union-attr]
-    jvm.stdin.close()  # the JVM exits when its stdin closes, and writes the archive as it does
-    jvm.wait(timeout=600)
-
-
-if __name__ == "__main__":
-    _warm_up(sys.argv[1])
