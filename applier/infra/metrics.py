@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import make_wsgi_app
@@ -21,9 +21,18 @@ from prometheus_client.exposition import make_wsgi_app
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from applier.sources.slothealth import SlotHealth
-
 WAL_STATES = ("reserved", "extended", "unreserved", "lost")
+
+
+class SlotWalState(Protocol):
+    """What the metrics show of a slot: applier.sources.slothealth.SlotHealth, which reads it from the
+    server (a layer above; the metrics only need these two numbers)."""
+
+    @property
+    def wal_status(self) -> str | None: ...
+
+    @property
+    def safe_wal_size(self) -> int | None: ...
 
 #: The exit code category (applier.commands.exitcodes) of each error kind the mirror recovers from.
 ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data", "park": "bad_data"}
@@ -129,7 +138,7 @@ class MirrorMetrics:
     def error(self, kind: str) -> None:
         self.errors.labels(ERROR_CATEGORIES[kind], kind).inc()
 
-    def slot(self, health: SlotHealth) -> None:
+    def slot(self, health: SlotWalState) -> None:
         for status in WAL_STATES:
             self.wal_status.labels(status).set(1 if health.wal_status == status else 0)
         self.safe_wal_size.set(-1 if health.safe_wal_size is None else health.safe_wal_size)
