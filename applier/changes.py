@@ -13,16 +13,14 @@ shared/notes/pgoutput-semantics.md):
 
 Every change carries its ordinal in the transaction, and every batch its schema version, commit LSN
 and end LSN, so a destination can order, deduplicate and describe what it writes without going back
-to the stream.
+to the stream. The batches (``TableBatch``) live in applier.catalog.batches, beside the schema
+version they carry: this module is a leaf that imports nothing of applier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from applier.catalog import SchemaVersion
 
 #: Row-change operations (single characters, as pgoutput names them).
 OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE = "I", "U", "D", "T"
@@ -62,29 +60,6 @@ class TableChange:
         if self.new_row is None:
             return None
         return "partial" if self.new_partial else "full"
-
-
-@dataclass(frozen=True, slots=True)
-class TableBatch:
-    """The changes of one committed transaction to one table, decoded with one schema version, in
-    commit order (a transaction that altered the table mid-way yields one batch per version)."""
-
-    relation_oid: int
-    namespace: str
-    name: str
-    schema: SchemaVersion
-    commit_lsn: int
-    end_lsn: int
-    changes: Sequence[TableChange]
-    commit_time: int | None = None  # microseconds since 2000-01-01 UTC, as pgoutput sends it
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.namespace}.{self.name}"
-
-
-#: What a group hands the sink: per committed transaction, its end LSN and its batches.
-GroupedTransactions = Sequence[tuple[int, Sequence[TableBatch]]]
 
 
 @dataclass(frozen=True, slots=True)

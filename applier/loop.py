@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
 from applier.assembly.feeder import PiecedBatches, TransactionFeeder
-from applier.changes import GroupedTransactions, SkippedTransaction, TableBatch
+from applier.catalog.batches import GroupedTransactions, TableBatch
+from applier.changes import SkippedTransaction
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
 from applier.infra.crashpoints import crashpoint

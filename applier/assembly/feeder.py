@@ -17,7 +17,8 @@ from applier.assembly.rowchanges import row_change, row_changes
 from applier.assembly.shortrows import ShortRowReader
 from applier.assembly.transactions import Change
 from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
-from applier.changes import SkippedTransaction, TableBatch, TableChange
+from applier.catalog.batches import TableBatch
+from applier.changes import SkippedTransaction, TableChange
 from applier.config import ApplySettings
 from applier.errors import ApplierError, DecodeError
 from applier.infra.crashpoints import crashpoint

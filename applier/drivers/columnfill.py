@@ -39,7 +39,8 @@ from typing import Any
 import psycopg
 
 from applier.catalog import SchemaVersion, TypeCache
-from applier.changes import GroupedTransactions, TableBatch, TableChange
+from applier.catalog.batches import GroupedTransactions, TableBatch
+from applier.changes import TableChange
 from applier.config import MirrorConfig
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint

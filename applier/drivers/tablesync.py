@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 
 from applier.catalog import RelationCache
-from applier.changes import GroupedTransactions, TableBatch
+from applier.catalog.batches import GroupedTransactions, TableBatch
 from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError

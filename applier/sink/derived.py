@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.catalog import SchemaVersion
-from applier.changes import TableBatch
+from applier.catalog.batches import TableBatch
 from applier.config import TableRule, TablesSettings
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint

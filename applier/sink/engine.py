@@ -19,7 +19,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from applier.catalog import SchemaVersion, TypeCache
-from applier.changes import OP_TRUNCATE, GroupedTransactions, TableBatch, TableChange
+from applier.catalog.batches import GroupedTransactions, TableBatch
+from applier.changes import OP_TRUNCATE, TableChange
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import (
     DroppedTypeChangeError,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from applier.changes import OP_DELETE, OP_TRUNCATE, TableBatch, TableChange
+from applier.catalog.batches import TableBatch
+from applier.changes import OP_DELETE, OP_TRUNCATE, TableChange
 from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.rowkeys import old_key_of
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from applier.catalog import PerSchemaVersion, SchemaVersion
-from applier.changes import TableBatch, TableChange
+from applier.catalog.batches import TableBatch
+from applier.changes import TableChange
 
 
 class Layouts:

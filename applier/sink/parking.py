@@ -17,7 +17,7 @@ from collections.abc import MutableSequence
 from datetime import UTC, datetime
 from typing import Any
 
-from applier.changes import GroupedTransactions
+from applier.catalog.batches import GroupedTransactions
 from applier.errors import SinkError
 from applier.state import StateDir
 

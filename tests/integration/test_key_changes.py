@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from applier.changes import TableBatch
+from applier.catalog.batches import TableBatch
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TablesSettings, TargetSettings
 from applier.drivers.mirror import mirror
