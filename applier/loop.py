@@ -34,7 +34,8 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
-from applier.sink.engine import CommitCounters, DeltaApplier, FoldedTable, approximate_bytes
+from applier.sink.engine import CommitCounters, DeltaApplier
+from applier.sink.fold import FoldedTable, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.parking import ParkedTables

@@ -46,7 +46,8 @@ from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.messages import COL_TEXT
-from applier.sink.engine import DeltaApplier, table_spec
+from applier.sink.engine import DeltaApplier
+from applier.sink.fold import table_spec
 from applier.sources.sql_slot import pin_session
 from applier.state import StateDir
 from applier.values import convert_value

@@ -25,7 +25,7 @@ import psycopg
 
 from applier.errors import ApplierError, SourceError
 from applier.infra.progress import ProgressReport, count_fields, count_line
-from applier.sources.copy import TablePlan, arrow_types, plan_table, read_arrow_chunk, select_sql
+from applier.sources.copy import CopyPlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
 from applier.values import RowConverter, SpecialValuePolicy, arrow_schema_for
@@ -44,7 +44,7 @@ class CopyJob:
 
     table: PublishedTable
     relation: Relation
-    plan: TablePlan
+    plan: CopyPlan
     loader: SnapshotLoader | TeeLoader
     converter: RowConverter
     arrow_types: list[Any] | None  # None: every chunk takes the per-value path

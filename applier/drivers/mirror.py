@@ -36,7 +36,7 @@ from applier.errors import ConfigError, ResyncNeededError, SourceError, Transien
 from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.engine import FoldedTable
+from applier.sink.fold import FoldedTable
 from applier.sink.parking import ParkedTables
 from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient

@@ -40,7 +40,8 @@ from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError
 from applier.lsn import format_lsn
-from applier.sink.engine import DeltaApplier, merge_keys
+from applier.sink.engine import DeltaApplier
+from applier.sink.fold import merge_keys
 from applier.sink.idempotence import is_delta_table
 from applier.sink.schema import PROP_PUBLICATION
 from applier.sources.publication import PublishedTable, published_selection, published_shapes

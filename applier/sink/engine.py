@@ -12,19 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from itertools import chain
-from typing import TYPE_CHECKING, Any
 
 from applier.catalog import SchemaVersion, TypeCache
 from applier.catalog.batches import GroupedTransactions, TableBatch
-from applier.changes import OP_TRUNCATE, TableChange
+from applier.changes import OP_TRUNCATE
 from applier.config import ApplySettings, TablesSettings
 from applier.errors import (
     DroppedTypeChangeError,
-    KeyChangeError,
     NotRecorded,
     ResyncNeededError,
     SchemaDecisionError,
@@ -33,20 +30,22 @@ from applier.errors import (
 )
 from applier.infra.crashpoints import crashpoint
 from applier.lsn import format_lsn
-from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.bulkload import SnapshotLoader, TeeLoader
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.derived import DerivedTables, HistoryJob
-from applier.sink.extras import OP_READ, ExtraColumns, with_extra_values
-from applier.sink.idempotence import (
-    COMMIT_TIME_FIELD,
-    app_id_for,
-    carry_applied_version,
+from applier.sink.extras import OP_READ
+from applier.sink.fold import (
+    FoldedTable,
+    commit_description,
+    describe_plan,
+    fold_table,
+    key_runs,
+    table_spec,
 )
+from applier.sink.idempotence import app_id_for, carry_applied_version
 from applier.sink.identity import TableIdentities
-from applier.sink.layouts import Layouts
 from applier.sink.parallel import SessionPool
-from applier.sink.plan import TablePlan, fold_changes
+from applier.sink.plan import TablePlan
 from applier.sink.schema import (
     PROP_RESTART_IDENTITY,
     SchemaEvolution,
@@ -55,42 +54,16 @@ from applier.sink.schema import (
     create_table,
     ensure_table,
     table_options,
-    with_added_columns,
 )
 from applier.sink.store import CommitResult, SparkStore, StorePicker
 from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
-from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.spark.session import SparkLike, SparkProvider
-from applier.values import UNCHANGED_TOAST, arrow_schema_for
-
-if TYPE_CHECKING:
-    pass
-
 
 log = logging.getLogger(__name__)
 
 #: A table's changes in one group from which its fold and merge say what they do (they take seconds)
 LARGE_FOLD_ROWS = 100_000
-
-
-def approximate_bytes(batch: TableBatch, sample: int = 4) -> int:
-    """A cheap size estimate of a batch's row images (for apply.max_group_bytes_mb): the mean size
-    of its first few rows times its number of changes. Strings and bytes count their length,
-    containers their elements, everything else 8 bytes."""
-    changes = batch.changes
-    if not changes:
-        return 0
-    rows = [c.new_row or c.old_row or c.old_key or () for c in changes[:sample]]
-    return sum(_value_bytes(v) for row in rows for v in row) * len(changes) // len(rows)
-
-
-def _value_bytes(value: Any) -> int:
-    if isinstance(value, str | bytes | bytearray | memoryview):
-        return len(value)
-    if isinstance(value, list | tuple):
-        return sum(_value_bytes(v) for v in value)
-    return 8
 
 
 @dataclass
@@ -104,102 +77,6 @@ class CommitCounters:
     last_end_lsn: int | None = None
     tables: set[tuple[str, str]] = field(default_factory=set)
     commits: int = 0
-
-
-def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | None) -> TableSpec:
-    """The Delta table a batch's source table maps to: columns and Arrow types (rules' exclusions
-    applied), merge key, and the added metadata columns. Pure (no session): executors use it too."""
-    sv = batch.schema
-    rel = sv.relation
-    qualified = f"{batch.namespace}.{batch.name}"
-    if not rel.columns:
-        return zero_column_spec(qualified, rel.replica_identity)  # a row count (applier.sink.zerocol)
-    rule = tables.rule_for(qualified)
-    keys = merge_keys(batch, tables)
-    schema = arrow_schema_for(sv, types)
-    excluded = set(rule.exclude_columns) if rule is not None else set()
-    if excluded:
-        import pyarrow as pa
-
-        if excluded & set(keys):
-            raise SinkError("a key column cannot be excluded (it is what rows are merged on)",
-                            table=qualified, columns=", ".join(sorted(excluded & set(keys))))
-        schema = pa.schema([f for f in schema if f.name not in excluded])
-    spec = TableSpec(qualified, schema, keys, rel.replica_identity)
-    extra = ExtraColumns.for_table(tables, qualified)
-    if extra is None:
-        return spec
-    if not keys:
-        raise SinkError("metadata columns and soft deletes need a key: this table has none (REPLICA "
-                        "IDENTITY FULL without a primary key); set key_columns in a tables rule, or "
-                        "metadata_columns/soft_delete: false in a rule for it", table=qualified)
-    return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
-                              remedy="choose other names in tables.metadata_names")
-
-
-def merge_keys(batch: TableBatch, tables: TablesSettings) -> tuple[str, ...]:
-    """The columns a batch's rows are merged on: a rule's ``key_columns``, else the replica identity
-    key of the batch's schema version; empty for REPLICA IDENTITY FULL (the rows are a multiset)."""
-    rule = tables.rule_for(f"{batch.namespace}.{batch.name}")
-    if rule is not None and rule.key_columns:
-        return tuple(rule.key_columns)
-    rel = batch.schema.relation
-    if rel.replica_identity == "f":
-        return ()  # whole-row identity: a multiset
-    return tuple(rel.columns[i].name for i in batch.schema.key_indexes)
-
-
-def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings,
-             table: str | None = None) -> list[list[tuple[int, TableBatch]]]:
-    """One table's batches of a group (``(end_lsn, batch)``, commit order) cut where the columns its
-    rows are merged on change (``merge_keys``: a key added or dropped, REPLICA IDENTITY set to or
-    from FULL).
-
-    Why: a fold merges every change on one set of keys, and a keyed fold of a multiset's changes (or
-    a multiset fold of key images) is not what Postgres did: with duplicates, an update of one copy
-    and a delete of the other fold to a deleted key. Each run is folded and committed on its own, as
-    one commit per transaction would have. Nearly always there is one run (the keys are computed
-    once per schema version). A cut between two changes of ONE transaction cannot be given Delta
-    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run with a
-    KeyChangeError: a copy of the table taken after that transaction is exact (``applier resync``, or
-    ``apply.schema_changes: resync``, which the mirror then does by itself). ``table``: the name the
-    table has now (the stream's name may be behind a rename); the error names that one."""
-    keys_of: dict[int, tuple[str, ...]] = {}
-    runs: list[list[tuple[int, TableBatch]]] = []
-    current: tuple[str, ...] | None = None
-    for end_lsn, batch in parts:
-        keys = keys_of.get(id(batch.schema))
-        if keys is None:
-            keys = keys_of[id(batch.schema)] = merge_keys(batch, tables)
-        if not runs or keys != current:
-            if runs and runs[-1][-1][0] == end_lsn:
-                raise KeyChangeError(
-                    "the table's merge key changed inside one transaction, between its row changes (e.g. "
-                    "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
-                    "applier cannot apply the two parts exactly as separate commits. A copy taken after it is "
-                    f"exact: `applier resync --config FILE --table {table or batch.qualified_name}` (or --table and "
-                    "its relation OID, below, if the name is another table's now), then run the mirror again (or "
-                    "set apply.schema_changes: resync to do this automatically); a replay of a stored log cannot "
-                    "re-copy: rebuild the table from a new snapshot",
-                    table=table or batch.qualified_name, relation_oid=batch.relation_oid,
-                    commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
-                    keys_before=", ".join(current or ()) or "(none: whole row)",
-                    keys_after=", ".join(keys) or "(none: whole row)")
-            runs.append([])
-            current = keys
-        runs[-1].append((end_lsn, batch))
-    return runs
-
-
-@dataclass
-class FoldedTable:
-    """One table's fold of a range of transactions, made away from this applier (on an executor:
-    applier.drivers.executors), with the spec and schema version it was folded for."""
-
-    path: str
-    spec: TableSpec
-    schema: SchemaVersion
-    plan: TablePlan
 
 
 class DeltaApplier:
@@ -229,7 +106,7 @@ class DeltaApplier:
         self._written: set[str] = set()  # table paths this run has written rows to
         #: which store (delta-rs or Spark) creates, merges into and copies into each table
         self.stores = stores if stores is not None else StorePicker(self.spark, merge_engine=self.settings.merge_engine)
-        self.derived = DerivedTables(self.spark, target_dir, self.tables, self._mirror_version, self.path_for,
+        self.derived = DerivedTables(self.spark, target_dir, self.tables, self.snapshot_version, self.path_for,
                                      stores=self.stores)
         #: end LSNs of transactions applied in pieces (``apply_group(piece=True)``) that may have pieces
         #: committed: a group holding one leaves out each table's changes its piece marker covers (the loop
@@ -267,8 +144,8 @@ class DeltaApplier:
         bound = self.identities.bound(oid) if self.identities is not None else None
         if bound is None or bound.retired:
             return False
-        done = self._applied_version(bound.path, bound.name)
-        return done is not None and end_lsn <= done
+        applied_to = self._applied_version(bound.path, bound.name)
+        return applied_to is not None and end_lsn <= applied_to
 
     def _current_path(self, oid: int, namespace: str, name: str) -> str:
         bound = self.identities.bound(oid) if self.identities is not None else None
@@ -395,8 +272,8 @@ class DeltaApplier:
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
             if history is not None:
                 histories.append(history)
-        done = self._applied_version(path, spec.source_name)
-        todo = [(lsn, b) for lsn, b in parts if done is None or lsn > done]
+        applied_to = self._applied_version(path, spec.source_name)
+        todo = [(lsn, b) for lsn, b in parts if applied_to is None or lsn > applied_to]
         if self.pieced_ends and todo:
             todo = self._past_pieces(path, spec.source_name, todo)
         if not todo:
@@ -602,7 +479,7 @@ class DeltaApplier:
             self._ensure(path, spec, schema_version)  # created without type widening, so delta-rs can write it
             store = self.stores.copier(path, spec, large=large)
 
-        def done(rows: int) -> None:
+        def copy_finished(rows: int) -> None:
             self._applied[path] = lsn
             if rows:
                 self._written.add(path)
@@ -613,7 +490,7 @@ class DeltaApplier:
         # the values of applier's added columns in every copied row (a zero-column table's: its NULL)
         constants = spec.extra.values(OP_READ, lsn, None, False) if spec.extra is not None else (None,) * spec.added
         loader = SnapshotLoader(self.spark, path, spec, schema_version.column_names, tag=tag,
-                                commit_bytes=commit_bytes, on_done=done, store=store, constants=constants)
+                                commit_bytes=commit_bytes, on_done=copy_finished, store=store, constants=constants)
         others = self.derived.snapshot_loaders(spec, schema_version, schema_version.column_names, lsn,
                                                commit_bytes=commit_bytes, stores=self.stores)
         return TeeLoader(loader, others) if others else loader
@@ -635,9 +512,6 @@ class DeltaApplier:
             self.stores.spark_store().replace_empty(path, spec)
         self.targets.created(path)
         return True
-
-    def _mirror_version(self, namespace: str, name: str) -> int | None:
-        return self._applied_version(self.path_for(namespace, name), f"{namespace}.{name}")
 
     def relation_table(self, oid: int, namespace: str, name: str) -> tuple[str, str] | None:
         """Where relation ``oid`` (called ``namespace.name`` in the stream just now) has its Delta table as
@@ -681,9 +555,9 @@ class DeltaApplier:
         if self._commits[path] % every == 0:
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
             store = self.stores.writer(path)  # delta-rs compacts what it writes (no Spark started for it)
-            done = None if isinstance(store, SparkStore) else \
+            compacted = None if isinstance(store, SparkStore) else \
                 retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name)
-            if done is None:  # Spark's, or declined: in this commit's session
+            if compacted is None:  # Spark's, or declined: in this commit's session
                 retry_on_conflict(lambda: SparkStore(spark).optimize(path, [], None), table=source_name)
 
     def ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
@@ -707,9 +581,9 @@ class DeltaApplier:
 
             def renames(gone: tuple[str, ...], new: tuple[str, ...],
                         candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
-                done = identities.renames_for(oid, spec.source_name, gone, new, candidates)
-                applied.update(done)
-                return done
+                proven = identities.renames_for(oid, spec.source_name, gone, new, candidates)
+                applied.update(proven)
+                return proven
         applied: dict[str, str] = {}
         try:
             evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
@@ -785,54 +659,3 @@ def piece_app_id(app_id: str, end_lsn: int) -> str:
     """The app id of a table's piece marker for the transaction ending at ``end_lsn``: its version is the
     ordinal of the last change of that transaction committed to the table in pieces."""
     return f"{app_id}#piece:{format_lsn(end_lsn)}"
-
-
-def fold_table(spec: TableSpec, batches: Sequence[TableBatch], newest: SchemaVersion | None = None) -> TablePlan:
-    """One table's batches (commit order) folded into one commit's plan, rows aligned to ``spec``'s
-    columns (batches of older schema versions remapped; ``newest``, the version ``spec`` was made
-    from, is the last batch's by default) and the metadata values added."""
-    names = spec.column_names
-    layouts = Layouts(spec.source_column_names, newest or (batches[-1].schema if batches else None))
-    key_positions = tuple(names.index(k) for k in spec.key_columns)
-    extra, ncols = spec.extra, len(spec.source_column_names)
-    changes: Iterable[TableChange] = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \
-        chain.from_iterable(with_extra_values(layouts.aligned(b), b, extra, key_positions, ncols, UNCHANGED_TOAST)
-                            for b in batches)
-    if is_zero_column(spec):
-        changes = with_row_column(changes)
-    soft = extra.soft_delete_positions(ncols) if extra is not None else None
-    return fold_changes(changes, names, key_positions, unchanged_marker=UNCHANGED_TOAST, soft_delete=soft)
-
-
-def commit_description(spec: TableSpec, end_lsn: int, transactions: int, plan: TablePlan, extra: str = "", *,
-                       commit_time: int | None = None) -> str:
-    """What a commit's Delta history says it applied (with the truncate, in Postgres terms, when it has one);
-    ``commit_time`` (the source commit time of its last transaction, PostgreSQL microseconds) is how
-    ``applier status`` tells each table's lag."""
-    out = f"{spec.source_name} end_lsn={format_lsn(end_lsn)} transactions={transactions}"
-    if commit_time is not None:
-        out += f" {COMMIT_TIME_FIELD}{pg_time_to_datetime(commit_time).isoformat(timespec='microseconds')}"
-    out += f" {extra}" if extra else ""
-    return out + (f" {truncate_clause(plan)}" if plan.truncated else "")
-
-
-def truncate_clause(plan: TablePlan) -> str:
-    """How the plan's truncate reads in Postgres terms, e.g. ``TRUNCATE CASCADE RESTART IDENTITY``."""
-    return " ".join(["TRUNCATE"] + (["CASCADE"] if plan.cascade else [])
-                    + (["RESTART IDENTITY"] if plan.restart_identity else []))
-
-
-def describe_plan(description: str, plan: TablePlan) -> str:
-    """One line saying what a commit would do (for --dry-run)."""
-    if plan.multiset:
-        inserts = sum(n for n in plan.counts.values() if n > 0)
-        deletes = -sum(n for n in plan.counts.values() if n < 0)
-        what = f"multiset: +{inserts} -{deletes} row copies"
-    else:
-        upserts = sum(1 for e in plan.keyed.values() if e.row is not None)
-        deletes = sum(1 for e in plan.keyed.values() if e.row is None)
-        toast = sum(1 for e in plan.keyed.values() if e.row is not None and e.unresolved)
-        what = f"upsert {upserts} keys ({toast} keep TOAST values from the target), delete {deletes} keys"
-    if plan.truncated:
-        what = f"{truncate_clause(plan)} then {what} (overwrite)"
-    return f"{description}: {plan.changes} changes -> {what}"

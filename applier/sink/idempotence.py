@@ -25,7 +25,7 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-#: In a commit's userMetadata (applier.sink.engine.commit_description): the source commit time of the last
+#: In a commit's userMetadata (applier.sink.fold.commit_description): the source commit time of the last
 #: transaction the commit applied, ISO 8601 in UTC.
 COMMIT_TIME_FIELD = "source_commit_time="
 

@@ -36,7 +36,7 @@ _PAGE = 8192
 
 
 @dataclass(frozen=True, slots=True)
-class TablePlan:
+class CopyPlan:
     """Where a table's rows come from and how it is cut."""
 
     source_sql: str  # "ONLY s.t" or "s.t" (partitioned tables are read through their root)
@@ -47,7 +47,7 @@ class TablePlan:
 
 
 def plan_table(conn: psycopg.Connection, table: PublishedTable, relation: Relation, *,
-               chunk_mb: int) -> TablePlan:
+               chunk_mb: int) -> CopyPlan:
     row = conn.execute(
         "SELECT c.relkind, c.relpages::int8, c.reltuples::int8, "
         "(SELECT coalesce(sum(p.reltuples), -1)::int8 FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid "
@@ -57,17 +57,17 @@ def plan_table(conn: psycopg.Connection, table: PublishedTable, relation: Relati
     relkind, pages, tuples, leaf_tuples = str(row[0]), int(row[1]), int(row[2]), int(row[3])
     name = f"{quote_ident(table.namespace)}.{quote_ident(table.name)}"
     if relkind == "p":
-        return TablePlan(name, table.row_filter, ("",), leaf_tuples)
+        return CopyPlan(name, table.row_filter, ("",), leaf_tuples)
     per_chunk = max(chunk_mb * 1024 * 1024 // _PAGE, 1)
     if conn.info.server_version < 140000 or pages <= per_chunk:
-        return TablePlan(f"ONLY {name}", table.row_filter, ("",), tuples, pages * _PAGE)
+        return CopyPlan(f"ONLY {name}", table.row_filter, ("",), tuples, pages * _PAGE)
     bounds = list(range(0, pages, per_chunk))
     chunks = [f"ctid >= '({lo},0)'::tid AND ctid < '({hi},0)'::tid" for lo, hi in zip(bounds, bounds[1:], strict=False)]
     chunks.append(f"ctid >= '({bounds[-1]},0)'::tid")  # open-ended: relpages is only an estimate
-    return TablePlan(f"ONLY {name}", table.row_filter, tuple(chunks), tuples, pages * _PAGE)
+    return CopyPlan(f"ONLY {name}", table.row_filter, tuple(chunks), tuples, pages * _PAGE)
 
 
-def select_sql(plan: TablePlan, columns: list[str], chunk: str) -> str:
+def select_sql(plan: CopyPlan, columns: list[str], chunk: str) -> str:
     cols = ", ".join(quote_ident(c) for c in columns) or "NULL"
     conds = [f"({c})" for c in (plan.row_filter, chunk) if c]
     where = f" WHERE {' AND '.join(conds)}" if conds else ""

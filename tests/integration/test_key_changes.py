@@ -18,7 +18,7 @@ from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSett
 from applier.drivers.mirror import mirror
 from applier.drivers.replay import replay_log
 from applier.errors import KeyChangeError
-from applier.sink.engine import key_runs
+from applier.sink.fold import key_runs
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 

@@ -21,7 +21,7 @@ from applier.config import ApplySettings, MirrorConfig, SnapshotSettings, Source
 from applier.drivers.mirror import Mirror
 from applier.errors import ValueConversionError
 from applier.sink.store.arrow import arrow_table
-from applier.sources.copy import TablePlan, arrow_types, read_arrow_chunk, select_sql
+from applier.sources.copy import CopyPlan, arrow_types, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, describe_relation
 from applier.sources.sql_slot import pin_session
@@ -109,7 +109,7 @@ def _read_both_ways(conn: Any, where: str = "", policy: str = "error") -> tuple[
     readers = arrow_types(relation, catalog.types, arrow_schema)
     assert readers is not None
     names = [c.name for c in relation.columns]
-    sql = select_sql(TablePlan("ONLY public.every_type", None, ("",), -1), names, where)
+    sql = select_sql(CopyPlan("ONLY public.every_type", None, ("",), -1), names, where)
     fast = read_arrow_chunk(conn, sql, names, readers, table)
     converter = RowConverter(schema, catalog.types, policy)  # type: ignore[arg-type]
     rows = [converter.convert(t) for batch in copy_rows(conn, table, relation, select=sql) for t in batch]

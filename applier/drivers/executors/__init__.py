@@ -11,7 +11,7 @@ The driver path (applier.drivers.replay) sends every message through one Python 
    there into ranges of about ``partition_messages`` messages, each with the catalog as it stood at
    its start. A range therefore holds whole transactions, streamed and two-phase ones included.
 2. **Fold** (executors, one task per range): the same feeder as the driver path (decode, assemble,
-   convert, origin filter, configured skips) and the same per-table fold (applier.sink.engine's
+   convert, origin filter, configured skips) and the same per-table fold (applier.sink.fold's
    ``table_spec`` and ``fold_table``), leaving out what a table already applied (its end LSN, read
    by the driver before the run), gives per table one TablePlan for the range. The range is in
    memory whole, so the feeder takes its plain transactions (Begin, rows, Commit) the short way,

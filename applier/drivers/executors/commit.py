@@ -21,7 +21,7 @@ from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Backlog, ProgressReport
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.engine import FoldedTable
+from applier.sink.fold import FoldedTable
 from applier.storage.options import options_in_force
 
 if TYPE_CHECKING:

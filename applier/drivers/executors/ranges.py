@@ -12,7 +12,7 @@ from typing import Any
 from applier.changes import SkippedTransaction
 from applier.config import ApplySettings, TablesSettings
 from applier.protocol.messages import LogicalMessage
-from applier.sink.engine import FoldedTable
+from applier.sink.fold import FoldedTable
 from applier.sources.rawlog import RawMessage, read_file_rows
 from applier.storage.options import StorageOptions
 

@@ -15,7 +15,7 @@ from applier.drivers.executors.task import collect, fold_pickled, unpickled_fold
 from applier.errors import SinkError
 from applier.protocol.messages import LogicalMessage
 from applier.sink.combine import combine_plans
-from applier.sink.engine import FoldedTable
+from applier.sink.fold import FoldedTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -16,7 +16,7 @@ from applier.changes import OP_TRUNCATE
 from applier.drivers.executors.ranges import FoldJob, RangeFold, range_columns
 from applier.errors import ApplierError, SinkError
 from applier.infra.gcpolicy import after_group, collect_between_groups
-from applier.sink.engine import FoldedTable, fold_table, key_runs, table_spec
+from applier.sink.fold import FoldedTable, fold_table, key_runs, table_spec
 from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan
 from applier.state import StateDir
 from applier.storage.options import put_in_force
