@@ -39,7 +39,7 @@ from applier.sink.fold import FoldedTable, approximate_bytes
 from applier.sink.identity import TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.parking import ParkedTables
-from applier.sink.schema import SchemaEvolution
+from applier.sink.spec import SchemaEvolution
 from applier.sink.store import StorePicker
 from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from applier.errors import InputError
 from applier.lsn import format_lsn
-from applier.sink.idempotence import app_id_for
 from applier.sink.naming import mirrored_table_dirs, source_name_of
+from applier.sink.spec import app_id_for
 from applier.sink.store import SparkStore, reader
 from applier.sources.rawlog import read_raw_log
 from applier.storage.paths import TablePath

@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 
 from applier.lsn import format_lsn, parse_lsn
-from applier.sink.idempotence import app_id_for, source_commit_time_of
+from applier.sink.idempotence import source_commit_time_of
 from applier.sink.naming import source_name_of
-from applier.sink.schema import PROP_PUBLICATION, PROP_SOURCE, PROP_WIDENED
+from applier.sink.spec import PROP_PUBLICATION, PROP_SOURCE, PROP_WIDENED, app_id_for
 from applier.sink.store import SparkStore, reader
 from applier.storage.paths import TablePath
 
@@ -111,7 +111,7 @@ def table_status(path: TablePath, *, expected_options: Any = None, kind: str = "
     widened = tuple(json.loads(properties[PROP_WIDENED])) if PROP_WIDENED in properties else ()
     mismatches: tuple[str, ...] = ()
     if expected_options is not None:
-        from applier.sink.schema import option_mismatches
+        from applier.sink.spec import option_mismatches
 
         found = option_mismatches(properties, list(table.partition_columns), expected_options)
         if expected_options.cluster_by and "clustering" not in table.writer_features:

@@ -39,7 +39,8 @@ from applier.infra.progress import Backlog, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import Relation, transaction_end_lsn
-from applier.sink.idempotence import applied_version, idempotent_write
+from applier.sink.idempotence import applied_version
+from applier.sink.store.sparkbase import idempotent_write
 from applier.sources import sql_slot
 from applier.sources.catalog_lookup import CatalogRecorder
 from applier.sources.slothealth import SlotWatch

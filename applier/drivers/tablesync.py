@@ -43,7 +43,7 @@ from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sink.fold import merge_keys
 from applier.sink.idempotence import is_delta_table
-from applier.sink.schema import PROP_PUBLICATION
+from applier.sink.spec import PROP_PUBLICATION
 from applier.sources.publication import PublishedTable, published_selection, published_shapes
 from applier.sources.slots import open_phrase, prepared_phrase, slot_creation_blockers, sync_slot_prefix
 from applier.sources.syncslot import SyncSlot

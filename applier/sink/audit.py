@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from applier.changes import SkippedTransaction
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.owntables import append_rows
-from applier.sink.schema import TableSpec
+from applier.sink.spec import TableSpec
 from applier.sink.store.picker import scanner
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from applier.spark.types import spark_schema
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from applier.sink.schema import TableSpec
+    from applier.sink.spec import TableSpec
     from applier.sink.store import TableStore, WriteMode
 
 

@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import SinkError
-from applier.sink.idempotence import app_id_for
 from applier.sink.plan import freeze
 from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, key_only_row, old_key_of
-from applier.sink.schema import with_added_columns
+from applier.sink.spec import app_id_for, with_added_columns
 
 if TYPE_CHECKING:
-    from applier.sink.schema import TableSpec
+    from applier.sink.spec import TableSpec
 
 OP, COMMIT_LSN, ORDINAL, COMMIT_TIME = "__op", "__commit_lsn", "__ordinal", "__commit_time"
 FEED_COLUMNS = (OP, COMMIT_LSN, ORDINAL, COMMIT_TIME)

@@ -36,12 +36,13 @@ from applier.sink.history import (
 )
 from applier.sink.idempotence import applied_version, carry_applied_version, is_delta_table
 from applier.sink.layouts import Layouts
-from applier.sink.merge import write_rows
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, table_location
 from applier.sink.rowkeys import keys_continued
-from applier.sink.schema import TableSpec, ensure_table
+from applier.sink.schema import ensure_table
+from applier.sink.spec import TableSpec
 from applier.sink.store.arrow import arrow_table
 from applier.sink.store.spark import SparkStore
+from applier.sink.store.sparkmerge import write_rows
 from applier.spark.session import SparkLike, SparkProvider
 from applier.storage.location import is_object_store, join
 from applier.storage.moves import TableInTheWay, move_table_on_store

@@ -42,19 +42,12 @@ from applier.sink.fold import (
     key_runs,
     table_spec,
 )
-from applier.sink.idempotence import app_id_for, carry_applied_version
+from applier.sink.idempotence import carry_applied_version
 from applier.sink.identity import TableIdentities
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
-from applier.sink.schema import (
-    PROP_RESTART_IDENTITY,
-    SchemaEvolution,
-    TableOptions,
-    TableSpec,
-    create_table,
-    ensure_table,
-    table_options,
-)
+from applier.sink.schema import create_table, ensure_table, table_options
+from applier.sink.spec import PROP_RESTART_IDENTITY, SchemaEvolution, TableOptions, TableSpec, app_id_for
 from applier.sink.store import CommitResult, SparkStore, StorePicker
 from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
@@ -156,7 +149,7 @@ class DeltaApplier:
         goes with it to the new name's app id (one commit, which also records the new source name), and
         so do its history and change feed tables. ``new_name`` None: the table was dropped and its name
         taken, its Delta table retired to ``dst`` (its derived tables beside it)."""
-        from applier.sink.schema import PROP_SOURCE
+        from applier.sink.spec import PROP_SOURCE
 
         for cache in (self._applied, self._commits, self._schema_seen):
             cache.pop(src, None)

@@ -20,10 +20,9 @@ from applier.errors import KeyChangeError, SinkError
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.extras import ExtraColumns, with_extra_values
-from applier.sink.idempotence import COMMIT_TIME_FIELD
 from applier.sink.layouts import Layouts
 from applier.sink.plan import TablePlan, fold_changes
-from applier.sink.schema import TableSpec, with_added_columns
+from applier.sink.spec import COMMIT_TIME_FIELD, TableSpec, with_added_columns
 from applier.sink.zerocol import is_zero_column, with_row_column, zero_column_spec
 from applier.values import UNCHANGED_TOAST, arrow_schema_for
 

@@ -25,21 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from applier.changes import OP_DELETE, OP_TRUNCATE, TableChange
 from applier.errors import SinkError
-from applier.sink.idempotence import app_id_for, idempotent_write
-from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import freeze
 from applier.sink.rowimage import TOAST, check_key, refusal, resolve
 from applier.sink.rowkeys import key_of, old_key_of
-from applier.sink.schema import with_added_columns
+from applier.sink.spec import app_id_for, with_added_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
-
-    from applier.sink.schema import TableSpec
+    from applier.sink.spec import TableSpec
 
 START_LSN, END_LSN, START_AT, END_AT = "__start_lsn", "__end_lsn", "__start_at", "__end_at"
 HISTORY_COLUMNS = (START_LSN, END_LSN, START_AT, END_AT)
-_KIND = "__applier_kind"
+KIND = "__applier_kind"  # a history commit's source rows: "U" (a version changed) or "I" (new)
 _NO_VERSION = ("an unchanged TOAST value has no version to come from (was the history table created after the "
                "table's first copy?)")
 
@@ -204,34 +200,3 @@ def read_open_versions(read: RowsOf, spec: TableSpec,
     schema = pa.schema([*spec.source_schema, spec.schema.field(START_LSN), spec.schema.field(START_AT)])
     rows = read(schema, keys, open_only=END_LSN)
     return {key: (int(v[own]), v[own + 1], v[:own]) for key, v in rows.items()}
-
-
-def commit_history(spark: SparkSession, path: str, spec: TableSpec, plan: HistoryPlan, *, version: int,
-                   description: str, app_id: str | None = None) -> int:
-    """Write ``plan`` in one idempotent commit (``app_id``: the history's own, by default); returns the
-    versions it wrote or changed."""
-    import pyarrow as pa
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    from applier.sink.merge import _null_safe_all, _source_frame
-
-    app_id = app_id if app_id is not None else history_app_id(spec.source_name)
-    names = list(spec.column_names)
-    rows = [(*r, "U") for r in plan.updates] + [(*r, "I") for r in plan.inserts]
-    source = _source_frame(spark, rows, pa.schema([*spec.schema, pa.field(_KIND, pa.string())]))
-    key_names = list(spec.key_columns)
-    cond = (F.col(f"s.{_KIND}") == "U") & F.col(f"t.{END_LSN}").isNull() & \
-        (F.col(f"t.{START_LSN}") == F.col(f"s.{START_LSN}")) & _null_safe_all("t", "s", key_names)
-    values: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}
-    merge = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), cond)
-             .whenMatchedUpdate(set=values)
-             .whenNotMatchedInsert(condition=F.col(f"s.{_KIND}") == "I", values=values))
-    if plan.truncate is not None:
-        lsn, at = plan.truncate
-        merge = merge.whenNotMatchedBySourceUpdate(
-            condition=F.col(f"t.{END_LSN}").isNull(),
-            set={END_LSN: F.lit(lsn), END_AT: F.lit(at).cast("timestamp")})
-    with idempotent_write(spark, app_id, version, description):
-        merge.execute()
-    return len(rows)

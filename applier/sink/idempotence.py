@@ -4,30 +4,17 @@ Every commit the sink makes for a source transaction sets ``txnAppId`` (one per 
 ``txnVersion`` (the source transaction's end LSN as an int). Delta skips a write whose version is
 <= the version it has stored for that app id, so re-applying an already applied transaction after a
 crash is a no-op, even when the crash fell between two tables of one transaction. The settings are
-session-wide, so they are set right before the one write and always unset right after it.
+session-wide, so they are set right before the one write and always unset right after it
+(applier.sink.store.sparkbase.idempotent_write); the app ids are applier.sink.spec.app_id_for's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from applier.sink.store import DELTARS, SparkStore, reader
+from applier.sink.spec import COMMIT_TIME_FIELD
+from applier.sink.store import SparkStore, reader
 from applier.spark.session import SparkLike
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-
-
-#: In a commit's userMetadata (applier.sink.fold.commit_description): the source commit time of the last
-#: transaction the commit applied, ISO 8601 in UTC.
-COMMIT_TIME_FIELD = "source_commit_time="
 
 
 def source_commit_time_of(description: str | None) -> datetime | None:
@@ -44,25 +31,6 @@ def source_commit_time_of(description: str | None) -> datetime | None:
     return None
 
 
-def app_id_for(table_id: str) -> str:
-    """The Delta app id of one target table (stable across runs, distinct per table)."""
-    return f"applier:{table_id}"
-
-
-@contextmanager
-def idempotent_write(spark: SparkSession, app_id: str, version: int, user_metadata: str) -> Iterator[None]:
-    conf = spark.conf
-    conf.set(TXN_APP_ID, app_id)
-    conf.set(TXN_VERSION, str(version))
-    conf.set(USER_METADATA, user_metadata)
-    try:
-        yield
-    finally:
-        conf.unset(TXN_APP_ID)
-        conf.unset(TXN_VERSION)
-        conf.unset(USER_METADATA)
-
-
 def applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> int | None:
     """The last ``txnVersion`` Delta recorded for ``app_id`` on the table at ``table_path`` (None if never).
 
@@ -71,16 +39,6 @@ def applied_version(spark: SparkLike | None, table_path: str, app_id: str) -> in
     ``applier status`` runs without one and the sink works on Spark Connect); ``spark`` is used (a
     provider started) only for a path delta-rs cannot open."""
     return reader(table_path, spark).applied_version(table_path, app_id)
-
-
-def holds_no_files(spark: SparkLike | None, table_path: str) -> bool:
-    """True when the table's newest version has no data files at all (so it has no rows); False when
-    that is unknown (a path delta-rs cannot open and no Spark: the caller then takes the path that
-    works either way)."""
-    store = reader(table_path, spark)
-    if store is not DELTARS and spark is None:
-        return False
-    return store.is_empty(table_path)
 
 
 def is_delta_table(table_path: str) -> bool:

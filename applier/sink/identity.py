@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from applier.errors import DataError, NotRecorded, ResyncNeededError
 from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
+from applier.sink.pendingmove import RELATIONS_FILE
 from applier.state import StateDir
 from applier.storage.location import is_object_store, join
 from applier.storage.moves import TableInTheWay, move_table_on_store
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_FILE = "relations"
+_FILE = RELATIONS_FILE
 
 
 class IdentityError(DataError):
@@ -514,13 +515,6 @@ class TableIdentities:
             return
         log_["renamed"] = {k: v for k, v in log_["renamed"].items() if k not in done}
         self._save()
-
-
-def interrupted_move(state: StateDir) -> str | None:
-    """The path a table was being moved from when a run stopped (its intent is saved before anything
-    moves; the next run's sink finishes the move and records it): None when no move is pending."""
-    moving = (state.load(_FILE) or {}).get("moving")
-    return str(moving["from"]) if moving else None
 
 
 def _prune_empty_parent(path: Path) -> None:

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 from applier.lsn import format_lsn
 from applier.protocol.messages import LogicalMessage
-from applier.sink.idempotence import app_id_for
 from applier.sink.owntables import append_rows
-from applier.sink.schema import TableSpec
+from applier.sink.spec import TableSpec, app_id_for
 
 if TYPE_CHECKING:
     from applier.sink.store import StorePicker

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
-from applier.sink.schema import TableOptions, TableSpec
+from applier.sink.spec import TableOptions, TableSpec
 from applier.sink.store.arrow import arrow_table
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from applier.errors import InputError
 from applier.sink.naming import mirrored_table_dirs, source_name_of
+from applier.sink.pendingmove import interrupted_move
 from applier.sink.store import reader
 from applier.state import StateDir
 from applier.storage.paths import TablePath, location
@@ -58,8 +59,6 @@ class TargetRegistry:
 
     def check(self, command: str) -> None:
         """Raise TargetMissingError for the first remembered table that is gone or was replaced."""
-        from applier.sink.identity import interrupted_move
-
         moving_from = interrupted_move(self.state)
         for path, entry in sorted(self.entries.items()):
             name = str(entry.get("table"))

@@ -21,7 +21,7 @@ combine) only has step 2 left, for the positions the later fold could not resolv
 
 The functions here are pure and work on positions, so a caller that only knows "these columns still
 read from before me" (a combination of folds) walks the same steps as one that scans an image for
-the marker. The target itself is read by the caller (applier.sink.merge), which says, with
+the marker. The target itself is read by the caller (applier.sink.store.sparkmerge), which says, with
 :func:`target_missing`, what it means when the row is not there.
 """
 

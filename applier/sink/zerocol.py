@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from applier.changes import TableChange
 
 if TYPE_CHECKING:
-    from applier.sink.schema import TableSpec
+    from applier.sink.spec import TableSpec
 
 #: The one column of a zero-column table's Delta table (documented in docs/delta-tables.md).
 ROW_COLUMN = "_applier_row"
@@ -29,7 +29,7 @@ def zero_column_spec(source_name: str, replica_identity: str) -> TableSpec:
     """The Delta table of a source table without columns: :data:`ROW_COLUMN` alone, added by applier."""
     import pyarrow as pa
 
-    from applier.sink.schema import TableSpec
+    from applier.sink.spec import TableSpec
 
     return TableSpec(source_name, pa.schema([pa.field(ROW_COLUMN, pa.bool_(), nullable=True)]), (),
                      replica_identity, added=1)

@@ -270,6 +270,7 @@ def protocol_commits(path: Path) -> int:
 def test_a_column_mapped_table_is_read_by_delta_rs_or_refused_and_an_old_reader_2_table_is_upgraded_once(
         pg, spark, tmp_path, monkeypatch, caplog):
     import applier.sink.schema as schema
+    from applier.sink.spec import COLUMN_MAPPING_MODE
 
     with pg.connect() as conn:
         conn.execute(MIXED)
@@ -280,7 +281,7 @@ def test_a_column_mapped_table_is_read_by_delta_rs_or_refused_and_an_old_reader_
 
         # What an earlier applier made of it (only delta.columnMapping.mode): Delta's legacy reader
         # version 2, which delta-rs 1.6's pyarrow path reads as NULL in every column, without an error.
-        monkeypatch.setattr(schema, "COLUMN_MAPPING", {schema.COLUMN_MAPPING_MODE: "name"})
+        monkeypatch.setattr(schema, "COLUMN_MAPPING", {COLUMN_MAPPING_MODE: "name"})
         mirror(spark, cfg, once=True)
         monkeypatch.undo()
         protocol = deltalake.DeltaTable(str(path)).protocol()
@@ -327,7 +328,7 @@ def test_a_column_mapped_table_is_read_by_delta_rs_or_refused_and_an_old_reader_
 @pytest.mark.parametrize("name", ["plain", "per%cent"])  # '%': delta-rs cannot open it, Spark reads the protocol
 def test_enable_column_mapping_gives_the_reader_feature_once_and_a_renamed_column_keeps_its_values(spark, tmp_path,
                                                                                                   name):
-    from applier.sink.schema import column_mapping_state, enable_column_mapping
+    from applier.sink.store.sparkddl import column_mapping_state, enable_column_mapping
 
     path = str(tmp_path / name)
     spark.sql(f"CREATE TABLE delta.`{path}` (id int, c string) USING delta")

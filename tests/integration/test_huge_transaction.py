@@ -22,7 +22,7 @@ import yaml
 from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, DistributedSettings, MirrorConfig, SourceSettings, TargetSettings
 from applier.drivers.mirror import mirror
-from applier.sink.idempotence import app_id_for
+from applier.sink.spec import app_id_for
 from applier.spark.session import SparkProvider
 
 pytestmark = [pytest.mark.postgres]

@@ -19,7 +19,8 @@ from applier.errors import SinkError
 from applier.lsn import parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import Truncate
-from applier.sink.idempotence import app_id_for, applied_version
+from applier.sink.idempotence import applied_version
+from applier.sink.spec import app_id_for
 from applier.sources.rawlog_writer import write_raw_log
 
 pytestmark = pytest.mark.spark

@@ -28,8 +28,8 @@ from applier.config import (
 )
 from applier.drivers.mirror import Mirror
 from applier.drivers.replay import replay_log
-from applier.sink.idempotence import app_id_for
 from applier.sink.maintenance import TableMaintainer
+from applier.sink.spec import app_id_for
 from applier.sink.store import DELTARS
 from applier.spark.session import SparkProvider
 

@@ -171,7 +171,7 @@ def test_schema_decisions_are_exit_4_not_3() -> None:
     """A restart meets the same schema again: 3 would make a service manager restart the mirror forever."""
     from applier.commands.exitcodes import for_exception
     from applier.errors import SchemaDecisionError
-    from applier.sink.schema import type_change_error
+    from applier.sink.store.sparkddl import type_change_error
 
     assert for_exception(type_change_error("public.t", "c", "int", "string")) == ExitCode.BAD_DATA
     assert for_exception(SchemaDecisionError("schema changed and apply.schema_changes is 'stop'")) == ExitCode.BAD_DATA

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, SchemaEvolution, TableOptions, TableSpec
 
 #: (app id, version, description): the idempotent-write ids a commit records as a Delta ``txn`` action
 #: and its ``userMetadata`` (applier.sink.idempotence)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
 from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog, WriteMode
+from applier.sink.store.rsrows import READER_FEATURES, reads_rows, spark_like
 from applier.storage.options import deltalake_options
 
 if TYPE_CHECKING:
@@ -34,14 +35,12 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, SchemaEvolution, TableOptions, TableSpec
 
 _NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
 
 #: writer features delta-rs writes (a table with any other takes the Spark path)
 _WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
-#: reader features delta-rs reads and writes as Spark does (a table with any other is read through Spark)
-_READER_FEATURES = {"timestampNtz"}
 
 
 class DeltaRsStore:
@@ -67,7 +66,7 @@ class DeltaRsStore:
             return False
         writer = set(protocol.writer_features or ())
         reader = set(protocol.reader_features or ())
-        return writer <= _WRITER_FEATURES and reader <= _READER_FEATURES and \
+        return writer <= _WRITER_FEATURES and reader <= READER_FEATURES and \
             (protocol.min_writer_version >= 7 or protocol.min_writer_version <= 4)
 
     def can_scan(self, path: str) -> bool:
@@ -210,9 +209,9 @@ class DeltaRsStore:
                         storage_options=deltalake_options(path))
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution | None:
-        """Columns added and dropped (applier.sink.schema.evolve_without_spark); None for a rename, a
+        """Columns added and dropped (applier.sink.store.evolution); None for a rename, a
         retype or a change that needs a table feature (Spark makes those)."""
-        from applier.sink.schema import evolve_without_spark
+        from applier.sink.store.evolution import evolve_without_spark
 
         return evolve_without_spark(self, path, spec, renames)
 
@@ -267,42 +266,6 @@ class DeltaRsStore:
         table.create_checkpoint()
         table.cleanup_metadata()
         return int(table.version())
-
-
-def reads_rows(table: Any) -> bool:
-    """Whether delta-rs reads the rows of this opened ``deltalake.DeltaTable`` as Spark reads them (see
-    ``DeltaRsStore.can_scan``); a commit that must read the target first (applier.sink.store.rsmerge)
-    asks it too."""
-    protocol = table.protocol()
-    version = int(protocol.min_reader_version)
-    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= _READER_FEATURES)
-
-
-def spark_like(column: Any) -> list[Any]:
-    """A pyarrow column's values as a Spark row holds them: a struct as a tuple in field order (Spark's
-    ``Row``), a map as a dict, lists of those likewise; everything else as pyarrow gives it (instants
-    as aware UTC datetimes, as verify reads Spark's)."""
-    import pyarrow as pa
-
-    def nested(t: Any) -> bool:
-        return bool(pa.types.is_struct(t) or pa.types.is_map(t) or
-                    ((pa.types.is_list(t) or pa.types.is_large_list(t)) and nested(t.value_type)))
-
-    def convert(value: Any, t: Any) -> Any:
-        if value is None:
-            return None
-        if pa.types.is_struct(t):
-            return tuple(convert(value[f.name], f.type) for f in t)
-        if pa.types.is_map(t):
-            return {convert(k, t.key_type): convert(v, t.item_type) for k, v in value}
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            return [convert(v, t.value_type) for v in value]
-        return value
-
-    values = column.to_pylist()
-    if not nested(column.type):
-        return values  # type: ignore[no-any-return]
-    return [convert(v, column.type) for v in values]
 
 
 def _commit_properties(tag: CommitTag | None) -> Any:

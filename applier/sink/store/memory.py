@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.schema import Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, SchemaEvolution, TableOptions, TableSpec
 
 
 @dataclass
@@ -137,7 +137,7 @@ class InMemoryStore:
         self._commit(target, tag, mode.upper())
 
     def replace_empty(self, path: str, spec: TableSpec) -> bool:
-        from applier.sink.schema import PROP_DROPPED, PROP_IDENTITY, PROP_KEYS, PROP_WIDENED
+        from applier.sink.spec import PROP_DROPPED, PROP_IDENTITY, PROP_KEYS, PROP_WIDENED
 
         table = self.table(path)
         table.fields = delta_fields(spec.schema)
@@ -175,7 +175,7 @@ class InMemoryStore:
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution:
         """Columns added and dropped, as delta-rs makes them; anything else stops (it needs a Delta table)."""
-        from applier.sink.schema import evolve_without_spark
+        from applier.sink.store.evolution import evolve_without_spark
 
         evolution = evolve_without_spark(self, path, spec, renames)
         if evolution is None:

@@ -14,7 +14,7 @@ from applier.sink.store.memory import InMemoryStore
 from applier.sink.store.spark import SparkStore
 
 if TYPE_CHECKING:
-    from applier.sink.schema import TableOptions, TableSpec
+    from applier.sink.spec import TableOptions, TableSpec
     from applier.spark.session import SparkLike
 
 Store = DeltaRsStore | SparkStore | InMemoryStore

@@ -69,7 +69,7 @@ def rows_by_key(table: Any, schema: pa.Schema, key_columns: Sequence[str], keys:
     import pyarrow
     import pyarrow.compute as pc
 
-    from applier.sink.store.deltars import reads_rows, spark_like
+    from applier.sink.store.rsrows import reads_rows, spark_like
 
     if not reads_rows(table):
         return None

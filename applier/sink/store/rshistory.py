@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from applier.sink.store.arrow import OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
-from applier.sink.store.rsmerge import commit_tags, open_for_commit, quoted
+from applier.sink.store.rsmerge import TableOpener, commit_tags, open_for_commit, quoted
 
 if TYPE_CHECKING:
     from applier.sink.history import HistoryPlan
-    from applier.sink.schema import TableSpec
-    from applier.sink.store.deltars import DeltaRsStore
+    from applier.sink.spec import TableSpec
 
 
-def apply_history_deltars(store: DeltaRsStore, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str,
+def apply_history_deltars(store: TableOpener, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str,
                           version: int, description: str) -> int | None:
     """Write ``plan`` in one idempotent commit; the versions it wrote or changed (0: applied already),
     None when delta-rs would not make the same commit."""

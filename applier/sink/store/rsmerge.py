@@ -10,27 +10,32 @@ one table.
 Which plans: keyed tables whose keys hold no NULL (unchanged-TOAST values the fold could not resolve
 are read from the target row of their lookup key, in Arrow, from the version the MERGE replaces), and
 key-less (multiset) tables whose columns compare in DataFusion as in PostgreSQL (no floating point,
-no nested types): the same MERGE Spark makes (applier.sink.merge). Anything else, and a table
+no nested types): the same MERGE Spark makes (applier.sink.store.sparkmerge). Anything else, and a table
 delta-rs cannot write (type widening, column mapping, a path holding ``%``), goes through Spark.
 The caller decides per table.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from applier.sink.plan import multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
-from applier.sink.store.deltars import reads_rows
 from applier.sink.store.readback import frozen_rows, matching
+from applier.sink.store.rsrows import reads_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from applier.sink.plan import TablePlan
-    from applier.sink.store.deltars import DeltaRsStore
+
+
+class TableOpener(Protocol):
+    """What these commits need of the delta-rs store: the table's newest version, opened."""
+
+    def open(self, path: str) -> Any: ...
 
 
 def quoted(name: str) -> str:
@@ -38,7 +43,7 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def apply_plan_deltars(store: DeltaRsStore, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
+def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
                        version: int, description: str, may_be_empty: bool = True) -> CommitResult | None:
     """The one commit ``plan`` describes, through delta-rs; None when delta-rs would not make the same
     commit (the caller then takes the Spark path): a NULL key, a key-less table whose values do not
@@ -117,7 +122,7 @@ def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]
     return sum(1 for _, _, unresolved in fills if position in unresolved)
 
 
-def open_for_commit(store: DeltaRsStore, path: str, names: list[str], app_id: str, version: int, *,
+def open_for_commit(store: TableOpener, path: str, names: list[str], app_id: str, version: int, *,
                     dropped_ok: bool = False) -> Any:
     """The table to commit to; a ``CommitResult`` when ``version`` is applied already (what Spark's
     idempotent write does: nothing), None when its columns are not the plan's (Spark takes it).
@@ -199,9 +204,9 @@ def _comparable(schema: pa.Schema) -> bool:
     return not any(pyarrow.types.is_floating(f.type) or pyarrow.types.is_nested(f.type) for f in schema)
 
 
-def _apply_multiset(store: DeltaRsStore, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
+def _apply_multiset(store: TableOpener, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
                     version: int, description: str) -> CommitResult | None:
-    """A key-less table's commit, as Spark makes it (applier.sink.merge): a truncated plan overwrites
+    """A key-less table's commit, as Spark makes it (applier.sink.store.sparkmerge): a truncated plan overwrites
     the table with its rows; otherwise one MERGE deletes every copy of each touched row image and
     inserts the new number of copies (the target's count plus the plan's signed count)."""
     from deltalake import write_deltalake

@@ -7,10 +7,11 @@ import pytest
 
 from applier.changes import TableChange
 from applier.errors import SinkError
-from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import apply_plan
+from applier.sink.idempotence import applied_version
 from applier.sink.plan import fold_changes
-from applier.sink.schema import TableSpec, ensure_table
+from applier.sink.schema import ensure_table
+from applier.sink.spec import TableSpec, app_id_for
+from applier.sink.store.sparkmerge import apply_plan
 
 pytestmark = pytest.mark.spark
 

@@ -8,11 +8,12 @@ import pyarrow as pa
 import pytest
 from test_merge import Ch
 
-from applier.sink.idempotence import app_id_for, applied_version
-from applier.sink.merge import apply_plan
+from applier.sink.idempotence import applied_version
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan, fold_changes
-from applier.sink.schema import TableSpec, ensure_table
+from applier.sink.schema import ensure_table
+from applier.sink.spec import TableSpec, app_id_for
+from applier.sink.store.sparkmerge import apply_plan
 
 pytestmark = pytest.mark.spark
 

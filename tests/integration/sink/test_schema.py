@@ -9,7 +9,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
 from applier.errors import SinkError
-from applier.sink.schema import PROP_DROPPED, PROP_KEYS, TableSpec, ensure_table
+from applier.sink.schema import ensure_table
+from applier.sink.spec import PROP_DROPPED, PROP_KEYS, TableSpec
 from applier.sink.store import StorePicker
 from applier.spark.types import spark_schema
 

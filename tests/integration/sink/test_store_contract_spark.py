@@ -14,7 +14,7 @@ import pytest
 from storegroups import bag_group, keyed_group
 
 from applier.sink.plan import fold_changes
-from applier.sink.schema import TableOptions, TableSpec
+from applier.sink.spec import TableOptions, TableSpec
 from applier.sink.store import InMemoryStore, SparkStore, TableStore
 from applier.values import UNCHANGED_TOAST
 
@@ -165,7 +165,7 @@ def test_a_fresh_copys_empty_table_and_a_column_fill_are_the_same_through_spark_
     empty with the new columns (its applied version and source kept, what described the old columns
     gone), and every row given the constant. delta-rs declines both (Spark's store makes them), and
     compacts the tables it writes (apply.optimize_every_commits) without Spark."""
-    from applier.sink.schema import PROP_DROPPED, PROP_KEYS, PROP_SOURCE
+    from applier.sink.spec import PROP_DROPPED, PROP_KEYS, PROP_SOURCE
     from applier.sink.store import DELTARS
 
     spec = TableSpec("public.t", SCHEMA, ("id",), "d")

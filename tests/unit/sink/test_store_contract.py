@@ -20,7 +20,7 @@ from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableC
 from applier.commands.exitcodes import ExitCode, for_exception
 from applier.errors import ResyncNeededError, SinkError
 from applier.sink.plan import fold_changes
-from applier.sink.schema import TableOptions, TableSpec
+from applier.sink.spec import TableOptions, TableSpec
 from applier.sink.store import DELTARS, InMemoryStore, TableStore
 from applier.values import UNCHANGED_TOAST
 

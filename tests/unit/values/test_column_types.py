@@ -11,7 +11,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from applier.sink.changefeed import feed_spec
 from applier.sink.extras import ExtraColumns
 from applier.sink.history import history_spec
-from applier.sink.schema import TableSpec
+from applier.sink.spec import TableSpec
 from applier.sink.store.deltatypes import delta_type
 from applier.spark.types import spark_type
 from applier.values import arrow_type_for, oids

@@ -1,4 +1,5 @@
-"""Execute a :class:`TablePlan` as exactly one idempotent Delta commit.
+"""Spark's MERGE: a :class:`TablePlan` executed as exactly one idempotent Delta commit (delta-rs's is
+applier.sink.store.rsmerge; the Spark store calls this one for what delta-rs declines).
 
 - keyed table: one MERGE on the key (delete / update all columns / insert), after filling the
   columns that must keep the target's value from the target row of their lookup key (read in the
@@ -8,7 +9,7 @@
   of the plan (PostgreSQL removes one matching row per message; the result is the same multiset);
 - truncated: one overwrite with the rows that follow the last truncate.
 
-Every commit carries the Delta idempotent-write ids (see idempotence.py), so a replay of an applied
+Every commit carries the Delta idempotent-write ids (see applier.sink.idempotence), so a replay of an applied
 transaction writes nothing. Identifiers are always backtick-quoted; values only travel as data.
 """
 
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.sink.idempotence import holds_no_files, idempotent_write
 from applier.sink.naming import quote_identifier as q
 from applier.sink.plan import TablePlan, multiset_source, rows_after_truncate
 from applier.sink.rowimage import target_missing
 from applier.sink.store.arrow import IMG_COL, INTERNAL_PREFIX, OP_COL, arrow_table, with_op_column
 from applier.sink.store.base import CommitResult
+from applier.sink.store.deltars import DeltaRsStore
+from applier.sink.store.sparkbase import SparkTables, idempotent_write
 from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ def apply_plan(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePla
     return _merge_keyed(spark, path, schema, plan, app_id, version, description, may_be_empty)
 
 
-def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: pa.Schema) -> DataFrame:
+def source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: pa.Schema) -> DataFrame:
     """Rows to Spark as one Arrow table (columnar; no per-row Python objects on the JVM side).
 
     Values whose type Arrow cannot take as they are (e.g. a year-1 timestamp with a time zone that
@@ -69,7 +71,7 @@ def _source_frame(spark: SparkSession, rows: list[tuple[object, ...]], schema: p
 def _overwrite(spark: SparkSession, path: str, schema: pa.Schema, plan: TablePlan, app_id: str,
                version: int, description: str) -> CommitResult:
     rows = rows_after_truncate(plan, description)
-    df = _source_frame(spark, rows, schema)
+    df = source_frame(spark, rows, schema)
     with idempotent_write(spark, app_id, version, description):
         df.write.format("delta").mode("overwrite").option("overwriteSchema", "false").save(path)
     return CommitResult(len(rows), 0, True)
@@ -81,7 +83,7 @@ def write_rows(spark: SparkSession, path: str, schema: pa.Schema, rows: list[tup
     (app id, version, description) the commit is an idempotent one like every other."""
     from contextlib import nullcontext
 
-    df = _source_frame(spark, rows, schema)
+    df = source_frame(spark, rows, schema)
     writer = df.write.format("delta").mode("overwrite" if replace else "append")
     with idempotent_write(spark, *tag) if tag else nullcontext():
         writer.save(path)
@@ -119,7 +121,7 @@ def restrict_to_keys(spark: SparkSession, df: DataFrame, key_fields: list[pa.Fie
     return df.join(spark.createDataFrame(keys, spark_schema(key_fields)), on=key_names, how="left_semi")
 
 
-def _null_safe_all(left: str, right: str, names: list[str]) -> Column:
+def null_safe_all(left: str, right: str, names: list[str]) -> Column:
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -137,7 +139,7 @@ def _merge_keyed(spark: SparkSession, path: str, schema: pa.Schema, plan: TableP
     names = list(schema.names)
     key_names = [names[i] for i in plan.key_positions]
     lookup_cols = sorted({i for e in plan.keyed.values() if e.row is not None for i in e.unresolved})
-    if may_be_empty and not lookup_cols and holds_no_files(spark, path):
+    if may_be_empty and not lookup_cols and _holds_no_files(spark, path):
         return _insert_into_empty(spark, path, schema, plan, app_id, version, description)
     src_fields = list(with_op_column(schema))
     src_fields += [pyarrow.field(_u_col(i), pyarrow.bool_(), nullable=False) for i in lookup_cols]
@@ -168,13 +170,13 @@ def _merge_keyed(spark: SparkSession, path: str, schema: pa.Schema, plan: TableP
                 row.extend(entry.lookup_key if entry.unresolved and entry.lookup_key else
                            (None for _ in plan.key_positions))
         rows.append(tuple(row))
-    src = _source_frame(spark, rows, src_schema)
+    src = source_frame(spark, rows, src_schema)
 
     if lookup_cols:
         src = _fill_from_target(spark, path, src, names, plan, lookup_cols, description)
 
     target = DeltaTable.forPath(spark, path).alias("t")
-    cond = _null_safe_all("t", "s", key_names)
+    cond = null_safe_all("t", "s", key_names)
     bounds = key_range([r[plan.key_positions[0]] for r in rows]) if plan.key_positions else None
     if bounds is not None:  # lets Delta skip the files whose key statistics lie outside the batch
         first = F.col(f"t.{q(key_names[0])}")
@@ -253,16 +255,16 @@ def _merge_multiset(spark: SparkSession, path: str, schema: pa.Schema, plan: Tab
     if not touched:
         return CommitResult(0, 0, False)
     img_schema = pyarrow.schema([*schema, pyarrow.field(IMG_COL, pyarrow.int64(), nullable=False)])
-    images = _source_frame(spark, [(*plan.images[img], n) for n, (img, _d) in enumerate(touched)], img_schema)
+    images = source_frame(spark, [(*plan.images[img], n) for n, (img, _d) in enumerate(touched)], img_schema)
     tgt = spark.read.format("delta").load(path)
     current = {r[IMG_COL]: r["n"] for r in
-               images.alias("s").join(tgt.alias("t"), on=_null_safe_all("t", "s", names), how="inner")
+               images.alias("s").join(tgt.alias("t"), on=null_safe_all("t", "s", names), how="inner")
                .groupBy(F.col(f"s.{IMG_COL}")).agg(F.count(F.lit(1)).alias("n")).collect()}
     src_schema = with_op_column(schema)
     rows, inserted, deleted = multiset_source(plan, touched, [current.get(n, 0) for n in range(len(touched))],
                                               description)
-    src = _source_frame(spark, rows, src_schema)
-    cond = _null_safe_all("t", "s", names) & (F.col(f"s.{OP_COL}") == "D")
+    src = source_frame(spark, rows, src_schema)
+    cond = null_safe_all("t", "s", names) & (F.col(f"s.{OP_COL}") == "D")
     values: dict[str, str | Column] = {q(n): F.col(f"s.{q(n)}") for n in names}
     with idempotent_write(spark, app_id, version, description):
         (DeltaTable.forPath(spark, path).alias("t").merge(src.alias("s"), cond)
@@ -270,3 +272,10 @@ def _merge_multiset(spark: SparkSession, path: str, schema: pa.Schema, plan: Tab
          .whenNotMatchedInsert(condition=F.col(f"s.{OP_COL}") == "I", values=values)
          .execute())
     return CommitResult(inserted, deleted, False)
+
+
+def _holds_no_files(spark: SparkSession, path: str) -> bool:
+    """True when the table's newest version has no data files at all (so no rows), read by delta-rs
+    where it opens the path (no job), else from Spark's snapshot."""
+    store = DeltaRsStore() if DeltaRsStore.can_open(path) else SparkTables(spark)
+    return store.is_empty(path)

@@ -1,0 +1,159 @@
+"""The facts about a mirrored table that every part of the sink shares: its columns and keys
+(``TableSpec``), a rule's table options, what a schema change did, the names of applier's table
+properties and the app ids its commits are tagged with.
+
+A leaf on purpose: the stores (applier.sink.store), the schema changes (applier.sink.schema), the fold
+and the derived tables all read these, and none of it needs a session or an engine, so importing it
+never pulls in Spark or delta-rs, nor the modules that pick between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import TYPE_CHECKING
+
+from applier.errors import SinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from applier.sink.extras import ExtraColumns
+
+PROP_SOURCE = "applier.source"
+PROP_KEYS = "applier.keyColumns"
+PROP_IDENTITY = "applier.replicaIdentity"
+PROP_DROPPED = "applier.droppedColumns"
+PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUNCATE ... RESTART IDENTITY
+#: "published", or "not published since <time>": a table taken out of the publication (or dropped) is no
+#: longer followed; its Delta table stays, marked, and is never presented as current (applier status)
+PROP_PUBLICATION = "applier.publication"
+PROP_WIDENED = "applier.widenedColumns"  # JSON list of the columns whose type was widened in place
+TYPE_WIDENING = "delta.enableTypeWidening"
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
+# Column mapping as a named reader feature (protocol 3/7), not the legacy reader version 2: delta-rs 1.6's
+# pyarrow path (to_pyarrow_table, to_pandas) then refuses the table loudly, where on a version-2 table it
+# returns every column as NULL without an error; its DataFusion path (deltalake.QueryBuilder) reads either
+# correctly. Delta (4.x) normalizes a protocol whose features are all legacy ones (columnMapping is) down
+# to reader 2 / writer 5 or 7, whatever delta.minReaderVersion says; a non-legacy reader feature keeps it
+# at 3/7 with named reader features. timestampNtz is that feature: every reader of column mapping
+# (Spark, delta-rs, DuckDB, Polars) supports it, and it needs no column of that type.
+COLUMN_MAPPING = {COLUMN_MAPPING_MODE: "name", "delta.feature.timestampNtz": "supported"}
+
+
+#: In a commit's userMetadata (applier.sink.fold.commit_description): the source commit time of the last
+#: transaction the commit applied, ISO 8601 in UTC.
+COMMIT_TIME_FIELD = "source_commit_time="
+
+
+def app_id_for(table_id: str) -> str:
+    """The Delta app id of one target table (stable across runs, distinct per table)."""
+    return f"applier:{table_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    """A rule's Delta table options (config ``tables.rules[]``): used only when a table is created."""
+
+    type_widening: bool = False
+    change_data_feed: bool = False
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+    properties: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.type_widening or self.change_data_feed or self.partition_by or self.cluster_by
+                    or self.properties)
+
+    def table_properties(self) -> dict[str, str]:
+        """The Delta properties these options set (each one checked against an existing table)."""
+        props = dict(self.properties)
+        if self.type_widening:
+            props[TYPE_WIDENING] = "true"
+        if self.change_data_feed:
+            props[CHANGE_DATA_FEED] = "true"
+        return props
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """What the sink needs to know about one source table's current schema."""
+
+    source_name: str  # "schema.table" as in Postgres
+    schema: pa.Schema  # Arrow types per the documented mapping (applier.values.registry), in source order
+    key_columns: tuple[str, ...]  # replica identity key; empty for FULL identity without a key
+    replica_identity: str  # 'd', 'i', 'f' or 'n'
+    extra: ExtraColumns | None = None  # metadata / soft-delete columns, last in ``schema``
+    added: int = 0  # how many columns at the end of ``schema`` applier adds (extra's, or a history table's)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(self.schema.names)
+
+    @property
+    def floating_point_key(self) -> bool:
+        """A key column is floating point: NaN and -0.0 compare differently in SQL engines, so only
+        Spark's MERGE matches such keys as the other commits of the table did."""
+        import pyarrow
+
+        return any(pyarrow.types.is_floating(self.schema.field(k).type) for k in self.key_columns)
+
+    @property
+    def source_column_names(self) -> tuple[str, ...]:
+        """The table's own columns (those the stream's rows hold), without applier's added ones."""
+        names = self.column_names
+        return names[:len(names) - self.added]
+
+    @property
+    def source_schema(self) -> pa.Schema:
+        """``schema`` without applier's added columns."""
+        import pyarrow
+
+        return pyarrow.schema(list(self.schema)[:len(self.schema) - self.added])
+
+
+def with_added_columns(table: TableSpec, fields: list[pa.Field], what: str, *, remedy: str | None = None,
+                       extra: ExtraColumns | None = None) -> TableSpec:
+    """``table``'s own columns followed by the ``fields`` applier adds (metadata columns, or a derived
+    table's: history, change feed); a source column of the same name stops the run."""
+    import pyarrow
+
+    clash = {f.name for f in fields} & set(table.column_names)
+    if clash:
+        raise SinkError(f"the table has a column named like a {what} column; "
+                        f"{remedy or f'it cannot have a {what} table'}",
+                        table=table.source_name, columns=", ".join(sorted(clash)))
+    return TableSpec(table.source_name, pyarrow.schema([*table.schema, *fields]), table.key_columns,
+                     table.replica_identity, extra, len(fields))
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaEvolution:
+    added: tuple[str, ...] = ()
+    widened: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()  # present in Delta, gone from the source: kept, NULL from now on
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.widened)
+
+
+def option_mismatches(properties: Mapping[str, str], partition_columns: list[str],
+                      options: TableOptions) -> list[str]:
+    """What an existing table lacks of ``options`` (its properties and partition columns), one line each.
+
+    Clustering columns are not in the table's properties (Delta keeps them in domain metadata); the
+    callers check them. ``type_widening`` is not a mismatch: it is switched on when first needed."""
+    out = [f"{key}={value!r} configured, table has {properties.get(key)!r}"
+           for key, value in options.table_properties().items()
+           if properties.get(key, "").lower() != value.lower() and key != TYPE_WIDENING]
+    if options.partition_by and tuple(partition_columns) != options.partition_by:
+        out.append(f"partition_by {list(options.partition_by)} configured, table has {partition_columns}")
+    return out
+
+
+#: (columns gone from Delta's, columns new, rename candidates by position) -> {old: new} (applier.sink.identity)
+Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]

@@ -1,0 +1,264 @@
+"""Spark's DDL on a Delta table: a schema change (columns added, renamed, widened; a retype it cannot
+make stops with the error that says what to do), a table left empty for a fresh copy, column mapping
+switched on, and a rule's table options compared with an existing table's.
+
+Beside delta-rs's (applier.sink.store.evolution makes the common changes without Spark); the Spark
+store (applier.sink.store.spark) calls these for what delta-rs declines. applier.sink.schema says
+which rules a schema change follows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from applier.errors import SinkError, TypeChangeError
+from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
+from applier.sink.spec import (
+    COLUMN_MAPPING,
+    COLUMN_MAPPING_MODE,
+    PROP_DROPPED,
+    PROP_IDENTITY,
+    PROP_KEYS,
+    PROP_WIDENED,
+    TYPE_WIDENING,
+    Renames,
+    SchemaEvolution,
+    TableOptions,
+    TableSpec,
+    option_mismatches,
+)
+from applier.sink.store.deltars import DeltaRsStore
+from applier.sink.store.evolution import rename_suspects
+from applier.sink.store.sparkbase import SparkTables
+from applier.sink.zerocol import ROW_COLUMN
+from applier.spark.session import SparkLike
+from applier.spark.types import spark_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import DataType
+
+#: the schema changes' one logger, whichever engine makes them (what a log filter names)
+log = logging.getLogger("applier.sink.schema")
+
+
+class ProtocolReader(Protocol):
+    """A store that reads a table's reader protocol and properties from its log."""
+
+    def reader_protocol(self, path: str) -> tuple[int, tuple[str, ...]]: ...
+
+    def configuration(self, path: str) -> dict[str, str]: ...
+
+
+def warn_option_mismatches(spark: SparkSession, path: str, spec: TableSpec, options: TableOptions) -> None:
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
+    properties = dict(detail["properties"] or {})
+    mismatches = option_mismatches(properties, list(detail["partitionColumns"] or []), options)
+    if options.cluster_by and list(detail["clusteringColumns"] or []) != list(options.cluster_by):
+        mismatches.append(f"cluster_by {list(options.cluster_by)} configured, table has "
+                          f"{list(detail['clusteringColumns'] or [])}")
+    if mismatches:
+        log.warning("%s: the existing Delta table differs from its rule's table options, which apply only when a "
+                    "table is created (change it with ALTER TABLE, or rebuild the table): %s",
+                    spec.source_name, "; ".join(mismatches))
+
+
+def _widenable(old: DataType, new: DataType) -> bool:
+    """Type changes Delta's type widening supports (Delta 4): integral up, float->double, decimal up, date->ts_ntz."""
+    from pyspark.sql.types import (
+        ByteType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        ShortType,
+        TimestampNTZType,
+    )
+
+    order = [ByteType, ShortType, IntegerType, LongType]
+    ranks: dict[type[DataType], int] = {t: i for i, t in enumerate(order)}
+    if type(old) in ranks and type(new) in ranks:
+        return ranks[type(new)] > ranks[type(old)]
+    if isinstance(old, FloatType) and isinstance(new, DoubleType):
+        return True
+    if isinstance(old, (ByteType, ShortType, IntegerType)) and isinstance(new, DoubleType):
+        return True
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        return new.scale >= old.scale and (new.precision - new.scale) >= (old.precision - old.scale) and (
+            new.precision > old.precision or new.scale > old.scale)
+    if isinstance(old, (ByteType, ShortType, IntegerType, LongType)) and isinstance(new, DecimalType):
+        digits = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}[type(old)]
+        return new.precision - new.scale >= digits
+    return isinstance(old, DateType) and isinstance(new, TimestampNTZType)
+
+
+def type_change_error(table: str, column: str, old: str, new: str) -> TypeChangeError:
+    """The error for a retype Delta cannot widen, with the way forward: a fresh copy of the table."""
+    return TypeChangeError(
+        f"column {column!r} of {table} changed type from {old} to {new} (Delta types; an ALTER COLUMN ... TYPE, "
+        "or the column dropped and added again), which Delta cannot widen in place. Re-copy this table from "
+        f"Postgres at a new position: `applier resync --config FILE --table {table}`, then run the mirror again (or "
+        "set apply.schema_changes: resync to do this automatically); a replay of a stored log cannot re-copy: "
+        "rebuild the table from a new snapshot", table=table, column=column, old_type=old, new_type=new)
+
+
+def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
+    """Leave the existing table at ``path`` empty with ``spec``'s columns and keys, in one commit (an
+    overwrite with ``overwriteSchema``: its history, table id, properties and layout stay), for a fresh
+    copy (``applier resync``). Not CREATE OR REPLACE: on a path Delta refuses a schema that differs."""
+    store = SparkTables(spark)
+    writer = spark.createDataFrame([], spark_schema(spec.schema)).write.format("delta").mode("overwrite") \
+        .option("overwriteSchema", "true")
+    partitions = [c for c in store.partition_columns(path) if c in spec.column_names]
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.save(path)
+    configuration = store.configuration(path)
+    wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}
+    store.set_properties(path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
+    stale = [p for p in (PROP_DROPPED, PROP_WIDENED) if p in configuration]  # about the replaced table's columns
+    if stale:
+        spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES "
+                  f"({', '.join(sql_string_literal(p) for p in stale)})")
+
+
+def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
+                    renames: Renames | None, earlier: set[str]) -> dict[str, DataType]:
+    """Rename in place the Delta columns that were renamed in the source, keeping their values (column
+    mapping lets Delta rename without rewriting data). Which were renamed was decided as the stream's
+    Relations were read (``renames`` answers from that note, and stops the run where a column that may
+    have been renamed was never decided). Columns an earlier drop left in Delta
+    (``applier.droppedColumns``) and applier's own added columns are no candidates."""
+    from applier.catalog.relations import rename_candidates
+
+    if renames is None:  # a caller that does not follow renames (derived tables)
+        return have
+    old_order, gone, new = rename_suspects(list(have), spec, earlier)
+    if not gone or not new:
+        return have
+    mapping = renames(gone, new, rename_candidates(old_order, spec.source_column_names))
+    if not mapping:
+        return have
+    enable_column_mapping(spark, path, table=spec.source_name)
+    table = delta_path_sql(path)
+    for old, new_name in mapping.items():
+        spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote_identifier(old)} TO {quote_identifier(new_name)}")
+        log.warning("%s: column %s was renamed to %s in the source; renamed in Delta, values kept",
+                    spec.source_name, old, new_name)
+    return {mapping.get(n, n): t for n, t in have.items()}
+
+
+def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None) -> SchemaEvolution:
+    """Bring the Delta table's columns in line with ``spec`` (renames first, see ``_rename_columns``);
+    raise SinkError for unsupported retypes."""
+    current = spark.read.format("delta").load(path).schema
+    store = SparkTables(spark)
+    configuration = store.configuration(path)
+    have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames,
+                           set(json.loads(configuration.get(PROP_DROPPED) or "[]")))
+    wanted = spark_schema(spec.schema)
+    added: list[str] = []
+    widened: list[str] = []
+    for field in wanted.fields:
+        old_type = have.get(field.name)
+        if old_type is None:
+            added.append(field.name)
+        elif old_type != field.dataType:
+            if not _widenable(old_type, field.dataType):
+                raise type_change_error(spec.source_name, field.name, old_type.simpleString(),
+                                        field.dataType.simpleString())
+            widened.append(field.name)
+    source_names = set(spec.column_names)
+    # ROW_COLUMN: what a table without columns had (applier.sink.zerocol), not a dropped source column
+    dropped = tuple(name for name in have if name not in source_names and name != ROW_COLUMN)
+    table = delta_path_sql(path)
+    if added:
+        if needs_column_mapping(added):
+            enable_column_mapping(spark, path, table=spec.source_name)
+        cols = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}"
+                         for f in wanted.fields if f.name in added)
+        spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
+    # applier's own properties change in one commit at the end (each ALTER TABLE is a commit)
+    properties: dict[str, str] = {}
+    if widened:
+        # Type widening is a reader feature delta-rs cannot read, so a table gains it only now, when a source
+        # column is actually widened; the property names the columns for `applier status`.
+        if (configuration.get(TYPE_WIDENING) or "").lower() != "true":
+            log.warning("%s: enabling Delta type widening to widen %s; readers without type widening support "
+                        "(delta-rs) cannot read this table from now on", spec.source_name, ", ".join(widened))
+            store.set_properties(path, {TYPE_WIDENING: "true"})
+        earlier = json.loads(configuration.get(PROP_WIDENED) or "[]")
+        properties[PROP_WIDENED] = json.dumps(sorted(set(earlier) | set(widened)))
+    for name in widened:
+        new_type = wanted[name].dataType
+        spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
+    if dropped:
+        log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
+                    spec.source_name, ", ".join(dropped))
+        properties[PROP_DROPPED] = json.dumps(sorted(dropped))
+    keys = configuration.get(PROP_KEYS)
+    if keys is not None and json.loads(keys) != list(spec.key_columns):
+        properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
+    store.set_properties(path, {k: v for k, v in properties.items() if configuration.get(k) != v})
+    return SchemaEvolution(tuple(added), tuple(widened), dropped)
+
+
+@dataclass(frozen=True, slots=True)
+class MappingState:
+    """A table's column mapping mode and reader protocol, as its Delta log says."""
+
+    mode: str  # 'none', 'name' or 'id'
+    min_reader_version: int
+    reader_features: tuple[str, ...]
+
+    @property
+    def readable_by_deltars(self) -> bool:
+        """Column mapping as a named reader feature: delta-rs reads it (QueryBuilder) or refuses it
+        (to_pyarrow_table); a reader-2 column-mapped table is read as all NULLs by its pyarrow path."""
+        return self.mode == "none" or (self.min_reader_version >= 3 and "columnMapping" in self.reader_features)
+
+
+def column_mapping_state(spark: SparkLike | None, path: str, store: ProtocolReader | None = None) -> MappingState:
+    """The table's column mapping state, read from its log (no Spark job) by the store that reads it
+    (default: delta-rs where it can open the path), else from the newest snapshot Spark reads."""
+    if store is None:
+        store = DeltaRsStore() if DeltaRsStore.can_open(path) else SparkTables(spark)
+    if isinstance(store, SparkTables) and store.spark is None:
+        raise SinkError("reading this table's protocol needs Spark (delta-rs cannot open its path)", path=path)
+    version, features = store.reader_protocol(path)
+    return MappingState(store.configuration(path).get(COLUMN_MAPPING_MODE, "none"), version, features)
+
+
+def enable_column_mapping(spark: SparkSession, path: str, *, table: str | None = None) -> bool:
+    """Make the Delta table at ``path`` column-mapped (mode ``name``) with protocol 3/7 and the
+    ``columnMapping`` reader feature; True when it committed a change, False when the table already was.
+
+    Idempotent: a table that already has both gets no commit. A table column-mapped with the legacy
+    reader version 2 (what Spark made of applier's tables before, and what a plain
+    ``delta.columnMapping.mode = 'name'`` still makes) is upgraded by one protocol commit, so that
+    delta-rs refuses it instead of reading NULLs. Needed before Delta can hold a column name with a
+    space or ``,;{}()=``, and before ``ALTER TABLE ... RENAME COLUMN`` on the table."""
+    state = column_mapping_state(spark, path)
+    if state.mode == "name" and state.readable_by_deltars:
+        return False
+    if state.mode not in ("none", "name"):
+        raise SinkError(f"the table uses column mapping mode {state.mode!r}; applier writes only mode 'name' "
+                        "tables: rebuild it from a snapshot", path=path, table=table or path)
+    properties = dict(COLUMN_MAPPING) if state.min_reader_version < 3 else {COLUMN_MAPPING_MODE: "name"}
+    if state.mode == "name":
+        properties.pop(COLUMN_MAPPING_MODE)
+        log.warning("%s: upgrading the Delta table's column mapping from reader version %d to the "
+                    "'columnMapping' reader feature (protocol 3/7): delta-rs's to_pyarrow_table read every "
+                    "column of it as NULL, now it refuses the table (read it with deltalake.QueryBuilder)",
+                    table or path, state.min_reader_version)
+    else:
+        log.info("%s: enabling Delta column mapping (protocol 3/7, 'columnMapping' reader feature)", table or path)
+    SparkTables(spark).set_properties(path, properties)
+    return True
