@@ -181,8 +181,7 @@ class ColumnFills:
         # through the engine's own evolution: a column renamed before the add is renamed in place, not
         # taken for a drop (which left its values NULL: issue 47, repro 21a)
         self.applier.ensure(path, spec, last.schema)
-        if stores.writer(path).fill_columns(path, spec, values) is None:
-            stores.spark_store().fill_columns(path, spec, values)
+        stores.writer(path).fill_columns(path, spec, values)  # Spark's where delta-rs declines
         crashpoint("column_filled")
         self.progress(f"{spec.source_name}: column(s) {', '.join(sorted(values))} added with a constant "
                       "default: the rows that existed are filled with it from the catalog (no copy)")

@@ -41,7 +41,6 @@ from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import ensure_table
 from applier.sink.spec import TableSpec
 from applier.sink.store.arrow import arrow_table
-from applier.sink.store.spark import SparkStore
 from applier.sink.store.sparkmerge import write_rows
 from applier.spark.session import SparkLike, SparkProvider
 from applier.storage.location import is_object_store, join
@@ -222,16 +221,10 @@ class DerivedTables:
         for path, spec, plan, description in histories:
             if not plan.empty:
                 app_id = history_app_id(spec.source_name)
-                store = self.stores.merger(path, spec)
-                written = None
-                if not isinstance(store, SparkStore):  # delta-rs may decline the plan (None): Spark makes it
-                    written = retry_on_conflict(partial(store.merge_history, path, spec, plan, app_id=app_id,
-                                                        version=group_end, description=description),
-                                                table=spec.source_name)
-                if written is None:
-                    retry_on_conflict(partial(SparkStore(self._spark).merge_history, path, spec, plan,
-                                              app_id=app_id, version=group_end, description=description),
-                                      table=spec.source_name)
+                store = self.stores.merger(path, spec)  # delta-rs may decline the plan: Spark makes it
+                retry_on_conflict(partial(store.merge_history, path, spec, plan, app_id=app_id,
+                                          version=group_end, description=description),
+                                  table=spec.source_name)
                 commits += 1
             self._applied[path] = group_end
         return commits
@@ -297,7 +290,7 @@ class DerivedTables:
         tag = (feed_app_id(table.source_name), group_end, description)
         piece = arrow_table(rows, spec.schema)
         store = self.stores.copier(path, spec)
-        if piece is None or isinstance(store, SparkStore):  # a value Arrow cannot hold: Spark's row by row
+        if piece is None or store.uses_spark:  # a value Arrow cannot hold: Spark's row by row
             retry_on_conflict(partial(write_rows, self.spark, path, spec.schema, rows, replace=False, tag=tag),
                               table=table.source_name)
         else:
@@ -337,13 +330,10 @@ class DerivedTables:
         None), by frozen key: read by delta-rs where it reads the table as Spark does, else by Spark."""
         if not is_delta_table(path):
             return {}
-        # the store that opens the path; delta-rs reads its protocol once, in rows_by_key (None: not as Spark)
-        store = self.stores.reader(path)
-        rows = store.rows_by_key(path, schema, key_columns, keys, open_only=open_only, unless=unless)
-        if rows is None:
-            rows = SparkStore(self._spark).rows_by_key(path, schema, key_columns, keys, open_only=open_only,
-                                                      unless=unless)
-        return rows
+        # the store that opens the path; delta-rs reads its protocol once, in rows_by_key (Spark reads them
+        # where delta-rs does not read them as Spark does)
+        return self.stores.reader(path).rows_by_key(path, schema, key_columns, keys, open_only=open_only,
+                                                    unless=unless)
 
     def _copied(self, path: str, lsn: int, _rows: int) -> None:
         self._applied[path] = lsn

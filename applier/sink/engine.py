@@ -48,7 +48,7 @@ from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
 from applier.sink.schema import create_table, ensure_table, table_options
 from applier.sink.spec import PROP_RESTART_IDENTITY, SchemaEvolution, TableOptions, TableSpec, app_id_for
-from applier.sink.store import CommitResult, SparkStore, StorePicker
+from applier.sink.store import CommitResult, StorePicker
 from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
 from applier.spark.session import SparkLike, SparkProvider
@@ -413,22 +413,15 @@ class DeltaApplier:
         applied = version
         if tag is not None:
             app_id, version = tag
-        store = self.stores.merger(path, spec, spark)
-        result = None
+        # delta-rs may decline the plan: Spark then makes the commit (started for ``why``)
+        store = self.stores.merger(path, spec, spark, why=f"{spec.source_name}: {why}")
         rows, started = plan.size(), time.monotonic()
         if rows >= LARGE_FOLD_ROWS:
             log.info("%s: merging %s rows into its Delta table", spec.source_name, f"{rows:,}")
-        if not isinstance(store, SparkStore):  # delta-rs may decline the plan (None): Spark makes the commit
-            result = retry_on_conflict(
-                partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
-                        description=description, may_be_empty=may_be_empty),
-                table=spec.source_name)
-        if result is None:
-            spark_store = SparkStore(spark.get(f"{spec.source_name}: {why}"))
-            result = retry_on_conflict(
-                partial(spark_store.merge, path, spec.schema, plan, app_id=app_id, version=version,
-                        description=description, may_be_empty=may_be_empty),
-                table=spec.source_name)
+        result = retry_on_conflict(
+            partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
+                    description=description, may_be_empty=may_be_empty),
+            table=spec.source_name)
         if tag is None:
             self._applied[path] = applied
         else:
@@ -462,7 +455,7 @@ class DeltaApplier:
         path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
         creator = self.stores.creator(path, spec, options or TableOptions())
-        if self._schema_seen.get(path) is None and not isinstance(creator, SparkStore) and not self._exists(path):
+        if self._schema_seen.get(path) is None and not creator.uses_spark and not self._exists(path):
             # no Spark job: a copy of many small tables is quick
             create_table(self.spark, path, spec, options, picker=self.stores)
             self.targets.created(path)
@@ -501,8 +494,7 @@ class DeltaApplier:
         self._written.discard(path)
         if not self._exists(path):
             return False
-        if self.stores.writer(path).replace_empty(path, spec) is None:
-            self.stores.spark_store().replace_empty(path, spec)
+        self.stores.writer(path).replace_empty(path, spec)  # Spark's where delta-rs declines
         self.targets.created(path)
         return True
 
@@ -547,11 +539,9 @@ class DeltaApplier:
         self._commits[path] = self._commits.get(path, 0) + 1
         if self._commits[path] % every == 0:
             log.info("%s: OPTIMIZE after %d commits", source_name, self._commits[path])
-            store = self.stores.writer(path)  # delta-rs compacts what it writes (no Spark started for it)
-            compacted = None if isinstance(store, SparkStore) else \
-                retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name)
-            if compacted is None:  # Spark's, or declined: in this commit's session
-                retry_on_conflict(lambda: SparkStore(spark).optimize(path, [], None), table=source_name)
+            # delta-rs compacts what it writes (no Spark started for it); Spark's in this commit's session
+            store = self.stores.writer(path, spark)
+            retry_on_conflict(lambda: store.optimize(path, [], None), table=source_name)
 
     def ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         """Evolve the Delta table at ``path`` to ``schema_version`` (``spec``), following the renames the

@@ -60,6 +60,6 @@ def carry_applied_version(spark: SparkLike | None, table_path: str, old_app_id: 
     try:
         store.set_properties(table_path, properties, carry=(new_app_id, old))
     except Exception:  # noqa: BLE001 - a protocol delta-rs cannot write: Spark does the same
-        if spark is None or isinstance(store, SparkStore):
+        if spark is None or store.uses_spark:
             raise
         SparkStore(spark).set_properties(table_path, properties, carry=(new_app_id, old))

@@ -96,10 +96,7 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
         enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
     if _unchanged(store, path, spec):
         return SchemaEvolution()
-    evolution = picker.evolver(path).evolve(path, spec, renames)
-    if evolution is None:  # declined by delta-rs: Spark makes every change Delta makes
-        evolution = SparkStore(spark).evolve(path, spec, renames)
-    return evolution
+    return picker.evolver(path).evolve(path, spec, renames)  # what delta-rs declines, Spark makes
 
 
 def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
@@ -107,7 +104,7 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
     its log with delta-rs: evolve_table would change nothing, and reading the same through Spark costs
     the JVM's first Delta log read (seconds in a fresh process, bench/RESULTS.md). Anything else (a
     path delta-rs cannot open, a type written differently) is left to evolve_table."""
-    if isinstance(store, SparkStore):
+    if store.uses_spark:
         return False
     have = {f["name"]: f["type"] for f in store.schema_fields(path)}
     if have != {f.name: delta_type(f.type) for f in spec.schema}:

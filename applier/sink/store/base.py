@@ -73,6 +73,9 @@ class TableStore(Protocol):
 
     #: how lines and reports name the engine ('delta-rs', 'spark', 'memory')
     name: str
+    #: whether its operations need Spark (a session started for them): what a caller that would rather
+    #: not start one (a copy of many small tables, a feed that Arrow cannot hold) asks
+    uses_spark: bool
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` holds a table (a Delta log with a commit)."""

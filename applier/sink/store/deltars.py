@@ -47,6 +47,7 @@ class DeltaRsStore:
     """Delta tables through delta-rs. Stateless: every call reads the log it needs."""
 
     name = "delta-rs"
+    uses_spark = False
 
     # --- what it can do ---------------------------------------------------------------------------
 
@@ -239,11 +240,11 @@ class DeltaRsStore:
 
     # --- maintenance ------------------------------------------------------------------------------
 
-    def replace_empty(self, path: str, spec: TableSpec) -> None:
+    def replace_empty(self, path: str, spec: TableSpec) -> bool | None:
         """Declined: an overwrite that replaces the schema and keeps the layout is Spark's (a resync)."""
         return None
 
-    def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> None:
+    def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> bool | None:
         """Declined: delta-rs's UPDATE takes SQL literals, whose types it would infer, not the column's."""
         return None
 

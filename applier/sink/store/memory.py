@@ -49,6 +49,7 @@ class InMemoryStore:
     """Tables by path, in this process only."""
 
     name = "memory"
+    uses_spark = False
 
     def __init__(self) -> None:
         self.tables: dict[str, MemoryTable] = {}
@@ -184,7 +185,7 @@ class InMemoryStore:
         return evolution
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
-              description: str, may_be_empty: bool = True) -> CommitResult | None:
+              description: str, may_be_empty: bool = True) -> CommitResult:
         target = self.table(path)
         if self._done(target, app_id, version):
             return CommitResult(0, 0, plan.truncated)

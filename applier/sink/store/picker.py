@@ -2,7 +2,9 @@
 
 delta-rs first (no JVM, the common case), Spark for the rest, as declared by ``DeltaRsStore.can_open``,
 ``can_write`` and ``can_create``: the way psycopg's ``pq`` picks its implementation once. Answers that
-read a table's protocol are remembered per path until ``forget`` (a schema change, a move).
+read a table's protocol are remembered per path until ``forget`` (a schema change, a move). Where
+delta-rs is picked, ``StorePicker`` hands out a ``FallbackStore``: what delta-rs declines, Spark makes,
+so no caller writes that fallback or asks which class its store is.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from applier.sink.store.deltars import DeltaRsStore
+from applier.sink.store.fallback import FallbackStore
 from applier.sink.store.memory import InMemoryStore
 from applier.sink.store.spark import SparkStore
 
@@ -17,7 +20,8 @@ if TYPE_CHECKING:
     from applier.sink.spec import TableOptions, TableSpec
     from applier.spark.session import SparkLike
 
-Store = DeltaRsStore | SparkStore | InMemoryStore
+#: what a StorePicker hands out: delta-rs with Spark behind it, Spark alone, or the in-memory store of tests
+Store = FallbackStore | SparkStore | InMemoryStore
 
 #: one delta-rs store serves every caller: it holds no state
 DELTARS = DeltaRsStore()
@@ -54,19 +58,27 @@ class StorePicker:
         self.only = only
         self._writable: dict[str, bool] = {}  # table path -> delta-rs writes its protocol
 
+    def _deltars(self, spark: SparkLike | None = None, why: str | None = None) -> FallbackStore:
+        return FallbackStore(DELTARS, spark if spark is not None else self.spark, why=why)
+
+    def _spark(self, spark: SparkLike | None = None, why: str | None = None) -> SparkStore:
+        return SparkStore(spark if spark is not None else self.spark, why=why)
+
     def reader(self, path: str) -> Store:
+        """The store that reads the table: delta-rs where it can open the path (rows it does not read as
+        Spark does are read by Spark), else Spark."""
         if self.only is not None:
             return self.only
-        return reader(path, self.spark)
+        return self._deltars() if DELTARS.can_open(path) else self._spark()
 
     def evolver(self, path: str) -> Store:
         """The store that changes the table's columns: delta-rs when it writes the table (read again: a
-        schema change may be about to change its protocol), which declines what only Spark makes (a
-        rename, a widening: ``evolve`` returns None and Spark's store makes it), else Spark."""
+        schema change may be about to change its protocol), Spark making what delta-rs declines (a
+        rename, a widening), else Spark."""
         if self.only is not None:
             return self.only
         self.forget(path)
-        return DELTARS if self.deltars_writes(path) else SparkStore(self.spark)
+        return self._deltars() if self.deltars_writes(path) else self._spark()
 
     def deltars_writes(self, path: str) -> bool:
         """Whether delta-rs may write the table: the setting allows it and it writes the table's
@@ -78,37 +90,33 @@ class StorePicker:
             writable = self._writable[path] = DELTARS.can_write(path)
         return writable
 
-    def writer(self, path: str) -> Store:
+    def writer(self, path: str, spark: SparkLike | None = None) -> Store:
         """The store that makes the other changes to an existing table (maintenance, a fresh copy's empty
-        table, a column fill): delta-rs when it writes the table; it may decline (returns None), and then
-        ``spark_store()`` makes the change."""
+        table, a column fill): delta-rs when it writes the table, Spark making what it declines, else
+        Spark. ``spark``: the session (or provider) to use, when not the run's."""
         if self.only is not None:
             return self.only
-        return DELTARS if self.deltars_writes(path) else SparkStore(self.spark)
+        return self._deltars(spark) if self.deltars_writes(path) else self._spark(spark)
 
-    def spark_store(self) -> SparkStore:
-        """Spark's store, which makes every change Delta makes: what a store that declines leaves to it."""
-        return SparkStore(self.spark)
-
-    def merger(self, path: str, spec: TableSpec, spark: SparkLike | None = None) -> Store:
+    def merger(self, path: str, spec: TableSpec, spark: SparkLike | None = None, *,
+               why: str | None = None) -> Store:
         """The store that makes a MERGE into the table: delta-rs when it writes the table and its keys are
-        not floating point (NaN and -0.0 compare differently in SQL engines); delta-rs may still decline
-        the plan itself (``DeltaRsStore.merge`` returns None), and then Spark makes it. ``spark``: the
-        session (or provider) this commit runs on, when not the run's."""
+        not floating point (NaN and -0.0 compare differently in SQL engines), Spark making a plan delta-rs
+        declines; else Spark. ``spark``: the session (or provider) this commit runs on, when not the
+        run's; ``why``: what starting Spark for it is logged as."""
         if self.only is not None:
             return self.only
-        if self.deltars_writes(path):
-            if not spec.floating_point_key:
-                return DELTARS
-        return SparkStore(spark if spark is not None else self.spark)
+        if self.deltars_writes(path) and not spec.floating_point_key:
+            return self._deltars(spark, why)
+        return self._spark(spark, why)
 
     def creator(self, path: str, spec: TableSpec, options: TableOptions) -> Store:
         """The store that creates a new table: delta-rs when it creates it exactly as Spark would."""
         if self.only is not None:
             return self.only
         if self.merge_engine == "auto" and DELTARS.can_create(path, spec, options):
-            return DELTARS
-        return SparkStore(self.spark)
+            return self._deltars()
+        return self._spark()
 
     def copier(self, path: str, spec: TableSpec, *, large: bool = True) -> Store:
         """The store that writes a copy into the existing table: delta-rs when it writes the table and the
@@ -119,8 +127,8 @@ class StorePicker:
         if self.only is not None:
             return self.only
         if large and not needs_column_mapping(spec.column_names) and self.deltars_writes(path):
-            return DELTARS
-        return SparkStore(self.spark)
+            return self._deltars()
+        return self._spark()
 
     def forget(self, *paths: str) -> None:
         """What was read of these tables' protocols no longer holds (replaced, moved, evolved)."""

@@ -28,6 +28,8 @@ class SparkStore(SparkTables):
     """Delta tables through Spark; ``spark`` is a session or a provider (None: reads of the log only)."""
 
     name = "spark"
+    #: whether its operations need Spark (the session is started by the first that does)
+    uses_spark = True
 
     # --- reading ----------------------------------------------------------------------------------
 

@@ -48,10 +48,12 @@ class SparkTables:
     """Delta tables through Spark, the primitives; ``spark`` is a session or a provider (None: reads of
     the log only)."""
 
-    def __init__(self, spark: SparkLike | None) -> None:
+    def __init__(self, spark: SparkLike | None, *, why: str | None = None) -> None:
         self.spark = spark
+        self.why = why  # what starting Spark for this store's operations is logged as (None: each one's own)
 
     def session(self, why: str) -> SparkSession:
+        why = self.why or why
         if self.spark is None:
             raise SinkError(f"{why} needs a Spark session and none was given")
         return session_of(self.spark, why)
@@ -112,6 +114,10 @@ class SparkTables:
         DESCRIBE DETAIL computes the table's size too, which rebuilds its state from the log (about a
         second after a protocol change), once per property read in a schema change."""
         return dict(self._log_action(path, "metaData").get("configuration") or {})
+
+    def schema_fields(self, path: str) -> list[dict[str, Any]]:
+        """The table's fields as Delta's JSON schema writes them (``name``, ``type``, ``nullable``...)."""
+        return list(json.loads(self._log_action(path, "metaData")["schemaString"])["fields"])
 
     def partition_columns(self, path: str) -> list[str]:
         return list(self._log_action(path, "metaData").get("partitionColumns") or [])
