@@ -14,7 +14,8 @@ from itertools import chain
 from typing import Any
 
 from applier.catalog import SchemaVersion, TypeCache
-from applier.changes import TableBatch, TableChange
+from applier.catalog.batches import TableBatch
+from applier.changes import TableChange
 from applier.config import TablesSettings
 from applier.errors import KeyChangeError, SinkError
 from applier.lsn import format_lsn
