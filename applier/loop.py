@@ -30,6 +30,7 @@ from applier.config import ApplySettings, TablesSettings
 from applier.errors import ApplierError
 from applier.infra.crashpoints import crashpoint
 from applier.infra.gcpolicy import after_group, collect_between_groups
+from applier.infra.progress import Progress
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from applier.catalog import RelationCache
     from applier.infra.metrics import MirrorMetrics
 
-Progress = Callable[[str], None]
 Confirm = Callable[[int], None]
 
 #: State key: end LSNs of the transactions being applied in pieces (``ApplyLoop._apply_pieced``)

@@ -63,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
 def run(args: argparse.Namespace) -> int:
     import psycopg
 
-    from applier.drivers.resync import choose_tables, require_mirror, resync
+    from applier.drivers.resync import choose_tables, require_mirror
+    from applier.drivers.resync_mirror import resync
     from applier.drivers.writer import target_writer
     from applier.sources.dsn import check_connection
     from applier.sources.publication import check_publication

@@ -33,6 +33,7 @@ from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
+from applier.infra.progress import Progress
 from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from applier.infra.metrics import MetricsServer
     from applier.sink.maintenance import MaintenanceSchedule
 
-Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
 
 #: creating the mirror's slot: the first line on what it waits for comes after this, then every

@@ -29,15 +29,14 @@ import psycopg
 from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
 from applier.errors import ConfigError, DivergenceError, InputError, ResyncNeededError, TypeChangeError
-from applier.sink.identity import UnprovenRenameError
+from applier.sink.identity import UnprovenRenameError, known_names
 from applier.sink.parking import ParkedTables
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
+from applier.state import StateDir
 
 if TYPE_CHECKING:
     from applier.config import MirrorConfig
-    from applier.drivers.mirror import Progress
-    from applier.spark.session import SparkLike
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +120,6 @@ def set_aside(tablesync: TableSync, gone: dict[str, int], why: str) -> None:
 
 def _known_relations(config: MirrorConfig) -> dict[str, int]:
     """Names this mirror's target knows relations by: name -> relation OID (``known_names``)."""
-    from applier.sink.identity import known_names
-    from applier.state import StateDir
-
     return known_names(StateDir.for_target(config.target.path, config.target.state_dir))
 
 
@@ -193,25 +189,7 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
 def require_mirror(config: MirrorConfig) -> None:
     """InputError unless the target holds a mirror of ``config``'s slot that has finished its first
     copy: resync follows a mirror, it does not start one. Read from the state alone (before Spark)."""
-    from applier.state import StateDir
-
     saved = StateDir.for_target(config.target.path, config.target.state_dir).load("mirror") or {}
     if saved.get("phase") != "streaming" or saved.get("slot") != config.source.slot:
         raise InputError(f"this target has no mirror with slot {config.source.slot!r} that finished its first copy; "
                          "run `applier mirror` first (it copies every table)", target=config.target.path)
-
-
-def resync(spark: SparkLike, config: MirrorConfig, names: list[str], *,
-           progress: Progress | None = None) -> dict[str, int]:
-    """``applier resync``: the named tables of the mirror of ``config`` copied again (the mirror must
-    have taken its snapshot: this follows a mirror, it does not start one)."""
-    from applier.drivers.mirror import Mirror
-
-    require_mirror(config)
-    mirror = Mirror(spark, config, progress=progress)
-    gone: dict[str, int] = {}
-    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
-        tables = choose_tables(conn, config, names, gone=gone)
-    if gone:
-        set_aside(mirror.tablesync, gone, "set aside by applier resync")
-    return resync_tables(mirror.tablesync, tables, reason="copied again as asked (applier resync)") if tables else {}

@@ -8,7 +8,12 @@ in the message alike).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+#: Where a run's progress lines go (the command prints them, a test collects them): one line at a time,
+#: a ProgressReport when the line carries its numbers. The one definition every driver and the loop use.
+Progress = Callable[[str], None]
 
 
 class ProgressReport(str):

@@ -37,6 +37,7 @@ from applier.errors import DataError, NotRecorded, ResyncNeededError
 from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.sink.pendingmove import RELATIONS_FILE
+from applier.sink.registry import TargetRegistry
 from applier.state import StateDir
 from applier.storage.location import is_object_store, join
 from applier.storage.moves import TableInTheWay, move_table_on_store
@@ -357,8 +358,6 @@ class TableIdentities:
             _prune_empty_parent(Path(src))
         crashpoint("table_moved")
         self.mover(src, dst, old_name, new_name or None)
-        from applier.sink.registry import TargetRegistry
-
         TargetRegistry(self.state, self.targets.target_dir).moved(src, dst if new_name else None)
         if new_name:
             entry = self._bound.get(oid)

@@ -194,7 +194,7 @@ def test_a_resync_cut_short_is_finished_by_the_next_mirror(source, spark, tmp_pa
     """Killed after the Delta table was emptied and before its copy: the table is no longer in the
     mirror's list of copied tables, so the next mirror copies it (and never applies the stream to the
     empty table as if it held the rows)."""
-    from applier.drivers.resync import resync
+    from applier.drivers.resync_mirror import resync
     from applier.drivers.tablesync import TableSync
 
     target = tmp_path / "delta"
