@@ -37,7 +37,7 @@ from applier.protocol.messages import LogicalMessage
 from applier.sink.audit import record_skips
 from applier.sink.engine import CommitCounters, DeltaApplier
 from applier.sink.fold import FoldedTable, approximate_bytes
-from applier.sink.identity import TableIdentities
+from applier.sink.identity import CatalogLookup, TableIdentities
 from applier.sink.messages import record_messages
 from applier.sink.parking import ParkedTables
 from applier.sink.spec import SchemaEvolution
@@ -166,13 +166,24 @@ class ApplyLoop:
     in flight: dispatching the next one first waits for it.
     ``stores``: which store writes each table (default: delta-rs where it can, else Spark; a picker with
     an ``InMemoryStore`` runs the loop without a JVM or files, in tests).
+    ``lookup``: the source catalog the identity map asks when a name alone cannot say which table is which
+    (applier.sink.identity; the mirror's live catalog, a stored log's recorded one; None: none to ask).
+    ``before_apply``: called with each group just before it is applied (the mirror copies tables that
+    joined the publication there, so that their copy's position is known before their changes apply).
+    ``parked``: tables set aside (apply.on_table_error: park): their changes are left out of every group.
+    ``when_idle``: called by a live source's follower while the stream is idle, with nothing in flight
+    (the mirror makes a table sync whose slot now exists there, and runs maintenance; see ``tick``).
+    ``metrics``: the mirror's Prometheus metrics (metrics.port), told of each applied group; None: not served.
     """
 
     def __init__(self, spark: SparkLike, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
                  state: StateDir, feeder: TransactionFeeder | None = None, progress: Progress | None = None,
                  dry_run: Progress | None = None, save_catalog_each_group: bool = False, check_order: bool = False,
                  on_applied: Callable[[CommittedTransaction], None] | None = None,
-                 stores: StorePicker | None = None) -> None:
+                 stores: StorePicker | None = None, lookup: CatalogLookup | None = None,
+                 before_apply: Callable[[GroupedTransactions], None] | None = None,
+                 parked: ParkedTables | None = None, when_idle: Callable[[], None] | None = None,
+                 metrics: MirrorMetrics | None = None) -> None:
         self.spark = SparkProvider.of(spark)  # started by the first write that needs it (issue 31 item 2)
         self.settings = apply
         self.state = state
@@ -181,7 +192,8 @@ class ApplyLoop:
         self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
         self.applier = DeltaApplier(self.spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run,
-                                    identities=None if dry_run is not None else partial(TableIdentities, state),
+                                    identities=None if dry_run is not None else partial(TableIdentities, state,
+                                                                                         lookup=lookup),
                                     stores=stores)
         if self.applier.identities is not None:  # renamed columns are decided as Relations are read
             self.feeder.catalog.columns_changed = self.applier.identities.columns_changed
@@ -194,16 +206,10 @@ class ApplyLoop:
         self.confirm: Confirm = lambda _lsn: None
         self.save_catalog_each_group = save_catalog_each_group
         self.on_applied = on_applied or self.feeder.applied
-        #: Called with each group just before it is applied (the mirror copies tables that joined the
-        #: publication there, so that their copy's position is known before their changes apply).
-        self.before_apply: Callable[[GroupedTransactions], None] | None = None
-        #: Tables set aside (apply.on_table_error: park): their changes are left out of every group
-        self.parked: ParkedTables | None = None
-        #: Called by a live source's follower while the stream is idle, with nothing in flight (the mirror
-        #: makes a table sync whose slot now exists there, see ``tick``).
-        self.when_idle: Callable[[], None] | None = None
-        #: The mirror's Prometheus metrics (metrics.port), told of each applied group; None: not served.
-        self.metrics: MirrorMetrics | None = None
+        self.before_apply = before_apply
+        self.parked = parked
+        self.when_idle = when_idle
+        self.metrics = metrics
         self.messages = 0  # raw messages fed
         self.received = 0  # committed transactions completed by what was fed
         self.transactions = 0  # transactions applied (or found applied) by this loop

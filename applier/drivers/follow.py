@@ -17,7 +17,7 @@ import psycopg
 
 from applier.config import SourceSettings
 from applier.errors import SourceError
-from applier.infra.progress import Backlog, ProgressReport
+from applier.infra.progress import Backlog, Progress, ProgressReport
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
@@ -35,9 +35,13 @@ class FollowStats:
     stopped_by: str = "end"
 
 
+#: A large backlog caught up before the stream is followed on (``ReplicationFollower``'s ``catch_up``)
+CatchUp = Callable[[WalSenderStream, int, int, Callable[[int, bytes], None]], None]
+
+
 class SlotFollower:
     def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
-                 stop: threading.Event, progress: Callable[[str], None], progress_every: float) -> None:
+                 stop: threading.Event, progress: Progress, progress_every: float) -> None:
         self.dsn = dsn
         self.source = source
         self.loop = loop
@@ -120,12 +124,18 @@ class SlotFollower:
 
 
 class ReplicationFollower(SlotFollower):
-    """START_REPLICATION on a replication connection (psycopg's COPY_BOTH)."""
+    """START_REPLICATION on a replication connection (psycopg's COPY_BOTH).
 
-    #: Called once the stream has started, with it, the server's flush position, the backlog (bytes of
-    #: WAL from the slot's confirmed position to it) and the feed into the loop: the mirror catches a
-    #: large backlog up on Spark's executors there (applier.drivers.backlog) before following on.
-    catch_up: Callable[[WalSenderStream, int, int, Callable[[int, bytes], None]], None] | None = None
+    ``catch_up``: called once the stream has started, with it, the server's flush position, the backlog
+    (bytes of WAL from the slot's confirmed position to it) and the feed into the loop: the mirror
+    catches a large backlog up on Spark's executors there (applier.drivers.backlog) before following on.
+    """
+
+    def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
+                 stop: threading.Event, progress: Progress, progress_every: float, *,
+                 catch_up: CatchUp | None = None) -> None:
+        super().__init__(dsn, source, loop, stats, stop, progress, progress_every)
+        self.catch_up = catch_up
 
     def run(self, once: bool) -> None:
         src = self.source

@@ -28,7 +28,7 @@ import psycopg
 from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
-from applier.drivers.follow import FollowStats, ReplicationFollower, SqlFollower
+from applier.drivers.follow import FollowStats, ReplicationFollower, SlotFollower, SqlFollower
 from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
@@ -50,7 +50,8 @@ from applier.spark.session import SparkLike, SparkProvider
 from applier.state import StateDir
 
 if TYPE_CHECKING:
-    from applier.infra.metrics import MetricsServer
+    from applier.catalog.batches import GroupedTransactions
+    from applier.infra.metrics import MetricsServer, MirrorMetrics
     from applier.sink.maintenance import MaintenanceSchedule
 
 log = logging.getLogger(__name__)
@@ -100,18 +101,27 @@ class Mirror:
         self.stop = stop or threading.Event()
         self.progress_every = progress_every
         self.state = StateDir.for_target(config.target.path, config.target.state_dir)
+        self.parked = ParkedTables(self.state)
+        #: the numbers /metrics serves (metrics.port), made here and served by ``run``; None: not served
+        self.metrics: MirrorMetrics | None = None
+        if config.metrics.port is not None:
+            from applier.infra.metrics import MirrorMetrics  # noqa: F811
+
+            self.metrics = MirrorMetrics(stall_seconds=config.metrics.stall_seconds)
+        # the loop's hooks are this mirror's own methods: they call the table sync and the maintenance,
+        # which are made after the loop, from its applier and catalog
         self.loop = ApplyLoop(self.spark, config.target.path, apply=config.apply, tables=config.tables,
-                              state=self.state, progress=self.progress, save_catalog_each_group=True)
+                              state=self.state, progress=self.progress, save_catalog_each_group=True,
+                              lookup=LiveCatalog(self.dsn),  # a live catalog tells renames from new tables
+                              before_apply=self._before_apply, parked=self.parked, when_idle=self._idle,
+                              metrics=self.metrics)
         self.feeder = self.loop.feeder
         self.applier = self.loop.applier
         self.summary = MirrorSummary()
         self.stats = FollowStats()
         self.tablesync = TableSync(self.spark, config, self.dsn, self.applier, self.feeder.catalog, self.state,
-                                   self.progress)
-        self.loop.before_apply = self.tablesync.before_apply
-        self.parked = ParkedTables(self.state)
-        self.loop.parked = self.parked
-        self.loop.when_idle = self.tablesync.tick
+                                   self.progress, on_copy_rows=self.metrics.copied if self.metrics else None,
+                                   on_waits=self.metrics.sync_waits if self.metrics else None)
         self.maintenance: MaintenanceSchedule | None = None
         if config.maintenance.every_minutes is not None:  # compaction, VACUUM, checkpoints while idle
             from applier.sink.maintenance import MaintenanceSchedule, TableMaintainer  # noqa: F811
@@ -119,14 +129,16 @@ class Mirror:
             self.maintenance = MaintenanceSchedule(TableMaintainer(config.maintenance, self.spark,
                                                                    progress=self.progress),
                                                    config.target.path, config.maintenance.every_minutes * 60)
-            self.loop.when_idle = self._idle
-        if self.applier.identities is not None:  # a live catalog tells renames from new tables
-            self.applier.identities.lookup = LiveCatalog(self.dsn)
         self._snapshot_recorded = False
         self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
         self.metrics_port: int | None = None  # where /metrics is served (metrics.port 0: the free port taken)
 
+    def _before_apply(self, group: GroupedTransactions) -> None:
+        """The loop's ``before_apply``: tables that joined the publication are copied first."""
+        self.tablesync.before_apply(group)
+
     def _idle(self) -> None:
+        """The loop's ``when_idle``: a table sync whose slot now exists, then maintenance when due."""
         self.tablesync.tick()
         if self.maintenance is not None:
             self.maintenance.tick()
@@ -335,12 +347,9 @@ class Mirror:
         from applier.infra.metrics import serve_metrics
 
         server = serve_metrics(settings.port, settings.host, self.progress, stall_seconds=settings.stall_seconds,
-                               metrics=self.loop.metrics)
-        self.loop.metrics = server.metrics
+                               metrics=self.metrics)
         server.metrics.consecutive_stops.set(int(last_stops(self.state).get("count", 0)))
         server.metrics.parked.set(len(self.parked))
-        self.tablesync.on_copy_rows = server.metrics.copied  # tables added to the publication later
-        self.tablesync.on_waits = server.metrics.sync_waits
         self.metrics_port = server.port
         return server
 
@@ -355,11 +364,13 @@ class Mirror:
             try:
                 self.ensure_snapshot()
                 self._follow_publication()
-                kind = ReplicationFollower if self.config.source.read_mode == "replication" else SqlFollower
-                follower = kind(self.dsn, self.config.source, self.loop, self.stats, self.stop, self.progress,
-                                self.progress_every)
-                if isinstance(follower, ReplicationFollower):
-                    follower.catch_up = self._catch_up
+                follower: SlotFollower
+                if self.config.source.read_mode == "replication":
+                    follower = ReplicationFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
+                                                   self.progress, self.progress_every, catch_up=self._catch_up)
+                else:
+                    follower = SqlFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
+                                           self.progress, self.progress_every)
                 follower.run(once)
                 if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
                     self.tablesync.wait_for_copies(self.stop)

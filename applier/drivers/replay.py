@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from applier.drivers.executors.commit import replay_on_executors
 from applier.drivers.executors.eligibility import eligibility, log_messages
 from applier.drivers.executors.ranges import LogRange, range_messages
 from applier.drivers.executors.survey import BackgroundSurvey
-from applier.infra.progress import ProgressReport, count_fields, count_line
+from applier.infra.progress import Progress, ProgressReport, count_fields, count_line
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.sources.catalog_lookup import CatalogNote, RecordedCatalog
@@ -71,8 +71,8 @@ class ReplaySummary:
         return out
 
 
-def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[str], None] | None = None,
-               progress_every: float = 10.0, dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
+def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Progress | None = None,
+               progress_every: float = 10.0, dry_run: Progress | None = None) -> ReplaySummary:
     """Apply the raw log; with ``dry_run``, describe each commit to it and write nothing (no state either).
 
     Large logs are decoded and folded on Spark's executors (``distributed``, see
@@ -86,10 +86,11 @@ def replay_log(spark: SparkLike, config: ReplayConfig, *, progress: Callable[[st
     else:
         if config.distributed.mode == "on":
             log.warning("replaying on the driver, not on executors: %s", why_not)
-        loop = _loop(spark, config, state, progress=progress, dry_run=dry_run)
+        recorded = RecordedCatalog() if dry_run is None else None
+        loop = _loop(spark, config, state, progress=progress, dry_run=dry_run, lookup=recorded)
         total = log_messages(config.source_log) if progress is not None else None
-        stats = _drive(loop, read_raw_log(config.source_log), progress=progress, progress_every=progress_every,
-                       total=total)
+        stats = _drive(loop, read_raw_log(config.source_log), recorded, progress=progress,
+                       progress_every=progress_every, total=total)
     summary = ReplaySummary.of(stats)
     summary.seconds = time.monotonic() - started
     summary.dry_run = dry_run is not None
@@ -113,30 +114,30 @@ def on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir) -> str
     return None
 
 
-def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: Callable[[str], None] | None,
-          dry_run: Callable[[str], None] | None = None, catalog: dict[str, Any] | None = None) -> ApplyLoop:
+def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: Progress | None,
+          dry_run: Progress | None = None, catalog: dict[str, Any] | None = None,
+          lookup: RecordedCatalog | None = None) -> ApplyLoop:
+    """The apply loop over the target; ``lookup``: the catalog the log's notes are recorded into as
+    ``_drive`` reads them (None: a loop that reads no notes, or a dry run)."""
     feeder = TransactionFeeder.from_state(state, config.apply, catalog_json=catalog, check_order=False) \
         if catalog is not None else None
     return ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
-                     progress=progress, dry_run=dry_run, feeder=feeder)
+                     progress=progress, dry_run=dry_run, feeder=feeder, lookup=lookup)
 
 
-def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callable[[str], None] | None,
-           progress_every: float, total: int | None = None) -> ApplyStats:
+def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], recorded: RecordedCatalog | None, *,
+           progress: Progress | None, progress_every: float, total: int | None = None) -> ApplyStats:
     """The driver path: every message through the one apply loop, the catalog saved at the end.
     ``total``: the log's messages, for a done fraction and an ETA in the progress lines. A message's
-    catalog note is recorded before it is decoded (its Relation's column change is proven against it),
-    and its attnums become the relation's baseline once it is."""
+    catalog note is recorded (in ``recorded``, the loop's identity map's lookup; until the log's first
+    note it knows nothing) before it is decoded (its Relation's column change is proven against it), and
+    its attnums become the relation's baseline once it is."""
     started = last_report = time.monotonic()
     ids = loop.applier.identities
-    recorded: RecordedCatalog | None = None  # the sink asks it once the log's first note is read
     with loop.running():
         for raw in messages:
             note = CatalogNote.from_json(raw.catalog) if raw.catalog is not None and ids is not None else None
-            if note is not None and ids is not None:
-                if recorded is None:
-                    recorded = RecordedCatalog()
-                    ids.lookup = recorded
+            if note is not None and recorded is not None:
                 recorded.record(note)
             loop.feed(raw.lsn, raw.xid, raw.data)
             if note is not None and note.attnums is not None and ids is not None:
@@ -155,7 +156,7 @@ def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], *, progress: Callabl
 
 
 def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir, *,
-                         progress: Callable[[str], None] | None, progress_every: float) -> ApplyStats:
+                         progress: Progress | None, progress_every: float) -> ApplyStats:
     if progress is not None:
         progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
     loop = _loop(spark, config, state, progress=progress)
@@ -165,9 +166,10 @@ def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir
                                  columns_changed=ids.columns_changed if ids is not None else None)
 
     def drive(ranges: list[LogRange]) -> ApplyStats:
-        rest = _loop(spark, config, state, progress=progress, catalog=ranges[0].catalog)
+        recorded = RecordedCatalog()
+        rest = _loop(spark, config, state, progress=progress, catalog=ranges[0].catalog, lookup=recorded)
         messages = (raw for r in ranges for raw in range_messages(r))
-        return _drive(rest, messages, progress=progress, progress_every=progress_every)
+        return _drive(rest, messages, recorded, progress=progress, progress_every=progress_every)
 
     session = session_of(spark, "replaying a large log on executors")
     return replay_on_executors(session, config, loop, surveying, progress=progress, progress_every=progress_every,

@@ -39,6 +39,7 @@ from applier.catalog.batches import GroupedTransactions, TableBatch
 from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
 from applier.errors import SinkError
+from applier.infra.progress import Progress
 from applier.lsn import format_lsn
 from applier.sink.engine import DeltaApplier
 from applier.sink.fold import merge_keys
@@ -88,7 +89,9 @@ class PendingCopy:
 
 class TableSync:
     def __init__(self, spark: SparkLike, config: MirrorConfig, dsn: str, applier: DeltaApplier,
-                 catalog: RelationCache, state: StateDir, progress: Callable[[str], None]) -> None:
+                 catalog: RelationCache, state: StateDir, progress: Progress, *,
+                 on_copy_rows: Callable[[str, int, int], None] | None = None,
+                 on_waits: Callable[[list[str], int, int], None] | None = None) -> None:
         self.spark = SparkProvider.of(spark)
         self.config = config
         self.dsn = dsn
@@ -102,10 +105,10 @@ class TableSync:
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
         self.fills = ColumnFills(config, applier, catalog.types, state, progress)
         #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
-        self.on_copy_rows: Callable[[str, int, int], None] | None = None
+        self.on_copy_rows = on_copy_rows
         #: told (tables, prepared, open transactions) whenever what a waiting copy waits for is read, and
         #: ((), 0, 0) once none waits: the metrics' table-sync gauges, when served
-        self.on_waits: Callable[[list[str], int, int], None] | None = None
+        self.on_waits = on_waits
 
     # --- what is known --------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from applier.sink.fold import (
     table_spec,
 )
 from applier.sink.idempotence import carry_applied_version
-from applier.sink.identity import TableIdentities
+from applier.sink.identity import Mover, TableIdentities
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
 from applier.sink.schema import create_table, ensure_table, table_options
@@ -79,7 +79,7 @@ class DeltaApplier:
                  apply: ApplySettings | None = None, types: TypeCache | None = None,
                  on_schema_change: Callable[[str, SchemaEvolution], None] | None = None,
                  dry_run: Callable[[str], None] | None = None,
-                 identities: Callable[[TableTargets], TableIdentities] | None = None,
+                 identities: Callable[[TableTargets, Mover], TableIdentities] | None = None,
                  stores: StorePicker | None = None) -> None:
         #: started by the first write that needs Spark (a MERGE delta-rs does not do, a schema change...);
         #: a mirror whose tables delta-rs reads and writes runs without a JVM (issue 31 item 2)
@@ -108,9 +108,8 @@ class DeltaApplier:
         self._piece_marks: dict[tuple[str, int], int | None] = {}  # (path, end LSN) -> last ordinal committed
         self._pieced_tables: dict[tuple[str, int], str] = {}  # (path, end LSN) -> source name, of those marks
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
-        self.identities = identities(self.targets) if identities is not None else None
+        self.identities = identities(self.targets, self._move_table) if identities is not None else None
         if self.identities is not None:
-            self.identities.mover = self._move_table
             self.identities.finish_pending()
 
     def path_for(self, namespace: str, name: str) -> str:

@@ -111,10 +111,15 @@ def known_names(state: StateDir) -> dict[str, int]:
 
 
 class TableIdentities:
-    """OID -> Delta table bindings of one target, and the moves that follow renames."""
+    """OID -> Delta table bindings of one target, and the moves that follow renames.
 
-    def __init__(self, state: StateDir, targets: TableTargets, *, lookup: CatalogLookup | None = None,
-                 mover: Mover | None = None) -> None:
+    ``mover``: carries a moved table's applied version and derived tables along (the engine's, which
+    owns this map; None: this run cannot move tables). ``lookup``: the source catalog asked when a name
+    alone cannot say which table is which (None: there is none to ask). Both are given here and never
+    changed: what the map calls is what it was made with."""
+
+    def __init__(self, state: StateDir, targets: TableTargets, mover: Mover | None = None, *,
+                 lookup: CatalogLookup | None = None) -> None:
         self.state = state
         self.targets = targets
         self.lookup = lookup
