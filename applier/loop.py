@@ -20,10 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from applier.assembly import CommittedTransaction, TransactionAssembler
 from applier.assembly.feeder import PiecedBatches, TransactionFeeder
+from applier.catalog import TypeCache
 from applier.catalog.batches import GroupedTransactions, TableBatch
 from applier.changes import SkippedTransaction
 from applier.config import ApplySettings, TablesSettings
@@ -156,14 +157,14 @@ class ApplyLoop:
     slot's confirmed position, where the Relation messages before it are not re-sent); a stored log
     is read from its start and saves once at the end (``save()``).
     ``check_order``: check each message's place in the sequence (protocol/order.py) as it is fed; for
-    sources that do not guarantee it and were not checked whole (the streaming sink passes its own
-    feeder, which checks).
+    sources that do not guarantee it and were not checked whole (the streaming sink).
     ``on_applied``: what to do with a transaction once its commits exist (default: let the assembler
     drop its staged prepared copy; the streaming sink defers that by one batch).
     ``apply.overlap_groups``: a full group's Delta commits (and its message and skip records) run on
     a thread of their own while the next group is decoded; what follows them (release, state save,
     confirm) still happens on the caller's thread, in order, once they exist. At most one group is
     in flight: dispatching the next one first waits for it.
+    ``catalog_json``: the catalog to start from (a RelationCache.to_json; default: the state's saved one).
     ``stores``: which store writes each table (default: delta-rs where it can, else Spark; a picker with
     an ``InMemoryStore`` runs the loop without a JVM or files, in tests).
     ``lookup``: the source catalog the identity map asks when a name alone cannot say which table is which
@@ -177,7 +178,7 @@ class ApplyLoop:
     """
 
     def __init__(self, spark: SparkLike, target_dir: str, *, apply: ApplySettings, tables: TablesSettings,
-                 state: StateDir, feeder: TransactionFeeder | None = None, progress: Progress | None = None,
+                 state: StateDir, catalog_json: dict[str, Any] | None = None, progress: Progress | None = None,
                  dry_run: Progress | None = None, save_catalog_each_group: bool = False, check_order: bool = False,
                  on_applied: Callable[[CommittedTransaction], None] | None = None,
                  stores: StorePicker | None = None, lookup: CatalogLookup | None = None,
@@ -189,16 +190,20 @@ class ApplyLoop:
         self.state = state
         self.progress: Progress = progress or (lambda _m: None)
         self.dry_run = dry_run
-        self.feeder = feeder or TransactionFeeder.from_state(state, apply, check_order=check_order)
-        self.applier = DeltaApplier(self.spark, target_dir, tables=tables, apply=apply, types=self.feeder.types,
+        # The applier and the feeder's catalog share the types; the catalog tells the applier's identity map
+        # of columns gone and new as Relations are read (renamed columns are decided then), so the applier
+        # comes first, with the types the catalog fills from the saved one.
+        types = TypeCache()
+        self.applier = DeltaApplier(self.spark, target_dir, tables=tables, apply=apply, types=types,
                                     on_schema_change=self._schema_changed, dry_run=dry_run,
                                     identities=None if dry_run is not None else partial(TableIdentities, state,
                                                                                          lookup=lookup),
                                     stores=stores)
-        if self.applier.identities is not None:  # renamed columns are decided as Relations are read
-            self.feeder.catalog.columns_changed = self.applier.identities.columns_changed
-        # a transaction of more row changes than this is applied in pieces (see _apply_pieced)
-        self.feeder.piece_rows = piece_rows(apply)
+        ids = self.applier.identities
+        # a transaction of more row changes than piece_rows is applied in pieces (see _apply_pieced)
+        self.feeder = TransactionFeeder.from_state(state, apply, catalog_json=catalog_json, check_order=check_order,
+                                                   types=types, piece_rows=piece_rows(apply),
+                                                   columns_changed=ids.columns_changed if ids is not None else None)
         if dry_run is None:
             self.applier.pieced_ends.update(parse_lsn(e) for e in state.load(PIECES_KEY) or [])
         self.decoder = MessageDecoder()

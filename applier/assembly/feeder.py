@@ -16,8 +16,9 @@ from applier.assembly import CommittedTransaction, PreparedStore, TransactionAss
 from applier.assembly.rowchanges import row_change, row_changes
 from applier.assembly.shortrows import ShortRowReader
 from applier.assembly.transactions import Change
-from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion
+from applier.catalog import PerSchemaVersion, RelationCache, SchemaVersion, TypeCache
 from applier.catalog.batches import TableBatch
+from applier.catalog.relations import ColumnsChanged
 from applier.changes import SkippedTransaction, TableChange
 from applier.config import ApplySettings
 from applier.errors import ApplierError, DecodeError
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class TransactionFeeder:
     def __init__(self, catalog: RelationCache, assembler: TransactionAssembler, settings: ApplySettings, *,
-                 check_order: bool = True) -> None:
+                 check_order: bool = True, piece_rows: int | None = None) -> None:
         self.catalog = catalog
         self.assembler = assembler
         self.settings = settings
@@ -45,8 +46,8 @@ class TransactionFeeder:
             lambda schema: ShortRowReader(self._converters[schema].text_parsers, schema.key_indexes))
         self.messages: list[tuple[int, LogicalMessage]] = []
         #: A committed transaction of more row changes than this comes as ``PiecedBatches`` (None: whole,
-        #: always; the apply loop sets it, see ``piece_rows``)
-        self.piece_rows: int | None = None
+        #: always; the apply loop's feeder has applier.loop's ``piece_rows``)
+        self.piece_rows = piece_rows
         self.skipped_by_origin = 0
         self.skipped: list[SkippedTransaction] = []  # skipped since the last save, for the audit table
         # Refuses swapped, reordered or doubled messages (protocol/order.py): for messages from a
@@ -58,13 +59,17 @@ class TransactionFeeder:
 
     @classmethod
     def from_state(cls, state: StateDir, settings: ApplySettings, *, catalog_json: dict[str, Any] | None = None,
-                   check_order: bool = True) -> TransactionFeeder:
+                   check_order: bool = True, types: TypeCache | None = None,
+                   columns_changed: ColumnsChanged | None = None, piece_rows: int | None = None) -> TransactionFeeder:
         """A feeder whose catalog is ``catalog_json`` (a RelationCache.to_json) or the state's saved one.
 
-        The transactions to skip are the configured ones plus every one skipped before (the state's
+        ``types``: the TypeCache the catalog fills and shares (one the applier holds already), and
+        ``columns_changed``: what the catalog tells of columns gone and new (RelationCache). The
+        transactions to skip are the configured ones plus every one skipped before (the state's
         ``skipped`` list), so a replay from the start of a log leaves them out again."""
         saved = catalog_json if catalog_json is not None else state.load("catalog")
-        catalog = RelationCache.from_json(saved) if saved else RelationCache()
+        catalog = (RelationCache.from_json(saved, types=types, columns_changed=columns_changed) if saved
+                   else RelationCache(types, columns_changed=columns_changed))
         skip = {parse_lsn(v) for v in settings.skip_transactions}
         skip |= {parse_lsn(v) for v in state.load("skipped") or []}
         feeder: TransactionFeeder
@@ -73,7 +78,7 @@ class TransactionFeeder:
             memory_budget_bytes=settings.memory_budget_mb << 20, spill_dir=state.spill_dir,
             on_message=lambda m, lsn: feeder.messages.append((lsn, m)),
             skip_lsns=frozenset(skip), on_skip=lambda s: feeder._skipped(s))
-        feeder = cls(catalog, assembler, settings, check_order=check_order)
+        feeder = cls(catalog, assembler, settings, check_order=check_order, piece_rows=piece_rows)
         return feeder
 
     @property

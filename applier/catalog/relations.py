@@ -146,13 +146,13 @@ def _diff(old: Relation, new: Relation) -> SchemaChange:
 class RelationCache:
     """Relations by OID; each distinct shape of a relation is a numbered SchemaVersion."""
 
-    def __init__(self, types: TypeCache | None = None) -> None:
+    def __init__(self, types: TypeCache | None = None, *, columns_changed: ColumnsChanged | None = None) -> None:
         self.types = types or TypeCache()
         self._current: dict[int, SchemaVersion] = {}
         self._next_column_id: dict[int, int] = {}  # per relation: the id its next added column gets
         #: told of every Relation that loses columns and gains others (None: the change is left as a drop
         #: and an add, and the sink stops where that could be a rename it was not told about)
-        self.columns_changed: ColumnsChanged | None = None
+        self.columns_changed = columns_changed
 
     def update(self, rel: Relation) -> SchemaVersion:
         current = self._current.get(rel.oid)
@@ -233,8 +233,14 @@ class RelationCache:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RelationCache:
-        cache = cls(TypeCache.from_json(data.get("types", [])))
+    def from_json(cls, data: dict[str, Any], *, types: TypeCache | None = None,
+                  columns_changed: ColumnsChanged | None = None) -> RelationCache:
+        """The cache ``to_json`` saved. ``types``: a TypeCache others already hold (the applier), filled with
+        the saved types and shared by the cache; else a new one."""
+        saved = TypeCache.from_json(data.get("types", []))
+        if types is not None:
+            types._types.update(saved._types)
+        cache = cls(types if types is not None else saved, columns_changed=columns_changed)
         for r in data.get("relations", []):
             rel = Relation(None, int(r["oid"]), r["namespace"], r["name"], r["replica_identity"],
                            tuple(RelationColumn(int(f), n, int(t), int(m)) for f, n, t, m in r["columns"]))

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from applier.assembly.feeder import TransactionFeeder
 from applier.config import ReplayConfig
 from applier.drivers.executors.commit import replay_on_executors
 from applier.drivers.executors.eligibility import eligibility, log_messages
@@ -119,10 +118,8 @@ def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: 
           lookup: RecordedCatalog | None = None) -> ApplyLoop:
     """The apply loop over the target; ``lookup``: the catalog the log's notes are recorded into as
     ``_drive`` reads them (None: a loop that reads no notes, or a dry run)."""
-    feeder = TransactionFeeder.from_state(state, config.apply, catalog_json=catalog, check_order=False) \
-        if catalog is not None else None
     return ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
-                     progress=progress, dry_run=dry_run, feeder=feeder, lookup=lookup)
+                     progress=progress, dry_run=dry_run, catalog_json=catalog, lookup=lookup)
 
 
 def _drive(loop: ApplyLoop, messages: Iterable[RawMessage], recorded: RecordedCatalog | None, *,

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.assembly import CommittedTransaction
-from applier.assembly.feeder import TransactionFeeder
 from applier.config import ApplySettings, TablesSettings
 from applier.drivers.writer import target_writer
 from applier.errors import ApplierError
@@ -95,10 +94,6 @@ class DeltaApplySink:
         started = time.monotonic()
         spark = df.sparkSession
         before = self._state_before(batch_id)
-        feeder = TransactionFeeder.from_state(self.state, self.settings, catalog_json=before.get("catalog") or {})
-        for gid in before.get("finished_prepared", []):
-            if feeder.assembler.prepared is not None:
-                feeder.assembler.prepared.discard(gid)
         finished_prepared: list[str] = []
 
         def applied(txn: CommittedTransaction) -> None:
@@ -107,8 +102,13 @@ class DeltaApplySink:
             else:
                 feeder.applied(txn)
 
+        # the order of a stored log read in pieces is checked as it is fed
         loop = ApplyLoop(spark, self.target, apply=self.settings, tables=self.tables, state=self.state,
-                         feeder=feeder, on_applied=applied)
+                         catalog_json=before.get("catalog") or {}, check_order=True, on_applied=applied)
+        feeder = loop.feeder
+        for gid in before.get("finished_prepared", []):
+            if feeder.assembler.prepared is not None:
+                feeder.assembler.prepared.discard(gid)
         frame = df.orderBy("seq") if "seq" in df.columns else df
         pending: list[tuple[int, int, bytes]] = []  # raw rows since the last transaction boundary
         rows = [(r[0], r[1], r[2]) for r in before.get("tail", [])]

@@ -50,10 +50,10 @@ class Surveyor:
     stream (applier.drivers.backlog)."""
 
     def __init__(self, catalog_json: dict[str, Any] | None, columns_changed: ColumnsChanged | None = None) -> None:
-        self.survey = LogSurvey(catalog=RelationCache.from_json(catalog_json) if catalog_json else RelationCache())
         # the survey meets every Relation in log order on the driver: it tells the identity layer which
         # columns were renamed or dropped (executors fold by the Relations they see, and tell nobody)
-        self.survey.catalog.columns_changed = columns_changed
+        self.survey = LogSurvey(catalog=RelationCache.from_json(catalog_json, columns_changed=columns_changed)
+                                if catalog_json else RelationCache(columns_changed=columns_changed))
         self.survey.relations = {(v["namespace"] or "pg_catalog", v["name"])
                                  for v in (catalog_json or {}).get("relations", [])}
         self.survey.oids_by_name = {(v["namespace"] or "pg_catalog", v["name"]): int(v["oid"])
