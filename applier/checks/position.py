@@ -26,7 +26,7 @@ from applier.errors import InputError
 from applier.lsn import format_lsn
 from applier.sink.naming import mirrored_table_dirs, source_name_of
 from applier.sink.spec import app_id_for
-from applier.sink.store import SparkStore, reader
+from applier.sink.store.picker import log_reader, logged_applied_version, logged_configuration
 from applier.sources.rawlog import read_raw_log
 from applier.storage.paths import TablePath
 
@@ -50,10 +50,10 @@ def table_positions(target_dir: str | Path) -> list[TablePosition]:
     """The applied position of every table under ``target_dir`` that has one."""
     out = []
     for path in mirrored_table_dirs(target_dir):
-        store = reader(str(path))
+        store = log_reader(str(path))
         try:  # read from the log without a JVM: by delta-rs, or from the JSON commits of a table it cannot open
-            if isinstance(store, SparkStore):
-                configuration, applied = store.logged_configuration(str(path)), store.logged_applied_version
+            if store is None:
+                configuration, applied = logged_configuration(str(path)), logged_applied_version
             else:
                 configuration, applied = store.configuration(str(path)), store.applied_version
             source = configuration.get("applier.source") or ".".join(source_name_of(path))

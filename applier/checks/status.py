@@ -19,7 +19,7 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.sink.idempotence import source_commit_time_of
 from applier.sink.naming import source_name_of
 from applier.sink.spec import PROP_PUBLICATION, PROP_SOURCE, PROP_WIDENED, app_id_for
-from applier.sink.store import SparkStore, reader
+from applier.sink.store.picker import log_reader, logged_applied_version
 from applier.storage.paths import TablePath
 
 
@@ -94,10 +94,10 @@ def table_status(path: TablePath, *, expected_options: Any = None, kind: str = "
 
     ``expected_options`` (a ``TableOptions`` from the table's rule) adds the options the existing table
     lacks: they are applied only when a table is created, so a later config change shows up here."""
-    store = reader(str(path))
-    if isinstance(store, SparkStore):  # an escaped name ('%' in the path): delta-rs cannot open it
+    store = log_reader(str(path))
+    if store is None:  # an escaped name ('%' in the path): delta-rs cannot open it
         name = ".".join(source_name_of(path))
-        return TableStatus(name, str(path), store.logged_applied_version(str(path), app_id_for(name)), None, None,
+        return TableStatus(name, str(path), logged_applied_version(str(path), app_id_for(name)), None, None,
                            option_mismatches=("applied LSN read from the JSON log only; delta-rs cannot open a "
                                               "path holding '%'",))
     table = store.table_log(str(path), history=HISTORY_LOOKBACK)

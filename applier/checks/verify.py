@@ -24,7 +24,6 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
 from applier.sink.int96 import int96_advice, int96_files_at
-from applier.sink.store import DeltaRsStore, SparkStore
 from applier.sink.store.picker import scanner
 from applier.sources.sql_slot import pin_session
 from applier.values import SpecialValuePolicy
@@ -231,13 +230,13 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
     store = scanner(path, spark, spark_only=reader == "spark")
-    int96 = (int96_files_at(path) or []) if isinstance(store, DeltaRsStore) else []
+    int96 = [] if store.uses_spark else (int96_files_at(path) or [])
     if int96:  # delta-rs misreads them (or stops): compared as Spark reads them, and reported
         if spark is None:
             result = compare(f"{namespace}.{table}", iter(()), iter(()), detail=detail)
             result.problems.append(int96_advice(int96) + "; not compared (no Spark to read them)")
             return result
-        store = SparkStore(spark)
+        store = scanner(path, spark, spark_only=True)
     have = store.columns(path) if store.exists(path) else None
     if have is None:
         result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)

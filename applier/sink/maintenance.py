@@ -38,6 +38,7 @@ from applier.infra.progress import byte_size
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.naming import quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
+from applier.sink.store.picker import deltars_writer
 from applier.storage.paths import TablePath
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,8 @@ class TableMaintainer:
         path = str(path)
         columns = self.z_order_for(table) if z_order else []
         repaired = self._rewrite_int96(path, table)
-        store = writer(path, self.spark)
-        if isinstance(store, DeltaRsStore):
+        store = deltars_writer(path)
+        if store is not None:
             result = self._with_deltars(store, path, table, columns, started)
         elif self.spark is None:
             raise SinkError("this table needs Spark for maintenance (a Delta feature delta-rs cannot write) and "

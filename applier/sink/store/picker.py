@@ -40,6 +40,28 @@ def scanner(path: str, spark: SparkLike | None = None, *, spark_only: bool = Fal
     return DELTARS if not spark_only and DELTARS.can_scan(path) else SparkStore(spark)
 
 
+def log_reader(path: str) -> DeltaRsStore | None:
+    """delta-rs's reader of the table's log (no JVM), or None where delta-rs cannot open the path (a name
+    holding '%'): then ``logged_configuration``/``logged_applied_version`` read its JSON commits."""
+    return DELTARS if DELTARS.can_open(path) else None
+
+
+def deltars_writer(path: str) -> DeltaRsStore | None:
+    """delta-rs where it writes the existing table at ``path`` (maintenance's compaction, vacuum and
+    checkpoint), None where Spark must (a Delta feature delta-rs cannot write)."""
+    return DELTARS if DELTARS.can_write(path) else None
+
+
+def logged_configuration(path: str) -> dict[str, str]:
+    """The table's properties from its JSON commits alone (see ``log_reader``)."""
+    return SparkStore(None).logged_configuration(path)
+
+
+def logged_applied_version(path: str, app_id: str) -> int | None:
+    """``app_id``'s applied version from the table's JSON commits alone (see ``log_reader``)."""
+    return SparkStore(None).logged_applied_version(path, app_id)
+
+
 def writer(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
     """The store that writes to (or maintains) the existing table at ``path``."""
     return DELTARS if DELTARS.can_write(path) else SparkStore(spark)
