@@ -28,6 +28,7 @@ from applier.commands.logsetup import progress as log_progress
 from applier.config import MirrorConfig, ReplayConfig, TablesSettings, libpq_env_given
 from applier.config.files import load_config, validate_mapping
 from applier.errors import ConfigError
+from applier.infra.progress import Progress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,7 +55,7 @@ def as_config(config: ConfigLike, model: type[M]) -> M:
 
 
 def replay(spark: SparkSession, config: ReplayConfig | str | Path | Mapping[str, Any], *,
-           progress: Callable[[str], None] | None = None,
+           progress: Progress | None = None,
            dry_run: Callable[[str], None] | None = None) -> ReplaySummary:
     """Apply a stored raw log to Delta tables, exactly once and in commit order (``applier replay``).
 
@@ -76,7 +77,7 @@ def replay(spark: SparkSession, config: ReplayConfig | str | Path | Mapping[str,
 
 
 def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str, Any], *, once: bool = True,
-           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> MirrorSummary:
+           progress: Progress | None = None, stop: threading.Event | None = None) -> MirrorSummary:
     """Copy a publication's tables into Delta under the slot's snapshot, then follow the slot (``applier mirror``).
 
     ``once=True`` (the default here, unlike the CLI) drains what is committed when it starts and returns;

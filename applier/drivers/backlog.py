@@ -40,6 +40,7 @@ from applier.drivers.executors.commit import MayCommit, fold_and_commit
 from applier.drivers.executors.eligibility import folds_unfit
 from applier.drivers.executors.ranges import LogRange, range_messages
 from applier.drivers.executors.survey import LogSurvey, Surveyor
+from applier.infra.progress import Progress
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
@@ -189,7 +190,7 @@ def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop
 
 def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
-                          progress: Callable[[str], None], progress_every: float, backlog: int | None = None) -> None:
+                          progress: Progress, progress_every: float, backlog: int | None = None) -> None:
     """Read the started ``stream`` up to ``target`` and apply it on executors (see the module); what the
     driver path must take is fed to ``feed`` (the follower's, into ``loop``); ``backlog`` (bytes of WAL
     up to ``target``) gives the progress lines a done fraction and an ETA. Returns with the stream

@@ -35,7 +35,7 @@ import psycopg
 
 from applier.config import CaptureConfig
 from applier.errors import ApplierError
-from applier.infra.progress import Backlog, ProgressReport
+from applier.infra.progress import Backlog, Progress, ProgressReport
 from applier.lsn import format_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import Relation, transaction_end_lsn
@@ -99,7 +99,7 @@ def _logged_notes(spark: SparkSession, path: str) -> list[str]:
 
 
 def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
-            progress: Callable[[str], None] | None = None, stop: threading.Event | None = None,
+            progress: Progress | None = None, stop: threading.Event | None = None,
             poll_seconds: float = 1.0) -> CaptureSummary:
     """Drain the slot into ``config.log_path``; with ``once``, up to the WAL flush position at each
     round's start, until a round finds no new complete transaction."""

@@ -32,7 +32,7 @@ of an array type is copied as well (its missing value's text is not read back he
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +44,7 @@ from applier.changes import TableChange
 from applier.config import MirrorConfig
 from applier.errors import SinkError
 from applier.infra.crashpoints import crashpoint
+from applier.infra.progress import Progress
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.messages import COL_TEXT
 from applier.sink.engine import DeltaApplier
@@ -94,7 +95,7 @@ class ColumnFills:
     written before OIDs keyed it holds names, which are matched by name)."""
 
     def __init__(self, config: MirrorConfig, applier: DeltaApplier, types: TypeCache,
-                 state: StateDir, progress: Callable[[str], None]) -> None:
+                 state: StateDir, progress: Progress) -> None:
         self.config = config
         self.applier = applier
         self.types = types

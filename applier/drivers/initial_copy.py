@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from applier.errors import ApplierError, SourceError
-from applier.infra.progress import ProgressReport, count_fields, count_line
+from applier.infra.progress import Progress, ProgressReport, count_fields, count_line
 from applier.sources.copy import CopyPlan, arrow_types, plan_table, read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
@@ -71,7 +71,7 @@ def copy_job(snap: psycopg.Connection, table: PublishedTable, relation: Relation
 
 def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, applier: DeltaApplier,
                 catalog: RelationCache, lsn: int, settings: SnapshotSettings, special_values: SpecialValuePolicy,
-                progress: Callable[[str], None], progress_every: float, own_schemas: bool = False,
+                progress: Progress, progress_every: float, own_schemas: bool = False,
                 skip: Callable[[PublishedTable], bool] | None = None,
                 on_rows: Callable[[str, int, int], None] | None = None,
                 replace: Collection[str] = ()) -> dict[str, int]:
@@ -114,7 +114,7 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
 class InitialCopy:
     """Copies ``jobs`` under ``snapshot_name`` with ``workers`` connections; reports progress."""
 
-    def __init__(self, dsn: str, snapshot_name: str, *, workers: int, progress: Callable[[str], None],
+    def __init__(self, dsn: str, snapshot_name: str, *, workers: int, progress: Progress,
                  progress_every: float = 10.0, on_rows: Callable[[str, int, int], None] | None = None) -> None:
         self.dsn = dsn
         #: told (table, rows copied, estimated rows) as rows arrive: the metrics' copy gauges

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import SinkError
-from applier.infra.progress import byte_size
+from applier.infra.progress import Progress, byte_size
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.naming import quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
@@ -103,7 +103,7 @@ class TableMaintainer:
     """Maintains one table at a time with the settings of ``maintenance`` (see the module docstring)."""
 
     def __init__(self, settings: MaintenanceSettings, spark: SparkProvider | None = None, *,
-                 dry_run: bool = False, progress: Callable[[str], None] | None = None) -> None:
+                 dry_run: bool = False, progress: Progress | None = None) -> None:
         self.settings = settings
         self.spark = spark
         self.dry_run = dry_run

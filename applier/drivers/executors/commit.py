@@ -18,7 +18,7 @@ from applier.drivers.executors.ranges import FoldJob, LogRange
 from applier.drivers.executors.scheduler import FoldGroup, fold_on_executors
 from applier.drivers.executors.survey import LogSurvey, RangeSource
 from applier.infra.gcpolicy import after_group, collect_between_groups
-from applier.infra.progress import Backlog, ProgressReport
+from applier.infra.progress import Backlog, Progress, ProgressReport
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.fold import FoldedTable
@@ -36,7 +36,7 @@ MayCommit = Callable[[list[FoldedTable]], str | None]
 
 
 def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: RangeSource,
-                        *, progress: Callable[[str], None] | None, progress_every: float,
+                        *, progress: Progress | None, progress_every: float,
                         drive: Callable[[list[LogRange]], ApplyStats]) -> ApplyStats:
     """A stored log: nothing is committed before the whole log is known to be in order."""
     return fold_and_commit(spark, config.apply, config.tables, loop, surveying, progress=progress,
@@ -44,7 +44,7 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
 
 
 def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
-                    source: RangeSource, *, progress: Callable[[str], None] | None, progress_every: float,
+                    source: RangeSource, *, progress: Progress | None, progress_every: float,
                     drive: Callable[[list[LogRange]], ApplyStats], whole_source_first: bool,
                     may_commit: MayCommit | None = None, span: tuple[int, int] | None = None) -> ApplyStats:
     """Steps 2 and 3 while step 1 goes on; ``drive(ranges)`` replays ranges on the driver path, from the
