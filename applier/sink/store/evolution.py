@@ -72,16 +72,23 @@ def evolve_without_spark(store: EvolvingStore, path: str, spec: TableSpec,
         store.add_columns(path, [dict(f, nullable=True) for f in delta_fields(added)])
     source_names = set(spec.column_names)
     dropped = tuple(n for n in have if n not in source_names and n != ROW_COLUMN)
-    properties: dict[str, str] = {}
+    properties = recorded_changes(spec, configuration, dropped, {}, announce=bool(set(dropped) - earlier))
+    if properties:
+        store.set_properties(path, properties)
+    return SchemaEvolution(tuple(f.name for f in added), (), dropped)
+
+
+def recorded_changes(spec: TableSpec, configuration: Mapping[str, str], dropped: tuple[str, ...],
+                     properties: dict[str, str], *, announce: bool) -> dict[str, str]:
+    """``properties`` plus what records the source's dropped columns and its key, less what the table's
+    ``configuration`` holds already: the properties an evolution sets. ``announce``: warn of the
+    dropped columns (once, when they go)."""
     if dropped:
-        if set(dropped) - earlier:  # said once, when they go
+        if announce:
             log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
                         spec.source_name, ", ".join(dropped))
         properties[PROP_DROPPED] = json.dumps(sorted(dropped))
     keys = configuration.get(PROP_KEYS)
     if keys is not None and json.loads(keys) != list(spec.key_columns):
         properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
-    properties = {k: v for k, v in properties.items() if configuration.get(k) != v}
-    if properties:
-        store.set_properties(path, properties)
-    return SchemaEvolution(tuple(f.name for f in added), (), dropped)
+    return {k: v for k, v in properties.items() if configuration.get(k) != v}

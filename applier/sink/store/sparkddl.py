@@ -31,7 +31,7 @@ from applier.sink.spec import (
     option_mismatches,
 )
 from applier.sink.store.deltars import DeltaRsStore
-from applier.sink.store.evolution import rename_suspects
+from applier.sink.store.evolution import recorded_changes, rename_suspects
 from applier.sink.store.sparkbase import SparkTables
 from applier.sink.zerocol import ROW_COLUMN
 from applier.spark.session import SparkLike
@@ -199,14 +199,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
     for name in widened:
         new_type = wanted[name].dataType
         spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
-    if dropped:
-        log.warning("%s: columns %s were dropped in the source; kept in Delta, NULL from now on",
-                    spec.source_name, ", ".join(dropped))
-        properties[PROP_DROPPED] = json.dumps(sorted(dropped))
-    keys = configuration.get(PROP_KEYS)
-    if keys is not None and json.loads(keys) != list(spec.key_columns):
-        properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
-    store.set_properties(path, {k: v for k, v in properties.items() if configuration.get(k) != v})
+    store.set_properties(path, recorded_changes(spec, configuration, dropped, properties, announce=True))
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
 
