@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import jvm_peak_heap_mb, python_peak_rss_mb, spark_settings  # noqa: E402  (bench/memory.py)
 
 TABLES = [("public", "pgb_branches"), ("public", "pgb_tellers"), ("public", "pgb_accounts")]
 SCHEMA = """
@@ -176,7 +176,7 @@ MODES = {"grouped": mode_grouped, "per-transaction": mode_per_transaction, "appe
 def run_mode(args: argparse.Namespace) -> None:
     from applier.spark.session import build_spark_session
 
-    spark = build_spark_session()
+    spark = build_spark_session(spark_settings())
     print(json.dumps(MODES[args.mode](spark, args)))
 
 

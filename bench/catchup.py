@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import mirror_once_measured  # noqa: E402  (bench/memory.py)
+from memory import mirror_once_measured, spark_settings  # noqa: E402  (bench/memory.py)
 
 SCHEMA = """
 CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text);
@@ -161,9 +161,9 @@ def main() -> None:
 
         ours = child(config, cluster.dsn())
         log(f"applier mirror caught up in {ours['seconds']:.1f} s: {json.dumps(ours)}")
-        from applier.spark.session import SparkSettings, build_spark_session
+        from applier.spark.session import build_spark_session
 
-        spark = build_spark_session(SparkSettings(locations=(target,)))
+        spark = build_spark_session(spark_settings(locations=(target,)))
         results = verify_against_postgres(spark, conn, target, [("public", "cu_items")])
         equal = all(r.equal for r in results)
         if not equal or rep_rows != rows:

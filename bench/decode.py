@@ -11,6 +11,10 @@ The LAST line printed is one JSON object::
     {"messages": ..., "ours_msgs_per_s": ..., "pypgoutput_msgs_per_s": ..., "ratio": ...,
      "ours_with_conversion_msgs_per_s": ...}
 
+``--no-baseline`` leaves pypgoutput out (it is in the optional ``bench`` extra, which ``make setup`` does
+not install): the pypgoutput rate and the ratio are then null. The test suite's smoke run of this
+script (tests/scenario/test_bench_smoke.py) uses it where pypgoutput is missing.
+
 ``ours_with_conversion_msgs_per_s`` is our rate when every Insert/Update/Delete row is also
 converted to typed Python values (``RowConverter`` of applier.values: ints, Decimals with the
 column's scale, timezone-aware datetimes, ...), with Relation messages kept in a
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="raw log (Parquet file or directory, or Delta table)")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="leave pypgoutput out (not installed): our rates only, no ratio")
     parser.add_argument("--special-values", choices=["clamp", "null", "error"], default="clamp",
                         help="policy for values Spark cannot hold in the conversion pass (default: clamp)")
     args = parser.parse_args(argv)
@@ -98,25 +104,28 @@ def main(argv: list[str] | None = None) -> int:
     messages = [d for d in everything if d[0] in PYPGOUTPUT_KINDS]
     n = len(messages)
     print(f"{n} messages ({len(everything) - n} of kinds pypgoutput lacks left out)", file=sys.stderr)
-    theirs_fn = pypgoutput_decoder()
+    theirs_fn = None if args.no_baseline else pypgoutput_decoder()
     # Interleaved repetitions: a slow spell of a shared machine hits both decoders of the same
     # repetition, so the ratio is taken per repetition and its median reported.
     runs: dict[str, list[float]] = {"ours": [], "pypgoutput": [], "converted": []}
     ratios = []
     for i in range(args.repeat):
-        t_ours, t_theirs = seconds(ours, messages), seconds(theirs_fn, messages)
+        t_ours = seconds(ours, messages)
+        against = ""
+        if theirs_fn is not None:
+            t_theirs = seconds(theirs_fn, messages)
+            runs["pypgoutput"].append(n / t_theirs)
+            ratios.append(t_theirs / t_ours)
+            against = f", pypgoutput {n / t_theirs:,.0f} msgs/s, ratio {t_theirs / t_ours:.2f}"
         t_conv = seconds(lambda m: ours_with_conversion(m, args.special_values), messages)
         runs["ours"].append(n / t_ours)
-        runs["pypgoutput"].append(n / t_theirs)
         runs["converted"].append(n / t_conv)
-        ratios.append(t_theirs / t_ours)
-        print(f"repetition {i + 1}/{args.repeat}: ours {n / t_ours:,.0f} msgs/s, pypgoutput {n / t_theirs:,.0f} "
-              f"msgs/s, ratio {t_theirs / t_ours:.2f}; ours with conversion {n / t_conv:,.0f} msgs/s",
-              file=sys.stderr)
-    median = {name: statistics.median(rates) for name, rates in runs.items()}
+        print(f"repetition {i + 1}/{args.repeat}: ours {n / t_ours:,.0f} msgs/s{against}; ours with conversion "
+              f"{n / t_conv:,.0f} msgs/s", file=sys.stderr)
+    median = {name: statistics.median(rates) for name, rates in runs.items() if rates}
     print(json.dumps({"messages": n, "repeat": args.repeat, "ours_msgs_per_s": round(median["ours"]),
-                      "pypgoutput_msgs_per_s": round(median["pypgoutput"]),
-                      "ratio": round(statistics.median(ratios), 2),
+                      "pypgoutput_msgs_per_s": round(median["pypgoutput"]) if ratios else None,
+                      "ratio": round(statistics.median(ratios), 2) if ratios else None,
                       "ours_with_conversion_msgs_per_s": round(median["converted"])}))
     return 0
 

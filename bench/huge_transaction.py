@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import spark_settings  # noqa: E402  (bench/memory.py)
+
 
 def log(msg: str) -> None:
     print(f"bench/huge_transaction: {msg}", file=sys.stderr, flush=True)
@@ -88,8 +91,8 @@ def main() -> None:
             runs.append(result)
         from applier.spark.session import build_spark_session
 
-        equal = all(r.equal for r in verify_against_postgres(build_spark_session(), conn, str(work / "delta"),
-                                                             [("public", "h")]))
+        spark = build_spark_session(spark_settings())
+        equal = all(r.equal for r in verify_against_postgres(spark, conn, str(work / "delta"), [("public", "h")]))
         if not equal:
             raise SystemExit("bench/huge_transaction: the Delta table differs from Postgres")
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import peak_rss_mb, spark_settings  # noqa: E402  (bench/memory.py)
 
 
 def log(msg: str) -> None:
@@ -147,7 +147,7 @@ def main() -> None:
         for committed, lsn in commits:
             visible = min(stamp for version, stamp in applied if version >= lsn)
             latencies.append(visible - committed)
-        spark = build_spark_session()
+        spark = build_spark_session(spark_settings())
         equal = all(r.equal for r in verify_against_postgres(spark, conn, str(work / "delta"),
                                                              [("public", "lag_events")]))
         if not equal:

@@ -4,6 +4,8 @@ Spark start-up if any, the copy), for two checkouts of the code, and ``--once`` 
 
     .venv/bin/python bench/lazy.py --code OLD_DIR --code NEW_DIR [--scale 10] [--runs 3]
 
+(``--scale`` may be a fraction, for a quick run: 0.01 is 1,000 rows.)
+
 Setup (not timed): a throw-away server, one table of SCALE x 100,000 rows of the common types
 (``bench/snapshot.py --typed``'s), published. Then, ``--runs`` times, each ``--code`` in turn (so they
 share the machine's load alike): ``python -m applier.cli mirror --once`` with that checkout on the
@@ -61,7 +63,7 @@ def verify(conn: object, target: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--code", action="append", required=True, help="a checkout of applier (repeat)")
-    p.add_argument("--scale", type=int, default=10)
+    p.add_argument("--scale", type=float, default=10, help="x 100,000 rows (a fraction for a quick run)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
 
@@ -69,12 +71,13 @@ def main() -> None:
 
     from applier.devtools.pgcluster import start_cluster
 
+    rows = round(args.scale * 100_000)
     times: dict[str, dict[str, list[float]]] = {c: {"copy": [], "up_to_date": []} for c in args.code}
     spark_started: dict[str, list[bool]] = {c: [] for c in args.code}
     with tempfile.TemporaryDirectory(prefix="bench-lazy-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         conn.execute(TYPED_DDL)
-        conn.execute(TYPED_ROWS.replace("{rows}", str(args.scale * 100_000)))
+        conn.execute(TYPED_ROWS.replace("{rows}", str(rows)))
         conn.execute("VACUUM ANALYZE typed")
         conn.execute("CREATE PUBLICATION bench_pub FOR TABLE typed")
         conn.execute("CHECKPOINT")
@@ -93,7 +96,7 @@ def main() -> None:
                     verify(conn, target)
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     print(json.dumps({
-        "rows": args.scale * 100_000, "cores": os.cpu_count(),
+        "rows": rows, "cores": os.cpu_count(),
         "codes": {c: {"copy": [round(t, 1) for t in v["copy"]], "up_to_date": [round(t, 1) for t in v["up_to_date"]],
                       "copy_median": round(statistics.median(v["copy"]), 1),
                       "up_to_date_median": round(statistics.median(v["up_to_date"]), 1),

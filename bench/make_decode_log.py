@@ -4,7 +4,8 @@ Realistic means what a busy OLTP slot mostly carries: many small transactions, e
 one update of a narrow row. A throw-away cluster (applier.devtools.pgcluster) runs ``--transactions`` of
 them (half inserts, then half updates, each its own transaction, driven server-side by a DO block
 with COMMIT so that the client is not the bottleneck), the slot is peeked with protocol 1 text
-(the pinned session of applier.sources.sql_slot) and the rows are written as a Parquet raw log::
+(the pinned session of applier.sources.sql_slot) and the rows are written as a Parquet raw log. The
+last line printed is one JSON object (the transactions, the messages written, the file)::
 
     .venv/bin/python bench/make_decode_log.py bench/decode_log.parquet --transactions 50000
     .venv/bin/python bench/decode.py bench/decode_log.parquet
@@ -13,6 +14,7 @@ with COMMIT so that the client is not the bottleneck), the slot is peeked with p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"peeked {count} messages in {time.perf_counter() - t0:.1f}s -> {args.out}", file=sys.stderr)
     finally:
         cluster.stop()
+    print(json.dumps({"transactions": args.transactions, "messages": count, "out": str(args.out)}))
     return 0
 
 

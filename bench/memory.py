@@ -1,9 +1,14 @@
-"""Peak memory figures the benchmarks report (issue 7: Python RSS and JVM heap for each)."""
+"""Peak memory figures the benchmarks report (issue 7: Python RSS and JVM heap for each), and the
+Spark session of a benchmark's own process."""
 
 from __future__ import annotations
 
+import os
 import resource
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from applier.spark.session import SparkSettings
 
 
 def peak_rss_mb(pid: int | str = "self") -> float | None:
@@ -34,18 +39,27 @@ def jvm_peak_heap_mb(spark: Any) -> float:
     return round(heap / 2**20, 1)
 
 
+def spark_settings(**settings: Any) -> SparkSettings:
+    """``SparkSettings(**settings)`` with the JIT the CLI takes from the environment: with
+    ``APPLIER_SPARK__JIT=quick`` (which the test suite sets, tests/conftest.py) the benchmark's own JVM
+    compiles with C1 only, as the mirrors it starts do; a fresh JVM then costs about half as much, which
+    is most of what the smoke runs (tests/scenario/test_bench_smoke.py) take."""
+    from applier.spark.session import SparkSettings
+
+    return SparkSettings(quick_jit=os.environ.get("APPLIER_SPARK__JIT", "").lower() == "quick", **settings)
+
+
 def mirror_once_measured(config: str, dsn: str, locations: tuple[str, ...] = ()) -> dict[str, object]:
     """(In a benchmark's child process) ``applier mirror --config CONFIG --once`` in a process whose
     Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory."""
-    import os
     import time
 
     from applier.cli import main
-    from applier.spark.session import SparkSettings, build_spark_session
+    from applier.spark.session import build_spark_session
 
     os.environ["APPLIER_DSN"] = dsn
     started = time.monotonic()
-    spark = build_spark_session(SparkSettings(locations=locations))
+    spark = build_spark_session(spark_settings(locations=locations))
     startup = time.monotonic() - started
     started = time.monotonic()
     code = main(["mirror", "--config", config, "--once"])

@@ -3,6 +3,8 @@ TOAST value unchanged, and changes to a key-less table), as a user runs it, for 
 
     .venv/bin/python bench/readback.py --code OLD_DIR --code NEW_DIR [--scale 1] [--runs 3]
 
+(``--scale`` may be a fraction, for a quick run: 0.01 is 100 ``docs`` and 1,000 ``bag`` rows.)
+
 Why: such a commit takes values from the Delta table (the unchanged TOAST value of the row as
 committed, or the number of copies a key-less table holds of a row). Spark alone made them until
 delta-rs learnt to (applier.sink.store.rsmerge); this measures what that changes for a mirror whose
@@ -73,7 +75,8 @@ def verify(conn: object, target: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--code", action="append", required=True, help="a checkout of applier (repeat)")
-    p.add_argument("--scale", type=int, default=1)
+    p.add_argument("--scale", type=float, default=1, help="x 10,000 docs and x 100,000 bag rows (a fraction for "
+                   "a quick run)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
 
@@ -84,9 +87,10 @@ def main() -> None:
     times: dict[str, list[float]] = {c: [] for c in args.code}
     spark_started: dict[str, list[bool]] = {c: [] for c in args.code}
     changes = 0
+    docs, bag = round(args.scale * 10_000), round(args.scale * 100_000)
     with tempfile.TemporaryDirectory(prefix="bench-readback-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-        conn.execute(SETUP.format(docs=args.scale * 10_000, bag=args.scale * 100_000))
+        conn.execute(SETUP.format(docs=docs, bag=bag))
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
         n = 0
@@ -111,7 +115,7 @@ def main() -> None:
                 log(f"run {run + 1}, code {i + 1}: catch-up {seconds:.1f} s (from {before[0] if before else '?'})")
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     print(json.dumps({
-        "docs": args.scale * 10_000, "bag": args.scale * 100_000, "messages_per_catch_up": changes,
+        "docs": docs, "bag": bag, "messages_per_catch_up": changes,
         "cores": os.cpu_count(),
         "codes": {c: {"catch_up": [round(t, 1) for t in v], "catch_up_median": round(statistics.median(v), 1),
                       "starting_spark_logged": spark_started[c]} for c, v in times.items()},

@@ -1,6 +1,7 @@
 """Benchmark: replay of a large stored raw log, on the driver vs on Spark's executors (issue 22).
 
     .venv/bin/python bench/replay.py [--transactions 50000] [--rows-per-transaction 100] [--runs 3] [--cluster]
+                                     [--smoke]
 
 Setup (not timed): a server started by the script; bench/catchup.py's table and workload (each
 transaction inserts 50 rows, updates 40 and deletes 10); the slot peeked with protocol 1 and
@@ -18,6 +19,8 @@ Timed, one run after the other so that they do not share the 2 cores, ``--runs``
   client of it, as ``spark-submit --master spark://...`` would run it. On this machine the cluster
   shares the same two CPUs, so it shows the cost of a real cluster's scheduling and shipping, not
   more capacity.
+``--smoke`` (the test suite's quick run, tests/scenario/test_bench_smoke.py) runs only ``local[2]``
+on executors and on the driver path: both code paths, without the other modes' JVMs to start.
 Each run is a fresh process replaying into an empty target with its Spark session already started
 (the start-up is reported apart), and is verified against Postgres row by row afterwards (not
 timed). The last line is one JSON object with every run and the medians.
@@ -41,12 +44,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchup import SCHEMA  # noqa: E402  (bench/catchup.py: the same table and workload)
-from memory import jvm_peak_heap_mb, python_peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import jvm_peak_heap_mb, python_peak_rss_mb, spark_settings  # noqa: E402  (bench/memory.py)
 
 from applier.devtools.sparkcluster import StandaloneCluster  # noqa: E402
 
 #: (Spark master, distributed.mode, CPUs the whole process may use: None = both)
 MODES = (("local[1]", "on", 1), ("local[1]", "on", None), ("local[2]", "on", None), ("local[2]", "off", None))
+#: ``--smoke``: the two code paths (executors, driver) once each; the other modes run the same code on
+#: fewer CPUs, and each mode is a JVM of its own to start
+SMOKE_MODES = MODES[2:]
 
 
 def name(master: str, mode: str, cpus: int | None) -> str:
@@ -68,13 +74,13 @@ def run_child(args: argparse.Namespace) -> None:
     from applier.checks.verify import verify_against_postgres
     from applier.config import ReplayConfig
     from applier.drivers.replay import replay_log
-    from applier.spark.session import SparkSettings, build_spark_session
+    from applier.spark.session import build_spark_session
 
     if args.cpus:
         os.sched_setaffinity(0, set(range(int(args.cpus))))  # the JVM and the Python workers inherit it
     started = time.monotonic()
     extra = {"spark.cores.max": "2", "spark.executor.memory": "2g"} if args.master.startswith("spark://") else {}
-    spark = build_spark_session(SparkSettings(master=args.master, extra=extra))
+    spark = build_spark_session(spark_settings(master=args.master, extra=extra))
     startup = time.monotonic() - started
     config = ReplayConfig.model_validate({
         "source_log": args.log, "target": {"path": args.target},
@@ -123,6 +129,9 @@ def main() -> None:
     p.add_argument("--transactions", type=int, default=50_000)
     p.add_argument("--rows-per-transaction", type=int, default=100)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--smoke", action="store_true",
+                   help="only local[2] on executors and on the driver path (the test suite's quick run; the "
+                   "ratios to the local[1] modes are left out)")
     p.add_argument("--cluster", action="store_true",
                    help="also replay on the executors of a standalone Spark cluster started by the script")
     for hidden in ("--log", "--target", "--dsn", "--master", "--mode", "--cpus"):
@@ -142,7 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp, start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn, spark_cluster(Path(tmp), args.cluster) as spark:
         work = Path(tmp)
-        modes = MODES + ((CLUSTER,) if spark is not None else ())
+        modes = (SMOKE_MODES if args.smoke else MODES) + ((CLUSTER,) if spark is not None else ())
         conn.execute(SCHEMA)
         create_slot(conn, "bench")
         started = time.monotonic()
@@ -170,16 +179,21 @@ def main() -> None:
                 shutil.rmtree(target)
 
     medians = {k: statistics.median(float(r["seconds"]) for r in v) for k, v in runs.items()}  # type: ignore[arg-type]
-    one_cpu, one, two, driver = (medians[name(*m)] for m in MODES)
-    on_cluster = {"speedup_cluster_vs_one_cpu": round(one_cpu / medians[name(*CLUSTER)], 2)} if args.cluster else {}
+    two, driver = (medians[name(*m)] for m in SMOKE_MODES)
+    by_cpus: dict[str, float] = {}
+    if not args.smoke:
+        one_cpu, one = (medians[name(*m)] for m in MODES[:2])
+        by_cpus = {"speedup_two_cpus_vs_one_cpu": round(one_cpu / two, 2),
+                   "speedup_local2_vs_local1": round(one / two, 2)}
+        if args.cluster:
+            by_cpus["speedup_cluster_vs_one_cpu"] = round(one_cpu / medians[name(*CLUSTER)], 2)
     print(json.dumps({
         "messages": messages, "transactions": args.transactions,
         "median_seconds": {k: round(v, 1) for k, v in medians.items()},
-        "speedup_two_cpus_vs_one_cpu": round(one_cpu / two, 2),
-        "speedup_local2_vs_local1": round(one / two, 2),
+        **by_cpus,
         "speedup_executors_vs_driver_path": round(driver / two, 2),
         "messages_per_s_local2": round(messages / two),
-        **on_cluster,
+        "verified_equal": all(r["equal"] for rs in runs.values() for r in rs),  # child() stops the run if not
         "runs": runs,
     }))
 

@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import spark_settings  # noqa: E402  (bench/memory.py)
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_history", "pgbench_tellers")
 TYPED_TABLES = ("typed",)
@@ -210,11 +212,11 @@ def main() -> None:
         deltars_seconds = deltars_copy(conn, work / "deltars", tables)
         log(f"delta-rs plain copy: {deltars_seconds:.1f} s")
 
-        from applier.spark.session import SparkSettings, build_spark_session
+        from applier.spark.session import build_spark_session
 
         # verify reads each table through Spark's toLocalIterator, one partition at a time: 10M rows
         # that delta-rs wrote in few files make partitions a 2g driver cannot hold (OOM at --scale 100)
-        spark = build_spark_session(SparkSettings(driver_memory="8g", locations=(root,)))
+        spark = build_spark_session(spark_settings(driver_memory="8g", locations=(root,)))
         for level in levels:
             results = verify_against_postgres(spark, conn, f"{root}/delta-{level}",
                                               [("public", t) for t in tables])
