@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from catchup import child, mirror_config  # noqa: E402  (bench/catchup.py)
+from catchup import child, mirror_config, setup_mirror  # noqa: E402  (bench/catchup.py)
 
 #: An append-mostly table, as most large ones are (events, orders): each transaction inserts 90 rows and
 #: corrects 10 of them. A group adds a file and rewrites none. (Changes to rows of earlier groups make
@@ -87,7 +87,7 @@ def main() -> None:
         conn.execute(SCHEMA)
         config = mirror_config(work, str(work / "delta"), group_transactions=args.group_transactions, overlap=False,
                                distributed="off")
-        child(config, cluster.dsn())  # the slot and the snapshot of the empty table
+        setup_mirror(config, cluster.dsn())  # the slot and the snapshot of the empty table
         conn.execute("SET synchronous_commit = off")
         conn.execute("CALL mt_run(%s, %s)", (args.transactions, args.rows_per_transaction))
         started = time.monotonic()
