@@ -93,8 +93,9 @@ SMOKES: dict[str, Smoke] = {
 
 #: Modules in bench/ that are not scripts: the scripts import them, so their smoke runs run them.
 LIBRARIES = {
-    # peak memory figures (VmHWM, the JVM's heap pools) and `mirror --once` measured in a child process:
-    # apply.py, catchup.py (so maintain.py), lag.py and replay.py import it
+    # peak memory figures (VmHWM, the JVM's heap pools), `mirror --once` measured in a child process and
+    # the Spark settings of a script's own session: apply, catchup (so maintain), huge_transaction, lag,
+    # replay and snapshot (so lazy and readback) import it; a module, not a script, so no smoke of its own
     "memory.py",
 }
 
