@@ -42,12 +42,18 @@ _S3_KEYS: dict[str, tuple[str, ...]] = {
 _AZURE_KEYS: dict[str, tuple[str, ...]] = {
     "azure_storage_account_name": ("account_name",),
     "azure_storage_account_key": ("account_key", "access_key"),
+    "azure_storage_endpoint": ("azure_endpoint", "endpoint"),
+    "azure_storage_use_emulator": ("use_emulator",),
+    "azure_allow_http": ("allow_http",),
 }
 _GCS_KEYS: dict[str, tuple[str, ...]] = {
     "google_service_account": ("service_account", "google_service_account_path"),
+    "google_allow_http": ("allow_http",),
 }
 _FAMILY: dict[str, dict[str, tuple[str, ...]]] = {"s3": _S3_KEYS, "s3a": _S3_KEYS, "gs": _GCS_KEYS, "gcs": _GCS_KEYS,
            "abfs": _AZURE_KEYS, "abfss": _AZURE_KEYS, "az": _AZURE_KEYS, "azure": _AZURE_KEYS, "adl": _AZURE_KEYS}
+#: Plain http to the endpoint: a client option of obstore's, not a key of its store config.
+_ALLOW_HTTP = frozenset({"aws_allow_http", "azure_allow_http", "google_allow_http"})
 #: Values never printed (applier.infra.redact) and masked in the config (SecretStr).
 SECRET_KEYS = frozenset({"aws_secret_access_key", "aws_session_token", "azure_storage_account_key"})
 
@@ -96,9 +102,9 @@ class StorageOptions:
 
     def obstore(self) -> tuple[dict[str, str], dict[str, Any]]:
         """``obstore.store.from_url``'s (config, client_options): plain http is a client option there."""
-        config = {k: v for k, v in self.values.items() if k != "aws_allow_http"}
-        client = {"allow_http": True} if _is_true(self.values.get("aws_allow_http", "")) else {}
-        return config, client
+        config = {k: v for k, v in self.values.items() if k not in _ALLOW_HTTP}
+        allow_http = any(_is_true(v) for k, v in self.values.items() if k in _ALLOW_HTTP)
+        return config, {"allow_http": True} if allow_http else {}
 
     def pyarrow_s3(self) -> dict[str, Any]:
         """``pyarrow.fs.S3FileSystem``'s arguments (raw-log objects are read through it)."""

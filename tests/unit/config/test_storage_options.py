@@ -55,6 +55,20 @@ def test_azure_and_gcs_options_reach_hadoop_too() -> None:
     assert gcs.hadoop_conf()["spark.hadoop.fs.gs.auth.service.account.json.keyfile"] == "/keys/sa.json"
 
 
+def test_an_azure_or_gcs_endpoint_of_ones_own_and_plain_http_are_options_too() -> None:
+    """What an emulator (Azurite, fake-gcs-server) or a private endpoint needs: delta-rs takes the keys as they
+    are; obstore gets plain http as its client option."""
+    azure = StorageOptions.of("az://c/m", {"account_name": "devstoreaccount1", "endpoint": "http://127.0.0.1:9/x",
+                                           "allow_http": "true", "use_emulator": "false"})
+    assert azure.deltalake() == {"azure_storage_account_name": "devstoreaccount1",
+                                 "azure_storage_endpoint": "http://127.0.0.1:9/x", "azure_allow_http": "true",
+                                 "azure_storage_use_emulator": "false"}
+    config, client = azure.obstore()
+    assert "azure_allow_http" not in config and client == {"allow_http": True}
+    gcs = StorageOptions.of("gs://b/m", {"service_account": "/keys/sa.json", "allow_http": "yes"})
+    assert gcs.obstore() == ({"google_service_account": "/keys/sa.json"}, {"allow_http": True})
+
+
 def test_secrets_are_never_printed_and_are_masked_in_the_config() -> None:
     settings = TargetSettings(path="s3://unit-opts-e/m", storage_options={"aws_secret_access_key": "e-secret-e-secret",
                                                                           "aws_session_token": "e-token-e-token"})
