@@ -168,21 +168,37 @@ class ObjectStore:
         return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed["common_prefixes"]]
 
 
+#: Per store family: (a bucket's name, the settings of its credentials, the settings of its endpoint).
+_WORDS = {
+    "s3": ("bucket", "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"),
+    "azure": ("container", "AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ACCOUNT_KEY, or AZURE_CLIENT_ID, "
+              "AZURE_CLIENT_SECRET and AZURE_TENANT_ID", "AZURE_STORAGE_ENDPOINT, or AZURITE_BLOB_STORAGE_URL with "
+              "AZURE_STORAGE_USE_EMULATOR"),
+    "gcs": ("bucket", "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS", "the service account's gcs_base_url"),
+}
+_FAMILY = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "azure", "abfss": "azure", "az": "azure",
+           "azure": "azure", "adl": "azure"}
+
+
 def _access_error(action: str, where: str, e: Exception, uri: str | None = None) -> StorageAccessError:
-    """One line that says what failed and, where the store's words allow, which setting to fix."""
+    """One line that says what failed and, where the store's words allow, which setting to fix (in the
+    words of that store: a container and AZURE_* variables for abfss://, a bucket and GOOGLE_* for gs://)."""
     uri = uri or where
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    said = str(e)
+    text = said.splitlines()[0] if said else type(e).__name__
     bucket, _ = bucket_and_prefix(uri)
+    kind, credentials, endpoint = _WORDS[_FAMILY.get(scheme_of(uri) or "", "s3")]
     hint = ""
-    if "NoSuchBucket" in str(e) or "bucket does not exist" in str(e).lower():
-        hint = f"; the bucket {bucket!r} does not exist: create it, or correct the URI"
-    elif "token request" in str(e) or "credential" in str(e).lower():
-        hint = ("; no credentials were found for this store (gs://: GOOGLE_APPLICATION_CREDENTIALS or "
-                "GOOGLE_SERVICE_ACCOUNT; abfss://: AZURE_STORAGE_ACCOUNT_KEY, or AZURE_CLIENT_ID, "
-                "AZURE_CLIENT_SECRET and AZURE_TENANT_ID; or target.storage_options)")
-    elif any(w in str(e) for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")):
-        hint = "; the store refused the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or " \
-               "target.storage_options)"
-    elif "Connect" in str(e) or "connection" in str(e).lower() or "dns" in str(e).lower():
-        hint = "; the endpoint cannot be reached (AWS_ENDPOINT_URL / target.storage_options endpoint)"
+    missing = ("NoSuchBucket" in said or "ContainerNotFound" in said or "bucket does not exist" in said.lower()
+               or (isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError")
+               and action.startswith("writing"))
+    if missing:
+        hint = f"; the {kind} {bucket!r} does not exist: create it, or correct the URI"
+    elif "token request" in said or "credential" in said.lower():
+        hint = f"; no credentials were found for this store ({credentials}; or target.storage_options)"
+    elif any(w in said for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "AuthorizationFailure",
+                                  "AuthenticationFailed", "403")):
+        hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
+    elif any(w in said.lower() for w in ("connect", "error sending request", "dns")):
+        hint = f"; the endpoint cannot be reached ({endpoint}, or target.storage_options)"
     return StorageAccessError(f"{action} {where} failed: {text}{hint}", uri=uri)
