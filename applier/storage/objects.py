@@ -33,16 +33,26 @@ class StorageAccessError(ConfigError):
 @dataclass(frozen=True, slots=True)
 class StoredObject:
     data: bytes
-    etag: str | None
+    etag: str | None  # what put_if_unchanged needs: the ETag, or on GCS the generation (ObjectStore's docstring)
+
+
+#: Schemes whose put-if-unchanged is by the object's generation, not its ETag: object_store sends GCS
+#: ``x-goog-if-generation-match`` with the ``version`` it was given and refuses an ``e_tag`` alone.
+_BY_GENERATION = frozenset({"gs", "gcs"})
 
 
 class ObjectStore:
-    """Keys under one URI prefix (``s3://bucket/prefix``) of one store, with conditional writes."""
+    """Keys under one URI prefix (``s3://bucket/prefix``) of one store, with conditional writes.
+
+    The "etag" a conditional write returns and takes is the tag that store replaces by: the ETag on S3
+    and Azure, the generation on GCS (whose ETag object_store cannot replace by), so callers (the lease)
+    hold one opaque string for every store."""
 
     def __init__(self, uri: str) -> None:
         from obstore.store import from_url
 
         self.uri = uri.rstrip("/")
+        self._by_generation = scheme_of(uri) in _BY_GENERATION
         url = "s3://" + self.uri.split("://", 1)[1] if scheme_of(uri) == "s3a" else self.uri
         explicit = in_force(uri)
         config, client = explicit.obstore() if explicit is not None else ({}, {})
@@ -52,6 +62,11 @@ class ObjectStore:
         except Exception as e:  # noqa: BLE001 - obstore raises its own (and Rust panics) for a bad URL or option
             raise _access_error("opening", uri.rstrip("/"), e) from None
 
+    def _tag(self, meta: Any) -> str | None:
+        """The tag this store replaces by, from an object's metadata or a put's result."""
+        tag = meta.get("version") if self._by_generation else meta.get("e_tag")
+        return str(tag) if tag else None
+
     def _failed(self, action: str, key: str, e: Exception) -> StorageAccessError:
         return _access_error(action, f"{self.uri}/{key}", e, self.uri)
 
@@ -60,7 +75,7 @@ class ObjectStore:
 
         try:
             result = obstore.get(self._store, key)
-            return StoredObject(bytes(result.bytes()), result.meta.get("e_tag"))
+            return StoredObject(bytes(result.bytes()), self._tag(result.meta))
         except FileNotFoundError:
             return None
         except Exception as e:  # noqa: BLE001
@@ -82,7 +97,7 @@ class ObjectStore:
         import obstore
 
         try:
-            return str(obstore.put(self._store, key, data, mode="create").get("e_tag") or "")
+            return self._tag(obstore.put(self._store, key, data, mode="create")) or ""
         except FileExistsError:
             return None
         except Exception as e:  # noqa: BLE001
@@ -95,8 +110,9 @@ class ObjectStore:
         None when it changed or went away."""
         import obstore
 
+        mode = {"version": etag} if self._by_generation else {"e_tag": etag}
         try:
-            return str(obstore.put(self._store, key, data, mode={"e_tag": etag}).get("e_tag") or "")
+            return self._tag(obstore.put(self._store, key, data, mode=cast(Any, mode))) or ""
         except (FileNotFoundError, FileExistsError):
             return None
         except Exception as e:  # noqa: BLE001
