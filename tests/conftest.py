@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from applier.devtools.azurite import AzuriteServer, start_azurite
+from applier.devtools.gcsserver import GcsServer, start_gcs_server
 from applier.devtools.pgcluster import PgCluster, find_installation, find_installations
 from applier.devtools.s3server import S3Server, start_s3_server
 from applier.errors import EnvironmentSetupError
@@ -48,7 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 TIERS = ("unit", "integration", "scenario")
-SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server"}
+SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server", "azurite_server", "gcs_server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -217,6 +219,30 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """moto's standalone S3 server on loopback (tests/s3server.py), one per run; each test makes its buckets."""
     server = start_s3_server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """Azurite's Blob service on loopback (applier/devtools/azurite.py), one per run; each test makes its
+    containers. Not installed (scripts/setup installs it into the cache): skipped locally, a failure in CI."""
+    try:
+        server = start_azurite(tmp_path_factory.mktemp("azurite"))
+    except FileNotFoundError as e:
+        unavailable(str(e))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
+    """fake-gcs-server on loopback (applier/devtools/gcsserver.py), one per run; each test makes its buckets.
+    Not installed (scripts/setup installs it into the cache): skipped locally, a failure in CI."""
+    try:
+        server = start_gcs_server(tmp_path_factory.mktemp("gcs"))
+    except FileNotFoundError as e:
+        unavailable(str(e))
     yield server
     server.stop()
 
