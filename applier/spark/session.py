@@ -118,12 +118,19 @@ def _launches_jvm() -> bool:
 
 
 def _merged_jars(jars: list[Path]) -> str:
-    """``spark.jars`` with the Delta jars added to what spark-submit's ``--jars`` already set (not replacing it)."""
+    """``spark.jars`` with the Delta jars added to what spark-submit's ``--jars`` already set (not replacing it),
+    each file name once: the connectors' dependencies repeat some of Delta's (hadoop-azure's commons-logging)
+    and of each other (wildfly-openssl), and Spark refuses a second file of the same name with an ERROR in
+    every run's log ("already registered with a different path")."""
     conf = _jvm_conf()
     jars_set = conf.get("spark.jars", "") if conf is not None else ""  # type: ignore[attr-defined]  # py4j object
-    existing = [j for j in jars_set.split(",") if j]
-    names = {Path(j).name for j in existing}
-    return ",".join([*existing, *(str(j) for j in jars if j.name not in names)])
+    out = [j for j in jars_set.split(",") if j]
+    names = {Path(j).name for j in out}
+    for jar in jars:
+        if jar.name not in names:
+            names.add(jar.name)
+            out.append(str(jar))
+    return ",".join(out)
 
 
 def build_spark_session(settings: SparkSettings | None = None) -> SparkSession:
