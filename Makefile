@@ -1,9 +1,13 @@
 # The two commands the README starts with. Both run scripts/setup first (idempotent, fast when done).
 # `make test` (what CI runs) checks the code first: ruff, then mypy (applier strict, tests and bench too; see pyproject.toml).
-.PHONY: setup demo test test-fast lint check
+.PHONY: setup test-servers demo test test-fast lint check
 
 setup:
 	@scripts/setup
+
+# The object-store emulators the suite runs against (Azurite; fake-gcs-server with --gcs), once into the cache.
+test-servers: setup
+	@scripts/setup-test-servers
 
 demo: setup
 	.venv/bin/applier demo
@@ -13,7 +17,7 @@ demo: setup
 # 17-24 min on 2 cores (pytest of fresh-clone CI runs, 2026-11-27: 17:10, 18:35 and 23:50; 19-27 min with the
 # setup). Three workers on 2 cores were slower (28 min: every test ~1.5x longer, no idle CPU to fill).
 # APPLIER_TEST_WORKERS=1 runs the suite in one process (as `pytest` alone does).
-test: setup check
+test: setup test-servers check
 	.venv/bin/python -m pytest -n $${APPLIER_TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
 
 # The unit tier (tests/unit: no PostgreSQL, no Spark): decoder, assembly, config, CLI errors, layout.

@@ -82,7 +82,7 @@ def start_azurite(work: Path) -> AzuriteServer:
     """Start Azurite's Blob service on a free loopback port (state in memory, its log in ``work``)."""
     executable = find_azurite()
     if executable is None:
-        raise FileNotFoundError(f"Azurite is not installed: run scripts/setup (npm install --prefix "
+        raise FileNotFoundError(f"Azurite is not installed: run scripts/setup-test-servers (npm install --prefix "
                                 f"{default_cache_dir() / 'azurite'} azurite@{AZURITE_VERSION}) or set APPLIER_AZURITE")
     port = free_port()
     log_path = work / "azurite.log"

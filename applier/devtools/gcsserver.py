@@ -76,9 +76,9 @@ def start_gcs_server(work: Path) -> GcsServer:
     """Start fake-gcs-server on a free loopback port (objects in memory, its log in ``work``)."""
     executable = find_fake_gcs_server()
     if executable is None:
-        raise FileNotFoundError(f"fake-gcs-server is not installed: run scripts/setup (GOBIN={default_cache_dir()}"
-                                f"/bin go install github.com/fsouza/fake-gcs-server@{FAKE_GCS_VERSION}) or set "
-                                "APPLIER_FAKE_GCS_SERVER")
+        raise FileNotFoundError(f"fake-gcs-server is not installed (opt-in): run scripts/setup-test-servers --gcs "
+                                f"(GOBIN={default_cache_dir()}/bin go install "
+                                f"github.com/fsouza/fake-gcs-server@{FAKE_GCS_VERSION}) or set APPLIER_FAKE_GCS_SERVER")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log_path = work / "fake-gcs-server.log"
