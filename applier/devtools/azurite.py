@@ -16,7 +16,6 @@ import base64
 import hashlib
 import hmac
 import os
-import shutil
 import subprocess
 import urllib.request
 import uuid
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
 
-from applier.devtools.servers import free_port, stop, wait_listening
+from applier.devtools.servers import find_executable, free_port, stop, wait_listening
 from applier.infra.cache import default_cache_dir
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "AZURITE_VERSION", "AzuriteServer", "find_azurite", "start_azurite"]
@@ -36,15 +35,9 @@ ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 
 
 def find_azurite() -> Path | None:
-    """``azurite-blob`` from ``APPLIER_AZURITE``, the cache (scripts/setup), or the PATH; None when absent."""
-    named = os.environ.get("APPLIER_AZURITE")
-    if named:
-        return Path(named) if Path(named).exists() else None
+    """``azurite-blob`` from ``APPLIER_AZURITE``, the cache, or the PATH; None when absent."""
     cached = default_cache_dir() / "azurite" / "node_modules" / ".bin" / "azurite-blob"
-    if cached.exists():
-        return cached
-    found = shutil.which("azurite-blob")
-    return Path(found) if found else None
+    return find_executable("APPLIER_AZURITE", cached, "azurite-blob")
 
 
 @dataclass

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from applier.devtools.servers import free_port, stop, wait_listening
+from applier.devtools.servers import find_executable, free_port, stop, wait_listening
 from applier.infra.cache import default_cache_dir
 
 __all__ = ["FAKE_GCS_VERSION", "GcsServer", "find_fake_gcs_server", "start_gcs_server"]
@@ -30,15 +29,9 @@ FAKE_GCS_VERSION = "v1.56.1"
 
 
 def find_fake_gcs_server() -> Path | None:
-    """The executable from ``APPLIER_FAKE_GCS_SERVER``, the cache (scripts/setup), or the PATH; None when absent."""
-    named = os.environ.get("APPLIER_FAKE_GCS_SERVER")
-    if named:
-        return Path(named) if Path(named).exists() else None
-    cached = default_cache_dir() / "bin" / "fake-gcs-server"
-    if cached.exists():
-        return cached
-    found = shutil.which("fake-gcs-server")
-    return Path(found) if found else None
+    """The executable from ``APPLIER_FAKE_GCS_SERVER``, the cache, or the PATH; None when absent."""
+    return find_executable("APPLIER_FAKE_GCS_SERVER", default_cache_dir() / "bin" / "fake-gcs-server",
+                           "fake-gcs-server")
 
 
 @dataclass

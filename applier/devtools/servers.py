@@ -7,12 +7,26 @@ RuntimeError naming the log), so a run that cannot start one says why instead of
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 __all__ = ["free_port", "stop", "wait_listening"]
+
+
+def find_executable(variable: str, cached: Path, name: str) -> Path | None:
+    """A test server's executable: the one the environment ``variable`` names, else ``cached`` (where
+    scripts/setup-test-servers installs it), else ``name`` on the PATH; None when there is none."""
+    named = os.environ.get(variable)
+    if named:
+        return Path(named) if Path(named).exists() else None
+    if cached.exists():
+        return cached
+    found = shutil.which(name)
+    return Path(found) if found else None
 
 
 def free_port() -> int:
