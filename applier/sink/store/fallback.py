@@ -118,14 +118,16 @@ class FallbackStore:
         return written
 
     def replace_empty(self, path: str, spec: TableSpec) -> bool:
-        return self.preferred.replace_empty(path, spec) or self.fallback().replace_empty(path, spec)
+        replaced = self.preferred.replace_empty(path, spec)
+        return self.fallback().replace_empty(path, spec) if replaced is None else replaced
 
     def fill_columns(self, path: str, spec: TableSpec, values: Mapping[str, object]) -> bool:
-        return self.preferred.fill_columns(path, spec, values) or self.fallback().fill_columns(path, spec, values)
+        filled = self.preferred.fill_columns(path, spec, values)
+        return self.fallback().fill_columns(path, spec, values) if filled is None else filled
 
     def optimize(self, path: str, z_order: list[str], target_size: int | None) -> Mapping[str, Any]:
-        done = self.preferred.optimize(path, z_order, target_size)
-        return done if done is not None else self.fallback().optimize(path, z_order, target_size)
+        metrics = self.preferred.optimize(path, z_order, target_size)
+        return self.fallback().optimize(path, z_order, target_size) if metrics is None else metrics
 
     def vacuum(self, path: str, retention_hours: int | None, *, dry_run: bool, enforce_retention: bool) -> int | None:
         return self.preferred.vacuum(path, retention_hours, dry_run=dry_run, enforce_retention=enforce_retention)
