@@ -13,7 +13,8 @@ committed, their history tables not); with a column added with a constant defaul
 (the Delta table has the column and its filled rows, the group's commit is not done); on an object
 store, ``object_copied`` (an object of a table being moved copied to its new place, not all of them);
 ``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated);
-``piece_committed`` (a piece of a large transaction committed, its later pieces not).
+``piece_committed`` (a piece of a large transaction committed, its later pieces not); ``column_renamed``
+(a renamed column renamed in Delta, by a rewrite or with column mapping, the group's commit not done).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with histo
 FILL_POINTS = ("column_filled",)  # reached only when a column added with a constant default is filled
 MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)
 PIECE_POINTS = ("piece_committed",)  # reached only when a large transaction is applied in pieces
+REWRITE_POINTS = ("column_renamed",)  # reached only when a column is renamed
 
 
 class _Counter:
@@ -34,8 +36,10 @@ class _Counter:
         self.point, self.remaining = None, 0
         if spec:
             point, _, n = spec.partition(":")
-            if point not in POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS:
-                known = ", ".join(POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS)
+            every = (POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS
+                     + REWRITE_POINTS)
+            if point not in every:
+                known = ", ".join(every)
                 raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {known})")
             self.point, self.remaining = point, int(n or 1)
 

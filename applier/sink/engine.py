@@ -47,7 +47,7 @@ from applier.sink.identity import Mover, TableIdentities
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
 from applier.sink.schema import create_table, ensure_table, table_options
-from applier.sink.spec import PROP_RESTART_IDENTITY, SchemaEvolution, TableOptions, TableSpec, app_id_for
+from applier.sink.spec import PROP_RESTART_IDENTITY, RenamePolicy, SchemaEvolution, TableOptions, TableSpec, app_id_for
 from applier.sink.store import CommitResult, StorePicker
 from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
@@ -88,6 +88,7 @@ class DeltaApplier:
         self.tables = tables or TablesSettings()
         self.targets = TableTargets(self.spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
+        self._rename_policy = RenamePolicy(self.settings.column_renames, self.settings.rename_rewrite_max_mb << 20)
         self.types = types
         self.stats = CommitCounters()
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
@@ -569,7 +570,7 @@ class DeltaApplier:
         applied: dict[str, str] = {}
         try:
             evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
-                                     renames=renames, stores=self.stores)
+                                     renames=renames, stores=self.stores, rename=self._rename_policy)
         except TypeChangeError as e:
             self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
             raise

@@ -25,6 +25,7 @@ from applier.sink.spec import (
     PROP_IDENTITY,
     PROP_KEYS,
     PROP_SOURCE,
+    RenamePolicy,
     Renames,
     SchemaEvolution,
     TableOptions,
@@ -75,14 +76,15 @@ def table_options(rule: TableRule | None) -> TableOptions | None:
 
 def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None,
                  *, check_options: bool = True, renames: Renames | None = None,
-                 stores: StorePicker | None = None) -> SchemaEvolution:
+                 stores: StorePicker | None = None, rename: RenamePolicy | None = None) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
 
     The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
     column-mapped with reader version 2 (see :func:`enable_column_mapping`): its next run migrates it.
     A table delta-rs reads that needs none of this is checked without Spark (a provider is not started).
     ``stores``: the run's choice of store (a new table is then created by the store it picks: delta-rs
-    when it creates the table as Spark would); without it, a new table is created by Spark."""
+    when it creates the table as Spark would); without it, a new table is created by Spark. ``rename``:
+    how a proven column rename is made (applier.sink.spec.RenamePolicy; default: column mapping)."""
     name = spec.source_name
     picker = stores if stores is not None else StorePicker(spark)
     store = picker.reader(path)
@@ -96,7 +98,7 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
         enable_column_mapping(session_of(spark, f"{name}: upgrading its column mapping"), path, table=name)
     if _unchanged(store, path, spec):
         return SchemaEvolution()
-    return picker.evolver(path).evolve(path, spec, renames)  # what delta-rs declines, Spark makes
+    return picker.evolver(path).evolve(path, spec, renames, rename=rename)  # what delta-rs declines, Spark makes
 
 
 def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:

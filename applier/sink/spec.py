@@ -157,3 +157,20 @@ def option_mismatches(properties: Mapping[str, str], partition_columns: list[str
 
 #: (columns gone from Delta's, columns new, rename candidates by position) -> {old: new} (applier.sink.identity)
 Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class RenamePolicy:
+    """How a proven column rename reaches a Delta table that is not column-mapped yet (config
+    ``apply.column_renames``): ``map`` turns Delta column mapping on and renames in place (no data
+    rewritten, but the table gains the ``columnMapping`` reader feature that delta-rs's pyarrow path,
+    pandas and Polars refuse); ``rewrite`` rewrites the table under the new names in one overwrite
+    commit (readable by every reader, costs a full copy); ``auto`` rewrites a table of at most
+    ``rewrite_max_bytes`` of data files and maps a larger one. A table that is column-mapped already
+    is always renamed in place (a rewrite would not make it readable)."""
+
+    mode: str = "map"  # 'auto', 'rewrite' or 'map' (the default of a caller that names none: what it did before)
+    rewrite_max_bytes: int = 0
+
+    def rewrites(self, size_bytes: int) -> bool:
+        return self.mode == "rewrite" or (self.mode == "auto" and size_bytes <= self.rewrite_max_bytes)

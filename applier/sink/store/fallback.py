@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
     from applier.spark.session import SparkLike
 
 
@@ -93,10 +93,11 @@ class FallbackStore:
                     schema: pa.Schema | None = None) -> None:
         self.preferred.write_arrow(path, table, mode=mode, tag=tag, schema=schema)
 
-    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution:
-        evolution = self.preferred.evolve(path, spec, renames)
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
+               rename: RenamePolicy | None = None) -> SchemaEvolution:
+        evolution = self.preferred.evolve(path, spec, renames, rename=rename)
         if evolution is None:  # a rename, a retype, a feature: Spark makes every change Delta makes
-            evolution = self.fallback().evolve(path, spec, renames)
+            evolution = self.fallback().evolve(path, spec, renames, rename=rename)
         return evolution
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
 
 
 class SparkStore(SparkTables):
@@ -128,12 +128,13 @@ class SparkStore(SparkTables):
         with session_settings(spark, settings):
             spark.sql(f"VACUUM {delta_path_sql(path)}{retain}{' DRY RUN' if dry_run else ''}").collect()
 
-    def evolve(self, path: str, spec: TableSpec, renames: Renames | None) -> SchemaEvolution:
-        """Every change Delta makes: renames (column mapping) and widenings (type widening) too."""
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
+               rename: RenamePolicy | None = None) -> SchemaEvolution:
+        """Every change Delta makes: renames (a rewrite, or column mapping) and widenings (type widening) too."""
         from applier.sink.store.sparkddl import evolve_table
 
         return evolve_table(self.session(f"{spec.source_name}: a schema change (or a table delta-rs cannot read)"),
-                            path, spec, renames)
+                            path, spec, renames, rename=rename)
 
     def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
               description: str, may_be_empty: bool = True) -> CommitResult:

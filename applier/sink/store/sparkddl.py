@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from applier.errors import SinkError, TypeChangeError
+from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import delta_path_sql, needs_column_mapping, quote_identifier, sql_string_literal
 from applier.sink.spec import (
     COLUMN_MAPPING,
@@ -24,6 +25,7 @@ from applier.sink.spec import (
     PROP_KEYS,
     PROP_WIDENED,
     TYPE_WIDENING,
+    RenamePolicy,
     Renames,
     SchemaEvolution,
     TableOptions,
@@ -130,11 +132,12 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
 
 
 def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
-                    renames: Renames | None, earlier: set[str]) -> dict[str, DataType]:
-    """Rename in place the Delta columns that were renamed in the source, keeping their values (column
-    mapping lets Delta rename without rewriting data). Which were renamed was decided as the stream's
-    Relations were read (``renames`` answers from that note, and stops the run where a column that may
-    have been renamed was never decided). Columns an earlier drop left in Delta
+                    renames: Renames | None, earlier: set[str], policy: RenamePolicy | None) -> dict[str, DataType]:
+    """Rename the Delta columns that were renamed in the source, keeping their values: by a rewrite
+    under the new names (``rewrite_renamed``) or in place with column mapping, as ``policy`` says
+    (applier.sink.spec.RenamePolicy; None: column mapping). Which were renamed was decided as the
+    stream's Relations were read (``renames`` answers from that note, and stops the run where a column
+    that may have been renamed was never decided). Columns an earlier drop left in Delta
     (``applier.droppedColumns``) and applier's own added columns are no candidates."""
     from applier.catalog.relations import rename_candidates
 
@@ -146,23 +149,71 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     mapping = renames(gone, new, rename_candidates(old_order, spec.source_column_names))
     if not mapping:
         return have
-    enable_column_mapping(spark, path, table=spec.source_name)
-    table = delta_path_sql(path)
-    for old, new_name in mapping.items():
-        spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote_identifier(old)} TO {quote_identifier(new_name)}")
-        log.warning("%s: column %s was renamed to %s in the source; renamed in Delta, values kept",
-                    spec.source_name, old, new_name)
+    if _rewrites(spark, path, spec, policy):
+        rewrite_renamed(spark, path, spec, mapping)
+    else:
+        enable_column_mapping(spark, path, table=spec.source_name)
+        table = delta_path_sql(path)
+        for old, new_name in mapping.items():
+            spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quote_identifier(old)} TO {quote_identifier(new_name)}")
+            log.warning("%s: column %s was renamed to %s in the source; renamed in Delta, values kept",
+                        spec.source_name, old, new_name)
+    crashpoint("column_renamed")
     return {mapping.get(n, n): t for n, t in have.items()}
 
 
-def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None) -> SchemaEvolution:
-    """Bring the Delta table's columns in line with ``spec`` (renames first, see ``_rename_columns``);
-    raise SinkError for unsupported retypes."""
+def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RenamePolicy | None) -> bool:
+    """Whether a rename of this table is a rewrite: the policy says so for its size, and a rewrite would
+    leave it readable without column mapping (a table column-mapped already is renamed in place; a
+    clustered one too: Delta keeps its clustering columns by name, which an overwrite does not rename)."""
+    if policy is None or policy.mode == "map":
+        return False
+    store = SparkTables(spark)
+    if column_mapping_state(spark, path, store).mode != "none":
+        return False
+    snapshot = store._snapshot(path)
+    if "clustering" in (json.loads(snapshot.protocol().json())["protocol"].get("writerFeatures") or ()):
+        log.warning("%s: a liquid-clustered table is renamed with column mapping, not rewritten (Delta keeps "
+                    "its clustering columns by name)", spec.source_name)
+        return False
+    size = int(snapshot.sizeInBytes())
+    if policy.rewrites(size):
+        return True
+    log.warning("%s: the table holds %d MB of data files, more than apply.rename_rewrite_max_mb (%d): its column "
+                "rename turns Delta column mapping on instead of rewriting it (pandas, Polars and delta-rs's "
+                "to_pyarrow_table cannot read it from now on; docs/schema-changes.md)", spec.source_name,
+                size >> 20, policy.rewrite_max_bytes >> 20)
+    return False
+
+
+def rewrite_renamed(spark: SparkSession, path: str, spec: TableSpec, mapping: dict[str, str]) -> None:
+    """Rewrite the table under the renamed columns' new names in one overwrite commit (``overwriteSchema``:
+    the table's id, history, properties, partitioning and its applied versions, Delta's ``txn`` state,
+    stay), so that it needs no column mapping. Exactly once by construction: the commit is atomic, and
+    once it is in, the table has the new names and a re-run finds nothing to rename (a crash before it
+    leaves the old table, and the re-run rewrites it)."""
+    store = SparkTables(spark)
+    partitions = [mapping.get(c, c) for c in store.partition_columns(path)]
+    renamed = ", ".join(f"{old} -> {new}" for old, new in mapping.items())
+    frame = spark.read.format("delta").load(path).withColumnsRenamed(mapping)
+    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
+        .option("userMetadata", f"applier: columns renamed in the source, table rewritten: {renamed}")
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.save(path)
+    log.warning("%s: columns renamed in the source (%s); the Delta table was rewritten under the new names "
+                "(apply.column_renames), values kept, no column mapping", spec.source_name, renamed)
+
+
+def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None, *,
+                 rename: RenamePolicy | None = None) -> SchemaEvolution:
+    """Bring the Delta table's columns in line with ``spec`` (renames first, as ``rename`` says, see
+    ``_rename_columns``); raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
     store = SparkTables(spark)
     configuration = store.configuration(path)
     have = _rename_columns(spark, path, spec, {f.name: f.dataType for f in current.fields}, renames,
-                           set(json.loads(configuration.get(PROP_DROPPED) or "[]")))
+                           set(json.loads(configuration.get(PROP_DROPPED) or "[]")), rename)
     wanted = spark_schema(spec.schema)
     added: list[str] = []
     widened: list[str] = []
