@@ -1,0 +1,64 @@
+"""Benchmark: a column rename as a table rewrite vs with column mapping, by table size (issue 50 item 4).
+
+    .venv/bin/python bench/rename_rewrite.py [--rows 100000 1000000] [--dir DIR]
+
+For each size a Delta table ``(id int, a string, n bigint, t timestamp)`` of that many rows is written
+by Spark, then copied twice: one copy gets ``rewrite_renamed`` (``apply.column_renames: rewrite``: one
+overwrite commit under the new name), the other column mapping and ``ALTER TABLE ... RENAME COLUMN``
+(``map``). Prints the data files' size and both times; the last line is one JSON object. What
+docs/schema-changes.md's threshold (``apply.rename_rewrite_max_mb``) is argued from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from applier.sink.naming import delta_path_sql
+from applier.sink.spec import TableSpec
+from applier.sink.store.sparkbase import SparkTables
+from applier.sink.store.sparkddl import enable_column_mapping, rewrite_renamed
+from applier.spark.session import SparkSettings, build_spark_session
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="rename-bench-"))
+    spark = build_spark_session(SparkSettings(app_name="rename-bench"))
+    spec = TableSpec("bench.t", pa.schema([("id", pa.int32()), ("b", pa.string()), ("n", pa.int64()),
+                                           ("t", pa.timestamp("us"))]), ("id",), "d")
+    results = []
+    for rows in args.rows:
+        base = root / f"base-{rows}"
+        spark.range(rows).selectExpr("cast(id as int) id", "concat('value ', id) a", "id * 7 n",
+                                     "timestamp_seconds(id) t").write.format("delta").mode("overwrite").save(str(base))
+        size = int(SparkTables(spark)._snapshot(str(base)).sizeInBytes())
+        rewrite, mapped = root / f"rewrite-{rows}", root / f"map-{rows}"
+        for copy in (rewrite, mapped):
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(base, copy)
+        start = time.perf_counter()
+        rewrite_renamed(spark, str(rewrite), spec, {"a": "b"})
+        rewrite_s = time.perf_counter() - start
+        start = time.perf_counter()
+        enable_column_mapping(spark, str(mapped), table="bench.t")
+        spark.sql(f"ALTER TABLE {delta_path_sql(str(mapped))} RENAME COLUMN a TO b")
+        map_s = time.perf_counter() - start
+        result = {"rows": rows, "size_mb": round(size / 2**20, 1), "rewrite_s": round(rewrite_s, 2),
+                  "map_s": round(map_s, 2)}
+        print(result, flush=True)
+        results.append(result)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
