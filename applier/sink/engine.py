@@ -575,7 +575,7 @@ class DeltaApplier:
             self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
             raise
         if self.identities is not None:
-            self.identities.renames_applied(schema_version.relation.oid, applied)
+            self.identities.renames_applied(schema_version.relation.oid, applied, spec.column_names)
             # after the evolution: the renames were proven with the attnums recorded before
             self.identities.observe(schema_version.relation.oid, schema_version.column_names)
         self.targets.created(path)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,6 +85,17 @@ class Bound:
     #: the name before its last rename: what a caller that keeps its own records by name (the table sync)
     #: follows when a crash came between the move, which a restart finishes, and that caller's record
     was: str | None = None
+    #: names its columns had before (name -> attnum; ``attnums`` wins for a name in both): a stream read
+    #: again after a crash may show a column under a name the table has renamed since, and the rename
+    #: is proven from these (attnums are never reused within a relation)
+    former: dict[str, int] = field(default_factory=dict)
+
+    def set_attnums(self, attnums: dict[str, int]) -> None:
+        """The columns' attnums now; the names they replace are kept in ``former``."""
+        for name, attnum in self.attnums.items():
+            if attnums.get(name) != attnum:
+                self.former[name] = attnum
+        self.attnums = dict(attnums)
 
 
 #: Moves a Delta table from one path to another and carries its applied version to the new name's
@@ -94,7 +105,8 @@ Mover = Callable[[str, str, str, str | None], None]
 
 def saved_bindings(data: dict[str, Any]) -> list[Bound]:
     """The bindings of a target's saved identities (its state's ``relations``), in binding order."""
-    return [Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")), v.get("was"))
+    return [Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")), v.get("was"),
+                  dict(v.get("former") or {}))
             for k, v in (data.get("tables") or {}).items()]
 
 
@@ -145,7 +157,7 @@ class TableIdentities:
 
     def _save(self) -> None:
         self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
-                                                        "retired": b.retired, "was": b.was}
+                                                        "retired": b.retired, "was": b.was, "former": b.former}
                                            for b in self._bound.values()},
                                 "moving": self._moving,
                                 "columns": {str(k): v for k, v in self._columns.items()}})
@@ -380,7 +392,7 @@ class TableIdentities:
     def record_attnums(self, oid: int, attnums: dict[str, int]) -> None:
         entry = self._bound.get(oid)
         if entry is not None and entry.attnums != attnums:
-            entry.attnums = dict(attnums)
+            entry.set_attnums(attnums)
             self._save()
 
     def described(self, oid: int, attnums: dict[str, int]) -> None:
@@ -441,7 +453,9 @@ class TableIdentities:
                    "rebuild it from a log that starts after this change (delete its Delta directory and its entry "
                    "in tables.json)")
             return {}, dict.fromkeys(gone, why)
-        recorded = entry.attnums if entry is not None else self._described.get(oid, {})
+        # a name the relation's columns had before counts where no current one has it: the stream read again
+        # after a crash (between a rename's Delta commit and the rest) shows the rename the table made already
+        recorded = {**entry.former, **entry.attnums} if entry is not None else self._described.get(oid, {})
         unknown = [c for c in gone if c not in recorded] + [c for c in new if c not in current]
         if unknown:
             why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog cannot prove "
@@ -450,7 +464,7 @@ class TableIdentities:
             return {}, dict.fromkeys(gone, why)
         renamed = {g: n for g, options in candidates.items() for n in options if recorded[g] == current[n]}
         if renamed and entry is not None:
-            entry.attnums = {renamed.get(k, k): v for k, v in entry.attnums.items()}
+            entry.set_attnums({renamed.get(k, k): v for k, v in entry.attnums.items()})
         elif renamed and oid in self._described:
             self._described[oid] = {renamed.get(k, k): v for k, v in recorded.items()}
         return renamed, {}
@@ -508,17 +522,32 @@ class TableIdentities:
             except NotRecorded:
                 now = {}
             if now and now != entry.attnums:
-                entry.attnums = now
+                entry.set_attnums(now)
                 changed = True
         if changed:
             self._save()
 
-    def renames_applied(self, oid: int, done: dict[str, str]) -> None:
+    def renames_applied(self, oid: int, done: dict[str, str], columns: tuple[str, ...] = ()) -> None:
+        """The renames ``done`` are in the Delta table now, and so is every noted one whose old name is not
+        among its ``columns`` and whose new name (followed through chains) is: one a run before a crash
+        made already, whose note would otherwise outlive it."""
         log_ = self._columns.get(oid)
-        if log_ is None or not done:
+        if log_ is None:
             return
-        log_["renamed"] = {k: v for k, v in log_["renamed"].items() if k not in done}
-        self._save()
+        renamed: dict[str, str] = log_["renamed"]
+        have = set(columns)
+
+        def settled(old: str) -> bool:
+            name, seen = old, set()
+            while name in renamed and name not in seen:
+                seen.add(name)
+                name = renamed[name]
+            return old not in have and name in have
+
+        kept = {k: v for k, v in renamed.items() if k not in done and not settled(k)}
+        if kept != renamed:
+            log_["renamed"] = kept
+            self._save()
 
 
 def _prune_empty_parent(path: Path) -> None:

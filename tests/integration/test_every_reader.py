@@ -177,9 +177,6 @@ def rewrites(path: Path) -> int:
                if "table rewritten" in str(h.get("userMetadata") or ""))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 50 item 4, open: after a crash between a rename's Delta commit and "
-                   "the group's MERGE, the re-run writes NULL into the renamed column of the rows that group "
-                   "changed before the rename, under map as under rewrite (docs/schema-changes.md, 'Known gap')")
 def test_a_rename_rewrite_is_made_once_across_a_crash_and_a_large_table_is_column_mapped(pg, spark, tmp_path):
     source = {"slot": "rw", "publication": "rd_pub"}
     settings = {"source": source, "target": {"path": str(tmp_path / "rewrite")},
