@@ -6,6 +6,7 @@ The Python API, for notebooks and jobs that already have a SparkSession (see app
     summary = applier.replay(spark, "configs/replay.yaml")
     summary = applier.mirror(spark, {"target": {"path": "/lake/mirror"}}, once=True)
     results = applier.verify(spark, "configs/mirror.yaml")
+    frames = applier.read_consistent(spark, "/lake/mirror", ["public.orders", "public.order_lines"])
 
 ``import applier`` stays light: the API functions (and pyspark with them) load on first use.
 """
@@ -16,7 +17,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from applier.api import mirror, replay, verify
+    from applier.api import cut, mirror, read_consistent, replay, verify
 
 
 def _version() -> str:
@@ -28,9 +29,9 @@ def _version() -> str:
 
 
 __version__ = _version()
-__all__ = ["__version__", "mirror", "replay", "verify"]
+__all__ = ["__version__", "cut", "mirror", "read_consistent", "replay", "verify"]
 
-_API = ("mirror", "replay", "verify")
+_API = ("cut", "mirror", "read_consistent", "replay", "verify")
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ exiting, and report progress on the ``applier.<job>`` logger.
     print("\\n".join(summary.lines()))
     applier.mirror(spark, "configs/mirror.yaml", once=True)   # DSN from source.dsn or $APPLIER_DSN
     bad = [r for r in applier.verify(spark, "configs/mirror.yaml") if not r.equal]
+    frames = applier.read_consistent(spark, "/lake/mirror", ["public.orders", "public.order_lines"])
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from applier.errors import ConfigError
 from applier.infra.progress import Progress
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
+    from applier.checks.cuts import At
     from applier.checks.verify import TableComparison
     from applier.drivers.mirror import MirrorSummary
     from applier.drivers.replay import ReplaySummary
+    from applier.sink.cuts import Cut
     from applier.spark.session import SparkLike
     from applier.values.special import SpecialValuePolicy
 
@@ -166,3 +169,32 @@ def verify(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str,
     Returns one comparison per table: ``.equal``, row counts, and the rows found on one side only."""
     return verify_plan(spark, plan_verify(config, dsn=dsn, target=target, tables=tables,
                                           special_values=special_values))
+
+
+def cut(target: str | Path, at: At = None) -> Cut:
+    """The newest consistent cut of the mirror at ``target`` (``applier cut``): the end LSN of a group, its
+    source commit time and, per table (mirrored, history, change feed), the Delta version holding exactly
+    the source transactions up to that LSN. ``at``: the newest cut at or before an LSN (an int or
+    PostgreSQL's ``'0/16B3748'``) or a time (a ``datetime``, or ISO 8601 text; naive means UTC), compared
+    with the source commit time. Raises ``NoCutError`` when there is none. Reads the cuts table with
+    delta-rs: no Spark."""
+    from applier.checks.cuts import find_cut
+
+    return find_cut(target, at)
+
+
+def read_consistent(spark: SparkSession, target: str | Path, tables: Sequence[str], at: At = None) -> dict[
+        str, DataFrame]:
+    """One DataFrame per table, all at one consistent cut (``cut(target, at)``): read together, they are
+    exactly what Postgres had when the cut's transaction committed, however the mirror's groups land
+    meanwhile. ``tables``: mirrored tables' ``schema.table``, or any table's path relative to the target
+    (``_history/public/orders``). Each is read with ``versionAsOf``; a table the cut lacks raises
+    ``ConfigError``."""
+    from applier.checks.cuts import find_cut, table_at
+
+    chosen = find_cut(target, at)
+    frames: dict[str, DataFrame] = {}
+    for table in tables:
+        entry, path = table_at(chosen, target, table)
+        frames[table] = spark.read.format("delta").option("versionAsOf", entry.version).load(path)
+    return frames

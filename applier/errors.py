@@ -204,6 +204,11 @@ class TransientSourceError(SourceError):
     transient = True
 
 
+class NoCutError(ApplierError):
+    """The target has no consistent cut (applier.sink.cuts) at or before the position asked for: none
+    recorded yet (a mirror that has applied no group since cuts came), or all of them pruned or newer."""
+
+
 class TargetLockedError(ApplierError):
     """Another applier run holds the target (or raw log) this run would write: its ``flock``
     (applier.infra.lock) or its lease object on an object store (applier.storage.lease)."""

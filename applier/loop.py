@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +35,9 @@ from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Progress
 from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
-from applier.protocol.messages import LogicalMessage
+from applier.protocol.messages import LogicalMessage, pg_time_to_datetime
 from applier.sink.audit import record_skips
+from applier.sink.cuts import CutRecorder
 from applier.sink.engine import CommitCounters, DeltaApplier
 from applier.sink.fold import FoldedTable, approximate_bytes
 from applier.sink.identity import CatalogLookup, TableIdentities
@@ -224,6 +226,9 @@ class ApplyLoop:
                           if apply.overlap_groups and dry_run is None else None)
         self._in_flight: _Dispatched | None = None
         self._folded_transactions = 0  # in groups folded elsewhere, committed and not yet counted
+        #: a consistent cut after each group (applier.sink.cuts); none for a dry run or the in-memory store
+        self.cuts = (CutRecorder(self.applier, target_dir, parked)
+                     if dry_run is None and (stores is None or stores.only is None) else None)
 
     # --- feeding --------------------------------------------------------------------------------
 
@@ -401,6 +406,8 @@ class ApplyLoop:
             return None
         for txn in work.committed:
             self.on_applied(txn)
+        last = work.committed[-1].commit_time if work.committed else None
+        self._record_cut(work.end, pg_time_to_datetime(last) if last is not None else None)
         after_group()
         if self.save_catalog_each_group:
             self.save()
@@ -438,10 +445,22 @@ class ApplyLoop:
             self.save()
         end = self.applier.stats.last_end_lsn
         if end is not None:
+            self._record_cut(end, None)  # the source commit time of a folded group is not known here
             crashpoint("before_confirm")
             self.confirm(end)  # every Delta commit up to ``end`` exists
             self.confirmed_lsn = end
         return end
+
+    def _record_cut(self, end: int, commit_time: datetime | None) -> None:
+        """Once every table of the groups up to ``end`` has committed, and before ``end`` is confirmed: the
+        cut at ``end`` (a crash before it leaves the previous cut the newest; the run after it re-applies
+        nothing and records this one)."""
+        if self.cuts is None:
+            return
+        crashpoint("before_cut")
+        cut = self.cuts.record(end, commit_time)
+        if cut is not None and self.metrics is not None:
+            self.metrics.cut_recorded(cut.lsn, cut.commit_time)
 
     def save(self) -> None:
         if self.dry_run is None:

@@ -11,6 +11,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "replay",
     "verify",
     "status",
+    "cut",
     "maintain",
     "inspect",
 )

@@ -14,7 +14,8 @@ committed, their history tables not); with a column added with a constant defaul
 store, ``object_copied`` (an object of a table being moved copied to its new place, not all of them);
 ``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated);
 ``piece_committed`` (a piece of a large transaction committed, its later pieces not); ``column_renamed``
-(a renamed column renamed in Delta, by a rewrite or with column mapping, the group's commit not done).
+(a renamed column renamed in Delta, by a rewrite or with column mapping, the group's commit not done);
+``before_cut`` (every Delta commit of a group done, its consistent cut not recorded: applier.sink.cuts).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ FILL_POINTS = ("column_filled",)  # reached only when a column added with a cons
 MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)
 PIECE_POINTS = ("piece_committed",)  # reached only when a large transaction is applied in pieces
 REWRITE_POINTS = ("column_renamed",)  # reached only when a column is renamed
+CUT_POINTS = ("before_cut",)  # a group's cut (its own crash test: tests/integration/test_cuts.py)
+ALL_POINTS = (POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS + REWRITE_POINTS
+              + CUT_POINTS)
 
 
 class _Counter:
@@ -36,10 +40,8 @@ class _Counter:
         self.point, self.remaining = None, 0
         if spec:
             point, _, n = spec.partition(":")
-            every = (POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS
-                     + REWRITE_POINTS)
-            if point not in every:
-                known = ", ".join(every)
+            if point not in ALL_POINTS:
+                known = ", ".join(ALL_POINTS)
                 raise ValueError(f"APPLIER_CRASH_AT: unknown point {point!r} (known: {known})")
             self.point, self.remaining = point, int(n or 1)
 

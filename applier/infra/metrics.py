@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -87,6 +88,14 @@ class MirrorMetrics:
         self.sync_blockers = Gauge("applier_table_sync_blocking_transactions", "transactions a waiting table sync's "
                                    "slot waits for, by kind: prepared (pg_prepared_xacts) or open "
                                    "(pg_stat_activity)", ["kind"], registry=r)
+        self.cut_lsn = Gauge("applier_cut_lsn", "end LSN of the newest consistent cut (applier cut), as a number",
+                             registry=r)
+        self.cut_lag_seconds = Gauge("applier_cut_lag_seconds", "now minus the source commit time of the newest "
+                                     "consistent cut's last transaction: how old the newest state a reader can read "
+                                     "across tables is (it grows while the source commits nothing)", registry=r)
+        self._cut_time: float | None = None
+        self.cut_lag_seconds.set_function(
+            lambda: max(time.time() - self._cut_time, 0.0) if self._cut_time is not None else float("nan"))
         self.stall_seconds = stall_seconds
         self._moved = time.monotonic()
         self._rows_seen: dict[str, int] = {}
@@ -113,6 +122,12 @@ class MirrorMetrics:
                 self.table_commits.labels(table).inc()
             self._rows_seen[table] = total
         self.beat()
+
+    def cut_recorded(self, lsn: int, commit_time: datetime | None) -> None:
+        """A consistent cut was recorded (applier.sink.cuts); its lag is computed when scraped."""
+        self.cut_lsn.set(lsn)
+        if commit_time is not None:
+            self._cut_time = commit_time.timestamp()
 
     def lag(self, behind: int | None, seconds: float) -> None:
         if behind is not None:

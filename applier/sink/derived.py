@@ -191,6 +191,15 @@ class DerivedTables:
         self._schema_seen[path] = schema_version
         self._exists.add(path)
 
+    def applied(self, kind: _Kind, path: str, source_name: str) -> int | None:
+        """The derived table's applied version (None: no such table yet, or none recorded)."""
+        done = self._applied.get(path)
+        if done is None and is_delta_table(path):
+            done = applied_version(self._spark, path, kind.app_id(source_name))
+            if done is not None:
+                self._applied[path] = done
+        return done
+
     def _version(self, kind: _Kind, path: str, source_name: str, namespace: str, name: str) -> int | None:
         """The derived table's applied version; a mirror table that has one while its derived table
         does not exist stops the run (what happened before is not in the stream any more)."""

@@ -94,6 +94,9 @@ class DeltaApplier:
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN
         self._commits: dict[str, int] = {}  # table path -> applier commits this run (for optimize)
         self._schema_seen: dict[str, SchemaVersion] = {}  # table path -> SchemaVersion the Delta table matches
+        #: table path -> its newest Delta version as last read (``table_version``); every commit this applier
+        #: makes to a table drops its entry, so a consistent cut (applier.sink.cuts) reads it again once
+        self.versions: dict[str, int] = {}
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(self.spark, self.settings.parallel_tables)
@@ -154,6 +157,7 @@ class DeltaApplier:
         for cache in (self._applied, self._commits, self._schema_seen):
             cache.pop(src, None)
             cache.pop(dst, None)
+        self.versions.clear()  # derived tables move too
         self.stores.forget(src, dst)
         self._written.discard(src)
         if old_name != new_name:  # (the same name: parked while two tables swap names)
@@ -262,6 +266,8 @@ class DeltaApplier:
             return False
         self.stats.tables.add((last_batch.namespace, last_batch.name))
         if self._dry_run is None and self.derived.kinds(spec.source_name):
+            for kind in self.derived.kinds(spec.source_name):
+                self.versions.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
             if history is not None:
                 histories.append(history)
@@ -422,6 +428,7 @@ class DeltaApplier:
             partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
                     description=description, may_be_empty=may_be_empty),
             table=spec.source_name)
+        self.versions.pop(path, None)
         if tag is None:
             self._applied[path] = applied
         else:
@@ -452,6 +459,7 @@ class DeltaApplier:
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
+        self.versions.clear()  # the table and its derived ones are written anew
         path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
         creator = self.stores.creator(path, spec, options or TableOptions())
@@ -490,6 +498,7 @@ class DeltaApplier:
         path = self.path_of(rel.oid, schema_version.namespace, rel.name)
         for cache in (self._applied, self._schema_seen):
             cache.pop(path, None)
+        self.versions.clear()
         self.stores.forget(path)
         self._written.discard(path)
         if not self._exists(path):
@@ -579,6 +588,7 @@ class DeltaApplier:
             # after the evolution: the renames were proven with the attnums recorded before
             self.identities.observe(schema_version.relation.oid, schema_version.column_names)
         self.targets.created(path)
+        self.versions.pop(path, None)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
@@ -613,6 +623,29 @@ class DeltaApplier:
 
     def _exists(self, path: str) -> bool:
         return self.stores.reader(path).exists(path)
+
+    # --- what a consistent cut asks (applier.sink.cuts) ---------------------------------------------
+
+    def table_version(self, path: str) -> int:
+        """The table's newest Delta version: read from its log once, then again only after this applier
+        committed to it (maintenance commits in between change no row: the version read still holds them)."""
+        version = self.versions.get(path)
+        if version is None:
+            version = self.versions[path] = self.stores.reader(path).version(path)
+        return version
+
+    def applied_lsn(self, path: str, source_name: str) -> int | None:
+        """The end LSN the table at ``path`` has applied (None: no table, or none recorded yet)."""
+        return self._applied_version(path, source_name)
+
+    def derived_tables(self, qualified: str) -> list[tuple[str, str, int | None]]:
+        """(kind, path, applied LSN) of the history and change feed tables of ``qualified`` (schema.table)."""
+        namespace, _, name = qualified.partition(".")
+        out: list[tuple[str, str, int | None]] = []
+        for kind in self.derived.kinds(qualified):
+            path = self.derived.path(kind, namespace, name)
+            out.append((kind.name, path, self.derived.applied(kind, path, qualified)))
+        return out
 
     def _applied_version(self, path: str, source_name: str) -> int | None:
         """The end LSN the table has applied up to (read once from its Delta log, then tracked)."""

@@ -176,6 +176,10 @@ class TableIdentities:
     def bound(self, oid: int) -> Bound | None:
         return self._bound.get(oid)
 
+    def live(self) -> list[Bound]:
+        """Every binding of a relation not retired (a consistent cut lists their tables)."""
+        return [b for b in self._bound.values() if not b.retired]
+
     def bound_by_name(self, qualified: str) -> Bound | None:
         """The live (not retired) binding named ``qualified``; the first bound when several are (a swap
         of names in progress)."""

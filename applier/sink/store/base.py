@@ -85,6 +85,11 @@ class TableStore(Protocol):
         """The version the table's ``txn`` actions record for ``app_id`` (None: never written by it)."""
         ...
 
+    def version(self, path: str) -> int:
+        """The table's newest Delta version, from its log alone (no data file listed): what a consistent
+        cut records for a table a group wrote (applier.sink.cuts)."""
+        ...
+
     def columns(self, path: str) -> tuple[str, ...]:
         """The table's columns, in order."""
         ...

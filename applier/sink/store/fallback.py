@@ -51,6 +51,9 @@ class FallbackStore:
     def applied_version(self, path: str, app_id: str) -> int | None:
         return self.preferred.applied_version(path, app_id)
 
+    def version(self, path: str) -> int:
+        return self.preferred.version(path)
+
     def columns(self, path: str) -> tuple[str, ...]:
         return self.preferred.columns(path)
 

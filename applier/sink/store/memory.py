@@ -77,6 +77,10 @@ class InMemoryStore:
     def applied_version(self, path: str, app_id: str) -> int | None:
         return self.table(path).applied.get(app_id)
 
+    def version(self, path: str) -> int:
+        """Its commits since the one that created it (version 0, which ``commits`` does not list)."""
+        return len(self.table(path).commits)
+
     def columns(self, path: str) -> tuple[str, ...]:
         return tuple(self.table(path).columns)
 

@@ -75,6 +75,12 @@ class SparkTables:
         txn = self._snapshot(path).transactions().get(app_id)
         return None if txn.isEmpty() else int(txn.get())
 
+    def version(self, path: str) -> int:
+        if self.spark is None:
+            raise SinkError("this table's path holds '%' (an escaped name), which delta-rs cannot open; "
+                            "its version needs a Spark session", path=path)
+        return int(self._snapshot(path).version())
+
     def columns(self, path: str) -> tuple[str, ...]:
         return tuple(self.session(f"{path}: a table delta-rs cannot open").read.format("delta").load(path).columns)
 

@@ -1,0 +1,242 @@
+"""Consistent cuts: after every group, the Delta version of each table that holds exactly the source
+transactions up to the group's end LSN.
+
+Why: a source transaction that writes two tables lands as two Delta commits, so a reader that reads
+the newest version of each table while a group commits can see half of it (an order without its
+lines). The loop commits groups in source commit order and knows when every table of a group has
+committed; recording then, per table, the version that holds the group gives readers a set of
+versions that is exactly what Postgres had at that commit LSN (``DeltaTable(path, version=v)``,
+Spark's ``versionAsOf``).
+
+The record is a Delta table beside the tables, ``<target>/_applier/cuts`` (on the target itself, also
+for an object store, whose state directory is local: a reader of the target needs it), so that any
+engine reads it. One row per cut, appended in one commit by delta-rs (no Spark) tagged with the
+``txn`` app id ``applier.cuts`` and the cut's LSN: a run after a crash between the tables' commits and
+the cut re-applies nothing, finds the cut missing and writes it, once.
+
+Which version: the version of a table's commit in the group is read from its log once the group is
+committed (only the log since the last checkpoint, no file list); a table the group did not write keeps
+the version known before (read once, when it is first needed). Maintenance commits (OPTIMIZE, VACUUM)
+change the version but not the rows: an older version still reads the same rows until it is vacuumed.
+A table whose applied LSN is past the group's end (a table copied at a newer position, or a group that
+ends earlier than the one a crashed run committed) has no version holding exactly the cut: it is left
+out of that cut, never given a wrong version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from applier.lsn import format_lsn
+from applier.sink.store.picker import DELTARS
+from applier.storage.location import join
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from applier.sink.engine import DeltaApplier
+    from applier.sink.parking import ParkedTables
+
+log = logging.getLogger(__name__)
+
+#: the ``txn`` app id of the cuts table's appends: its version is the newest cut's LSN
+CUTS_APP_ID = "applier.cuts"
+#: table kinds a cut lists: the mirrored table, its history (SCD 2) and its change feed table
+KINDS = ("mirror", "history", "changes")
+
+
+def cuts_path(target_dir: str) -> str:
+    """``<target>/_applier/cuts``: on the target, whatever ``target.state_dir`` says."""
+    return join(target_dir, "_applier", "cuts")
+
+
+def relative_to(target_dir: str, path: str) -> str:
+    """``path`` relative to the target when it lies under it (a cut stays true when the target is
+    copied or mounted elsewhere), else as it is (a rule's own ``target``)."""
+    base = str(target_dir).rstrip("/") + "/"
+    return path[len(base):] if str(path).startswith(base) else str(path)
+
+
+@dataclass(frozen=True, slots=True)
+class CutTable:
+    """One table's place in a cut."""
+
+    relation_oid: int  # the source relation: a table is its relation, whatever it is called now
+    name: str  # schema.table as the mirror last followed it
+    path: str  # relative to the target (see ``relative_to``)
+    kind: str  # mirror | history | changes
+    version: int  # the Delta version holding exactly the cut's transactions
+
+    def location(self, target_dir: str) -> str:
+        """The table's path: under ``target_dir`` unless recorded as an absolute path or URI."""
+        if self.path.startswith("/") or "://" in self.path:
+            return self.path
+        return join(target_dir, self.path)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"relation_oid": self.relation_oid, "table": self.name, "kind": self.kind, "path": self.path,
+                "version": self.version}
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Every listed table as Postgres had it once the transaction ending at ``lsn`` committed."""
+
+    lsn: int  # end LSN of the group's last transaction
+    commit_time: datetime | None  # its source commit time (None: not known, a catch-up folded on executors)
+    recorded_at: datetime
+    tables: tuple[CutTable, ...]
+
+    def table(self, name: str) -> CutTable | None:
+        """The mirrored table called ``name`` (schema.table), or the table (of any kind) at path ``name``
+        relative to the target."""
+        return next((t for t in self.tables if (t.kind == "mirror" and t.name == name) or t.path == name), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lsn": format_lsn(self.lsn),
+                "commit_time": self.commit_time.isoformat() if self.commit_time is not None else None,
+                "recorded_at": self.recorded_at.isoformat(), "tables": [t.as_dict() for t in self.tables]}
+
+
+def cut_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    table = pa.struct([pa.field("relation_oid", pa.int64()), pa.field("table", pa.string()),
+                       pa.field("kind", pa.string()), pa.field("path", pa.string()),
+                       pa.field("version", pa.int64())])
+    return pa.schema([pa.field("lsn", pa.string()), pa.field("lsn_value", pa.int64()),
+                      pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+                      pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+                      pa.field("tables", pa.list_(table))])
+
+
+def cut_to_arrow(cut: Cut) -> pa.Table:
+    import pyarrow as pa
+
+    tables = [{"relation_oid": t.relation_oid, "table": t.name, "kind": t.kind, "path": t.path,
+               "version": t.version} for t in cut.tables]
+    return pa.Table.from_pylist([{"lsn": format_lsn(cut.lsn), "lsn_value": cut.lsn, "commit_time": cut.commit_time,
+                                  "recorded_at": cut.recorded_at, "tables": tables}], schema=cut_schema())
+
+
+def cuts_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Cut]:
+    """Cuts from the cuts table's rows (``pa.Table.to_pylist``), oldest first."""
+    cuts = [Cut(int(r["lsn_value"]), _utc(r.get("commit_time")), _utc(r["recorded_at"]) or datetime.now(UTC),
+                tuple(CutTable(int(t["relation_oid"]), str(t["table"]), str(t["path"]), str(t["kind"]),
+                               int(t["version"])) for t in r.get("tables") or ()))
+            for r in rows]
+    return sorted(cuts, key=lambda c: c.lsn)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+class CutLog:
+    """The cuts table of one target. Written with delta-rs only: a target delta-rs cannot open (a
+    directory name holding '%' or '[') records no cuts, and says so once."""
+
+    def __init__(self, target_dir: str) -> None:
+        self.target_dir = str(target_dir)
+        self.path = cuts_path(self.target_dir)
+        self.usable = DELTARS.can_open(self.path)
+        self._newest: int | None = None
+        self._read = False
+
+    def exists(self) -> bool:
+        return self.usable and DELTARS.exists(self.path)
+
+    def newest_lsn(self) -> int | None:
+        """The newest cut's LSN (the ``txn`` version of its append; read once, then tracked)."""
+        if not self._read:
+            self._newest = DELTARS.applied_version(self.path, CUTS_APP_ID) if self.exists() else None
+            self._read = True
+        return self._newest
+
+    def append(self, cut: Cut) -> bool:
+        """Record ``cut``, unless a cut at or after its LSN is recorded (a re-run): False then."""
+        newest = self.newest_lsn()
+        if newest is not None and cut.lsn <= newest:
+            return False
+        from applier.sink.conflicts import retry_on_conflict
+
+        tag = (CUTS_APP_ID, cut.lsn, f"cut lsn={format_lsn(cut.lsn)} tables={len(cut.tables)}")
+        data = cut_to_arrow(cut)
+        retry_on_conflict(lambda: DELTARS.write_arrow(self.path, data, mode="append", tag=tag), table="_applier/cuts")
+        self._newest = cut.lsn
+        return True
+
+    def cuts(self) -> list[Cut]:
+        """Every recorded cut, oldest first (none when the table does not exist)."""
+        if not self.exists():
+            return []
+        return cuts_from_rows(DELTARS.open(self.path).to_pyarrow_table().to_pylist())
+
+    def prune(self, retention_hours: float, *, dry_run: bool = False, now: datetime | None = None) -> int:
+        """Delete the cuts recorded more than ``retention_hours`` ago (their tables' versions are what a
+        VACUUM with that retention may delete), but never the newest one; returns how many."""
+        if not self.exists():
+            return 0
+        horizon = (now or datetime.now(UTC)) - timedelta(hours=retention_hours)
+        cuts = self.cuts()
+        if len(cuts) < 2:
+            return 0
+        newest = cuts[-1].lsn
+        old = [c for c in cuts if c.recorded_at < horizon and c.lsn != newest]
+        if old and not dry_run:
+            from applier.sink.conflicts import retry_on_conflict
+
+            # cuts are appended in LSN order as time goes on: the old ones are the oldest LSNs
+            predicate = f"lsn_value <= {max(c.lsn for c in old)}"
+            retry_on_conflict(lambda: DELTARS.open(self.path).delete(predicate), table="_applier/cuts")
+        return len(old)
+
+
+class CutRecorder:
+    """Records a cut after each group of one ``DeltaApplier`` (applier.loop calls ``record``)."""
+
+    def __init__(self, applier: DeltaApplier, target_dir: str, parked: ParkedTables | None = None) -> None:
+        self.applier = applier
+        self.log = CutLog(target_dir)
+        self.parked = parked
+        self._warned = False
+
+    def record(self, end: int, commit_time: datetime | None) -> Cut | None:
+        """The cut at ``end``, recorded (None: recorded already, by this run or before a crash)."""
+        if not self.log.usable:
+            if not self._warned:
+                log.warning("no consistent cuts are recorded for %s: delta-rs cannot open its path",
+                            self.log.target_dir)
+                self._warned = True
+            return None
+        newest = self.log.newest_lsn()
+        if newest is not None and end <= newest:
+            return None
+        cut = Cut(end, commit_time, datetime.now(UTC), tuple(self._tables(end)))
+        self.log.append(cut)
+        return cut
+
+    def _tables(self, end: int) -> Iterator[CutTable]:
+        applier, target = self.applier, self.log.target_dir
+        ids = applier.identities
+        if ids is None:
+            return
+        parked = self.parked.entries() if self.parked is not None else {}
+        parked_oids = {e.get("oid") for e in parked.values()}
+        for bound in ids.live():
+            if bound.name in parked or bound.oid in parked_oids:
+                continue  # its changes are left out: its table holds no cut
+            applied = applier.applied_lsn(bound.path, bound.name)
+            if applied is None or applied > end:
+                continue  # no table yet, or ahead of the cut (see the module's docstring)
+            yield CutTable(bound.oid, bound.name, relative_to(target, bound.path), "mirror",
+                           applier.table_version(bound.path))
+            for kind, path, done in applier.derived_tables(bound.name):
+                if done is not None and done <= end:
+                    yield CutTable(bound.oid, bound.name, relative_to(target, path), kind, applier.table_version(path))
