@@ -77,3 +77,13 @@ def table_at(cut: Cut, target: str | Path, table: str) -> tuple[CutTable, str]:
         raise ConfigError(f"{table} is not in the cut at LSN {format_lsn(cut.lsn)} (a table parked, ahead of the "
                           f"cut, or not mirrored; its tables: {listed})", table=table, target=str(target))
     return entry, entry.location(str(target))
+
+
+def cut_status(cut: Cut, now: datetime | None = None) -> dict[str, object]:
+    """The newest cut as ``status`` shows it: its LSN, source commit time and age (now minus that time:
+    how old the newest state a reader can read across tables is)."""
+    age = None
+    if cut.commit_time is not None:
+        age = round(max(((now or datetime.now(UTC)) - cut.commit_time).total_seconds(), 0.0), 3)
+    return {"lsn": format_lsn(cut.lsn), "commit_time": cut.commit_time.isoformat() if cut.commit_time else None,
+            "age_seconds": age, "recorded_at": cut.recorded_at.isoformat(), "tables": len(cut.tables)}

@@ -164,11 +164,13 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
 
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mapping[str, Any] | None = None,
-                parked: Mapping[str, Any] | None = None) -> str:
+                parked: Mapping[str, Any] | None = None, cut: Mapping[str, Any] | None = None) -> str:
     """``stops``: how the mirror's last runs stopped (applier.infra.stops; empty: the last run ended well);
-    ``parked``: the tables set aside (applier.sink.parking), by name."""
+    ``parked``: the tables set aside (applier.sink.parking), by name; ``cut``: the newest consistent cut
+    (applier.checks.cuts.cut_status; None: none recorded)."""
     return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None,
-                       "stops": dict(stops or {}), "parked": dict(parked or {})})
+                       "stops": dict(stops or {}), "parked": dict(parked or {}),
+                       "cut": dict(cut) if cut is not None else None})
 
 
 def stops_line(stops: Mapping[str, Any]) -> str | None:

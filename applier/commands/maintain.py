@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "write a checkpoint. Safe while `applier mirror` writes the same tables: the mirror's exactly-once "
         "record (the txn actions) is untouched, and a compaction that races a MERGE is a Delta commit conflict "
         "that the loser retries (docs/operations.md, \"Table maintenance\"). delta-rs does the work on every "
-        "table it can write (no JVM); the others go through Spark's OPTIMIZE and VACUUM. One line per table, "
-        "or one JSON object with --json.",
+        "table it can write (no JVM); the others go through Spark's OPTIMIZE and VACUUM. Then the consistent cuts "
+        "(TARGET/_applier/cuts, `applier cut`) recorded longer ago than the retention are dropped (the versions "
+        "they name are what VACUUM may delete; the newest cut is always kept) and that table is maintained too. "
+        "One line per table, or one JSON object with --json.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its target and maintenance section")
     p.add_argument("--target", help="directory of the mirrored Delta tables (overrides target.path)")
@@ -42,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from applier.config import MaintenanceSettings, MirrorConfig, SparkConfig, load_config
+    from applier.sink.cuts import DEFAULT_RETENTION_HOURS, CutLog
     from applier.sink.maintenance import TableMaintainer, tables_under
     from applier.spark.session import SparkProvider
 
@@ -81,9 +84,19 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         if not args.json:
             print(result.line(), flush=True)
+    pruned = None
+    cuts = CutLog(str(target))
+    if not args.table and cuts.exists():
+        pruned = cuts.prune(settings.retention_hours or DEFAULT_RETENTION_HOURS, dry_run=args.dry_run)
+        result = maintainer.maintain(cuts.path, "_applier/cuts", z_order=False)
+        results.append(result)
+        if not args.json:
+            print(f"consistent cuts: {pruned} older than the retention {'would be ' if args.dry_run else ''}dropped",
+                  flush=True)
+            print(result.line(), flush=True)
     if args.json:
         print(json.dumps({"target": str(target), "dry_run": args.dry_run,
-                          "tables": [r.as_dict() for r in results]}))
+                          "tables": [r.as_dict() for r in results], "cuts_pruned": pruned}))
     elif not tables:
         print(f"no Delta tables under {target}")
     return ExitCode.OK

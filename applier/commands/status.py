@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "time of the last transaction it applied and that transaction's lag (its Delta commit time minus its "
         "source commit time), its row count, data files and their size, "
         "columns widened in place (Delta type widening, which delta-rs cannot read) and, with --config, "
-        "the rule's table options an existing table lacks. Reads the Delta logs with delta-rs: no JVM. "
+        "the rule's table options an existing table lacks; the newest consistent cut (its LSN, source commit time "
+        "and age: `applier cut`). Reads the Delta logs with delta-rs: no JVM. "
         "With a DSN (--dsn, the config's, $APPLIER_DSN, or libpq's PGHOST/PGSERVICE) also the slot: "
         "whether a mirror is attached, its confirmed LSN, the server's WAL position and the lag between them in bytes, "
         "its wal_status and safe_wal_size (with a WARNING when the slot may lose WAL: source.wal_warning_bytes), "
@@ -43,6 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from applier.checks.cuts import cut_status, newest_cut
     from applier.checks.status import slot_status, status_json, stops_line, table_status
     from applier.config import SourceSettings, libpq_env_given
     from applier.infra.stops import last_stops
@@ -100,10 +102,16 @@ def run(args: argparse.Namespace) -> int:
         slot_info = slot_status(dsn, slot_name, warn_below=warn_below) if dsn is not None else None
         state = StateDir.for_target(target, cfg.target.state_dir if args.config else None)
         stops, parked = last_stops(state), ParkedTables(state).entries()
+        newest = newest_cut(str(target))
+        cut = cut_status(newest) if newest is not None else None
         if args.json:
-            print(status_json(tables, slot_info, stops, parked), flush=True)
+            print(status_json(tables, slot_info, stops, parked, cut), flush=True)
             return
         print_status(tables, slot_info, target)
+        if cut is not None:
+            age = f" ({cut['age_seconds']:.1f}s ago)" if cut["age_seconds"] is not None else ""
+            print(f"consistent cut: LSN {cut['lsn']}, source commit {cut['commit_time'] or 'unknown'}{age}, "
+                  f"{cut['tables']} tables (`applier cut` lists their versions)")
         for name, entry in sorted(parked.items()):
             print(f"{name}: PARKED since {entry.get('since')} ({entry.get('error')}: {entry.get('message')}); its "
                   f"changes are left out: `applier resync --table {name}` copies it again and brings it back")

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 #: the ``txn`` app id of the cuts table's appends: its version is the newest cut's LSN
 CUTS_APP_ID = "applier.cuts"
+#: how long cuts are kept when maintenance has no retention of its own: Delta's default
+#: ``delta.deletedFileRetentionDuration`` (7 days), what VACUUM keeps the versions of
+DEFAULT_RETENTION_HOURS = 168
 #: table kinds a cut lists: the mirrored table, its history (SCD 2) and its change feed table
 KINDS = ("mirror", "history", "changes")
 

@@ -428,7 +428,10 @@ class DeltaApplier:
             partial(store.merge, path, spec.schema, plan, app_id=app_id, version=version,
                     description=description, may_be_empty=may_be_empty),
             table=spec.source_name)
-        self.versions.pop(path, None)
+        if result.version is not None:
+            self.versions[path] = result.version
+        else:
+            self.versions.pop(path, None)
         if tag is None:
             self._applied[path] = applied
         else:

@@ -32,6 +32,9 @@ class CommitResult:
     rows_upserted: int
     rows_deleted: int
     overwritten: bool
+    #: the Delta version the commit created, where the store knows it without reading the log again
+    #: (delta-rs's table object is at it after the commit); None: not known, or nothing committed
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +89,8 @@ class TableStore(Protocol):
         ...
 
     def version(self, path: str) -> int:
-        """The table's newest Delta version, from its log alone (no data file listed): what a consistent
-        cut records for a table a group wrote (applier.sink.cuts)."""
+        """The table's newest Delta version, from its log: what a consistent cut records for a table a group
+        wrote when the commit did not say (applier.sink.cuts)."""
         ...
 
     def columns(self, path: str) -> tuple[str, ...]:

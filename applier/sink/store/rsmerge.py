@@ -94,7 +94,7 @@ def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: T
         upserted = _with_dropped_columns(table, upserted)
         write_deltalake(table, upserted, mode="overwrite" if plan.truncated else "append",
                         commit_properties=properties)
-        return CommitResult(upserts, 0, plan.truncated)
+        return CommitResult(upserts, 0, plan.truncated, int(table.version()))
 
     keys = [names[p] for p in plan.key_positions]
     predicate = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
@@ -113,7 +113,7 @@ def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: T
      .when_matched_update(updates=assignments, predicate=f"{op} = 'U'")
      .when_not_matched_insert(updates=assignments, predicate=f"{op} = 'U'")
      .execute())
-    return CommitResult(upserts, deletes, False)
+    return CommitResult(upserts, deletes, False, int(table.version()))
 
 
 def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], position: int) -> int:
@@ -223,7 +223,7 @@ def _apply_multiset(store: TableOpener, path: str, schema: pa.Schema, plan: Tabl
         if isinstance(table, CommitResult):
             return CommitResult(0, 0, True)
         write_deltalake(table, after, mode="overwrite", commit_properties=commit_tags(app_id, version, description))
-        return CommitResult(after.num_rows, 0, True)
+        return CommitResult(after.num_rows, 0, True, int(table.version()))
     if not touched:  # every change cancelled out: no commit, as Spark
         return CommitResult(0, 0, False)
 
@@ -252,7 +252,7 @@ def _apply_multiset(store: TableOpener, path: str, schema: pa.Schema, plan: Tabl
      .when_matched_delete()
      .when_not_matched_insert(updates={quoted(n): f"s.{quoted(n)}" for n in names}, predicate=f"{op} = 'I'")
      .execute())
-    return CommitResult(inserted, deleted, False)
+    return CommitResult(inserted, deleted, False, int(table.version()))
 
 
 def _integer_type(t: Any) -> bool:

@@ -1,0 +1,291 @@
+"""Consistent cuts (issue 51) against a real PostgreSQL, read back with delta-rs.
+
+The workload writes ``orders`` and ``order_lines`` in the same transactions, with an invariant Postgres
+keeps at every commit: each order's total is the sum of its lines, and every line has its order. A
+mirror applies it in groups of two transactions while a reader thread reads both Delta tables again and
+again at the newest cut: every read must hold the invariant. The same Delta logs show that reading the
+newest version of each table does not: between the two tables' commits of a group, one table is at the
+group's version and the other at the one before, and those pairs are read and must break it (else the
+test would prove nothing). Then: a SIGKILL between a group's commits and its cut, the CLI, the API,
+``status``, ``maintain`` and a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from applier.checks.cuts import find_cut
+from applier.cli import main
+from applier.config import ApplySettings, MirrorConfig, SourceSettings, TargetSettings
+from applier.drivers.mirror import mirror
+from applier.errors import NoCutError
+from applier.lsn import format_lsn, parse_lsn
+from applier.sink.cuts import CutLog, cuts_path
+from applier.spark.session import SparkProvider
+
+pytestmark = [pytest.mark.postgres]
+
+deltalake = pytest.importorskip("deltalake")
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = ("CREATE TABLE orders (id int PRIMARY KEY, total int NOT NULL)",
+          "CREATE TABLE order_lines (id int PRIMARY KEY, order_id int NOT NULL, amount int NOT NULL)")
+
+
+def _no_spark() -> SparkProvider:
+    """A provider that fails the test if anything starts Spark: cuts are written and read with delta-rs."""
+    def refuse() -> Any:
+        raise AssertionError("Spark was started")
+    return SparkProvider(refuse)
+
+
+def _config(pg, target: Path, publication: str, slot: str) -> MirrorConfig:
+    return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot=slot, publication=publication),
+                        target=TargetSettings(path=str(target)),
+                        apply=ApplySettings(max_group_transactions=2, max_group_seconds=60.0))
+
+
+def _setup(conn, publication: str) -> None:
+    for sql in SCHEMA:
+        conn.execute(sql)
+    conn.execute(f"CREATE PUBLICATION {publication} FOR TABLE orders, order_lines")
+
+
+def _workload(conn, transactions: int, seed: int, first_id: int = 1) -> None:
+    """Multi-table transactions that keep the invariant: new orders with lines, a line added to an order
+    (its total raised), an order deleted with its lines."""
+    rng = random.Random(seed)
+    next_id = first_id * 100
+    orders: list[int] = [r[0] for r in conn.execute("SELECT id FROM orders")]
+    for i in range(transactions):
+        with conn.transaction():
+            if orders and i % 5 == 4:
+                victim = orders.pop(rng.randrange(len(orders)))
+                conn.execute("DELETE FROM order_lines WHERE order_id = %s", (victim,))
+                conn.execute("DELETE FROM orders WHERE id = %s", (victim,))
+            elif orders and i % 3 == 2:
+                order, amount = rng.choice(orders), rng.randint(1, 50)
+                next_id += 1
+                conn.execute("INSERT INTO order_lines VALUES (%s, %s, %s)", (next_id, order, amount))
+                conn.execute("UPDATE orders SET total = total + %s WHERE id = %s", (amount, order))
+            else:
+                order = first_id + i
+                amounts = [rng.randint(1, 50) for _ in range(rng.randint(1, 3))]
+                conn.execute("INSERT INTO orders VALUES (%s, %s)", (order, sum(amounts)))
+                for amount in amounts:
+                    next_id += 1
+                    conn.execute("INSERT INTO order_lines VALUES (%s, %s, %s)", (next_id, order, amount))
+                orders.append(order)
+
+
+def _rows(target: Path, table: str, version: int | None) -> list[dict[str, Any]]:
+    dt = deltalake.DeltaTable(str(target / "public" / table), version=version)
+    return dt.to_pyarrow_table().to_pylist()
+
+
+def _broken(orders: list[dict[str, Any]], lines: list[dict[str, Any]]) -> list[str]:
+    """What breaks the invariant in one read of both tables."""
+    totals = {o["id"]: o["total"] for o in orders}
+    sums: dict[int, int] = {}
+    problems = []
+    for line in lines:
+        if line["order_id"] not in totals:
+            problems.append(f"line {line['id']} without its order {line['order_id']}")
+        sums[line["order_id"]] = sums.get(line["order_id"], 0) + line["amount"]
+    problems += [f"order {o}: total {t} != lines {sums.get(o, 0)}" for o, t in totals.items() if sums.get(o, 0) != t]
+    return problems
+
+
+def _versions(cut) -> tuple[int, int]:
+    by_name = {t.name: t.version for t in cut.tables if t.kind == "mirror"}
+    return by_name["public.orders"], by_name["public.order_lines"]
+
+
+def _at_cut(target: Path, cut) -> list[str]:
+    orders_v, lines_v = _versions(cut)
+    return _broken(_rows(target, "orders", orders_v), _rows(target, "order_lines", lines_v))
+
+
+def test_reads_at_a_cut_never_see_half_a_transaction(pg, tmp_path):
+    target = tmp_path / "delta"
+    config = _config(pg, target, "cut_pub", "cut")
+    with pg.connect() as conn:
+        _setup(conn, "cut_pub")
+        conn.execute("INSERT INTO orders VALUES (0, 5)")
+        conn.execute("INSERT INTO order_lines VALUES (0, 0, 5)")
+        mirror(_no_spark(), config, once=True)  # the copy: tables exist before the groups
+        _workload(conn, 40, seed=51)
+
+        done = threading.Event()
+        reads: list[tuple[int, list[str]]] = []
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            while not done.is_set():
+                try:
+                    cut = find_cut(target)
+                except NoCutError:
+                    continue
+                try:
+                    reads.append((cut.lsn, _at_cut(target, cut)))
+                except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                    errors.append(e)
+                    return
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        try:
+            summary = mirror(_no_spark(), config, once=True)
+        finally:
+            done.set()
+            thread.join(60)
+        assert not errors, errors
+        assert summary.transactions == 40
+
+        cuts = CutLog(str(target)).cuts()
+        assert len(cuts) == 20  # one per group of two transactions
+        assert [c.lsn for c in cuts] == sorted({c.lsn for c in cuts})  # each once, in order
+        assert all(c.commit_time is not None for c in cuts)
+        assert {t.relation_oid for c in cuts for t in c.tables} == {
+            r[0] for r in conn.execute("SELECT oid::int FROM pg_class WHERE relname IN ('orders', 'order_lines')")}
+        # the reader read while the mirror applied: every read at a cut held
+        assert reads, "the reader read no cut while the mirror ran"
+        assert all(not problems for _lsn, problems in reads), [r for r in reads if r[1]][:3]
+        # every cut holds, and the last is Postgres now
+        for cut in cuts:
+            assert not _at_cut(target, cut), format_lsn(cut.lsn)
+        final_orders, final_lines = _versions(cuts[-1])
+        assert sorted((r["id"], r["total"]) for r in _rows(target, "orders", final_orders)) == sorted(
+            conn.execute("SELECT id, total FROM orders").fetchall())
+        assert sorted((r["id"], r["amount"]) for r in _rows(target, "order_lines", final_lines)) == sorted(
+            conn.execute("SELECT id, amount FROM order_lines").fetchall())
+
+    # What a reader of each table's newest version sees while a group commits: one table at the group's
+    # version, the other still at the one before. Those reads break the invariant.
+    mixed = 0
+    for before, after in zip(cuts, cuts[1:], strict=False):
+        (ob, lb), (oa, la) = _versions(before), _versions(after)
+        if ob == oa or lb == la:
+            continue
+        mixed += bool(_broken(_rows(target, "orders", oa), _rows(target, "order_lines", lb)))
+        mixed += bool(_broken(_rows(target, "orders", ob), _rows(target, "order_lines", la)))
+    assert mixed > 0, "no read of the newest versions broke the invariant: the test proves nothing"
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "applier.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_a_sigkill_before_the_cut_leaves_the_last_cut_and_the_next_run_records_it(pg, tmp_path):
+    target = tmp_path / "delta"
+    config = _config(pg, target, "crash_pub", "crash")
+    path = tmp_path / "mirror.yaml"
+    path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(exclude_none=True))))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("APPLIER_CRASH_AT", None)
+    with pg.connect() as conn:
+        _setup(conn, "crash_pub")
+        assert _cli("mirror", "--config", str(path), "--once", env=env).returncode == 0, "the copy"
+        _workload(conn, 6, seed=7)
+        killed = _cli("mirror", "--config", str(path), "--once", env={**env, "APPLIER_CRASH_AT": "before_cut:2"})
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        cuts = CutLog(str(target)).cuts()
+        assert len(cuts) == 1  # the first group's; the second group's commits exist, its cut does not
+        applied = deltalake.DeltaTable(str(target / "public" / "orders")).transaction_version("public.orders")
+        assert applied is not None and applied > cuts[0].lsn
+        assert not _at_cut(target, cuts[0])
+
+        again = _cli("mirror", "--config", str(path), "--once", env=env)
+        assert again.returncode == 0, again.stderr[-2000:]
+        cuts = CutLog(str(target)).cuts()
+        assert len(cuts) == 3 and cuts[1].lsn == applied  # the missing cut recorded, once
+        for cut in cuts:
+            assert not _at_cut(target, cut)
+        # a run with nothing new records nothing
+        assert _cli("mirror", "--config", str(path), "--once", env=env).returncode == 0
+        assert len(CutLog(str(target)).cuts()) == 3
+
+
+@pytest.mark.spark
+def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
+    import applier
+    from applier.config import ReplayConfig
+    from applier.drivers.replay import replay_log
+    from applier.sources.rawlog_writer import write_raw_log
+    from applier.sources.sql_slot import create_slot, peek, pgoutput_options
+
+    target = tmp_path / "delta"
+    config = _config(pg, target, "api_pub", "api")
+    with pg.connect() as conn:
+        _setup(conn, "api_pub")
+        mirror(_no_spark(), config, once=True)
+        assert main(["cut", "--target", str(target)]) == 3  # no group applied yet: no cut
+        assert "no consistent cut" in capsys.readouterr().err
+        create_slot(conn, "raw")  # a raw log of the same transactions, for the replay below
+        _workload(conn, 6, seed=3)
+        mirror(_no_spark(), config, once=True)
+        raw = tmp_path / "raw.parquet"
+        write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "raw", pgoutput_options("api_pub"))))
+    cuts = CutLog(str(target)).cuts()
+    assert len(cuts) == 3
+    first, newest = cuts[0], cuts[-1]
+    assert first.commit_time is not None
+
+    assert main(["cut", "--target", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"cut at LSN {format_lsn(newest.lsn)}" in out and "public.order_lines" in out and "ago" in out
+    assert main(["cut", "--target", str(target), "--json", "--at", format_lsn(newest.lsn - 1)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert parse_lsn(shown["lsn"]) == cuts[1].lsn
+    assert {t["table"] for t in shown["tables"]} == {"public.orders", "public.order_lines"}
+    assert {t["path"] for t in shown["tables"]} == {"public/orders", "public/order_lines"}
+    assert main(["cut", "--target", str(target), "--json", "--at-time", first.commit_time.isoformat()]) == 0
+    assert parse_lsn(json.loads(capsys.readouterr().out)["lsn"]) == first.lsn
+    assert main(["cut", "--target", str(target), "--at", format_lsn(first.lsn - 1)]) == 3
+    assert main(["cut", "--target", str(target), "--at", "yesterday"]) == 2
+    assert main(["cut", "--target", str(target), "--at-time", "0/16B3748"]) == 2
+    capsys.readouterr()
+
+    assert applier.cut(target).lsn == newest.lsn
+    assert applier.cut(str(target), at=format_lsn(cuts[1].lsn)).lsn == cuts[1].lsn
+    assert applier.cut(target, at=first.commit_time).lsn == first.lsn
+    frames = applier.read_consistent(spark, target, ["public.orders", "public.order_lines"], at=cuts[1].lsn)
+    orders = [r.asDict() for r in frames["public.orders"].collect()]
+    lines = [r.asDict() for r in frames["public.order_lines"].collect()]
+    assert orders and not _broken(orders, lines)
+    assert sorted(r["id"] for r in orders) == sorted(r["id"] for r in _rows(target, "orders", _versions(cuts[1])[0]))
+
+    assert main(["status", "--target", str(target), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert parse_lsn(status["cut"]["lsn"]) == newest.lsn and status["cut"]["age_seconds"] >= 0
+    assert main(["status", "--target", str(target)]) == 0
+    assert f"consistent cut: LSN {format_lsn(newest.lsn)}" in capsys.readouterr().out
+
+    # maintain keeps every cut younger than the retention (and always the newest), and the cuts table compact
+    assert main(["maintain", "--target", str(target), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cuts_pruned"] == 0 and len(CutLog(str(target)).cuts()) == 3
+    assert CutLog(str(target)).prune(168, now=datetime.now(UTC) + timedelta(days=8)) == 2
+    assert [c.lsn for c in CutLog(str(target)).cuts()] == [newest.lsn]
+
+    # a replay records cuts as well (the raw log holds the same six transactions)
+    replayed = tmp_path / "replayed"
+    replay_log(_no_spark(), ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(replayed)),
+                                         apply=ApplySettings(max_group_transactions=2),
+                                         distributed={"mode": "off"}))
+    again = CutLog(str(replayed)).cuts()
+    assert [c.lsn for c in again] == [c.lsn for c in cuts]
+    assert not _at_cut(replayed, again[1])
+    assert Path(cuts_path(str(replayed))).is_dir()
