@@ -48,6 +48,8 @@ CUTS_APP_ID = "applier.cuts"
 #: how long cuts are kept when maintenance has no retention of its own: Delta's default
 #: ``delta.deletedFileRetentionDuration`` (7 days), what VACUUM keeps the versions of
 DEFAULT_RETENTION_HOURS = 168
+#: appends between two compactions of the cuts table (one small file per cut otherwise)
+COMPACT_EVERY = 100
 #: table kinds a cut lists: the mirrored table, its history (SCD 2) and its change feed table
 KINDS = ("mirror", "history", "changes")
 
@@ -151,6 +153,8 @@ class CutLog:
         self.usable = DELTARS.can_open(self.path)
         self._newest: int | None = None
         self._read = False
+        self._handle: Any = None  # the cuts table as delta-rs's last append left it
+        self._appended = 0
 
     def exists(self) -> bool:
         return self.usable and DELTARS.exists(self.path)
@@ -171,9 +175,31 @@ class CutLog:
 
         tag = (CUTS_APP_ID, cut.lsn, f"cut lsn={format_lsn(cut.lsn)} tables={len(cut.tables)}")
         data = cut_to_arrow(cut)
-        retry_on_conflict(lambda: DELTARS.write_arrow(self.path, data, mode="append", tag=tag), table="_applier/cuts")
+
+        def append() -> None:
+            try:
+                self._handle = DELTARS.append_through(self._handle, self.path, data, tag=tag)
+            except BaseException:
+                self._handle = None  # a conflict (maintain pruned): opened again by the retry
+                raise
+        retry_on_conflict(append, table="_applier/cuts")
         self._newest = cut.lsn
+        self._appended += 1
+        if self._appended % COMPACT_EVERY == 0:
+            self._compact()
         return True
+
+    def _compact(self) -> None:
+        """One file per cut makes every append slower (delta-rs's snapshot holds each file): the cuts are
+        compacted every ``COMPACT_EVERY`` appends, as ``applier maintain`` does too. A compaction that
+        loses a race with ``maintain`` is left to the next one."""
+        from applier.sink.store.deltars import commit_failed_error
+
+        try:
+            DELTARS.optimize(self.path, [], None)
+        except commit_failed_error() as e:
+            log.debug("compacting %s lost a race (%s); the next one does it", self.path, e)
+        self._handle = None
 
     def cuts(self) -> list[Cut]:
         """Every recorded cut, oldest first (none when the table does not exist)."""

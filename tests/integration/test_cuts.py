@@ -32,6 +32,7 @@ from applier.drivers.mirror import mirror
 from applier.errors import NoCutError
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.cuts import CutLog, cuts_path
+from applier.sink.spec import app_id_for
 from applier.spark.session import SparkProvider
 
 pytestmark = [pytest.mark.postgres]
@@ -190,10 +191,11 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_a_sigkill_before_the_cut_leaves_the_last_cut_and_the_next_run_records_it(pg, tmp_path):
     target = tmp_path / "delta"
-    config = _config(pg, target, "crash_pub", "crash")
     path = tmp_path / "mirror.yaml"
-    path.write_text(yaml.safe_dump(json.loads(config.model_dump_json(exclude_none=True))))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    path.write_text(yaml.safe_dump({"source": {"slot": "crash", "publication": "crash_pub"},
+                                    "target": {"path": str(target)},
+                                    "apply": {"max_group_transactions": 2, "max_group_seconds": 60.0}}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "APPLIER_DSN": pg.dsn}
     env.pop("APPLIER_CRASH_AT", None)
     with pg.connect() as conn:
         _setup(conn, "crash_pub")
@@ -203,7 +205,8 @@ def test_a_sigkill_before_the_cut_leaves_the_last_cut_and_the_next_run_records_i
         assert killed.returncode == -9, killed.stderr[-2000:]
         cuts = CutLog(str(target)).cuts()
         assert len(cuts) == 1  # the first group's; the second group's commits exist, its cut does not
-        applied = deltalake.DeltaTable(str(target / "public" / "orders")).transaction_version("public.orders")
+        applied = deltalake.DeltaTable(str(target / "public" / "orders")).transaction_version(
+            app_id_for("public.orders"))
         assert applied is not None and applied > cuts[0].lsn
         assert not _at_cut(target, cuts[0])
 

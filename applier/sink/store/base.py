@@ -11,7 +11,7 @@ declares it can do. A third engine (an in-memory one for tests, an Iceberg one) 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -33,8 +33,9 @@ class CommitResult:
     rows_deleted: int
     overwritten: bool
     #: the Delta version the commit created, where the store knows it without reading the log again
-    #: (delta-rs's table object is at it after the commit); None: not known, or nothing committed
-    version: int | None = None
+    #: (delta-rs's table object is at it after the commit); None: not known, or nothing committed. Not
+    #: part of what a commit did (two stores that made the same commit compare equal)
+    version: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -214,6 +214,23 @@ class DeltaRsStore:
         write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
                         storage_options=deltalake_options(path))
 
+    def append_through(self, handle: Any, path: str, table: Any, *, tag: CommitTag) -> Any:
+        """Append ``table`` to the table at ``path`` in one commit tagged ``tag`` through ``handle``, the
+        ``DeltaTable`` an earlier call returned (delta-rs moves it to the commit it made: no log is read
+        again), or None (the table opened, or created by this append). Returns the handle for the next
+        append. Unlike ``write_arrow`` the tag is not checked: the caller knows what it appended (a
+        consistent cut a group: applier.sink.cuts)."""
+        from deltalake import write_deltalake
+
+        if handle is None and self.exists(path):
+            handle = self.open(path)
+        if handle is None:
+            write_deltalake(str(path), table, mode="append", commit_properties=_commit_properties(tag),
+                            storage_options=deltalake_options(path))
+            return self.open(path)
+        write_deltalake(handle, table, mode="append", commit_properties=_commit_properties(tag))
+        return handle
+
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
                rename: RenamePolicy | None = None) -> SchemaEvolution | None:
         """Columns added and dropped (applier.sink.store.evolution); None for a rename (rewritten or
