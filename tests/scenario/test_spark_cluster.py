@@ -1,8 +1,9 @@
 """`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
 (a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
 `jobs/replay.py` (on the driver, and with decoding and folding on the executors) and `jobs/mirror.py
---once`; the tables equal Postgres and the master's JSON shows
-the applications ran there (the session must not override spark-submit's master with local[2])."""
+--once`, on a local directory and into ``s3://`` on the S3 test server (the mirror's backlog caught up on
+the executors there); the tables equal Postgres and the master's JSON shows the applications ran there
+(the session must not override spark-submit's master with local[2])."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def submit(cluster: StandaloneCluster, job: str, *args: str, dsn: str | None = N
          str(REPO / "jobs" / job), *args],
         env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
-    return out.stdout
+    return out.stdout + out.stderr  # the summary on stdout, the progress lines on stderr
 
 
 def assert_equal(spark, conn, target: Path) -> None:
@@ -153,3 +154,33 @@ def test_replay_on_the_cluster_into_a_target_on_the_s3_server(pg, spark, cluster
         monkeypatch.setenv(key, value)
     on_s3 = contents(target)
     assert on_s3 == contents(str(local)) and set(on_s3) == {f"{ns}.{t}" for ns, t in SHOP}
+
+
+def test_mirror_on_the_cluster_into_a_target_on_the_s3_server(pg, cluster, s3_server, tmp_path, monkeypatch):
+    """``jobs/mirror.py`` on the cluster into ``s3://``: the first run copies the tables (delta-rs on the
+    driver), the second catches its slot's backlog up on the executors (``distributed.mode: on``), which
+    decode and fold ranges, the commits Spark MERGEs whose Parquet the executors write through S3A. The
+    tables equal Postgres, read back from the S3 server with delta-rs as a user would."""
+    from applier.checks.verify import verify_against_postgres
+    from applier.spark.jars import connector_jars
+
+    target = f"s3://{s3_server.new_bucket()}/mirrored"
+    env = {**s3_server.env, "XDG_STATE_HOME": str(tmp_path / "state"), "APPLIER_APPLY__MERGE_ENGINE": "spark",
+           "APPLIER_DISTRIBUTED__MODE": "on", "APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40"}
+    args = ("--publication", "pub", "--slot", "m", "--target", target, "--once")
+    jars = connector_jars(default_cache_dir(), {"s3"}, fetch=False)
+    conf = {f"spark.executorEnv.{k}": v for k, v in s3_server.env.items()}
+    with pg.connect() as conn:
+        create_schema(conn, "pub")
+        # the copy (of the tables as the schema made them), and the slot made
+        submit(cluster, "mirror.py", *args, dsn=pg.dsn, extra_env=env, extra_jars=jars, conf=conf)
+        run_workload(conn, transactions=40, seed=4)  # the backlog
+        conn.execute("UPDATE shop.products SET price = price + 1")
+        conn.commit()
+        out = submit(cluster, "mirror.py", *args, dsn=pg.dsn, extra_env=env, extra_jars=jars, conf=conf)
+        assert "on Spark's executors" in out, out[-3000:]
+        for key, value in s3_server.env.items():
+            monkeypatch.setenv(key, value)
+        results = verify_against_postgres(None, conn, target, SHOP)
+    assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2], r.problems) for r in results]
+    assert sum(r.source_rows for r in results) > 0
