@@ -72,6 +72,9 @@ SMOKES: dict[str, Smoke] = {
                        equal=None,
                        before=("make_decode_log.py", Smoke(("{tmp}/decode_log.parquet", "--transactions", "200"),
                                                            ("transactions", "messages"), equal=None))),
+    "follow.py": Smoke(("--scale", "1", "--clients", "2", "--seconds", "3"),
+                       ("postgres.tps", "postgres.drain_seconds", "applier.tps", "applier.drain_seconds",
+                        "applier.memory.python_peak_rss_mb", "tps_beside_applier_vs_postgres")),
     "huge_transaction.py": Smoke(("--rows", "1000", "--runs", "1"), ("median_seconds", "median_peak_rss_mb")),
     "lag.py": Smoke(("--rate", "20", "--seconds", "2", "--warmup", "1"), ("p50_s", "p99_s", "rate_achieved")),
     # a comparison of two checkouts: this one twice (two spellings, so the JSON has both entries)

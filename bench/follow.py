@@ -1,0 +1,259 @@
+"""Benchmark: following a busy database, applier vs PostgreSQL's own logical replication (issue 49, item 2).
+
+    .venv/bin/python bench/follow.py [--scale 10] [--clients 4] [--seconds 60]
+
+A server started by the script; pgbench's TPC-B-like tables (``pgbench -i -s SCALE``, with a primary key
+given to ``pgbench_history``: a bigserial ``hid``) published with a marker table. Two runs, one after the
+other on the same server, each with pgbench at full rate (``-c CLIENTS -j 2 -T SECONDS``) while a follower
+replicates:
+
+1. PostgreSQL's own subscription (``CREATE SUBSCRIPTION`` into a second database of the same server, its
+   initial copy done before pgbench starts);
+2. ``applier mirror`` (following the slot, not ``--once``) in its own process, its initial copy done
+   before pgbench starts.
+
+For each run: pgbench's TPS (beside that follower), and the **drain time**: from pgbench's end until the
+follower holds everything (a marker row committed just after pgbench ends is visible in the replica; the
+applier's slot is confirmed past the marker, which it does only once every Delta commit up to it exists).
+The applier's peak RSS (Python and JVM) and CPU seconds are reported. Both copies are verified: the
+replica's tables against the primary's (an md5 of every table's ordered rows), the Delta tables against
+Postgres row by row. The last line is one JSON object.
+
+Goals (issue 49): the applier's drain time no longer than PostgreSQL's, pgbench's TPS beside the applier at
+least 90% of its TPS beside PostgreSQL's subscriber.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from memory import peak_rss_mb  # noqa: E402  (bench/memory.py)
+
+TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+#: a table of its own in the publication: its row after pgbench's end says "everything before is here"
+MARKER = "CREATE TABLE follow_marker (id int PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+#: the server: checkpoints and the buffer pool out of the comparison's way (the same for both runs)
+SERVER = {"shared_buffers": "256MB", "max_wal_size": "8GB", "checkpoint_timeout": "30min",
+          "max_replication_slots": "8", "max_wal_senders": "8", "max_logical_replication_workers": "4"}
+WAIT_SECONDS = float(os.environ.get("BENCH_FOLLOW_WAIT", "600"))
+
+
+def log(msg: str) -> None:
+    print(f"bench/follow: {msg}", file=sys.stderr, flush=True)
+
+
+def pgbench(binary: str, dsn_args: list[str], *args: str) -> str:
+    out = subprocess.run([binary, *args, *dsn_args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/follow: pgbench {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+def run_load(binary: str, dsn_args: list[str], clients: int, seconds: int) -> float:
+    """pgbench's TPC-B-like load; its TPS (without the connections' start)."""
+    out = pgbench(binary, dsn_args, "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds))
+    found = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    if found is None:
+        raise SystemExit(f"bench/follow: no TPS in pgbench's output:\n{out[-2000:]}")
+    return float(found.group(1))
+
+
+def one(conn, sql: str, params: tuple[object, ...] = ()) -> Any:
+    """The first column of a query's one row (None when it has none)."""
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def marker(conn, n: int) -> int:
+    """Commit marker row ``n``; an LSN inside its transaction (the commit's end is past it)."""
+    with conn.transaction():
+        conn.execute("INSERT INTO follow_marker (id) VALUES (%s)", (n,))
+        lsn = one(conn, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+    return int(lsn)
+
+
+def wait_until(what: str, done, deadline: float = WAIT_SECONDS) -> float:
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > deadline:
+            raise SystemExit(f"bench/follow: {what} did not happen within {deadline:.0f} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def table_digests(conn) -> dict[str, tuple[int, str]]:
+    """Row count and md5 of the ordered rows of each pgbench table."""
+    out = {}
+    for table in TABLES:
+        key = "hid" if table == "pgbench_history" else {"pgbench_accounts": "aid", "pgbench_branches": "bid",
+                                                         "pgbench_tellers": "tid"}[table]
+        row = conn.execute(
+            f"SELECT count(*), md5(coalesce(string_agg(t::text, ',' ORDER BY {key}), '')) FROM {table} t").fetchone()
+        out[table] = (int(row[0]), str(row[1]))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its waited-for children (clock ticks to seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) -> dict[str, object]:
+    import psycopg
+
+    pgbench(binary, [*dsn_args[:-1], "replica"], "-i", "-I", "dtp", "-s", str(args.scale))
+    with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+        rep.execute("ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY")
+        rep.execute(MARKER)
+        # on the same server the slot is made apart: CREATE SUBSCRIPTION would wait for its own transaction
+        conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
+        rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION follow_pub "
+                    "WITH (create_slot = false, slot_name = 'pgsub')")
+        copied = wait_until("the subscription's initial copy", lambda: one(
+            rep, "SELECT count(*) = 0 FROM pg_subscription_rel WHERE srsubstate <> 'r'"))
+        log(f"PostgreSQL's subscription copied the tables in {copied:.1f} s; pgbench starts")
+        tps = run_load(binary, dsn_args, args.clients, args.seconds)
+        ended = time.monotonic()
+        marker(conn, 1)
+        wait_until("the replica's catch-up", lambda: one(
+            rep, "SELECT EXISTS (SELECT 1 FROM follow_marker WHERE id = 1)"))
+        drain = time.monotonic() - ended
+        log(f"beside PostgreSQL's subscription: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended")
+        equal = table_digests(rep) == table_digests(conn)
+        rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
+        rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
+        rep.execute("DROP SUBSCRIPTION pgsub")
+    conn.execute("SELECT pg_drop_replication_slot('pgsub')")
+    if not equal:
+        raise SystemExit("bench/follow: PostgreSQL's replica differs from the primary")
+    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "copy_seconds": round(copied, 1),
+            "verified_equal": equal}
+
+
+def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
+                        work: Path) -> dict[str, object]:
+    import yaml
+
+    from applier.checks.verify import verify_against_postgres
+
+    config = work / "mirror.yaml"
+    target = work / "delta"
+    config.write_text(yaml.safe_dump({
+        "source": {"slot": "applier", "publication": "follow_pub"},
+        "target": {"path": str(target)},
+        "apply": {"max_group_seconds": args.group_seconds},
+    }))
+    confirmed = ("SELECT coalesce(confirmed_flush_lsn - '0/0'::pg_lsn > %s, false) FROM pg_replication_slots "
+                 "WHERE slot_name = 'applier'")
+    env = {**os.environ, "APPLIER_DSN": cluster.dsn()}
+    started = time.monotonic()
+    with open(work / "mirror.log", "w") as err:
+        mirror = subprocess.Popen([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until("the slot's creation", lambda: mirror.poll() is not None or one(
+            conn, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'applier')"))
+        ready = marker(conn, 2)
+        wait_until("the applier's initial copy", lambda: mirror.poll() is not None
+                   or one(conn, confirmed, (ready,)))
+        if mirror.poll() is not None:
+            raise SystemExit(f"bench/follow: the mirror stopped:\n{(work / 'mirror.log').read_text()[-3000:]}")
+        copied = time.monotonic() - started
+        log(f"applier mirror copied the tables in {copied:.1f} s (its start included); pgbench starts")
+        processes = [mirror.pid, *children(mirror.pid)]
+        cpu_before = sum(cpu_seconds(p) for p in processes)
+        tps = run_load(binary, dsn_args, args.clients, args.seconds)
+        ended = time.monotonic()
+        done = marker(conn, 3)
+        wait_until("the applier's catch-up", lambda: mirror.poll() is not None
+                   or one(conn, confirmed, (done,)))
+        drain = time.monotonic() - ended
+        if mirror.poll() is not None:
+            raise SystemExit(f"bench/follow: the mirror stopped:\n{(work / 'mirror.log').read_text()[-3000:]}")
+        cpu = sum(cpu_seconds(p) for p in processes) - cpu_before
+        python_rss = peak_rss_mb(mirror.pid)
+        jvm_rss = max((peak_rss_mb(c) or 0 for c in children(mirror.pid)), default=None) or None
+        log(f"beside applier mirror: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended; {cpu:.1f} CPU-s")
+    finally:
+        mirror.send_signal(signal.SIGINT)
+        try:
+            mirror.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            mirror.kill()
+    results = verify_against_postgres(None, conn, str(target), [("public", t) for t in TABLES])
+    equal = all(r.equal for r in results)
+    if not equal:
+        raise SystemExit(f"bench/follow: the Delta tables differ from Postgres: "
+                         f"{[(r.source_name, r.source_rows, r.target_rows) for r in results if not r.equal]}")
+    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "copy_seconds": round(copied, 1),
+            "cpu_seconds_during_load_and_drain": round(cpu, 1), "verified_equal": equal,
+            "memory": {"python_peak_rss_mb": python_rss, "jvm_peak_rss_mb": jvm_rss}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=int, default=10, help="pgbench's scale factor (default 10: 1M accounts)")
+    p.add_argument("--clients", type=int, default=4, help="pgbench's clients (-c; default 4)")
+    p.add_argument("--seconds", type=int, default=60, help="pgbench's duration (-T; default 60)")
+    p.add_argument("--group-seconds", type=float, default=1.0,
+                   help="apply.max_group_seconds of the mirror (default 1: a group at least every second)")
+    args = p.parse_args()
+
+    import psycopg
+
+    from applier.devtools.pgcluster import start_cluster
+
+    with tempfile.TemporaryDirectory(prefix="bench-follow-") as tmp, start_cluster(settings=SERVER) as cluster, \
+            psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        work = Path(tmp)
+        binary = cluster.installation.binary("pgbench")
+        if not Path(binary).is_file():
+            raise SystemExit(f"bench/follow: no pgbench beside PostgreSQL {cluster.major}'s server ({binary})")
+        dsn_args = ["-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "postgres"]
+        started = time.monotonic()
+        pgbench(binary, dsn_args, "-i", "-q", "-s", str(args.scale))
+        conn.execute("ALTER TABLE pgbench_history ADD COLUMN hid bigserial PRIMARY KEY")
+        conn.execute(MARKER)
+        conn.execute(f"CREATE PUBLICATION follow_pub FOR TABLE {', '.join(TABLES)}, follow_marker")
+        conn.execute("CREATE DATABASE replica")
+        log(f"pgbench -i -s {args.scale} in {time.monotonic() - started:.1f} s")
+        postgres = follow_with_postgres(conn, cluster, binary, dsn_args, args)
+        conn.execute("VACUUM ANALYZE")
+        applier = follow_with_applier(conn, cluster, binary, dsn_args, args, work)
+
+    print(json.dumps({
+        "scale": args.scale, "clients": args.clients, "seconds": args.seconds, "group_seconds": args.group_seconds,
+        "postgres": postgres, "applier": applier,
+        "tps_beside_applier_vs_postgres": round(float(applier["tps"]) / float(postgres["tps"]), 2),  # type: ignore[arg-type]
+        "drain_applier_minus_postgres_seconds": round(
+            float(applier["drain_seconds"]) - float(postgres["drain_seconds"]), 2),  # type: ignore[arg-type]
+        "verified_equal": bool(postgres["verified_equal"] and applier["verified_equal"]),
+    }))
+
+
+if __name__ == "__main__":
+    main()
