@@ -76,12 +76,12 @@ class PolicySettings(SettingsModel):
         "is copied again from Postgres at a new position, automatically, as `applier resync --table` does; stop: "
         "stop on any schema change")
     column_renames: Literal["auto", "rewrite", "map"] = Field(
-        "map", description="how a proven column rename reaches a Delta table that is not column-mapped: rewrite "
+        "auto", description="how a proven column rename reaches a Delta table that is not column-mapped: rewrite "
         "(the table is rewritten under the new names in one overwrite commit; every reader opens it: Spark, "
         "delta-rs's to_pyarrow_table/to_pandas, Polars), map (Delta column mapping turned on and the column renamed "
         "in place: no data rewritten, but the table gains the 'columnMapping' reader feature, which delta-rs's "
-        "pyarrow path, pandas and Polars refuse), or auto (rewrite up to rename_rewrite_max_mb of data files, map "
-        "above; see docs/schema-changes.md for the measured cost)")
+        "pyarrow path, pandas and Polars refuse), or auto, the default (rewrite up to rename_rewrite_max_mb of data "
+        "files, map above; see docs/schema-changes.md for the measured cost)")
     rename_rewrite_max_mb: int = Field(
         1024, ge=0, description="column_renames auto: the largest table (data files, MB) a rename rewrites; a "
         "larger one is column-mapped")

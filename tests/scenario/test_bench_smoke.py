@@ -85,6 +85,8 @@ SMOKES: dict[str, Smoke] = {
                          equal="equal_to_postgres"),
     "readback.py": Smoke(("--code", "{repo}", "--code", "{repo}/.", "--scale", "0.01", "--runs", "1"),
                          ("messages_per_catch_up", "codes.*.catch_up_median")),
+    "rename_rewrite.py": Smoke(("--rows", "2000"), ("sizes.*.size_mb", "sizes.*.rewrite_s", "sizes.*.map_s"),
+                               equal=None),
     "replay.py": Smoke(("--transactions", "20", "--rows-per-transaction", "10", "--runs", "1", "--smoke"),
                        ("messages", "median_seconds.*", "speedup_executors_vs_driver_path")),
     "snapshot.py": Smoke(("--scale", "1", "--parallelism", "1"),
