@@ -205,7 +205,11 @@ class CutLog:
         """Every recorded cut, oldest first (none when the table does not exist)."""
         if not self.exists():
             return []
-        return cuts_from_rows(DELTARS.open(self.path).to_pyarrow_table().to_pylist())
+        # batch by batch: ``to_pyarrow_table()`` (a dataset's to_table) leaves a scan thread that aborts the
+        # process at its exit now and then ("terminate called without an active exception", delta-io/delta-rs
+        # #2184): ``applier status`` died with 134 after printing its report
+        dataset = DELTARS.open(self.path).to_pyarrow_dataset()
+        return cuts_from_rows([row for batch in dataset.to_batches() for row in batch.to_pylist()])
 
     def prune(self, retention_hours: float, *, dry_run: bool = False, now: datetime | None = None) -> int:
         """Delete the cuts recorded more than ``retention_hours`` ago (their tables' versions are what a
