@@ -1,6 +1,6 @@
 """Benchmark: a column rename as a table rewrite vs with column mapping, by table size (issue 50 item 4).
 
-    .venv/bin/python bench/rename_rewrite.py [--rows 100000 1000000] [--dir DIR]
+    .venv/bin/python bench/rename_rewrite.py [--rows 100000 1000000] [--dir DIR] [--no-warmup]
 
 For each size a Delta table ``(id int, a string, n bigint, t timestamp)`` of that many rows is written
 by Spark, then copied twice: one copy gets ``rewrite_renamed`` (``apply.column_renames: rewrite``: one
@@ -35,17 +35,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="leave out the untimed warm-up (the test suite's smoke run: its figures mean nothing)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rename-bench-") as tmp:
-        results = measure(Path(args.dir or tmp), args.rows)
+        results = measure(Path(args.dir or tmp), args.rows, warmup=not args.no_warmup)
     print(json.dumps({"sizes": {str(r["rows"]): r for r in results}}))
 
 
-def measure(root: Path, sizes: list[int]) -> list[dict[str, float]]:
+def measure(root: Path, sizes: list[int], *, warmup: bool = True) -> list[dict[str, float]]:
     spark = build_spark_session(SparkSettings(app_name="rename-bench"))
     spec = TableSpec("bench.t", pa.schema([("id", pa.int32()), ("b", pa.string()), ("n", pa.int64()),
                                            ("t", pa.timestamp("us"))]), ("id",), "d")
-    one(spark, root, 1000, spec)  # the warm-up: not reported
+    if warmup:
+        one(spark, root, 1000, spec)  # not reported
     results = []
     for rows in sizes:
         result = one(spark, root, rows, spec)
