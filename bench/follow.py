@@ -165,7 +165,7 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
     config.write_text(yaml.safe_dump({
         "source": {"slot": "applier", "publication": "follow_pub"},
         "target": {"path": str(target)},
-        "apply": {"max_group_seconds": args.group_seconds},
+        "apply": {"max_group_seconds": args.group_seconds, "overlap_groups": args.overlap},
     }))
     confirmed = ("SELECT coalesce(confirmed_flush_lsn - '0/0'::pg_lsn > %s, false) FROM pg_replication_slots "
                  "WHERE slot_name = 'applier'")
@@ -221,6 +221,8 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=60, help="pgbench's duration (-T; default 60)")
     p.add_argument("--group-seconds", type=float, default=1.0,
                    help="apply.max_group_seconds of the mirror (default 1: a group at least every second)")
+    p.add_argument("--overlap", action="store_true",
+                   help="apply.overlap_groups: decode the next group while the previous one commits")
     args = p.parse_args()
 
     import psycopg
@@ -247,7 +249,7 @@ def main() -> None:
 
     print(json.dumps({
         "scale": args.scale, "clients": args.clients, "seconds": args.seconds, "group_seconds": args.group_seconds,
-        "postgres": postgres, "applier": applier,
+        "overlap_groups": args.overlap, "postgres": postgres, "applier": applier,
         "tps_beside_applier_vs_postgres": round(float(applier["tps"]) / float(postgres["tps"]), 2),  # type: ignore[arg-type]
         "drain_applier_minus_postgres_seconds": round(
             float(applier["drain_seconds"]) - float(postgres["drain_seconds"]), 2),  # type: ignore[arg-type]
