@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import peak_rss_mb  # noqa: E402  (bench/memory.py)
+from memory import children, peak_rss_mb  # noqa: E402  (bench/memory.py)
 
 TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 #: a table of its own in the publication: its row after pgbench's end says "everything before is here"
@@ -108,18 +108,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its waited-for children (clock ticks to seconds)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) -> dict[str, object]:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from memory import peak_rss_mb, spark_settings  # noqa: E402  (bench/memory.py)
+from memory import children, peak_rss_mb, spark_settings  # noqa: E402  (bench/memory.py)
 
 
 def log(msg: str) -> None:
@@ -51,18 +51,6 @@ def delta_commits(table: Path) -> list[tuple[int, float]]:
                 stamp = action["commitInfo"]["timestamp"] / 1000
         if version is not None and stamp is not None:
             out.append((version, stamp))
-    return out
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
     return out
 
 

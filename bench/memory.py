@@ -23,6 +23,21 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a mirror's JVM, for its peak RSS)."""
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def python_peak_rss_mb() -> float:
     """This process's peak resident set. Not getrusage's ru_maxrss, which Linux carries over from the
     parent through fork and exec (a mode started by a parent that had loaded the raw log reported
