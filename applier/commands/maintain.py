@@ -85,18 +85,19 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(result.line(), flush=True)
     pruned = None
+    cuts_result = None
     cuts = CutLog(str(target))
     if not args.table and cuts.exists():
         pruned = cuts.prune(settings.retention_hours or DEFAULT_RETENTION_HOURS, dry_run=args.dry_run)
-        result = maintainer.maintain(cuts.path, "_applier/cuts", z_order=False)
-        results.append(result)
+        result = cuts_result = maintainer.maintain(cuts.path, "_applier/cuts", z_order=False)
         if not args.json:
             print(f"consistent cuts: {pruned} older than the retention {'would be ' if args.dry_run else ''}dropped",
                   flush=True)
             print(result.line(), flush=True)
     if args.json:
         print(json.dumps({"target": str(target), "dry_run": args.dry_run,
-                          "tables": [r.as_dict() for r in results], "cuts_pruned": pruned}))
+                          "tables": [r.as_dict() for r in results], "cuts_pruned": pruned,
+                          "cuts": cuts_result.as_dict() if cuts_result is not None else None}))
     elif not tables:
         print(f"no Delta tables under {target}")
     return ExitCode.OK

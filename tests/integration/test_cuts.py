@@ -280,6 +280,7 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     assert main(["maintain", "--target", str(target), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["cuts_pruned"] == 0 and len(CutLog(str(target)).cuts()) == 3
+    assert report["cuts"] is not None and "_applier/cuts" not in {t["table"] for t in report["tables"]}
     assert CutLog(str(target)).prune(168, now=datetime.now(UTC) + timedelta(days=8)) == 2
     assert [c.lsn for c in CutLog(str(target)).cuts()] == [newest.lsn]
 

@@ -90,7 +90,7 @@ def test_with_overlap_an_error_in_the_group_in_flight_stops_the_run_before_any_l
                        apply=ApplySettings(overlap_groups=True, max_group_transactions=1, truncate="error"))
     with pytest.raises(SinkError, match="TRUNCATE"):
         replay_log(spark, cfg)
-    tables = [p.parent for p in target.glob("*/*/_delta_log")]
+    tables = [p.parent for p in target.glob("*/*/_delta_log") if p.parent.parent.name != "_applier"]
     assert tables, "the groups before the TRUNCATE were committed"
     for path in tables:
         source = f"{path.parent.name}.{path.name}"
