@@ -135,6 +135,9 @@ def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) 
         rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
         rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
         rep.execute("DROP SUBSCRIPTION pgsub")
+    # the apply worker's walsender lets go of the slot a moment after the subscription is gone
+    wait_until("the subscription's walsender to end", lambda: not one(
+        conn, "SELECT active FROM pg_replication_slots WHERE slot_name = 'pgsub'"))
     conn.execute("SELECT pg_drop_replication_slot('pgsub')")
     if not equal:
         raise SystemExit("bench/follow: PostgreSQL's replica differs from the primary")
