@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 
 from applier.errors import ConfigError
 
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.checks.cuts import find_cut, parse_at
+    from applier.checks.cuts import cut_status, find_cut, parse_at
     from applier.lsn import format_lsn
 
     target = args.target
@@ -58,9 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"target": str(target), **cut.as_dict()}))
         return 0
-    age = ""
-    if cut.commit_time is not None:
-        age = f", {max((datetime.now(UTC) - cut.commit_time).total_seconds(), 0.0):.1f}s ago"
+    age_seconds = cut_status(cut)["age_seconds"]
+    age = f", {age_seconds:.1f}s ago" if age_seconds is not None else ""
     when = cut.commit_time.isoformat() if cut.commit_time is not None else "unknown"
     print(f"cut at LSN {format_lsn(cut.lsn)}: source commit {when}{age} (recorded "
           f"{cut.recorded_at.isoformat(timespec='seconds')}), {len(cut.tables)} tables")

@@ -482,10 +482,7 @@ class TableIdentities:
         log_ = self._columns.get(oid, {"renamed": {}, "dropped": []})
         out: dict[str, str] = {}
         for g in gone:
-            name, seen = g, set()
-            while name in log_["renamed"] and name not in seen:
-                seen.add(name)
-                name = log_["renamed"][name]
+            name = _renamed_to_end(log_["renamed"], g)
             if name != g and name in new:
                 out[g] = name
             elif g in candidates and g not in log_["dropped"]:
@@ -506,10 +503,7 @@ class TableIdentities:
         renamed = self._columns.get(oid, {}).get("renamed", {})
         out: set[str] = set()
         for name in names:
-            current, seen = name, set()
-            while current in renamed and current not in seen:
-                seen.add(current)
-                current = renamed[current]
+            current = _renamed_to_end(renamed, name)
             if current != name:
                 out.add(current)
         return out
@@ -541,17 +535,21 @@ class TableIdentities:
         renamed: dict[str, str] = log_["renamed"]
         have = set(columns)
 
-        def settled(old: str) -> bool:
-            name, seen = old, set()
-            while name in renamed and name not in seen:
-                seen.add(name)
-                name = renamed[name]
-            return old not in have and name in have
-
-        kept = {k: v for k, v in renamed.items() if k not in done and not settled(k)}
+        kept = {k: v for k, v in renamed.items()
+                if k not in done and not (k not in have and _renamed_to_end(renamed, k) in have)}
         if kept != renamed:
             log_["renamed"] = kept
             self._save()
+
+
+def _renamed_to_end(renamed: dict[str, str], name: str) -> str:
+    """The name column ``name`` has after the noted renames (``renamed``: old -> new), followed through
+    chains (a -> b -> c); a cycle stops where it would repeat."""
+    seen: set[str] = set()
+    while name in renamed and name not in seen:
+        seen.add(name)
+        name = renamed[name]
+    return name
 
 
 def _prune_empty_parent(path: Path) -> None:
