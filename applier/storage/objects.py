@@ -8,6 +8,7 @@ whole-object put, which an object store makes atomic by itself.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -196,6 +197,10 @@ _FAMILY = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "azure", 
            "azure": "azure", "adl": "azure"}
 
 
+# "403" only as a status, never inside the random hex of a probe's file name (a04a24031...).
+_FORBIDDEN = re.compile(r"(?<![0-9A-Za-z])403(?![0-9A-Za-z])")
+
+
 def _access_error(action: str, where: str, e: Exception, uri: str | None = None) -> StorageAccessError:
     """One line that says what failed and, where the store's words allow, which setting to fix (in the
     words of that store: a container and AZURE_* variables for abfss://, a bucket and GOOGLE_* for gs://)."""
@@ -213,8 +218,10 @@ def _access_error(action: str, where: str, e: Exception, uri: str | None = None)
     elif "token request" in said or "credential" in said.lower():
         hint = f"; no credentials were found for this store ({credentials}; or target.storage_options)"
     elif any(w in said for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "AuthorizationFailure",
-                                  "AuthenticationFailed", "403")):
+                                  "AuthenticationFailed")):
         hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
     elif any(w in said.lower() for w in ("connect", "error sending request", "dns")):
         hint = f"; the endpoint cannot be reached ({endpoint}, or target.storage_options)"
+    elif _FORBIDDEN.search(said):
+        hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
     return StorageAccessError(f"{action} {where} failed: {text}{hint}", uri=uri)

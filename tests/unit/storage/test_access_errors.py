@@ -22,6 +22,13 @@ class NotFoundError(Exception):
     ("gs://b/m", NotFoundError("Object at location m/_applier/x not found"), "the bucket 'b' does not exist"),
     ("gs://b/m", Exception("Error performing PUT http://127.0.0.1:9/b/m - HTTP error: error sending request"),
      "the endpoint cannot be reached (the service account's gcs_base_url"),
+    # CI once read "403" inside the probe's random file name and blamed the credentials for a closed port.
+    ("abfss://c@acct.dfs.core.windows.net/m", Exception(
+        "Generic MicrosoftAzure error: Error performing PUT http://127.0.0.1:42693/acct/c/m/_applier/.write-check-"
+        "d58b62faee344a04a24031ce3e47d580 in 379ms, after 3 retries - HTTP error: error sending request"),
+     "the endpoint cannot be reached (AZURE_STORAGE_ENDPOINT"),
+    ("s3://b/m", Exception("Client error with status 403 Forbidden: <Error/>"),
+     "the store refused the credentials (AWS_ACCESS_KEY_ID"),
     ("s3://b/m", Exception("403 Forbidden: SignatureDoesNotMatch"),
      "the store refused the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")])
 def test_a_refusal_names_the_setting_to_fix_in_the_stores_own_words(uri: str, error: Exception, said: str) -> None:
