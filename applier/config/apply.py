@@ -85,6 +85,17 @@ class PolicySettings(SettingsModel):
     rename_rewrite_max_mb: int = Field(
         1024, ge=0, description="column_renames auto: the largest table (data files, MB) a rename rewrites; a "
         "larger one is column-mapped")
+    type_widening: Literal["auto", "rewrite", "feature"] = Field(
+        "auto", description="how a type Postgres widened (int to bigint, real to double precision, numeric to a "
+        "larger numeric, date to timestamp) reaches a Delta table that does not have type widening yet: rewrite "
+        "(the table is rewritten with the wider type in one overwrite commit; every reader opens it and delta-rs "
+        "keeps writing it), feature (Delta's type widening turned on and the column altered in place: no data "
+        "rewritten, but the table gains the 'typeWidening' reader feature, which delta-rs and its readers cannot "
+        "read, and every later commit to it goes through Spark), or auto, the default (rewrite up to "
+        "widen_rewrite_max_mb of data files, feature above)")
+    widen_rewrite_max_mb: int = Field(
+        1024, ge=0, description="type_widening auto: the largest table (data files, MB) a widening rewrites; a "
+        "larger one gets Delta's type widening")
     on_table_error: Literal["stop", "park"] = Field(
         "stop", description="mirror: what a table that cannot be applied past a point does to the others (a type "
         "change Delta cannot widen, a diverged Delta table, an unproven column rename, when schema_changes does "

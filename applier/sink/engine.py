@@ -88,7 +88,8 @@ class DeltaApplier:
         self.tables = tables or TablesSettings()
         self.targets = TableTargets(self.spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
-        self._rename_policy = RenamePolicy(self.settings.column_renames, self.settings.rename_rewrite_max_mb << 20)
+        self._rename_policy = RenamePolicy(self.settings.column_renames, self.settings.rename_rewrite_max_mb << 20,
+                                           self.settings.type_widening, self.settings.widen_rewrite_max_mb << 20)
         self.types = types
         self.stats = CommitCounters()
         self._applied: dict[str, int] = {}  # table path -> last applied end LSN

@@ -167,10 +167,19 @@ class RenamePolicy:
     pandas and Polars refuse); ``rewrite`` rewrites the table under the new names in one overwrite
     commit (readable by every reader, costs a full copy); ``auto`` rewrites a table of at most
     ``rewrite_max_bytes`` of data files and maps a larger one. A table that is column-mapped already
-    is always renamed in place (a rewrite would not make it readable)."""
+    is always renamed in place (a rewrite would not make it readable).
+
+    A widened type follows ``widening`` (``apply.type_widening``) the same way: ``feature`` turns Delta's
+    type widening on (a reader feature delta-rs cannot read, so every later commit goes through Spark),
+    ``rewrite`` rewrites the table with the wider type, ``auto`` rewrites up to ``widen_max_bytes``."""
 
     mode: str = "map"  # 'auto', 'rewrite' or 'map' (the default of a caller that names none: what it did before)
     rewrite_max_bytes: int = 0
+    widening: str = "feature"  # 'auto', 'rewrite' or 'feature' (likewise)
+    widen_max_bytes: int = 0
 
     def rewrites(self, size_bytes: int) -> bool:
         return self.mode == "rewrite" or (self.mode == "auto" and size_bytes <= self.rewrite_max_bytes)
+
+    def rewrites_widening(self, size_bytes: int) -> bool:
+        return self.widening == "rewrite" or (self.widening == "auto" and size_bytes <= self.widen_max_bytes)

@@ -124,7 +124,9 @@ def test_replayed_tables_are_read_by_delta_rs_and_only_a_widened_table_needs_typ
         assert "columnMapping" in reader_features(target / "lake" / "typed")
         assert "columnMapping" not in reader_features(target / "shop" / "orders")
 
-        # A widening in the source: only now does the table gain type widening (and say so).
+        # A widening in the source: only now does the table gain type widening (and say so): this table is
+        # column-mapped ("a b"), so it is widened in place (apply.type_widening rewrites a table that is not:
+        # test_every_reader.py)
         conn.execute("ALTER TABLE lake.typed ALTER COLUMN w TYPE bigint;"
                      "UPDATE lake.typed SET w = 5000000000 + id WHERE id <= 3")
         raw_lake = capture(conn, "s", pgoutput_options("pub"), tmp_path / "lake2.parquet")

@@ -5,7 +5,9 @@ with a renamed column, a table whose names need Delta column mapping, a history 
 table and a table with metadata columns and soft deletes. A column rename rewrites the table under the
 new name (``apply.column_renames``), so every reader keeps it; a rewrite is made exactly once across a
 crash right after it; a table above ``rename_rewrite_max_mb`` is column-mapped instead (and only
-Spark and ``QueryBuilder`` read it, the others refuse it loudly)."""
+Spark and ``QueryBuilder`` read it, the others refuse it loudly). A type widened in Postgres rewrites the
+table with the wider type (``apply.type_widening``), once across a crash too: no Delta type widening,
+which no delta-rs reader opens."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ CREATE TABLE rd.plain (id int PRIMARY KEY, name text, amount numeric(12, 2), at 
 CREATE TABLE rd.renamed (id int PRIMARY KEY, old_name text, qty int, note text);
 CREATE TABLE rd."with space" (id int PRIMARY KEY, "Weird col" text, "n (units)" numeric(8, 2));
 CREATE TABLE rd.meta (id int PRIMARY KEY, v text, n bigint);
+CREATE TABLE rd.widened (id int PRIMARY KEY, n int, r real, note text);
 CREATE PUBLICATION rd_pub FOR TABLES IN SCHEMA rd;
 INSERT INTO rd.plain SELECT g, 'p' || g, g * 1.25, '2026-01-01 00:00+00'::timestamptz + g * interval '1 hour',
     DATE '2026-01-01' + g, g % 2 = 0 FROM generate_series(1, 30) g;
@@ -46,6 +49,7 @@ INSERT INTO rd.renamed SELECT g, 'r' || g, g, CASE WHEN g % 3 = 0 THEN NULL ELSE
     FROM generate_series(1, 30) g;
 INSERT INTO rd."with space" SELECT g, 'w' || g, g * 0.5 FROM generate_series(1, 20) g;
 INSERT INTO rd.meta SELECT g, 'm' || g, g::bigint * 1000000000 FROM generate_series(1, 20) g;
+INSERT INTO rd.widened SELECT g, g * 1000, g / 4.0, 'w' || g FROM generate_series(1, 25) g;
 """
 # after the initial copy: what the stream brings, a column rename among it
 CHANGES = """
@@ -59,6 +63,10 @@ INSERT INTO rd.renamed VALUES (31, 'new', 31, NULL);
 UPDATE rd."with space" SET "Weird col" = 'changed' WHERE id <= 3;
 DELETE FROM rd.meta WHERE id > 17;
 UPDATE rd.meta SET v = 'upd' WHERE id <= 2;
+UPDATE rd.widened SET note = 'before' WHERE id <= 3;
+ALTER TABLE rd.widened ALTER COLUMN n TYPE bigint, ALTER COLUMN r TYPE double precision;
+UPDATE rd.widened SET n = 5000000000 + id, r = 0.1 WHERE id BETWEEN 4 AND 6;
+INSERT INTO rd.widened VALUES (26, -9000000000, 1e300, 'wide');
 """
 
 Rows = list[dict[str, Any]]
@@ -148,6 +156,7 @@ def test_every_reader_reads_every_kind_of_table_applier_writes(pg, spark, tmp_pa
             ("renamed", target / "rd" / "renamed", list, False),
             ("with space", target / "rd" / "with space", list, True),
             ("meta", target / "rd" / "meta", keep_live, False),
+            ("widened", target / "rd" / "widened", list, False),
             ("plain", target / "_history" / "rd" / "plain", lambda rows: [r for r in rows if r["__end_lsn"] is None],
              False),
             ("plain", target / "_changes" / "rd" / "plain", lambda rows: fold_feed(rows, ["id"]), False),
@@ -167,6 +176,10 @@ def test_every_reader_reads_every_kind_of_table_applier_writes(pg, spark, tmp_pa
         renamed = deltalake.DeltaTable(str(target / "rd" / "renamed"))
         assert [f.name for f in renamed.schema().fields] == ["id", "new_name", "qty", "note"]
         assert "delta.columnMapping.mode" not in renamed.metadata().configuration
+        widened = deltalake.DeltaTable(str(target / "rd" / "widened"))
+        assert reader_features(target / "rd" / "widened") == [], widened.protocol()
+        assert [str(f.type) for f in widened.schema().fields][1:3] == ['PrimitiveType("long")',
+                                                                      'PrimitiveType("double")']
         meta = pl.read_delta(str(target / "rd" / "meta"))
         assert meta.filter(pl.col("_applier_deleted")).height == 3  # soft-deleted rows are there, flagged
         assert meta["_applier_commit_lsn"].null_count() == 0
@@ -185,10 +198,12 @@ def test_a_rename_rewrite_is_made_once_across_a_crash_and_a_large_table_is_colum
     config.write_text(yaml.safe_dump(settings))
     rewrite_cfg = MirrorConfig.model_validate({**settings, "source": {**source, "dsn": pg.dsn}})
     # auto with a limit every table is above: column mapping
-    mapped_cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="mp", publication="rd_pub"),
-                              target=TargetSettings(path=str(tmp_path / "mapped")),
-                              apply=ApplySettings(max_group_seconds=1.0, column_renames="auto",
-                                                  rename_rewrite_max_mb=0))
+    mapped_source = {"slot": "mp", "publication": "rd_pub"}
+    mapped_settings = {"source": mapped_source, "target": {"path": str(tmp_path / "mapped")},
+                       "apply": {"max_group_seconds": 1.0, "column_renames": "auto", "rename_rewrite_max_mb": 0}}
+    mapped_file = tmp_path / "mapped.yaml"
+    mapped_file.write_text(yaml.safe_dump(mapped_settings))
+    mapped_cfg = MirrorConfig.model_validate({**mapped_settings, "source": {**mapped_source, "dsn": pg.dsn}})
     rewritten, mapped = tmp_path / "rewrite" / "rd" / "renamed", tmp_path / "mapped" / "rd" / "renamed"
     with pg.connect() as conn:
         conn.execute(SCHEMA)
@@ -210,8 +225,18 @@ def test_a_rename_rewrite_is_made_once_across_a_crash_and_a_large_table_is_colum
         assert applied_version(None, str(rewritten), app_id) == copied  # the rewrite kept the applied version
         assert sorted(r["new_name"] for r in table.to_pyarrow_table().to_pylist())[:2] == ["r1", "r10"]  # old rows
 
+        # the other target killed right after a widening's rewrite, before the group's MERGE
+        done = subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(mapped_file), "--once"],
+                              env={**env, "APPLIER_CRASH_AT": "column_widened:1"}, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr[-3000:])
+        widened = tmp_path / "mapped" / "rd" / "widened"
+        assert rewrites(widened) == 1
+
         mirror(spark, rewrite_cfg, once=True)  # the re-run: no second rewrite, the stream applied once
         mirror(spark, mapped_cfg, once=True)
+        assert rewrites(widened) == 1 and reader_features(widened) == []
+        assert assert_equals_postgres(conn, "rd", "widened", polars_rows(widened), "polars, widened") == 26
         assert rewrites(rewritten) == 1
         assert (applied_version(None, str(rewritten), app_id) or 0) > copied
         assert "columnMapping" not in reader_features(rewritten)

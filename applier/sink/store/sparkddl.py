@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from applier.errors import SinkError, TypeChangeError
 from applier.infra.crashpoints import crashpoint
@@ -149,7 +149,7 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     mapping = renames(gone, new, rename_candidates(old_order, spec.source_column_names))
     if not mapping:
         return have
-    if _rewrites(spark, path, spec, policy):
+    if _rewrites(spark, path, spec, policy, "rename"):
         rewrite_renamed(spark, path, spec, mapping)
     else:
         enable_column_mapping(spark, path, table=spec.source_name)
@@ -162,27 +162,44 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     return {mapping.get(n, n): t for n, t in have.items()}
 
 
-def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RenamePolicy | None) -> bool:
-    """Whether a rename of this table is a rewrite: the policy says so for its size, and a rewrite would
-    leave it readable without column mapping (a table column-mapped already is renamed in place; a
-    clustered one too: Delta keeps its clustering columns by name, which an overwrite does not rename)."""
-    if policy is None or policy.mode == "map":
+def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RenamePolicy | None,
+              change: Literal["rename", "widening"]) -> bool:
+    """Whether a rename (or a widening) of this table is a rewrite: the policy says so for its size, and a
+    rewrite would leave it readable without column mapping (or type widening): a table column-mapped
+    already is renamed and widened in place (pyarrow, pandas and Polars refuse it anyway, and an overwrite
+    would give its columns new physical names), one with type widening in its protocol already is widened
+    in place (an overwrite leaves a protocol's features on), and so is one with a change data feed; a
+    clustered one too (Delta keeps its clustering columns by name, which an overwrite does not rename)."""
+    if policy is None or (policy.mode == "map" if change == "rename" else policy.widening == "feature"):
         return False
     store = SparkTables(spark)
     if column_mapping_state(spark, path, store).mode != "none":
         return False
     snapshot = store._snapshot(path)
-    if "clustering" in (json.loads(snapshot.protocol().json())["protocol"].get("writerFeatures") or ()):
-        log.warning("%s: a liquid-clustered table is renamed with column mapping, not rewritten (Delta keeps "
-                    "its clustering columns by name)", spec.source_name)
+    features = json.loads(snapshot.protocol().json())["protocol"].get("writerFeatures") or ()
+    if change == "widening" and "typeWidening" in features:
+        return False
+    if change == "widening" and (store.configuration(path).get("delta.enableChangeDataFeed") or "").lower() == "true":
+        return False  # its change feed would show every row deleted and inserted again; Delta widens it in place
+    if "clustering" in features:
+        log.warning("%s: a liquid-clustered table's %s is made in place, not rewritten (Delta keeps its "
+                    "clustering columns by name)", spec.source_name, change)
         return False
     size = int(snapshot.sizeInBytes())
-    if policy.rewrites(size):
+    if change == "rename" and policy.rewrites(size):
         return True
-    log.warning("%s: the table holds %d MB of data files, more than apply.rename_rewrite_max_mb (%d): its column "
-                "rename turns Delta column mapping on instead of rewriting it (pandas, Polars and delta-rs's "
-                "to_pyarrow_table cannot read it from now on; docs/schema-changes.md)", spec.source_name,
-                size >> 20, policy.rewrite_max_bytes >> 20)
+    if change == "widening" and policy.rewrites_widening(size):
+        return True
+    if change == "rename":
+        log.warning("%s: the table holds %d MB of data files, more than apply.rename_rewrite_max_mb (%d): its "
+                    "column rename turns Delta column mapping on instead of rewriting it (pandas, Polars and "
+                    "delta-rs's to_pyarrow_table cannot read it from now on; docs/schema-changes.md)",
+                    spec.source_name, size >> 20, policy.rewrite_max_bytes >> 20)
+    else:
+        log.warning("%s: the table holds %d MB of data files, more than apply.widen_rewrite_max_mb (%d): its "
+                    "widened column turns Delta type widening on instead of rewriting it (delta-rs and its "
+                    "readers cannot read it from now on; docs/schema-changes.md)",
+                    spec.source_name, size >> 20, policy.widen_max_bytes >> 20)
     return False
 
 
@@ -203,6 +220,27 @@ def rewrite_renamed(spark: SparkSession, path: str, spec: TableSpec, mapping: di
     writer.save(path)
     log.warning("%s: columns renamed in the source (%s); the Delta table was rewritten under the new names "
                 "(apply.column_renames), values kept, no column mapping", spec.source_name, renamed)
+
+
+def rewrite_widened(spark: SparkSession, path: str, spec: TableSpec, wanted: dict[str, DataType]) -> None:
+    """Rewrite the table with the widened columns cast to their new types in one overwrite commit
+    (``overwriteSchema``), so that it needs no type widening and delta-rs keeps reading and writing it.
+    Exactly once as ``rewrite_renamed``: atomic, and a re-run finds the wider types in place. Every
+    widening Delta allows is a cast Spark makes without loss (``_widenable``)."""
+    from pyspark.sql.functions import col
+
+    store = SparkTables(spark)
+    partitions = store.partition_columns(path)
+    frame = spark.read.format("delta").load(path)
+    frame = frame.withColumns({name: col(quote_identifier(name)).cast(t) for name, t in wanted.items()})
+    widened = ", ".join(f"{name} to {t.simpleString()}" for name, t in wanted.items())
+    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
+        .option("userMetadata", f"applier: columns widened in the source, table rewritten: {widened}")
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.save(path)
+    log.warning("%s: columns widened in the source (%s); the Delta table was rewritten with the wider types "
+                "(apply.type_widening), values kept, no type widening feature", spec.source_name, widened)
 
 
 def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None, *,
@@ -238,7 +276,10 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
     # applier's own properties change in one commit at the end (each ALTER TABLE is a commit)
     properties: dict[str, str] = {}
-    if widened:
+    if widened and _rewrites(spark, path, spec, rename, "widening"):
+        rewrite_widened(spark, path, spec, {name: wanted[name].dataType for name in widened})
+        crashpoint("column_widened")
+    elif widened:
         # Type widening is a reader feature delta-rs cannot read, so a table gains it only now, when a source
         # column is actually widened; the property names the columns for `applier status`.
         if (configuration.get(TYPE_WIDENING) or "").lower() != "true":
@@ -247,9 +288,9 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
             store.set_properties(path, {TYPE_WIDENING: "true"})
         earlier = json.loads(configuration.get(PROP_WIDENED) or "[]")
         properties[PROP_WIDENED] = json.dumps(sorted(set(earlier) | set(widened)))
-    for name in widened:
-        new_type = wanted[name].dataType
-        spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
+        for name in widened:
+            new_type = wanted[name].dataType
+            spark.sql(f"ALTER TABLE {table} ALTER COLUMN {quote_identifier(name)} TYPE {new_type.simpleString()}")
     store.set_properties(path, recorded_changes(spec, configuration, dropped, properties, announce=True))
     return SchemaEvolution(tuple(added), tuple(widened), dropped)
 
