@@ -37,7 +37,7 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, pg_time_to_datetime
 from applier.sink.audit import record_skips
-from applier.sink.cuts import CutRecorder
+from applier.sink.cuts import Cut, CutRecorder
 from applier.sink.engine import CommitCounters, DeltaApplier
 from applier.sink.fold import FoldedTable, approximate_bytes
 from applier.sink.identity import CatalogLookup, TableIdentities
@@ -229,6 +229,7 @@ class ApplyLoop:
         #: a consistent cut after each group (applier.sink.cuts); none for a dry run or the in-memory store
         self.cuts = (CutRecorder(self.applier, target_dir, parked)
                      if dry_run is None and (stores is None or stores.only is None) else None)
+        self.last_cut: Cut | None = None  # the newest this loop recorded
 
     # --- feeding --------------------------------------------------------------------------------
 
@@ -407,7 +408,7 @@ class ApplyLoop:
         for txn in work.committed:
             self.on_applied(txn)
         last = work.committed[-1].commit_time if work.committed else None
-        self._record_cut(work.end, pg_time_to_datetime(last) if last is not None else None)
+        self.record_cut(work.end, pg_time_to_datetime(last) if last is not None else None)
         after_group()
         if self.save_catalog_each_group:
             self.save()
@@ -420,17 +421,21 @@ class ApplyLoop:
     # --- groups folded elsewhere (Spark's executors: applier.drivers.executors) -----------------------
 
     def commit_folded(self, folded: Sequence[FoldedTable], end: int | None, transactions: int,
-                      messages: list[tuple[int, LogicalMessage]], skipped: list[SkippedTransaction]) -> None:
+                      messages: list[tuple[int, LogicalMessage]], skipped: list[SkippedTransaction], *,
+                      commit_time: int | None = None) -> None:
         """The Delta side of a group folded elsewhere, as ``_commit`` is of the loop's own groups: its
         tables' commits (each tagged with ``end``, the end LSN of the group's last transaction; None when
         it holds none), then its messages, skips and metrics. The caller may run it on a thread of its
-        own, one group at a time and in log order. Nothing is counted, saved or confirmed for it before
-        ``folded_applied``."""
+        own, one group at a time and in log order. Its consistent cut is recorded once its commits exist
+        (``commit_time``: of its last transaction, PG clock); nothing is counted, saved or confirmed for
+        it before ``folded_applied``."""
         started = time.monotonic()
         if end is not None:
             self.applier.apply_folded(folded, end, transactions)
             self._folded_transactions += transactions
         self._records(messages, skipped, end, transactions, started)
+        if end is not None:
+            self.record_cut(end, pg_time_to_datetime(commit_time) if commit_time is not None else None)
 
     def folded_applied(self, *, catalog: RelationCache | None = None) -> int | None:
         """Once the commits of every group ``commit_folded`` was given exist, what follows them, as
@@ -445,22 +450,24 @@ class ApplyLoop:
             self.save()
         end = self.applier.stats.last_end_lsn
         if end is not None:
-            self._record_cut(end, None)  # the source commit time of a folded group is not known here
+            self.record_cut(end, None)  # recorded after its group's commits already (commit_folded): a no-op
             crashpoint("before_confirm")
             self.confirm(end)  # every Delta commit up to ``end`` exists
             self.confirmed_lsn = end
         return end
 
-    def _record_cut(self, end: int, commit_time: datetime | None) -> None:
-        """Once every table of the groups up to ``end`` has committed, and before ``end`` is confirmed: the
-        cut at ``end`` (a crash before it leaves the previous cut the newest; the run after it re-applies
-        nothing and records this one)."""
+    def record_cut(self, end: int, commit_time: datetime | None) -> None:
+        """Once every table of the groups up to ``end`` has committed (or been copied as of ``end``: the
+        mirror's initial copy), and before ``end`` is confirmed: the cut at ``end`` (a crash before it
+        leaves the previous cut the newest; the run after it re-applies nothing and records this one)."""
         if self.cuts is None:
             return
         crashpoint("before_cut")
         cut = self.cuts.record(end, commit_time)
-        if cut is not None and self.metrics is not None:
-            self.metrics.cut_recorded(cut.lsn, cut.commit_time)
+        if cut is not None:
+            self.last_cut = cut
+            if self.metrics is not None:
+                self.metrics.cut_recorded(cut.lsn, cut.commit_time)
 
     def save(self) -> None:
         if self.dry_run is None:

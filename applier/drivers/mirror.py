@@ -222,6 +222,10 @@ class Mirror:
             self._copy_tables(tables, created.snapshot_name, created.consistent_point, resume_at)
         finally:
             maker.close()  # a creation still waiting is cancelled: no walsender is left to block the next run
+        # the copied tables hold exactly the source as of the snapshot: a reader has a cut before any group
+        # (a table a resumed copy took at a later snapshot is ahead of it, and left out until a later cut;
+        # a crash before the phase below is saved resumes the copy, which finds this cut recorded)
+        self.loop.record_cut(point, None)
         self.feeder.save(self.state)
         self.state.save("mirror", {"slot": src.slot, "phase": "streaming", "snapshot_lsn": format_lsn(point)})
         self.summary.snapshot_lsn = point

@@ -136,6 +136,8 @@ class DeltaApplySink:
             self.metrics.group_applied(time.monotonic() - started, loop.transactions, self._rows)
             if loop.last_commit_time is not None:
                 self.metrics.lag(None, max((pg_now() - loop.last_commit_time) / 1e6, 0.0))
+            if loop.last_cut is not None:  # the batch's newest consistent cut (the loop has no metrics here)
+                self.metrics.cut_recorded(loop.last_cut.lsn, loop.last_cut.commit_time)
         self._save(batch_id, {
             "catalog": feeder.catalog.to_json(),
             "tail": [[lsn, xid, data.hex()] for lsn, xid, data in pending],

@@ -155,9 +155,9 @@ def test_reads_at_a_cut_never_see_half_a_transaction(pg, tmp_path):
         assert summary.transactions == 40
 
         cuts = CutLog(str(target)).cuts()
-        assert len(cuts) == 20  # one per group of two transactions
+        assert len(cuts) == 21  # the copy's (at the slot's snapshot), then one per group of two transactions
         assert [c.lsn for c in cuts] == sorted({c.lsn for c in cuts})  # each once, in order
-        assert all(c.commit_time is not None for c in cuts)
+        assert cuts[0].commit_time is None and all(c.commit_time is not None for c in cuts[1:])
         assert {t.relation_oid for c in cuts for t in c.tables} == {
             r[0] for r in conn.execute("SELECT oid::int FROM pg_class WHERE relname IN ('orders', 'order_lines')")}
         # the reader read while the mirror applied: every read at a cut held
@@ -200,25 +200,26 @@ def test_a_sigkill_before_the_cut_leaves_the_last_cut_and_the_next_run_records_i
     with pg.connect() as conn:
         _setup(conn, "crash_pub")
         assert _cli("mirror", "--config", str(path), "--once", env=env).returncode == 0, "the copy"
+        assert len(CutLog(str(target)).cuts()) == 1  # the copy's
         _workload(conn, 6, seed=7)
         killed = _cli("mirror", "--config", str(path), "--once", env={**env, "APPLIER_CRASH_AT": "before_cut:2"})
         assert killed.returncode == -9, killed.stderr[-2000:]
         cuts = CutLog(str(target)).cuts()
-        assert len(cuts) == 1  # the first group's; the second group's commits exist, its cut does not
+        assert len(cuts) == 2  # and the first group's; the second group's commits exist, its cut does not
         applied = deltalake.DeltaTable(str(target / "public" / "orders")).transaction_version(
             app_id_for("public.orders"))
-        assert applied is not None and applied > cuts[0].lsn
-        assert not _at_cut(target, cuts[0])
+        assert applied is not None and applied > cuts[-1].lsn
+        assert not _at_cut(target, cuts[-1])
 
         again = _cli("mirror", "--config", str(path), "--once", env=env)
         assert again.returncode == 0, again.stderr[-2000:]
         cuts = CutLog(str(target)).cuts()
-        assert len(cuts) == 3 and cuts[1].lsn == applied  # the missing cut recorded, once
+        assert len(cuts) == 4 and cuts[2].lsn == applied  # the missing cut recorded, once
         for cut in cuts:
             assert not _at_cut(target, cut)
         # a run with nothing new records nothing
         assert _cli("mirror", "--config", str(path), "--once", env=env).returncode == 0
-        assert len(CutLog(str(target)).cuts()) == 3
+        assert len(CutLog(str(target)).cuts()) == 4
 
 
 @pytest.mark.spark
@@ -233,15 +234,17 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     config = _config(pg, target, "api_pub", "api")
     with pg.connect() as conn:
         _setup(conn, "api_pub")
-        mirror(_no_spark(), config, once=True)
-        assert main(["cut", "--target", str(target)]) == 3  # no group applied yet: no cut
+        assert main(["cut", "--target", str(target)]) == 3  # nothing copied yet: no cut
         assert "no consistent cut" in capsys.readouterr().err
+        mirror(_no_spark(), config, once=True)
+        copied = CutLog(str(target)).cuts()  # the copy's cut, at the slot's snapshot, before any group
+        assert len(copied) == 1 and copied[0].commit_time is None and len(copied[0].tables) == 2
         create_slot(conn, "raw")  # a raw log of the same transactions, for the replay below
         _workload(conn, 6, seed=3)
         mirror(_no_spark(), config, once=True)
         raw = tmp_path / "raw.parquet"
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "raw", pgoutput_options("api_pub"))))
-    cuts = CutLog(str(target)).cuts()
+    cuts = CutLog(str(target)).cuts()[1:]  # the groups' (after the copy's)
     assert len(cuts) == 3
     first, newest = cuts[0], cuts[-1]
     assert first.commit_time is not None
@@ -256,7 +259,9 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     assert {t["path"] for t in shown["tables"]} == {"public/orders", "public/order_lines"}
     assert main(["cut", "--target", str(target), "--json", "--at-time", first.commit_time.isoformat()]) == 0
     assert parse_lsn(json.loads(capsys.readouterr().out)["lsn"]) == first.lsn
-    assert main(["cut", "--target", str(target), "--at", format_lsn(first.lsn - 1)]) == 3
+    assert main(["cut", "--target", str(target), "--json", "--at", format_lsn(first.lsn - 1)]) == 0
+    assert parse_lsn(json.loads(capsys.readouterr().out)["lsn"]) == copied[0].lsn
+    assert main(["cut", "--target", str(target), "--at", format_lsn(copied[0].lsn - 1)]) == 3
     assert main(["cut", "--target", str(target), "--at", "yesterday"]) == 2
     assert main(["cut", "--target", str(target), "--at-time", "0/16B3748"]) == 2
     capsys.readouterr()
@@ -279,9 +284,9 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     # maintain keeps every cut younger than the retention (and always the newest), and the cuts table compact
     assert main(["maintain", "--target", str(target), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["cuts_pruned"] == 0 and len(CutLog(str(target)).cuts()) == 3
+    assert report["cuts_pruned"] == 0 and len(CutLog(str(target)).cuts()) == 4
     assert report["cuts"] is not None and "_applier/cuts" not in {t["table"] for t in report["tables"]}
-    assert CutLog(str(target)).prune(168, now=datetime.now(UTC) + timedelta(days=8)) == 2
+    assert CutLog(str(target)).prune(168, now=datetime.now(UTC) + timedelta(days=8)) == 3
     assert [c.lsn for c in CutLog(str(target)).cuts()] == [newest.lsn]
 
     # a replay records cuts as well (the raw log holds the same six transactions)
@@ -293,3 +298,15 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     assert [c.lsn for c in again] == [c.lsn for c in cuts]
     assert not _at_cut(replayed, again[1])
     assert Path(cuts_path(str(replayed))).is_dir()
+
+    # and so does the catch-up on Spark's executors: a cut after each group it commits, with its time
+    folded = tmp_path / "folded"
+    stats = replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(folded)),
+                                           apply=ApplySettings(max_group_transactions=2),
+                                           distributed={"mode": "on", "partition_messages": 4}))
+    assert stats.ranges and stats.ranges > 1, stats
+    on_executors = CutLog(str(folded)).cuts()
+    assert len(on_executors) > 1 and on_executors[-1].lsn == cuts[-1].lsn, on_executors
+    assert all(c.commit_time is not None for c in on_executors)
+    assert {c.commit_time for c in on_executors} <= {c.commit_time for c in cuts}
+    assert not any(_at_cut(folded, c) for c in on_executors)

@@ -11,7 +11,7 @@ from workloads import SCHEMA, TABLES, random_workload
 
 from applier.checks.verify import verify_against_postgres
 from applier.drivers.streaming import DeltaApplySink
-from applier.lsn import format_lsn
+from applier.lsn import format_lsn, parse_lsn
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -81,6 +81,14 @@ def test_foreach_batch_sink_over_a_raw_log_cut_mid_transaction(pg, spark, tmp_pa
         commits = sum(1 for r in rows if bytes(r[2][:1]) in (b"C", b"c"))  # Commit, Stream Commit
         assert float(values["applier_transactions_total"]) == commits, (values, commits)
         assert float(values["applier_group_commits_total"]) >= 2  # a batch or more per run
+        # a consistent cut after each micro-batch's group (issue 51): the newest at the log's last commit
+        from applier.sink.cuts import CutLog
+
+        cuts = CutLog(str(target)).cuts()
+        last_commit = max(parse_lsn(r[0]) for r in rows if bytes(r[2][:1]) in (b"C", b"c"))
+        assert len(cuts) >= 2 and all(c.commit_time is not None for c in cuts), cuts
+        assert cuts[-1].lsn >= last_commit and cuts[-1].tables, cuts[-1]
+        assert float(values["applier_cut_lsn"]) > 0
         assert float(values['applier_rows_total{table="public.rw_bag"}']) >= applied
 
 

@@ -87,7 +87,8 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         """A group's commits, on the commit thread: one group at a time, in log order, while the
         main thread goes on combining the next one and keeping the executors busy."""
         started = time.monotonic()
-        loop.commit_folded(list(done.tables.values()), done.end, done.transactions, done.messages, done.skipped)
+        loop.commit_folded(list(done.tables.values()), done.end, done.transactions, done.messages, done.skipped,
+                           commit_time=done.commit_time)
         timings["committing"] += time.monotonic() - started
 
     handed_over: list[LogRange] = []

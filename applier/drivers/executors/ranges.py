@@ -57,6 +57,7 @@ class RangeFold:
     folded: list[FoldedTable] = field(default_factory=list)
     transactions: int = 0
     last_end_lsn: int | None = None
+    last_commit_time: int | None = None  # PG clock (µs since 2000) of its last transaction: the cut's time
     messages: list[tuple[int, LogicalMessage]] = field(default_factory=list)
     skipped: list[SkippedTransaction] = field(default_factory=list)
     error: str | None = None  # the range failed: the driver path takes over from its start

@@ -53,6 +53,7 @@ class FoldGroup:
         self.tables: dict[str, FoldedTable] = {}
         self.transactions = 0
         self.end: int | None = None
+        self.commit_time: int | None = None  # of its last transaction (PG clock): its consistent cut's
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped: list[SkippedTransaction] = []
         self.ranges: list[LogRange] = []
@@ -78,7 +79,8 @@ class FoldGroup:
                     e.add_context(table=t.spec.source_name)
                     raise
         self.transactions += fold.transactions
-        self.end = fold.last_end_lsn if fold.last_end_lsn is not None else self.end
+        if fold.last_end_lsn is not None:
+            self.end, self.commit_time = fold.last_end_lsn, fold.last_commit_time
         self.messages += fold.messages
         self.skipped += fold.skipped
 

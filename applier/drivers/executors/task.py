@@ -45,6 +45,7 @@ def fold_range(job: FoldJob) -> RangeFold:
         for txn, batches in feeder.feed_range(decoder, lsns, xids, datas):
             result.transactions += 1
             result.last_end_lsn = txn.end_lsn
+            result.last_commit_time = txn.commit_time
             for batch in batches:
                 qualified = batch.qualified_name
                 if not tables.selected(qualified):
