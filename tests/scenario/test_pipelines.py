@@ -50,7 +50,9 @@ def test_example_pipeline_rebuilds_the_table_from_the_change_feed(pg, spark, tmp
     bindir = Path(sys.executable).parent
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
     jars = ",".join(str(j) for j in delta_jars(default_cache_dir()))
+    # a JVM that lives a minute: C1 only, as the tests' other short-lived JVMs (spark.jit: quick)
     run = subprocess.run([str(bindir / "spark-pipelines"), "--jars", jars,
+                          "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
                           "--conf", f"spark.sql.warehouse.dir={tmp_path / 'warehouse'}",
                           "run", "--spec", str(project / "spark-pipeline.yml")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
