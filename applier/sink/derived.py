@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
+    from applier.sink.spec import RenamePolicy
     from applier.sink.store import StorePicker
 
 #: (group end LSN, batch) of one table, in commit order
@@ -91,12 +92,15 @@ class DerivedTables:
 
     def __init__(self, spark: SparkLike, target_dir: str, tables: TablesSettings,
                  mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str], *,
-                 stores: StorePicker | None = None) -> None:
+                 stores: StorePicker | None = None, rewrites: RenamePolicy | None = None) -> None:
         from applier.sink.store import StorePicker
 
         self._spark = SparkProvider.of(spark)
         #: which store creates, reads and writes each derived table (delta-rs where it can: no JVM)
         self.stores = stores if stores is not None else StorePicker(self._spark)
+        #: how a widened column reaches a derived table, as its mirror table (apply.type_widening: a rewrite
+        #: keeps it open to delta-rs); its columns are never renamed (renames are not followed here)
+        self.rewrites = rewrites
         self.target_dir = target_dir
         self.tables = tables
         self._mirror_version = mirror_version  # (namespace, name) -> the mirror table's applied version
@@ -186,7 +190,7 @@ class DerivedTables:
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
         if self._schema_seen.get(path) is schema_version:
             return
-        ensure_table(self._spark, path, spec, None, stores=self.stores)
+        ensure_table(self._spark, path, spec, None, stores=self.stores, rename=self.rewrites)
         self.stores.forget(path)  # created or evolved: its protocol is read again
         self._schema_seen[path] = schema_version
         self._exists.add(path)

@@ -105,7 +105,7 @@ class DeltaApplier:
         #: which store (delta-rs or Spark) creates, merges into and copies into each table
         self.stores = stores if stores is not None else StorePicker(self.spark, merge_engine=self.settings.merge_engine)
         self.derived = DerivedTables(self.spark, target_dir, self.tables, self.snapshot_version, self.path_for,
-                                     stores=self.stores)
+                                     stores=self.stores, rewrites=self._rename_policy)
         #: end LSNs of transactions applied in pieces (``apply_group(piece=True)``) that may have pieces
         #: committed: a group holding one leaves out each table's changes its piece marker covers (the loop
         #: keeps this, in its state, from before the first piece until the last piece's group is applied)

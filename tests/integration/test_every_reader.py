@@ -53,6 +53,7 @@ INSERT INTO rd.widened SELECT g, g * 1000, g / 4.0, 'w' || g FROM generate_serie
 """
 # after the initial copy: what the stream brings, a column rename among it
 CHANGES = """
+ALTER TABLE rd.plain ALTER COLUMN amount TYPE numeric(14, 2);
 UPDATE rd.plain SET amount = amount + 1, at = NULL WHERE id % 4 = 0;
 DELETE FROM rd.plain WHERE id > 27;
 INSERT INTO rd.plain VALUES (100, 'late', 3.5, now(), NULL, NULL);
@@ -166,6 +167,7 @@ def test_every_reader_reads_every_kind_of_table_applier_writes(pg, spark, tmp_pa
             "to_pandas": pandas_rows, "polars": polars_rows}
         for table, path, as_postgres, mapped in kinds:
             assert ("columnMapping" in reader_features(path)) == mapped, (path, reader_features(path))
+            assert "typeWidening" not in reader_features(path), path  # rd.plain's widening: its derived tables too
             for reader, read in readers.items():
                 what = f"{reader} on {path.relative_to(target)}"
                 if mapped and reader in ("to_pyarrow_table", "to_pandas", "polars"):
@@ -230,13 +232,15 @@ def test_a_rename_rewrite_is_made_once_across_a_crash_and_a_large_table_is_colum
                               env={**env, "APPLIER_CRASH_AT": "column_widened:1"}, capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr[-3000:])
-        widened = tmp_path / "mapped" / "rd" / "widened"
-        assert rewrites(widened) == 1
+        widened, plain = tmp_path / "mapped" / "rd" / "widened", tmp_path / "mapped" / "rd" / "plain"
+        assert rewrites(plain) == 1  # the stream's first widening (rd.plain's amount), then killed
 
         mirror(spark, rewrite_cfg, once=True)  # the re-run: no second rewrite, the stream applied once
         mirror(spark, mapped_cfg, once=True)
-        assert rewrites(widened) == 1 and reader_features(widened) == []
+        assert rewrites(plain) == 1 and rewrites(widened) == 1  # once each, across the crash
+        assert reader_features(widened) == [] and "typeWidening" not in reader_features(plain)
         assert assert_equals_postgres(conn, "rd", "widened", polars_rows(widened), "polars, widened") == 26
+        assert assert_equals_postgres(conn, "rd", "plain", polars_rows(plain), "polars, plain") > 0
         assert rewrites(rewritten) == 1
         assert (applied_version(None, str(rewritten), app_id) or 0) > copied
         assert "columnMapping" not in reader_features(rewritten)

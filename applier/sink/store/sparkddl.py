@@ -40,7 +40,7 @@ from applier.spark.session import SparkLike
 from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
 #: the schema changes' one logger, whichever engine makes them (what a log filter names)
@@ -203,21 +203,26 @@ def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RenamePol
     return False
 
 
+def _overwrite(frame: DataFrame, path: str, partitions: list[str], note: str) -> None:
+    """The table replaced by ``frame`` in one commit (``overwriteSchema``), partitioned as before, the
+    commit's ``userMetadata`` saying why (what ``table rewritten`` in the history is found by)."""
+    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
+        .option("userMetadata", note)
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.save(path)
+
+
 def rewrite_renamed(spark: SparkSession, path: str, spec: TableSpec, mapping: dict[str, str]) -> None:
     """Rewrite the table under the renamed columns' new names in one overwrite commit (``overwriteSchema``:
     the table's id, history, properties, partitioning and its applied versions, Delta's ``txn`` state,
     stay), so that it needs no column mapping. Exactly once by construction: the commit is atomic, and
     once it is in, the table has the new names and a re-run finds nothing to rename (a crash before it
     leaves the old table, and the re-run rewrites it)."""
-    store = SparkTables(spark)
-    partitions = [mapping.get(c, c) for c in store.partition_columns(path)]
+    partitions = [mapping.get(c, c) for c in SparkTables(spark).partition_columns(path)]
     renamed = ", ".join(f"{old} -> {new}" for old, new in mapping.items())
-    frame = spark.read.format("delta").load(path).withColumnsRenamed(mapping)
-    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
-        .option("userMetadata", f"applier: columns renamed in the source, table rewritten: {renamed}")
-    if partitions:
-        writer = writer.partitionBy(*partitions)
-    writer.save(path)
+    _overwrite(spark.read.format("delta").load(path).withColumnsRenamed(mapping), path, partitions,
+               f"applier: columns renamed in the source, table rewritten: {renamed}")
     log.warning("%s: columns renamed in the source (%s); the Delta table was rewritten under the new names "
                 "(apply.column_renames), values kept, no column mapping", spec.source_name, renamed)
 
@@ -229,16 +234,11 @@ def rewrite_widened(spark: SparkSession, path: str, spec: TableSpec, wanted: dic
     widening Delta allows is a cast Spark makes without loss (``_widenable``)."""
     from pyspark.sql.functions import col
 
-    store = SparkTables(spark)
-    partitions = store.partition_columns(path)
     frame = spark.read.format("delta").load(path)
     frame = frame.withColumns({name: col(quote_identifier(name)).cast(t) for name, t in wanted.items()})
     widened = ", ".join(f"{name} to {t.simpleString()}" for name, t in wanted.items())
-    writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
-        .option("userMetadata", f"applier: columns widened in the source, table rewritten: {widened}")
-    if partitions:
-        writer = writer.partitionBy(*partitions)
-    writer.save(path)
+    _overwrite(frame, path, SparkTables(spark).partition_columns(path),
+               f"applier: columns widened in the source, table rewritten: {widened}")
     log.warning("%s: columns widened in the source (%s); the Delta table was rewritten with the wider types "
                 "(apply.type_widening), values kept, no type widening feature", spec.source_name, widened)
 
