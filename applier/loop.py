@@ -449,8 +449,7 @@ class ApplyLoop:
             self.feeder.catalog.replace_with(catalog)
             self.save()
         end = self.applier.stats.last_end_lsn
-        if end is not None:
-            self.record_cut(end, None)  # recorded after its group's commits already (commit_folded): a no-op
+        if end is not None:  # (its cut was recorded after its group's commits: commit_folded)
             crashpoint("before_confirm")
             self.confirm(end)  # every Delta commit up to ``end`` exists
             self.confirmed_lsn = end
