@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from applier.sink.spec import RenamePolicy
+    from applier.sink.spec import RewritePolicy
     from applier.sink.store import StorePicker
 
 #: (group end LSN, batch) of one table, in commit order
@@ -92,7 +92,7 @@ class DerivedTables:
 
     def __init__(self, spark: SparkLike, target_dir: str, tables: TablesSettings,
                  mirror_version: Callable[[str, str], int | None], mirror_path: Callable[[str, str], str], *,
-                 stores: StorePicker | None = None, rewrites: RenamePolicy | None = None) -> None:
+                 stores: StorePicker | None = None, rewrites: RewritePolicy | None = None) -> None:
         from applier.sink.store import StorePicker
 
         self._spark = SparkProvider.of(spark)

@@ -47,7 +47,7 @@ from applier.sink.identity import Mover, TableIdentities
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
 from applier.sink.schema import create_table, ensure_table, table_options
-from applier.sink.spec import PROP_RESTART_IDENTITY, RenamePolicy, SchemaEvolution, TableOptions, TableSpec, app_id_for
+from applier.sink.spec import PROP_RESTART_IDENTITY, RewritePolicy, SchemaEvolution, TableOptions, TableSpec, app_id_for
 from applier.sink.store import CommitResult, StorePicker
 from applier.sink.store.picker import Store
 from applier.sink.targets import TableTargets
@@ -88,7 +88,7 @@ class DeltaApplier:
         self.tables = tables or TablesSettings()
         self.targets = TableTargets(self.spark, target_dir, self.tables)
         self.settings = apply or ApplySettings()
-        self._rename_policy = RenamePolicy(self.settings.column_renames, self.settings.rename_rewrite_max_mb << 20,
+        self._rename_policy = RewritePolicy(self.settings.column_renames, self.settings.rename_rewrite_max_mb << 20,
                                            self.settings.type_widening, self.settings.widen_rewrite_max_mb << 20)
         self.types = types
         self.stats = CommitCounters()

@@ -25,8 +25,8 @@ from applier.sink.spec import (
     PROP_IDENTITY,
     PROP_KEYS,
     PROP_SOURCE,
-    RenamePolicy,
     Renames,
+    RewritePolicy,
     SchemaEvolution,
     TableOptions,
     TableSpec,
@@ -76,7 +76,7 @@ def table_options(rule: TableRule | None) -> TableOptions | None:
 
 def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOptions | None = None,
                  *, check_options: bool = True, renames: Renames | None = None,
-                 stores: StorePicker | None = None, rename: RenamePolicy | None = None) -> SchemaEvolution:
+                 stores: StorePicker | None = None, rename: RewritePolicy | None = None) -> SchemaEvolution:
     """Create the table (with ``options``) or evolve it; an existing table's options are compared, not changed.
 
     The first call for a path in a run (``check_options``) also upgrades a table that an earlier version
@@ -84,7 +84,7 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
     A table delta-rs reads that needs none of this is checked without Spark (a provider is not started).
     ``stores``: the run's choice of store (a new table is then created by the store it picks: delta-rs
     when it creates the table as Spark would); without it, a new table is created by Spark. ``rename``:
-    how a proven column rename is made (applier.sink.spec.RenamePolicy; default: column mapping)."""
+    how a proven column rename is made (applier.sink.spec.RewritePolicy; default: column mapping)."""
     name = spec.source_name
     picker = stores if stores is not None else StorePicker(spark)
     store = picker.reader(path)

@@ -160,7 +160,7 @@ Renames = Callable[[tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
-class RenamePolicy:
+class RewritePolicy:
     """How a proven column rename reaches a Delta table that is not column-mapped yet (config
     ``apply.column_renames``): ``map`` turns Delta column mapping on and renames in place (no data
     rewritten, but the table gains the ``columnMapping`` reader feature that delta-rs's pyarrow path,

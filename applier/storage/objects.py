@@ -217,11 +217,12 @@ def _access_error(action: str, where: str, e: Exception, uri: str | None = None)
         hint = f"; the {kind} {bucket!r} does not exist: create it, or correct the URI"
     elif "token request" in said or "credential" in said.lower():
         hint = f"; no credentials were found for this store ({credentials}; or target.storage_options)"
-    elif any(w in said for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "AuthorizationFailure",
-                                  "AuthenticationFailed")):
-        hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
-    elif any(w in said.lower() for w in ("connect", "error sending request", "dns")):
-        hint = f"; the endpoint cannot be reached ({endpoint}, or target.storage_options)"
-    elif _FORBIDDEN.search(said):
-        hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
+    else:
+        refused = any(w in said for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                                          "AuthorizationFailure", "AuthenticationFailed"))
+        unreachable = any(w in said.lower() for w in ("connect", "error sending request", "dns"))
+        if refused or (not unreachable and _FORBIDDEN.search(said)):  # a bare 403 after the connection words
+            hint = f"; the store refused the credentials ({credentials}, or target.storage_options)"
+        elif unreachable:
+            hint = f"; the endpoint cannot be reached ({endpoint}, or target.storage_options)"
     return StorageAccessError(f"{action} {where} failed: {text}{hint}", uri=uri)

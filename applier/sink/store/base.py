@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
 
 #: (app id, version, description): the idempotent-write ids a commit records as a Delta ``txn`` action
 #: and its ``userMetadata`` (applier.sink.idempotence)
@@ -117,7 +117,7 @@ class TableStore(Protocol):
         ...
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
-               rename: RenamePolicy | None = None) -> SchemaEvolution | None:
+               rename: RewritePolicy | None = None) -> SchemaEvolution | None:
         """Bring the existing table's columns in line with ``spec`` (columns added, dropped ones kept
         and recorded, renames followed as ``rename`` says, types widened; a retype it cannot make raises the error that
         says what to do); None when this store declines the change (another store then makes it)."""

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
 
 _NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
 
@@ -232,7 +232,7 @@ class DeltaRsStore:
         return handle
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
-               rename: RenamePolicy | None = None) -> SchemaEvolution | None:
+               rename: RewritePolicy | None = None) -> SchemaEvolution | None:
         """Columns added and dropped (applier.sink.store.evolution); None for a rename (rewritten or
         column-mapped by Spark, as ``rename`` says), a
         retype or a change that needs a table feature (Spark makes those)."""

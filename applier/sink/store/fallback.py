@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
     from applier.spark.session import SparkLike
 
 
@@ -97,7 +97,7 @@ class FallbackStore:
         self.preferred.write_arrow(path, table, mode=mode, tag=tag, schema=schema)
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
-               rename: RenamePolicy | None = None) -> SchemaEvolution:
+               rename: RewritePolicy | None = None) -> SchemaEvolution:
         evolution = self.preferred.evolve(path, spec, renames, rename=rename)
         if evolution is None:  # a rename, a retype, a feature: Spark makes every change Delta makes
             evolution = self.fallback().evolve(path, spec, renames, rename=rename)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
 
 
 @dataclass
@@ -179,7 +179,7 @@ class InMemoryStore:
         raise SinkError("the in-memory store does not read rows by key (a Delta store does)", path=path)
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
-               rename: RenamePolicy | None = None) -> SchemaEvolution:
+               rename: RewritePolicy | None = None) -> SchemaEvolution:
         """Columns added and dropped, as delta-rs makes them; anything else stops (it needs a Delta table)."""
         from applier.sink.store.evolution import evolve_without_spark
 

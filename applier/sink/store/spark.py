@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
-    from applier.sink.spec import RenamePolicy, Renames, SchemaEvolution, TableOptions, TableSpec
+    from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
 
 
 class SparkStore(SparkTables):
@@ -129,7 +129,7 @@ class SparkStore(SparkTables):
             spark.sql(f"VACUUM {delta_path_sql(path)}{retain}{' DRY RUN' if dry_run else ''}").collect()
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
-               rename: RenamePolicy | None = None) -> SchemaEvolution:
+               rename: RewritePolicy | None = None) -> SchemaEvolution:
         """Every change Delta makes: renames (a rewrite, or column mapping) and widenings (type widening) too."""
         from applier.sink.store.sparkddl import evolve_table
 

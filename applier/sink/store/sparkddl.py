@@ -25,8 +25,8 @@ from applier.sink.spec import (
     PROP_KEYS,
     PROP_WIDENED,
     TYPE_WIDENING,
-    RenamePolicy,
     Renames,
+    RewritePolicy,
     SchemaEvolution,
     TableOptions,
     TableSpec,
@@ -132,10 +132,10 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
 
 
 def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[str, DataType],
-                    renames: Renames | None, earlier: set[str], policy: RenamePolicy | None) -> dict[str, DataType]:
+                    renames: Renames | None, earlier: set[str], policy: RewritePolicy | None) -> dict[str, DataType]:
     """Rename the Delta columns that were renamed in the source, keeping their values: by a rewrite
     under the new names (``rewrite_renamed``) or in place with column mapping, as ``policy`` says
-    (applier.sink.spec.RenamePolicy; None: column mapping). Which were renamed was decided as the
+    (applier.sink.spec.RewritePolicy; None: column mapping). Which were renamed was decided as the
     stream's Relations were read (``renames`` answers from that note, and stops the run where a column
     that may have been renamed was never decided). Columns an earlier drop left in Delta
     (``applier.droppedColumns``) and applier's own added columns are no candidates."""
@@ -162,7 +162,7 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
     return {mapping.get(n, n): t for n, t in have.items()}
 
 
-def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RenamePolicy | None,
+def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RewritePolicy | None,
               change: Literal["rename", "widening"]) -> bool:
     """Whether a rename (or a widening) of this table is a rewrite: the policy says so for its size, and a
     rewrite would leave it readable without column mapping (or type widening): a table column-mapped
@@ -244,7 +244,7 @@ def rewrite_widened(spark: SparkSession, path: str, spec: TableSpec, wanted: dic
 
 
 def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renames | None = None, *,
-                 rename: RenamePolicy | None = None) -> SchemaEvolution:
+                 rename: RewritePolicy | None = None) -> SchemaEvolution:
     """Bring the Delta table's columns in line with ``spec`` (renames first, as ``rename`` says, see
     ``_rename_columns``); raise SinkError for unsupported retypes."""
     current = spark.read.format("delta").load(path).schema
