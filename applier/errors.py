@@ -152,6 +152,12 @@ class SchemaDecisionError(SinkError):
     service manager would restart the mirror forever)."""
 
 
+class ColumnNamesError(SchemaDecisionError):
+    """A table's Delta columns are named under the other ``column_names`` choice than the config's now (keep
+    and safe): writing on would leave the columns it holds NULL and add their other names beside them. A
+    person chooses: the config back for that table, or a fresh copy under the new names (exit 4)."""
+
+
 class ResyncNeededError(SchemaDecisionError):
     """The table cannot follow the stream past this point, but a fresh copy of it at a new position
     can (``applier resync --table``, or ``apply.schema_changes: resync``, which the mirror does by

@@ -218,17 +218,22 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
                  *, detail: bool = True, exclude: Iterable[str] = (),
                  only: Iterable[str] | None = None, policy: SpecialValuePolicy = "error",
                  soft_deleted: str | None = None, row_filter: str | None = None,
-                 reader: Literal["auto", "spark"] = "auto") -> TableComparison:
+                 reader: Literal["auto", "spark"] = "auto", safe_names: bool = False) -> TableComparison:
     """Compare one Delta table with its Postgres table, on the columns Postgres has now, less those
     the mirror leaves out (``exclude``: a config's exclude_columns; ``only``: a publication's column
     list), on the rows the publication sends (``row_filter``: its WHERE clause), with Postgres' values
     converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
     clamped value: verify compares with exactly that). ``reader`` 'spark': read the table with Spark even
-    where delta-rs could (what a Spark consumer sees)."""
+    where delta-rs could (what a Spark consumer sees). ``safe_names``: the table's columns have their
+    ``column_names: safe`` names (applier.sink.naming.safe_column_name)."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
+    if safe_names:
+        from applier.sink.naming import safe_column_name
+
+        names = [safe_column_name(n) for n in names]
     store = scanner(path, spark, spark_only=reader == "spark")
     int96 = [] if store.uses_spark else (int96_files_at(path) or [])
     if int96:  # delta-rs misreads them (or stops): compared as Spark reads them, and reported
@@ -285,5 +290,5 @@ def verify_against_postgres(spark: SparkLike | None, conn: psycopg.Connection, t
                          only=published[(ns, name)].columns if (ns, name) in published else None,
                          policy=policy, soft_deleted=soft_deleted(ns, name),
                          row_filter=published[(ns, name)].row_filter if (ns, name) in published else None,
-                         reader=reader)
+                         reader=reader, safe_names=settings.safe_column_names(f"{ns}.{name}"))
             for ns, name in sorted(tables)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -21,6 +22,9 @@ class TableRule(SettingsModel):
     key_columns: list[str] | None = Field(
         None, description="key to merge on for tables without a primary key (else the replica identity)")
     exclude_columns: list[str] = Field(default_factory=list, description="columns not mirrored")
+    column_names: Literal["keep", "safe"] | None = Field(
+        None, description="how this table's column names reach Delta (keep or safe, see tables.column_names); "
+        "unset: tables.column_names")
     metadata_columns: bool | None = Field(
         None, description="add the columns naming the change that last wrote each row (tables.metadata_names); "
         "unset: tables.metadata_columns")
@@ -105,6 +109,14 @@ class TablesSettings(SettingsModel):
         "them (a later insert of the key revives the row); a TRUNCATE still empties the table; keyed tables "
         "only")
     metadata_names: MetadataNames = Field(default_factory=MetadataNames, description="names of the added columns")
+    column_names: Literal["keep", "safe"] = Field(
+        "keep", description="keep: Delta columns have the Postgres names exactly; a name Delta cannot hold without "
+        "column mapping (a space or one of ,;{}()= tab newline) turns Delta column mapping on for its table "
+        "(Spark and delta-rs's QueryBuilder read it; to_pyarrow_table, pandas and Polars do not). safe: such a "
+        "character, and '%', is written as '%' and two hex digits ('Weird col' -> 'Weird%20col'), so the table "
+        "needs no column mapping and every reader opens it; the table property applier.columnNames lists the "
+        "mapped names. Applies to new tables: a table written under the other choice stops the run "
+        "(docs/schema-changes.md, 'Column names Delta cannot hold')")
 
     def selected(self, qualified_name: str) -> bool:
         return any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include) and not any(
@@ -112,6 +124,12 @@ class TablesSettings(SettingsModel):
 
     def rule_for(self, qualified_name: str) -> TableRule | None:
         return next((r for r in self.rules if fnmatch.fnmatchcase(qualified_name, r.match)), None)
+
+    def safe_column_names(self, qualified_name: str) -> bool:
+        """Whether a table's columns take safe names (``column_names``: its rule's choice, else the global one)."""
+        rule = self.rule_for(qualified_name)
+        choice = rule.column_names if rule is not None and rule.column_names is not None else self.column_names
+        return choice == "safe"
 
     def extra_columns_for(self, qualified_name: str) -> tuple[bool, bool]:
         """(metadata columns, soft delete) for a table: its rule's choice, else the global one."""

@@ -174,6 +174,7 @@ class ColumnFills:
             return
         path = where[0]
         spec = replace(table_spec(last, self.applier.tables, self.types), source_name=where[1])
+        values = {spec.delta_name(c): v for c, v in values.items()}  # Postgres names to Delta's
         missing = [c for c in values if c not in spec.schema.names]
         if missing:  # excluded by the config: never in the Delta table
             raise SinkError("a column to fill is not in the table's Delta schema", table=spec.source_name,

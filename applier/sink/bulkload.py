@@ -52,8 +52,9 @@ class SnapshotLoader:
         self.tag = tag
         self.commit_bytes = commit_bytes
         self.rows = 0
-        own = spec.source_column_names
+        own = spec.postgres_column_names  # what the copy's rows and Arrow pieces are named by
         self._names = list(own)
+        self._delta_names = None if own == spec.source_column_names else list(spec.source_column_names)
         self._index = None if own == source_columns else \
             [source_columns.index(n) for n in own]  # excluded columns are left out
         self._own_schema = spec.source_schema
@@ -74,12 +75,18 @@ class SnapshotLoader:
                                "a value Arrow cannot hold)")
 
     def add_arrow(self, table: Any) -> None:
-        """One piece of the copy as a pyarrow Table with the source's columns (by name)."""
-        piece = table.select(self._names).cast(self._own_schema)
+        """One piece of the copy as a pyarrow Table with the source's columns (by their Postgres names)."""
+        piece = table.select(self._names)
+        if self._delta_names is not None:  # column_names: safe
+            piece = piece.rename_columns(self._delta_names)
+        self._add(piece.cast(self._own_schema), table.num_rows)
+
+    def _add(self, piece: Any, n: int) -> None:
+        """A piece with the table's own columns under their Delta names; ``n``: its rows."""
         if self._constants:
             import pyarrow as pa
 
-            n = table.num_rows  # not piece's: the cast of a table without columns (applier.sink.zerocol) has none
+            # n, not piece.num_rows: the cast of a table without columns (applier.sink.zerocol) has none
             added = [pa.array([v] * n, type=f.type) for v, f in
                      zip(self._constants, list(self.spec.schema)[len(self._names):], strict=True)]
             piece = pa.Table.from_arrays(piece.columns + added, schema=self.spec.schema)
@@ -95,12 +102,12 @@ class SnapshotLoader:
         if self._index is not None:
             index = self._index
             rows = [tuple(row[i] for i in index) for row in rows]
+        table = arrow_table(rows, self._own_schema)
+        if table is not None:
+            self._add(table, len(rows))
+            return
         if self._constants:
             rows = [(*row, *self._constants) for row in rows]
-        table = arrow_table(rows, self.spec.schema)
-        if table is not None:
-            self.add_arrow(table)
-            return
         with self._lock:  # a value Arrow cannot take as it is: this piece goes row by row, on its own
             self.rows += len(rows)
             self._write_pending(final=False)  # what is pending first (delta-rs overwrites on its first write)

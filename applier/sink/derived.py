@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from applier.sink.spec import RewritePolicy
+    from applier.sink.spec import Renames, RewritePolicy
     from applier.sink.store import StorePicker
 
 #: (group end LSN, batch) of one table, in commit order
@@ -98,8 +98,8 @@ class DerivedTables:
         self._spark = SparkProvider.of(spark)
         #: which store creates, reads and writes each derived table (delta-rs where it can: no JVM)
         self.stores = stores if stores is not None else StorePicker(self._spark)
-        #: how a widened column reaches a derived table, as its mirror table (apply.type_widening: a rewrite
-        #: keeps it open to delta-rs); its columns are never renamed (renames are not followed here)
+        #: how a widened column or a renamed one reaches a derived table, as its mirror table (a rewrite keeps
+        #: it open to delta-rs); the renames are the mirror table's (evolve_renamed)
         self.rewrites = rewrites
         self.target_dir = target_dir
         self.tables = tables
@@ -184,13 +184,26 @@ class DerivedTables:
             raise SinkError(f"a {kind.name} table needs a key: this table has none (set key_columns in its rule)",
                             table=table.source_name)
         own = TableSpec(table.source_name, table.source_schema,
-                        table.key_columns, table.replica_identity)
+                        table.key_columns, table.replica_identity, safe_names=table.safe_names)
         return kind.spec(own)
 
-    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+    def evolve_renamed(self, table: TableSpec, schema_version: SchemaVersion, renames: Renames) -> None:
+        """Evolve the table's existing history and change feed tables to ``schema_version`` following the
+        column renames ``renames`` proves (the mirror table's, read from the same note), so that a renamed
+        column keeps its values there too: otherwise every open version would hold NULL under the new name
+        and the old values under the old one. Called by the engine between the mirror table's evolution and
+        marking its renames applied: a crash in between leaves the note, and the re-run renames these."""
+        ns, name = schema_version.namespace, schema_version.relation.name
+        for kind in self.kinds(table.source_name):
+            path = self.path(kind, ns, name)
+            if self._schema_seen.get(path) is not schema_version and is_delta_table(path):
+                self._ensure(path, self.spec(kind, table), schema_version, renames)
+
+    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion,
+                renames: Renames | None = None) -> None:
         if self._schema_seen.get(path) is schema_version:
             return
-        ensure_table(self._spark, path, spec, None, stores=self.stores, rename=self.rewrites)
+        ensure_table(self._spark, path, spec, None, stores=self.stores, rename=self.rewrites, renames=renames)
         self.stores.forget(path)  # created or evolved: its protocol is read again
         self._schema_seen[path] = schema_version
         self._exists.add(path)
@@ -258,15 +271,16 @@ class DerivedTables:
             return None
         self._ensure(path, spec, last_batch.schema)
         names, key_positions = self._events_layout(spec)
-        if rule.history_columns is not None:
-            unknown = set(rule.history_columns) - set(names)
+        if rule.history_columns is not None:  # Postgres names
+            columns = [spec.delta_name(c) for c in rule.history_columns]
+            unknown = set(columns) - set(names)
             if unknown:
                 raise SinkError("history_columns names columns the table does not have", table=table.source_name,
                                 columns=", ".join(sorted(unknown)))
-            tracked = tuple(names.index(c) for c in rule.history_columns)
+            tracked = tuple(names.index(c) for c in columns)
         else:
             tracked = tuple(range(len(names)))
-        layouts = Layouts(names, last_batch.schema)
+        layouts = Layouts(spec.postgres_column_names, last_batch.schema)
         events = [(b.commit_lsn, commit_datetime(b), c) for _lsn, b in todo for c in layouts.aligned(b)]
         read = partial(self._rows_by_key, path, key_columns=spec.key_columns)
         target = read_open_versions(read, spec, keys_continued((e[2] for e in events), key_positions))
@@ -291,7 +305,7 @@ class DerivedTables:
             return
         self._ensure(path, spec, last_batch.schema)
         names, key_positions = self._events_layout(spec)
-        layouts = Layouts(names, last_batch.schema)
+        layouts = Layouts(spec.postgres_column_names, last_batch.schema)
         events = [(b.commit_lsn, commit_datetime(b), c, done is None or lsn > done)
                   for lsn, b in walk for c in layouts.aligned(b)]
         deleted = table.extra.deleted if table.extra is not None else None

@@ -266,16 +266,18 @@ class DeltaApplier:
         if piece and self.derived.kinds(spec.source_name):
             return False
         self.stats.tables.add((last_batch.namespace, last_batch.name))
+        applied_to = self._applied_version(path, spec.source_name)
+        todo = [(lsn, b) for lsn, b in parts if applied_to is None or lsn > applied_to]
+        if self.pieced_ends and todo:
+            todo = self._past_pieces(path, spec.source_name, todo)
         if self._dry_run is None and self.derived.kinds(spec.source_name):
+            if todo:  # the mirror table's evolution first: its column renames reach its derived tables
+                self._ensure(path, spec, last_batch.schema)
             for kind in self.derived.kinds(spec.source_name):
                 self.versions.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
             if history is not None:
                 histories.append(history)
-        applied_to = self._applied_version(path, spec.source_name)
-        todo = [(lsn, b) for lsn, b in parts if applied_to is None or lsn > applied_to]
-        if self.pieced_ends and todo:
-            todo = self._past_pieces(path, spec.source_name, todo)
         if not todo:
             return True  # already applied: its schema may have moved on since, so touch nothing
         runs = key_runs(todo, self.tables, spec.source_name)
@@ -527,11 +529,17 @@ class DeltaApplier:
         return path, f"{namespace}.{name}"
 
     def relation_columns(self, oid: int, namespace: str, name: str) -> tuple[str, ...] | None:
-        """The columns relation ``oid``'s Delta table has now (None: it has none yet; see relation_table)."""
+        """The columns relation ``oid``'s Delta table has now, by their Postgres names (None: it has none
+        yet; see relation_table)."""
         where = self.relation_table(oid, namespace, name)
         if where is None or not self._exists(where[0]):
             return None
-        return self.stores.reader(where[0]).columns(where[0])
+        columns = self.stores.reader(where[0]).columns(where[0])
+        if not self.tables.safe_column_names(where[1]):
+            return columns
+        from applier.sink.naming import postgres_column_name
+
+        return tuple(postgres_column_name(c) for c in columns)
 
     def relation_version(self, oid: int, namespace: str, name: str) -> int | None:
         """The applied version of relation ``oid``'s Delta table (None: none; see relation_table)."""
@@ -577,9 +585,12 @@ class DeltaApplier:
 
             def renames(gone: tuple[str, ...], new: tuple[str, ...],
                         candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
-                proven = identities.renames_for(oid, spec.source_name, gone, new, candidates)
+                # Delta names here, Postgres names in what the catalog noted (column_names: safe)
+                pg = spec.postgres_name
+                proven = identities.renames_for(oid, spec.source_name, tuple(map(pg, gone)), tuple(map(pg, new)),
+                                                {pg(k): tuple(map(pg, v)) for k, v in candidates.items()})
                 applied.update(proven)
-                return proven
+                return {spec.delta_name(old): spec.delta_name(new_name) for old, new_name in proven.items()}
         applied: dict[str, str] = {}
         try:
             evolution = ensure_table(self.spark, path, spec, options, check_options=path not in self._schema_seen,
@@ -587,8 +598,11 @@ class DeltaApplier:
         except TypeChangeError as e:
             self._type_change_of_a_dropped_table(e, schema_version.relation.oid, path)
             raise
+        if renames is not None and self.derived.kinds(spec.source_name):
+            self.derived.evolve_renamed(spec, schema_version, renames)  # before the note is marked applied
         if self.identities is not None:
-            self.identities.renames_applied(schema_version.relation.oid, applied, spec.column_names)
+            self.identities.renames_applied(schema_version.relation.oid, applied,
+                                            tuple(map(spec.postgres_name, spec.column_names)))
             # after the evolution: the renames were proven with the attnums recorded before
             self.identities.observe(schema_version.relation.oid, schema_version.column_names)
         self.targets.created(path)

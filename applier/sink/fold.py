@@ -67,6 +67,8 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
                             table=qualified, columns=", ".join(sorted(excluded & set(keys))))
         schema = pa.schema([f for f in schema if f.name not in excluded])
     spec = TableSpec(qualified, schema, keys, rel.replica_identity)
+    if tables.safe_column_names(qualified):
+        spec = safe_named(spec)
     extra = ExtraColumns.for_table(tables, qualified)
     if extra is None:
         return spec
@@ -76,6 +78,18 @@ def table_spec(batch: TableBatch, tables: TablesSettings, types: TypeCache | Non
                         "metadata_columns/soft_delete: false in a rule for it", table=qualified)
     return with_added_columns(spec, extra.fields(), "metadata", extra=extra,
                               remedy="choose other names in tables.metadata_names")
+
+
+def safe_named(spec: TableSpec) -> TableSpec:
+    """``spec`` (of the source's columns only) with its columns under their safe Delta names
+    (``column_names: safe``, applier.sink.naming.safe_column_name)."""
+    import pyarrow as pa
+
+    from applier.sink.naming import safe_column_name
+
+    schema = pa.schema([f.with_name(safe_column_name(f.name)) for f in spec.schema])
+    return TableSpec(spec.source_name, schema, tuple(safe_column_name(k) for k in spec.key_columns),
+                     spec.replica_identity, safe_names=True)
 
 
 def merge_keys(batch: TableBatch, tables: TablesSettings) -> tuple[str, ...]:
@@ -148,7 +162,7 @@ def fold_table(spec: TableSpec, batches: Sequence[TableBatch], newest: SchemaVer
     columns (batches of older schema versions remapped; ``newest``, the version ``spec`` was made
     from, is the last batch's by default) and the metadata values added."""
     names = spec.column_names
-    layouts = Layouts(spec.source_column_names, newest or (batches[-1].schema if batches else None))
+    layouts = Layouts(spec.postgres_column_names, newest or (batches[-1].schema if batches else None))
     key_positions = tuple(names.index(k) for k in spec.key_columns)
     extra, ncols = spec.extra, len(spec.source_column_names)
     changes: Iterable[TableChange] = chain.from_iterable(layouts.aligned(b) for b in batches) if extra is None else \

@@ -30,6 +30,26 @@ def needs_column_mapping(column_names: list[str] | tuple[str, ...]) -> bool:
     return any(_NEEDS_COLUMN_MAPPING.search(name) for name in column_names)
 
 
+#: What ``column_names: safe`` escapes: the characters above, and '%' itself (so that the escape is
+#: reversible: no two Postgres names give one Delta name).
+_UNSAFE_IN_DELTA = re.compile(r"[ ,;{}()\n\t=%]")
+_ESCAPE = re.compile(r"%([0-9A-F]{2})")
+
+
+def safe_column_name(name: str) -> str:
+    """The Delta name of a Postgres column under ``column_names: safe``: each character Delta cannot hold
+    without column mapping, and '%', written as '%' and its two hex digits (``Weird col`` ->
+    ``Weird%20col``, ``a=b`` -> ``a%3Db``, ``100%`` -> ``100%25``); any other name is kept. One rule,
+    no state: every part of the mirror (the fold on an executor, the copy, verify) maps alike, and
+    :func:`postgres_column_name` undoes it."""
+    return _UNSAFE_IN_DELTA.sub(lambda m: f"%{ord(m.group()):02X}", name)
+
+
+def postgres_column_name(delta_name: str) -> str:
+    """The Postgres name a ``column_names: safe`` Delta column stands for (the inverse of :func:`safe_column_name`)."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), delta_name)
+
+
 #: Directory names a schema or table must not take as they are: ``_delta_log`` would make the
 #: directory above it look like a Delta table (every later run fails on it), and the default state
 #: directory ``_applier`` (its ``spill``, ``prepared``, ``skipped_transactions``) sits beside the

@@ -16,12 +16,14 @@ the table is created and never to an existing table: a mismatch is a warning and
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from applier.errors import SinkError
-from applier.sink.naming import needs_column_mapping
+from applier.errors import ColumnNamesError, SinkError
+from applier.sink.naming import needs_column_mapping, safe_column_name
 from applier.sink.spec import (
     COLUMN_MAPPING,
+    PROP_COLUMN_NAMES,
     PROP_IDENTITY,
     PROP_KEYS,
     PROP_SOURCE,
@@ -50,6 +52,8 @@ def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, st
                         "table's rule", table=spec.source_name, columns=", ".join(unknown))
     properties = {PROP_SOURCE: spec.source_name, PROP_KEYS: json.dumps(list(spec.key_columns)),
                   PROP_IDENTITY: spec.replica_identity} | options.table_properties()
+    if spec.safe_names:
+        properties[PROP_COLUMN_NAMES] = json.dumps(spec.renamed_columns(), sort_keys=True)
     if needs_column_mapping(spec.column_names):
         properties |= COLUMN_MAPPING
     return properties
@@ -88,9 +92,13 @@ def ensure_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
     name = spec.source_name
     picker = stores if stores is not None else StorePicker(spark)
     store = picker.reader(path)
+    if options is not None and spec.safe_names:  # a rule names Postgres columns
+        options = replace(options, partition_by=tuple(map(spec.delta_name, options.partition_by)),
+                          cluster_by=tuple(map(spec.delta_name, options.cluster_by)))
     if not store.exists(path):
         create_table(spark, path, spec, options, picker=stores)
         return SchemaEvolution(added=spec.column_names)
+    _check_column_names(store, path, spec)
     if options is not None and options.any and check_options:
         warn_option_mismatches(session_of(spark, f"{name}: comparing its table options"), path, spec, options)
     if check_options and not column_mapping_state(spark, path, store).readable_by_deltars:
@@ -113,3 +121,30 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
         return False
     keys = store.configuration(path).get(PROP_KEYS)
     return keys is None or json.loads(keys) == list(spec.key_columns)
+
+
+def _check_column_names(store: Store, path: str, spec: TableSpec) -> None:
+    """Stop before a table written under one ``column_names`` choice is written under the other: its
+    column ``Weird col`` would look dropped (NULL from then on) and ``Weird%20col`` new, and every row
+    the table held would lose that column's value without an error. Read only when a name of ``spec``
+    could be written the other way (nearly never: a check of names, no log read)."""
+    own = spec.source_column_names
+    if spec.safe_names:
+        other = spec.renamed_columns()  # a table written with Postgres names holds the value's name
+    else:
+        other = {n: safe_column_name(n) for n in own if safe_column_name(n) != n}
+    if not other:
+        return
+    have = set(store.columns(path))
+    held = {mine: theirs for mine, theirs in other.items() if mine not in have and theirs in have
+            and theirs not in own}
+    if not held:
+        return
+    ours, theirs = ("safe", "keep") if spec.safe_names else ("keep", "safe")
+    listed = ", ".join(f"{t!r} (here {m!r})" for m, t in sorted(held.items()))
+    raise ColumnNamesError(
+        f"{spec.source_name}: the Delta table holds columns under their {theirs} names: {listed}. It was written "
+        f"with column_names: {theirs}, and the config now says {ours}, which would leave those columns NULL from "
+        f"now on and write new ones beside them; nothing was written. To go on: set column_names: {theirs} for "
+        f"this table (a tables rule), or copy it anew under the new names (`applier resync --config FILE --table "
+        f"{spec.source_name}`)", table=spec.source_name, path=path, column_names=ours)

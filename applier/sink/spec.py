@@ -30,6 +30,9 @@ PROP_RESTART_IDENTITY = "applier.restartIdentityLsn"  # end LSN of the last TRUN
 #: longer followed; its Delta table stays, marked, and is never presented as current (applier status)
 PROP_PUBLICATION = "applier.publication"
 PROP_WIDENED = "applier.widenedColumns"  # JSON list of the columns whose type was widened in place
+#: column_names: safe: JSON object of the Delta names that differ from their Postgres names, each to its
+#: Postgres name (applier.sink.naming.safe_column_name); on every table written under that rule
+PROP_COLUMN_NAMES = "applier.columnNames"
 TYPE_WIDENING = "delta.enableTypeWidening"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 COLUMN_MAPPING_MODE = "delta.columnMapping.mode"
@@ -88,6 +91,9 @@ class TableSpec:
     replica_identity: str  # 'd', 'i', 'f' or 'n'
     extra: ExtraColumns | None = None  # metadata / soft-delete columns, last in ``schema``
     added: int = 0  # how many columns at the end of ``schema`` applier adds (extra's, or a history table's)
+    #: config ``column_names: safe``: the source's columns are named in ``schema`` (and ``key_columns``) by
+    #: applier.sink.naming.safe_column_name of their Postgres names, so the table needs no column mapping
+    safe_names: bool = False
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -107,12 +113,52 @@ class TableSpec:
         names = self.column_names
         return names[:len(names) - self.added]
 
+    def delta_name(self, postgres_name: str) -> str:
+        """The Delta name of one of the source's columns (its Postgres name, unless ``safe_names``)."""
+        if not self.safe_names:
+            return postgres_name
+        from applier.sink.naming import safe_column_name
+
+        return safe_column_name(postgres_name)
+
+    def postgres_name(self, delta_name: str) -> str:
+        """The Postgres name of one of the table's own Delta columns (the inverse of ``delta_name``)."""
+        if not self.safe_names:
+            return delta_name
+        from applier.sink.naming import postgres_column_name
+
+        return postgres_column_name(delta_name)
+
+    @property
+    def postgres_column_names(self) -> tuple[str, ...]:
+        """``source_column_names`` as Postgres names them (what the stream's and the copy's rows match by)."""
+        return tuple(self.postgres_name(n) for n in self.source_column_names)
+
+    def renamed_columns(self) -> dict[str, str]:
+        """The table's own columns whose Delta name is not their Postgres name, Delta name to Postgres name
+        (what ``PROP_COLUMN_NAMES`` lists)."""
+        return {d: p for d, p in zip(self.source_column_names, self.postgres_column_names, strict=True) if d != p}
+
     @property
     def source_schema(self) -> pa.Schema:
         """``schema`` without applier's added columns."""
         import pyarrow
 
         return pyarrow.schema(list(self.schema)[:len(self.schema) - self.added])
+
+
+def fresh_copy_properties(spec: TableSpec) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The applier properties of a table emptied for a fresh copy of ``spec`` (``applier resync``), and
+    those it loses (they were about the replaced table's columns)."""
+    import json
+
+    wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}
+    stale = [PROP_DROPPED, PROP_WIDENED]
+    if spec.safe_names:
+        wanted[PROP_COLUMN_NAMES] = json.dumps(spec.renamed_columns(), sort_keys=True)
+    else:
+        stale.append(PROP_COLUMN_NAMES)
+    return wanted, tuple(stale)
 
 
 def with_added_columns(table: TableSpec, fields: list[pa.Field], what: str, *, remedy: str | None = None,
@@ -127,7 +173,7 @@ def with_added_columns(table: TableSpec, fields: list[pa.Field], what: str, *, r
                         f"{remedy or f'it cannot have a {what} table'}",
                         table=table.source_name, columns=", ".join(sorted(clash)))
     return TableSpec(table.source_name, pyarrow.schema([*table.schema, *fields]), table.key_columns,
-                     table.replica_identity, extra, len(fields))
+                     table.replica_identity, extra, len(fields), table.safe_names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,10 @@ class DeltaRsStore:
                     schema: pa.Schema | None = None) -> None:
         """The last commit of a copy carries the applied version as a ``txn`` action (what Spark's
         ``txnAppId``/``txnVersion`` write) and the description as the commit's ``userMetadata``; like
-        Spark's idempotent write, a tagged write whose version the table has applied writes nothing."""
+        Spark's idempotent write, a tagged write whose version the table has applied writes nothing. An
+        append may lack columns the table has (a change feed's columns the source dropped, or renamed: kept
+        in Delta, NULL from then on), as Spark's append allows: ``schema_mode='merge'`` writes them NULL
+        and leaves the table's schema as it is (no metaData action)."""
         from deltalake import write_deltalake
 
         if tag is not None and self.exists(path):
@@ -212,7 +215,7 @@ class DeltaRsStore:
             if done is not None and done >= tag[1]:
                 return
         write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
-                        storage_options=deltalake_options(path))
+                        storage_options=deltalake_options(path), schema_mode="merge" if mode == "append" else None)
 
     def append_through(self, handle: Any, path: str, table: Any, *, tag: CommitTag) -> Any:
         """Append ``table`` to the table at ``path`` in one commit tagged ``tag`` through ``handle``, the

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from applier.sink.naming import needs_column_mapping
-from applier.sink.spec import PROP_DROPPED, PROP_KEYS, Renames, SchemaEvolution, TableSpec
+from applier.sink.spec import PROP_COLUMN_NAMES, PROP_DROPPED, PROP_KEYS, Renames, SchemaEvolution, TableSpec
 from applier.sink.store.deltatypes import delta_fields, delta_type
 from applier.sink.zerocol import ROW_COLUMN
 
@@ -91,4 +91,8 @@ def recorded_changes(spec: TableSpec, configuration: Mapping[str, str], dropped:
     keys = configuration.get(PROP_KEYS)
     if keys is not None and json.loads(keys) != list(spec.key_columns):
         properties[PROP_KEYS] = json.dumps(list(spec.key_columns))
+    if spec.safe_names:  # the columns' names, those the source dropped (still in Delta) included
+        earlier = json.loads(configuration.get(PROP_COLUMN_NAMES) or "{}")
+        names = {d: p for d, p in earlier.items() if d in dropped} | spec.renamed_columns()
+        properties[PROP_COLUMN_NAMES] = json.dumps(names, sort_keys=True)
     return {k: v for k, v in properties.items() if configuration.get(k) != v}

@@ -11,7 +11,6 @@ explicit assignment list leaves them.
 from __future__ import annotations
 
 import itertools
-import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,14 +141,15 @@ class InMemoryStore:
         self._commit(target, tag, mode.upper())
 
     def replace_empty(self, path: str, spec: TableSpec) -> bool:
-        from applier.sink.spec import PROP_DROPPED, PROP_IDENTITY, PROP_KEYS, PROP_WIDENED
+        from applier.sink.spec import fresh_copy_properties
 
         table = self.table(path)
         table.fields = delta_fields(spec.schema)
         table.rows = []
-        for stale in (PROP_DROPPED, PROP_WIDENED):  # about the replaced table's columns
-            table.properties.pop(stale, None)
-        table.properties.update({PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity})
+        wanted, stale = fresh_copy_properties(spec)
+        for name in stale:
+            table.properties.pop(name, None)
+        table.properties.update(wanted)
         table.commits.append("WRITE (overwrite)")
         return True
 

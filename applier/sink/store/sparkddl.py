@@ -21,8 +21,6 @@ from applier.sink.spec import (
     COLUMN_MAPPING,
     COLUMN_MAPPING_MODE,
     PROP_DROPPED,
-    PROP_IDENTITY,
-    PROP_KEYS,
     PROP_WIDENED,
     TYPE_WIDENING,
     Renames,
@@ -30,6 +28,7 @@ from applier.sink.spec import (
     SchemaEvolution,
     TableOptions,
     TableSpec,
+    fresh_copy_properties,
     option_mismatches,
 )
 from applier.sink.store.deltars import DeltaRsStore
@@ -116,6 +115,8 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
     overwrite with ``overwriteSchema``: its history, table id, properties and layout stay), for a fresh
     copy (``applier resync``). Not CREATE OR REPLACE: on a path Delta refuses a schema that differs."""
     store = SparkTables(spark)
+    if needs_column_mapping(spec.column_names):  # Delta refuses such names in a table without it
+        enable_column_mapping(spark, path, table=spec.source_name)
     writer = spark.createDataFrame([], spark_schema(spec.schema)).write.format("delta").mode("overwrite") \
         .option("overwriteSchema", "true")
     partitions = [c for c in store.partition_columns(path) if c in spec.column_names]
@@ -123,9 +124,9 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
         writer = writer.partitionBy(*partitions)
     writer.save(path)
     configuration = store.configuration(path)
-    wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}
+    wanted, unset = fresh_copy_properties(spec)
     store.set_properties(path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
-    stale = [p for p in (PROP_DROPPED, PROP_WIDENED) if p in configuration]  # about the replaced table's columns
+    stale = [p for p in unset if p in configuration]
     if stale:
         spark.sql(f"ALTER TABLE {delta_path_sql(path)} UNSET TBLPROPERTIES "
                   f"({', '.join(sql_string_literal(p) for p in stale)})")
