@@ -199,6 +199,9 @@ def main() -> None:
     p.add_argument("--group-transactions", type=int, default=ApplySettings().max_group_transactions,
                    help="apply.max_group_transactions for (a) (default: the setting's default)")
     p.add_argument("--runs", type=int, default=1, help="repeat each mode; medians are reported")
+    p.add_argument("--same-process", action="store_true",
+                   help="run the modes in this process, in one Spark session (quicker, for a smoke run; the "
+                   "memory figures are then the whole process's, not each mode's)")
     p.add_argument("--mode", choices=sorted(MODES), help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     p.add_argument("--dsn", help=argparse.SUPPRESS)
@@ -210,14 +213,19 @@ def main() -> None:
     from applier.devtools.pgcluster import start_cluster
 
     with tempfile.TemporaryDirectory(prefix="bench-apply-") as tmp, start_cluster() as cluster:
-        args.workdir = tmp
+        args.workdir, args.dsn = tmp, cluster.dsn()
         shape = capture(cluster.dsn(), Path(tmp), args.transactions, args.accounts, args.sample)
         runs: dict[str, list[dict[str, object]]] = {m: [] for m in MODES}
+        session = None
+        if args.same_process:
+            from applier.spark.session import build_spark_session
+
+            session = build_spark_session(spark_settings())
         for run in range(args.runs):
             for mode in ("grouped", "per-transaction", "append"):  # append reads grouped's schema
                 if run:
                     shutil.rmtree(Path(tmp) / mode, ignore_errors=True)  # state lives under the target
-                result = in_process(mode, args, cluster.dsn())
+                result = MODES[mode](session, args) if session is not None else in_process(mode, args, cluster.dsn())
                 log(f"run {run + 1} {mode}: {json.dumps(result)}")
                 runs[mode].append(result)
 

@@ -61,7 +61,7 @@ def _decode_args() -> tuple[str, ...]:
 
 
 SMOKES: dict[str, Smoke] = {
-    "apply.py": Smoke(("--transactions", "50", "--accounts", "100", "--sample", "3", "--runs", "1"),
+    "apply.py": Smoke(("--transactions", "50", "--accounts", "100", "--sample", "3", "--runs", "1", "--same-process"),
                       ("grouped_seconds", "per_transaction_seconds_each", "append_seconds", "append_rows",
                        "memory.*.python_peak_rss_mb")),
     "assemble.py": Smoke(("--rows", "20000", "--budget-mb", "1", "--runs", "1"),

@@ -1,11 +1,11 @@
 """`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
 (a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
 `jobs/replay.py` (decoding, folding and MERGE on the executors) and `jobs/mirror.py --once` (its backlog
-caught up on the executors) into ``s3://`` on the S3 test server: shared storage, as on a real cluster.
-The tables equal Postgres and the master's JSON shows the applications ran there (the session must not
-override spark-submit's master with local[2]). A local-directory target is not submitted again: each
-spark-submit costs about a minute on 2 cores, jobs/*.py are the CLI's ``main`` (tested throughout), and a
-directory is one machine's special case of shared storage."""
+caught up on the executors, after the CLI's copy) into ``s3://`` on the S3 test server: shared storage,
+as on a real cluster. The tables equal Postgres and the master's JSON shows the applications ran there
+(the session must not override spark-submit's master with local[2]). A local-directory target is not
+submitted again: each spark-submit costs about a minute on 2 cores, jobs/*.py are the CLI's ``main``
+(tested throughout), and a directory is one machine's special case of shared storage."""
 
 from __future__ import annotations
 
@@ -129,10 +129,12 @@ def test_replay_on_the_cluster_into_a_target_on_the_s3_server(pg, spark, cluster
 
 
 def test_mirror_on_the_cluster_into_a_target_on_the_s3_server(pg, cluster, s3_server, tmp_path, monkeypatch):
-    """``jobs/mirror.py`` on the cluster into ``s3://``: the first run copies the tables (delta-rs on the
-    driver), the second catches its slot's backlog up on the executors (``distributed.mode: on``), which
-    decode and fold ranges, the commits Spark MERGEs whose Parquet the executors write through S3A. The
-    tables equal Postgres, read back from the S3 server with delta-rs as a user would."""
+    """``jobs/mirror.py`` on the cluster into ``s3://`` catches its slot's backlog up on the executors
+    (``distributed.mode: on``), which decode and fold ranges, the commits Spark MERGEs whose Parquet the
+    executors write through S3A. The copy before it is the CLI's, in this process (delta-rs, no Spark: a
+    spark-submit of its own cost a minute and tested what the S3 tests of the CLI test), into the same
+    target and state. The tables equal Postgres, read back from the S3 server with delta-rs as a user would."""
+    from applier.cli import main as cli_main
     from applier.spark.jars import connector_jars
 
     target = f"s3://{s3_server.new_bucket()}/mirrored"
@@ -141,13 +143,11 @@ def test_mirror_on_the_cluster_into_a_target_on_the_s3_server(pg, cluster, s3_se
     args = ("--publication", "pub", "--slot", "m", "--target", target, "--once")
     jars = connector_jars(default_cache_dir(), {"s3"}, fetch=False)
     conf = {f"spark.executorEnv.{k}": v for k, v in s3_server.env.items()}
-    earlier = {app["id"] for app in registered_apps(cluster)}
+    for key, value in {**s3_server.env, "XDG_STATE_HOME": str(tmp_path / "state"), "APPLIER_DSN": pg.dsn}.items():
+        monkeypatch.setenv(key, value)
     with pg.connect() as conn:
         create_schema(conn, "pub")
-        # the copy (of the tables as the schema made them; merge_engine spark creates them with Spark), and the
-        # slot made
-        first = submit(cluster, "mirror.py", *args, dsn=pg.dsn, extra_env=env, extra_jars=jars, conf=conf)
-        assert_ran_on_the_cluster(cluster, earlier, 1, first)
+        assert cli_main(["mirror", *args]) == 0  # the copy and the slot
         earlier = {app["id"] for app in registered_apps(cluster)}
         run_workload(conn, transactions=40, seed=4)  # the backlog
         conn.execute("UPDATE shop.products SET price = price + 1")
@@ -155,8 +155,6 @@ def test_mirror_on_the_cluster_into_a_target_on_the_s3_server(pg, cluster, s3_se
         out = submit(cluster, "mirror.py", *args, dsn=pg.dsn, extra_env=env, extra_jars=jars, conf=conf)
         assert "on Spark's executors" in out, out[-3000:]
         assert_ran_on_the_cluster(cluster, earlier, 1)
-        for key, value in s3_server.env.items():
-            monkeypatch.setenv(key, value)
         results = verify_against_postgres(None, conn, target, SHOP)
     assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2], r.problems) for r in results]
     assert sum(r.source_rows for r in results) > 0
