@@ -108,7 +108,7 @@ def _raw_log(tmp_path: Path) -> Path:
 
 def _config(tmp_path: Path, raw: Path, target: str, **apply: object) -> Path:
     """Every keyed table of the capture: delta-rs writes them all, no JVM (the key-less one is left to
-    test_spark_writes_s3_too... and test_target_storage_options_alone...)."""
+    test_target_storage_options_alone...)."""
     import yaml
 
     path = tmp_path / f"replay-{abs(hash(target))}.yaml"
@@ -244,28 +244,6 @@ def test_mirror_copies_and_follows_into_a_store_equal_to_postgres(store, pg, tmp
     assert verify.returncode == ExitCode.DIFFERENCES, verify.stderr[-3000:]
     assert "public.accounts: postgres 455 rows, delta 455 rows: equal" in verify.stdout, verify.stdout
     assert "public.notes: postgres 202 rows, delta 202 rows: DIFFERENT" in verify.stdout, verify.stdout
-
-
-def test_spark_writes_s3_too_every_table_through_spark_equal_to_the_local_replay(s3, spark, tmp_path):
-    """merge_engine 'spark' on an s3:// target, the key-less table (Spark's multiset MERGE) included, in a
-    fresh `applier replay` process: its JVM gets Hadoop's S3A connector from the cache (`applier setup`)
-    and the endpoint and region from the same AWS variables delta-rs reads. The tables equal the same
-    log replayed into a local directory (merge_engine 'auto')."""
-    import yaml
-
-    raw = _raw_log(tmp_path)
-    target = f"s3://{s3.new_bucket()}/mirror"
-    local = tmp_path / "local"
-    config = tmp_path / "spark.yaml"
-    config.write_text(yaml.safe_dump({"source_log": str(raw), "target": {"path": target},
-                                      "apply": {"merge_engine": "spark"}, "distributed": {"mode": "off"}}))
-    assert main(["replay", "--source", str(raw), "--target", str(local)]) == ExitCode.OK
-    done = subprocess.run([sys.executable, "-m", "applier.cli", "replay", "--config", str(config)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **s3.env})
-    assert done.returncode == 0, done.stderr[-3000:]
-    on_s3, in_dir = _contents(target), _contents(local)
-    assert "public.full_rows" in on_s3 and on_s3["public.full_rows"][1]
-    assert {k: rows for k, (_, rows) in on_s3.items()} == {k: rows for k, (_, rows) in in_dir.items()}
 
 
 def test_a_stale_second_delta_rs_writer_does_not_overwrite_a_commit_on_the_server(store):
@@ -498,8 +476,10 @@ def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_a
     """No AWS variable in the process: endpoint, credentials and region come only from the config's
     ``target.storage_options``. A fresh `applier replay` reads its raw log from the target's bucket
     (pyarrow), takes the lease (obstore), writes the tables with delta-rs but the liquid-clustered one
-    with Spark (S3A, per-bucket Hadoop settings), and ends equal to the same log replayed into a local
-    directory; `status` reads the tables with the same options; no secret is printed."""
+    with Spark (S3A from the cache, per-bucket Hadoop settings; the key-less table: Spark's multiset MERGE
+    on the store), and ends equal to the same log replayed into a local directory; `status` reads the
+    tables with the same options; no secret is printed. Every table through Spark's MERGE on S3, with the
+    endpoint from the AWS variables, is the standalone-cluster replay's (tests/scenario/test_spark_cluster.py)."""
     import yaml
 
     raw = _raw_log(tmp_path)
