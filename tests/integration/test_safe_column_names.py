@@ -196,3 +196,39 @@ def test_a_crash_between_the_mirror_table_rename_and_its_history_renames_them_on
         assert "%28n%29" in names and "%7Bn%7D" not in names, names
         open_versions = [r for r in pl.read_delta(str(history)).to_dicts() if r["__end_lsn"] is None]
         assert assert_equals_postgres(conn, "hist", open_versions, "polars on history") == 9
+
+
+@pytest.mark.usefixtures("replay_path")
+def test_a_replay_maps_names_alike_on_the_driver_and_on_the_executors(pg, spark, tmp_path):
+    """The fold on Spark's executors (conftest ``replay_path``: this test runs on both paths) names the
+    columns as the driver does: the same rule, no state. A captured log of the copy-less history (inserts,
+    an unchanged TOAST value, deletes, a key-less table's duplicates) replayed under ``safe``."""
+    from applier.config import ReplayConfig
+    from applier.drivers.replay import replay_log
+    from applier.sources.rawlog_writer import write_raw_log
+    from applier.sources.sql_slot import create_slot, peek, pgoutput_options
+
+    ddl, data = SCHEMA.split("INSERT INTO sn.odd", 1)
+    without_ddl = [s for s in CHANGES.strip().splitlines() if not s.startswith("ALTER") and '"(n)"' not in s]
+    without_ddl[without_ddl.index("INSERT INTO sn.odd VALUES (30, 'late', 1, 1.5, 2.5, NULL, 8);")] = \
+        "INSERT INTO sn.odd VALUES (30, 'late', 1, 1.5, 2.5, NULL);"
+    tables = TablesSettings(column_names="safe", rules=[TableRule(match="sn.hist", history=True, changes=True)])
+    with pg.connect() as conn:
+        conn.execute(ddl)
+        create_slot(conn, "sr")
+        conn.execute("INSERT INTO sn.odd" + data)
+        for statement in without_ddl:
+            conn.execute(statement)
+        raw = tmp_path / "log.parquet"
+        write_raw_log(raw, [(m.lsn, m.xid, bytes(m.data)) for m in peek(conn, "sr", pgoutput_options("sn_pub"))])
+        target = tmp_path / "delta"
+        replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)), tables=tables,
+                                       apply=ApplySettings(max_group_transactions=3)))
+        for result in verify_against_postgres(spark, conn, str(target), TABLES, tables):
+            assert result.equal, (result.source_name, result.problems, result.only_in_source[:3],
+                                  result.only_in_target[:3])
+        for path in (target / "sn" / "odd", target / "_history" / "sn" / "hist"):
+            assert not (deltalake.DeltaTable(str(path)).protocol().reader_features or []), path
+        open_versions = [r for r in pl.read_delta(str(target / "_history" / "sn" / "hist")).to_dicts()
+                         if r["__end_lsn"] is None]
+        assert assert_equals_postgres(conn, "hist", open_versions, "polars on history") == 9
