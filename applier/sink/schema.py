@@ -125,26 +125,36 @@ def _unchanged(store: Store, path: str, spec: TableSpec) -> bool:
 
 def _check_column_names(store: Store, path: str, spec: TableSpec) -> None:
     """Stop before a table written under one ``column_names`` choice is written under the other: its
-    column ``Weird col`` would look dropped (NULL from then on) and ``Weird%20col`` new, and every row
-    the table held would lose that column's value without an error. Read only when a name of ``spec``
-    could be written the other way (nearly never: a check of names, no log read)."""
-    own = spec.source_column_names
+    column ``Weird col`` would look dropped (NULL from then on) and ``Weird%20col`` new, and the rows the
+    table held would lose that column's value without an error; worse, a source that also has a column
+    literally named ``Weird%20col`` would have its values written into the other's. Nearly never read:
+    only for a spec with a name the other choice writes differently.
+
+    Under ``safe``: a column the table holds under a Postgres name that ``safe`` maps (no safe name has a
+    space or ``,;{}()=``, so it was written under ``keep``). Under ``keep``: a column the table's property
+    ``applier.columnNames`` (kept by every table written under ``safe``) lists as the safe name of one of
+    the spec's columns."""
     if spec.safe_names:
-        other = spec.renamed_columns()  # a table written with Postgres names holds the value's name
+        maps = spec.renamed_columns()  # Delta name -> Postgres name
+        if not maps:
+            return
+        have = set(store.columns(path))
+        held = [(p, p, d) for d, p in maps.items() if p in have and p not in spec.column_names]
     else:
-        other = {n: safe_column_name(n) for n in own if safe_column_name(n) != n}
-    if not other:
-        return
-    have = set(store.columns(path))
-    held = {mine: theirs for mine, theirs in other.items() if mine not in have and theirs in have
-            and theirs not in own}
+        if not any(safe_column_name(n) != n for n in spec.source_column_names):
+            return
+        recorded = store.configuration(path).get(PROP_COLUMN_NAMES)
+        if recorded is None:
+            return
+        have = set(store.columns(path))
+        held = [(p, d, p) for d, p in json.loads(recorded).items() if d in have and p in spec.source_column_names]
     if not held:
         return
     ours, theirs = ("safe", "keep") if spec.safe_names else ("keep", "safe")
-    listed = ", ".join(f"{t!r} (here {m!r})" for m, t in sorted(held.items()))
+    named = ", ".join(f"{pg!r} as {there!r} ({ours} writes {would!r})" for pg, there, would in sorted(held))
     raise ColumnNamesError(
-        f"{spec.source_name}: the Delta table holds columns under their {theirs} names: {listed}. It was written "
-        f"with column_names: {theirs}, and the config now says {ours}, which would leave those columns NULL from "
-        f"now on and write new ones beside them; nothing was written. To go on: set column_names: {theirs} for "
-        f"this table (a tables rule), or copy it anew under the new names (`applier resync --config FILE --table "
+        f"{spec.source_name}: the Delta table was written with column_names: {theirs} and holds {named}; the "
+        f"config now says {ours}, which would leave those columns NULL from now on and write new ones beside "
+        f"them; nothing was written. To go on: set column_names: {theirs} for this table (a tables rule), or "
+        f"copy it anew under the new names (`applier resync --config FILE --table "
         f"{spec.source_name}`)", table=spec.source_name, path=path, column_names=ours)

@@ -14,6 +14,7 @@ from applier.config import TableRule, TablesSettings
 from applier.sink.fold import safe_named
 from applier.sink.naming import needs_column_mapping, postgres_column_name, safe_column_name
 from applier.sink.spec import TableSpec, fresh_copy_properties, with_added_columns
+from applier.sink.store import InMemoryStore
 
 
 @pytest.mark.parametrize(("name", "safe"), [
@@ -65,3 +66,59 @@ def test_a_rule_overrides_the_global_choice() -> None:
     assert not tables.safe_column_names("s.raw")
     assert not TablesSettings().safe_column_names("s.t")
     assert TablesSettings(rules=[TableRule(match="s.*", column_names="safe")]).safe_column_names("s.t")
+
+
+def _table(store: InMemoryStore, path: str, spec: TableSpec) -> None:
+    from applier.sink.schema import _creation_properties
+    from applier.sink.spec import TableOptions
+
+    store.create(path, spec, TableOptions(), _creation_properties(spec, TableOptions()))
+
+
+def _spec(*names: str, safe: bool) -> TableSpec:
+    spec = TableSpec("s.t", pa.schema([(n, pa.int32()) for n in names]), (), "f")
+    return safe_named(spec) if safe else spec
+
+
+@pytest.mark.parametrize(("written", "now"), [
+    (("id", "a b"), ("id", "a b")),  # one column to map
+    (("a b", "a%20b"), ("a b", "a%20b")),  # a Postgres column literally named like the other's safe name
+    (("100%",), ("100%",)),  # no character Delta refuses, only '%'
+])
+def test_a_table_written_under_one_choice_stops_under_the_other(written: tuple[str, ...], now: tuple[str, ...]) -> None:
+    from applier.errors import ColumnNamesError
+    from applier.sink.schema import _check_column_names
+
+    for first in (False, True):
+        store = InMemoryStore()
+        _table(store, "t", _spec(*written, safe=first))
+        _check_column_names(store, "t", _spec(*now, safe=first))  # the same choice: nothing to say
+        with pytest.raises(ColumnNamesError, match="nothing was written"):
+            _check_column_names(store, "t", _spec(*now, safe=not first))
+
+
+def test_no_stop_where_nothing_is_written_differently() -> None:
+    from applier.sink.schema import _check_column_names
+
+    store = InMemoryStore()
+    _table(store, "t", _spec("id", "v", safe=False))  # plain names: the same under both choices
+    _check_column_names(store, "t", _spec("id", "v", "a b", safe=True))  # a new mapped column
+    store = InMemoryStore()
+    _table(store, "t", _spec("id", safe=True))  # under safe, nothing mapped then ({} listed)
+    _check_column_names(store, "t", _spec("id", "a b", safe=False))  # keep adds "a b" as it is
+    store = InMemoryStore()
+    _table(store, "t", _spec("id", "gone col", safe=True))
+    _check_column_names(store, "t", _spec("id", safe=False))  # the mapped column was dropped in the source
+
+
+def test_back_to_safe_after_keep_added_a_column_to_a_safe_table_stops() -> None:
+    """A table created under safe (nothing mapped), then given "a b" under keep, then safe again: its
+    property says safe, but it holds "a b" under its Postgres name."""
+    from applier.errors import ColumnNamesError
+    from applier.sink.schema import _check_column_names
+
+    store = InMemoryStore()
+    _table(store, "t", _spec("id", "a b", safe=False))
+    store.set_properties("t", {"applier.columnNames": "{}"})
+    with pytest.raises(ColumnNamesError, match="'a b' as 'a b' \\(safe writes 'a%20b'\\)"):
+        _check_column_names(store, "t", _spec("id", "a b", safe=True))
