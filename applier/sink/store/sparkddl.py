@@ -164,7 +164,7 @@ def _rename_columns(spark: SparkSession, path: str, spec: TableSpec, have: dict[
 
 
 def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RewritePolicy | None,
-              change: Literal["rename", "widening"]) -> bool:
+              change: Literal["rename", "widening"], configuration: dict[str, str] | None = None) -> bool:
     """Whether a rename (or a widening) of this table is a rewrite: the policy says so for its size, and a
     rewrite would leave it readable without column mapping (or type widening): a table column-mapped
     already is renamed and widened in place (pyarrow, pandas and Polars refuse it anyway, and an overwrite
@@ -180,7 +180,8 @@ def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RewritePo
     features = json.loads(snapshot.protocol().json())["protocol"].get("writerFeatures") or ()
     if change == "widening" and "typeWidening" in features:
         return False
-    if change == "widening" and (store.configuration(path).get("delta.enableChangeDataFeed") or "").lower() == "true":
+    if change == "widening" and ((configuration if configuration is not None else store.configuration(path))
+                                 .get("delta.enableChangeDataFeed") or "").lower() == "true":
         return False  # its change feed would show every row deleted and inserted again; Delta widens it in place
     if "clustering" in features:
         log.warning("%s: a liquid-clustered table's %s is made in place, not rewritten (Delta keeps its "
@@ -277,7 +278,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({cols})")
     # applier's own properties change in one commit at the end (each ALTER TABLE is a commit)
     properties: dict[str, str] = {}
-    if widened and _rewrites(spark, path, spec, rename, "widening"):
+    if widened and _rewrites(spark, path, spec, rename, "widening", configuration):
         rewrite_widened(spark, path, spec, {name: wanted[name].dataType for name in widened})
         crashpoint("column_widened")
     elif widened:
