@@ -13,7 +13,8 @@ from applier.storage.location import is_object_store, join
 from applier.storage.paths import TablePath, location
 
 #: Characters Delta refuses in column names unless column mapping is on (plus names Spark mangles).
-_NEEDS_COLUMN_MAPPING = re.compile(r"[ ,;{}()\n\t=]")
+_REFUSED_IN_DELTA = " ,;{}()\n\t="
+_NEEDS_COLUMN_MAPPING = re.compile(f"[{re.escape(_REFUSED_IN_DELTA)}]")
 
 
 def quote_identifier(name: str) -> str:
@@ -32,7 +33,7 @@ def needs_column_mapping(column_names: list[str] | tuple[str, ...]) -> bool:
 
 #: What ``column_names: safe`` escapes: the characters above, and '%' itself (so that the escape is
 #: reversible: no two Postgres names give one Delta name).
-_UNSAFE_IN_DELTA = re.compile(r"[ ,;{}()\n\t=%]")
+_UNSAFE_IN_DELTA = re.compile(f"[{re.escape(_REFUSED_IN_DELTA + '%')}]")
 _ESCAPE = re.compile(r"%([0-9A-F]{2})")
 
 
