@@ -24,6 +24,8 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
 from applier.sink.int96 import int96_advice, int96_files_at
+from applier.sink.naming import safe_column_name
+from applier.sink.spec import PROP_COLUMN_NAMES
 from applier.sink.store.picker import scanner
 from applier.sources.sql_slot import pin_session
 from applier.values import SpecialValuePolicy
@@ -225,15 +227,13 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     converted under the mirror's special-value ``policy`` (a mirror that clamps ``infinity`` holds the
     clamped value: verify compares with exactly that). ``reader`` 'spark': read the table with Spark even
     where delta-rs could (what a Spark consumer sees). ``safe_names``: the table's columns have their
-    ``column_names: safe`` names (applier.sink.naming.safe_column_name)."""
+    ``column_names: safe`` names (applier.sink.naming.safe_column_name), as the config says; a table
+    written under ``safe`` says so itself too (its ``applier.columnNames`` property), which is enough for
+    ``applier verify`` without a config."""
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_rows(conn, namespace, table,
                                       lambda c: c not in excluded and (kept is None or c in kept), policy,
                                       row_filter)
-    if safe_names:
-        from applier.sink.naming import safe_column_name
-
-        names = [safe_column_name(n) for n in names]
     store = scanner(path, spark, spark_only=reader == "spark")
     int96 = [] if store.uses_spark else (int96_files_at(path) or [])
     if int96:  # delta-rs misreads them (or stops): compared as Spark reads them, and reported
@@ -247,6 +247,9 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
         result = compare(f"{namespace}.{table}", rows, iter(()), detail=detail)
         result.problems.append(f"no Delta table at {path}")
         return result
+    safe = [safe_column_name(n) for n in names]
+    if safe != names and (safe_names or PROP_COLUMN_NAMES in store.configuration(path)):
+        names = safe  # column_names: safe (the table's property says so where no config does)
     # a column Postgres sends and the Delta table lacks is a difference to report, not a crash; the
     # other columns are still compared (Spark resolves names case-insensitively, as here)
     missing = [n for n in names if n.lower() not in {c.lower() for c in have}]

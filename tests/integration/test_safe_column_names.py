@@ -166,6 +166,9 @@ def test_safe_names_keep_every_reader_and_a_switch_stops_with_a_remedy(pg, spark
         for result in verify_against_postgres(spark, conn, str(target), TABLES, keep):
             assert result.equal, (result.source_name, result.problems, result.only_in_source[:3],
                                   result.only_in_target[:3])
+        # without a config, each table's own property says how its columns are named
+        capsys.readouterr()
+        assert cli_main(["verify", "--dsn", pg.dsn, "--target", str(target)]) == ExitCode.OK, capsys.readouterr()
 
 
 def test_a_crash_between_the_mirror_table_rename_and_its_history_renames_them_on_the_re_run(pg, spark, tmp_path):
