@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+from readers import Rows, assert_equals_postgres, polars_rows, query_builder_rows, readers, spark_rows
 
-from applier.checks.verify import compare, postgres_table_rows
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TableRule, TablesSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.sink.idempotence import applied_version
@@ -70,64 +70,12 @@ UPDATE rd.widened SET n = 5000000000 + id, r = 0.1 WHERE id BETWEEN 4 AND 6;
 INSERT INTO rd.widened VALUES (26, -9000000000, 1e300, 'wide');
 """
 
-Rows = list[dict[str, Any]]
-
-
-def spark_rows(spark) -> Callable[[Path], Rows]:
-    return lambda path: [r.asDict() for r in spark.read.format("delta").load(str(path)).collect()]
-
-
-def query_builder_rows(path: Path) -> Rows:
-    import pyarrow as pa
-
-    table = deltalake.DeltaTable(str(path))
-    return pa.table(deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()).to_pylist()
-
-
-def pyarrow_rows(path: Path) -> Rows:
-    return deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-
-
-def pandas_rows(path: Path) -> Rows:
-    """``to_pandas()`` as a pandas user gets it; NaN/NaT back to None, an int column that pandas made
-    float (it has NULLs) back to int, numpy and pandas scalars to Python's, to compare."""
-    import pandas as pd
-    import pyarrow as pa
-
-    table = deltalake.DeltaTable(str(path))
-    frame = table.to_pandas()
-    ints = {f.name for f in pa.schema(table.schema().to_arrow()) if pa.types.is_integer(f.type)}
-
-    def plain(name: str, value: Any) -> Any:
-        if value is None or (not isinstance(value, (list, dict)) and pd.isna(value)):
-            return None
-        if isinstance(value, pd.Timestamp):
-            return value.to_pydatetime()
-        if hasattr(value, "item"):
-            value = value.item()
-        return int(value) if name in ints else value
-
-    return [{k: plain(k, v) for k, v in row.items()} for row in frame.to_dict("records")]
-
-
-def polars_rows(path: Path) -> Rows:
-    return pl.read_delta(str(path)).to_dicts()
-
-
 def fold_feed(rows: Rows, keys: list[str]) -> Rows:
     """A change feed folded as create_auto_cdc_flow folds it: the last change per key, deletes dropped."""
     last: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: (r["__commit_lsn"], r["__ordinal"])):
         last[tuple(row[k] for k in keys)] = row
     return [r for r in last.values() if r["__op"] != "D"]
-
-
-def assert_equals_postgres(conn, namespace: str, table: str, rows: Rows, what: str) -> int:
-    names, pg_rows = postgres_table_rows(conn, namespace, table)
-    result = compare(f"{namespace}.{table}", pg_rows, iter([tuple(r[c] for c in names) for r in rows]))
-    assert result.equal, (what, result.source_rows, result.target_rows, result.only_in_source[:3],
-                          result.only_in_target[:3])
-    return result.source_rows
 
 
 def reader_features(path: Path) -> list[str]:
@@ -162,13 +110,10 @@ def test_every_reader_reads_every_kind_of_table_applier_writes(pg, spark, tmp_pa
              False),
             ("plain", target / "_changes" / "rd" / "plain", lambda rows: fold_feed(rows, ["id"]), False),
         ]
-        readers: dict[str, Callable[[Path], Rows]] = {
-            "spark": spark_rows(spark), "QueryBuilder": query_builder_rows, "to_pyarrow_table": pyarrow_rows,
-            "to_pandas": pandas_rows, "polars": polars_rows}
         for table, path, as_postgres, mapped in kinds:
             assert ("columnMapping" in reader_features(path)) == mapped, (path, reader_features(path))
             assert "typeWidening" not in reader_features(path), path  # rd.plain's widening: its derived tables too
-            for reader, read in readers.items():
+            for reader, read in readers(spark).items():
                 what = f"{reader} on {path.relative_to(target)}"
                 if mapped and reader in ("to_pyarrow_table", "to_pandas", "polars"):
                     with pytest.raises(Exception, match="columnMapping"):  # loudly, never NULLs

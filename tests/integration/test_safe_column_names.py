@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from readers import assert_equals_postgres, readers
 
-from applier.checks.verify import compare, postgres_table_rows, verify_against_postgres
+from applier.checks.verify import verify_against_postgres
 from applier.cli import main as cli_main
 from applier.commands.exitcodes import ExitCode
 from applier.config import ApplySettings, MirrorConfig, SourceSettings, TableRule, TablesSettings, TargetSettings
@@ -64,36 +65,12 @@ ALTER TABLE sn.hist RENAME COLUMN "{n}" TO "(n)";
 UPDATE sn.hist SET "(n)" = -"(n)" WHERE "the id" IN (1, 5);
 """
 
-Rows = list[dict[str, Any]]
 TABLES = [("sn", "odd"), ("sn", "bag"), ("sn", "hist")]
 
 
-def assert_equals_postgres(conn, table: str, rows: Rows, what: str) -> int:
-    """``rows`` (Delta names) against Postgres' rows of ``sn.table`` (Postgres names, mapped)."""
-    names, pg_rows = postgres_table_rows(conn, "sn", table)
-    result = compare(f"sn.{table}", pg_rows, iter([tuple(r[safe_column_name(c)] for c in names) for r in rows]))
-    assert result.equal, (what, result.source_rows, result.target_rows, result.only_in_source[:3],
-                          result.only_in_target[:3])
-    return result.source_rows
-
-
-def readers(spark) -> dict[str, Any]:
-    import pyarrow as pa
-
-    def query_builder(path: Path) -> Rows:
-        table = deltalake.DeltaTable(str(path))
-        return pa.table(deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()) \
-            .to_pylist()
-
-    def pandas(path: Path) -> Rows:  # NaN back to None, numpy scalars to Python's
-        frame = deltalake.DeltaTable(str(path)).to_pandas().astype(object)
-        return [{k: None if v != v else v for k, v in row.items()} for row in frame.to_dict("records")]
-
-    return {"spark": lambda path: [r.asDict() for r in spark.read.format("delta").load(str(path)).collect()],
-            "QueryBuilder": query_builder,
-            "to_pyarrow_table": lambda path: deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist(),
-            "to_pandas": pandas,
-            "polars": lambda path: pl.read_delta(str(path)).to_dicts()}
+def rows_equal(conn, table: str, rows: list[dict[str, Any]], what: str) -> int:
+    """Rows a reader gave of a ``safe`` table (Delta names) against Postgres' ``sn.table``."""
+    return assert_equals_postgres(conn, "sn", table, rows, what, delta_name=safe_column_name)
 
 
 def test_safe_names_keep_every_reader_and_a_switch_stops_with_a_remedy(pg, spark, tmp_path, capsys):
@@ -130,15 +107,15 @@ def test_safe_names_keep_every_reader_and_a_switch_stops_with_a_remedy(pg, spark
             assert not (table.protocol().reader_features or []), (path, table.protocol())
             assert "delta.columnMapping.mode" not in table.metadata().configuration, path
         for reader, read in readers(spark).items():
-            assert assert_equals_postgres(conn, "odd", read(target / "sn" / "odd"), reader) == 19
-            assert assert_equals_postgres(conn, "bag", read(target / "sn" / "bag"), reader) == 13
+            assert rows_equal(conn, "odd", read(target / "sn" / "odd"), reader) == 19
+            assert rows_equal(conn, "bag", read(target / "sn" / "bag"), reader) == 13
             open_versions = [r for r in read(history) if r["__end_lsn"] is None]
-            assert assert_equals_postgres(conn, "hist", open_versions, f"{reader} on history") == 9
+            assert rows_equal(conn, "hist", open_versions, f"{reader} on history") == 9
             last: dict[Any, dict[str, Any]] = {}
             for row in sorted(read(changes), key=lambda r: (r["__commit_lsn"], r["__ordinal"])):
                 last[row["the%20id"]] = row
             feed = [r for r in last.values() if r["__op"] != "D"]
-            assert assert_equals_postgres(conn, "hist", feed, f"{reader} on the change feed") == 9
+            assert rows_equal(conn, "hist", feed, f"{reader} on the change feed") == 9
 
         # the same target configured with keep names for sn.bag: it stops before writing, exit 4
         conn.execute("INSERT INTO sn.bag VALUES (5, 'b5')")
@@ -198,7 +175,7 @@ def test_a_crash_between_the_mirror_table_rename_and_its_history_renames_them_on
         names = deltalake.DeltaTable(str(history)).schema().to_arrow().names
         assert "%28n%29" in names and "%7Bn%7D" not in names, names
         open_versions = [r for r in pl.read_delta(str(history)).to_dicts() if r["__end_lsn"] is None]
-        assert assert_equals_postgres(conn, "hist", open_versions, "polars on history") == 9
+        assert rows_equal(conn, "hist", open_versions, "polars on history") == 9
 
 
 @pytest.mark.usefixtures("replay_path")
@@ -234,4 +211,4 @@ def test_a_replay_maps_names_alike_on_the_driver_and_on_the_executors(pg, spark,
             assert not (deltalake.DeltaTable(str(path)).protocol().reader_features or []), path
         open_versions = [r for r in pl.read_delta(str(target / "_history" / "sn" / "hist")).to_dicts()
                          if r["__end_lsn"] is None]
-        assert assert_equals_postgres(conn, "hist", open_versions, "polars on history") == 9
+        assert rows_equal(conn, "hist", open_versions, "polars on history") == 9
