@@ -24,7 +24,6 @@ from applier.sink.naming import needs_column_mapping, safe_column_name
 from applier.sink.spec import (
     COLUMN_MAPPING,
     PROP_COLUMN_NAMES,
-    PROP_IDENTITY,
     PROP_KEYS,
     PROP_SOURCE,
     Renames,
@@ -32,6 +31,7 @@ from applier.sink.spec import (
     SchemaEvolution,
     TableOptions,
     TableSpec,
+    column_properties,
 )
 from applier.sink.store import SparkStore, StorePicker
 from applier.sink.store.deltatypes import delta_type
@@ -50,10 +50,7 @@ def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, st
     if unknown:
         raise SinkError("partition_by/cluster_by names columns the table does not have (or excludes); fix the "
                         "table's rule", table=spec.source_name, columns=", ".join(unknown))
-    properties = {PROP_SOURCE: spec.source_name, PROP_KEYS: json.dumps(list(spec.key_columns)),
-                  PROP_IDENTITY: spec.replica_identity} | options.table_properties()
-    if spec.safe_names:
-        properties[PROP_COLUMN_NAMES] = json.dumps(spec.renamed_columns(), sort_keys=True)
+    properties = {PROP_SOURCE: spec.source_name} | column_properties(spec)[0] | options.table_properties()
     if needs_column_mapping(spec.column_names):
         properties |= COLUMN_MAPPING
     return properties

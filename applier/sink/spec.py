@@ -147,9 +147,11 @@ class TableSpec:
         return pyarrow.schema(list(self.schema)[:len(self.schema) - self.added])
 
 
-def fresh_copy_properties(spec: TableSpec) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The applier properties of a table emptied for a fresh copy of ``spec`` (``applier resync``), and
-    those it loses (they were about the replaced table's columns)."""
+def column_properties(spec: TableSpec) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The applier properties that describe ``spec``'s columns (its key, replica identity and, under
+    ``column_names: safe``, the mapped names): what a new table is created with and what a table emptied
+    for a fresh copy (``applier resync``) is given; and those such a table loses (they were about the
+    replaced table's columns)."""
     import json
 
     wanted = {PROP_KEYS: json.dumps(list(spec.key_columns)), PROP_IDENTITY: spec.replica_identity}

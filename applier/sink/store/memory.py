@@ -141,12 +141,12 @@ class InMemoryStore:
         self._commit(target, tag, mode.upper())
 
     def replace_empty(self, path: str, spec: TableSpec) -> bool:
-        from applier.sink.spec import fresh_copy_properties
+        from applier.sink.spec import column_properties
 
         table = self.table(path)
         table.fields = delta_fields(spec.schema)
         table.rows = []
-        wanted, stale = fresh_copy_properties(spec)
+        wanted, stale = column_properties(spec)
         for name in stale:
             table.properties.pop(name, None)
         table.properties.update(wanted)

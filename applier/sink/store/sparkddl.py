@@ -28,7 +28,7 @@ from applier.sink.spec import (
     SchemaEvolution,
     TableOptions,
     TableSpec,
-    fresh_copy_properties,
+    column_properties,
     option_mismatches,
 )
 from applier.sink.store.deltars import DeltaRsStore
@@ -124,7 +124,7 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
         writer = writer.partitionBy(*partitions)
     writer.save(path)
     configuration = store.configuration(path)
-    wanted, unset = fresh_copy_properties(spec)
+    wanted, unset = column_properties(spec)
     store.set_properties(path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
     stale = [p for p in unset if p in configuration]
     if stale:

@@ -13,7 +13,7 @@ import pytest
 from applier.config import TableRule, TablesSettings
 from applier.sink.fold import safe_named
 from applier.sink.naming import needs_column_mapping, postgres_column_name, safe_column_name
-from applier.sink.spec import TableSpec, fresh_copy_properties, with_added_columns
+from applier.sink.spec import TableSpec, column_properties, with_added_columns
 from applier.sink.store import InMemoryStore
 
 
@@ -48,9 +48,9 @@ def test_a_spec_maps_columns_and_keys_and_says_which() -> None:
     wider = with_added_columns(spec, [pa.field("__op", pa.string())], "change feed")
     assert wider.safe_names and wider.postgres_column_names == ("the id", "v", "a=b")
     assert wider.renamed_columns() == spec.renamed_columns()  # applier's own columns are not mapped
-    wanted, stale = fresh_copy_properties(spec)
+    wanted, stale = column_properties(spec)
     assert wanted["applier.columnNames"] == '{"a%3Db": "a=b", "the%20id": "the id"}'
-    assert "applier.columnNames" in fresh_copy_properties(TableSpec("s.t", spec.schema, (), "f"))[1]
+    assert "applier.columnNames" in column_properties(TableSpec("s.t", spec.schema, (), "f"))[1]
 
 
 def test_a_kept_spec_is_the_identity() -> None:
