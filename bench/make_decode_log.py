@@ -9,6 +9,14 @@ last line printed is one JSON object (the transactions, the messages written, th
 
     .venv/bin/python bench/make_decode_log.py bench/decode_log.parquet --transactions 50000
     .venv/bin/python bench/decode.py bench/decode_log.parquet
+
+``--shape wide`` captures wide rows with TOAST values instead (issue 49, item 3): a table of 42
+columns (ints, short texts, numerics, timestamps, booleans, a jsonb, NULLs, and two text columns of
+about 3 kB (``--toast-kb``) that PostgreSQL stores out of line). Half the transactions insert a row (pgoutput sends
+the TOAST values in full); the other half update its short columns, so that the TOAST values go
+unchanged ('u' in the new image), and every tenth of those also rewrites one TOAST value::
+
+    .venv/bin/python bench/make_decode_log.py /tmp/wide_log.parquet --shape wide --transactions 20000
 """
 
 from __future__ import annotations
@@ -45,24 +53,73 @@ BEGIN
 END $$
 """
 
+#: 42 columns: id, 8 x (int, short text, numeric, timestamptz, bool), a jsonb, and two TOAST texts.
+WIDE_COLUMNS = ", ".join(
+    ["id int PRIMARY KEY"]
+    + [f"i{k} int, s{k} text, n{k} numeric(12,2), t{k} timestamptz, b{k} bool" for k in range(8)]
+    + ["doc jsonb", "big1 text", "big2 text"])
+
+#: 32 hex characters per ``g``: ``--toast-kb 3`` gives about 3 kB per big value, which compresses to
+#: under half, so the row still goes out of line.
+_BIG = "(SELECT string_agg(md5(i::text || '{tag}' || g::text), '') FROM generate_series(1, {{pieces}}) g)"
+
+WIDE_WORKLOAD = """
+DO $$
+BEGIN
+  FOR i IN 1..{inserts} LOOP
+    INSERT INTO wide VALUES (i, {values}, jsonb_build_object('k', i, 'tags', jsonb_build_array('a', 'b', i % 13)),
+      """ + _BIG.format(tag="x") + """, """ + _BIG.format(tag="y") + """);
+    COMMIT;
+  END LOOP;
+  FOR i IN 1..{updates} LOOP
+    IF i % 10 = 0 THEN
+      UPDATE wide SET i0 = i0 + 1, s1 = 'rewritten', big2 = """ + _BIG.format(tag="z") + """
+      WHERE id = (i * 7919) % {inserts} + 1;
+    ELSE
+      UPDATE wide SET i0 = i0 + 1, s1 = 'touched ' || i, t2 = now(), b3 = NOT b3
+      WHERE id = (i * 7919) % {inserts} + 1;
+    END IF;
+    COMMIT;
+  END LOOP;
+END $$
+"""
+
+#: Each block's values for one row: some NULL (every third short text of every fifth row).
+WIDE_VALUES = ", ".join(
+    f"i * {k + 3}, CASE WHEN i % 5 = 0 AND {k} % 3 = 0 THEN NULL ELSE 'value ' || {k} || ' of ' || i END, "
+    f"(i % 100000) / 7.0 + {k}, now() - make_interval(secs => i + {k}), (i + {k}) % 2 = 0"
+    for k in range(8))
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--transactions", type=int, default=50_000)
     parser.add_argument("--major", type=int, default=15)
+    parser.add_argument("--shape", choices=["narrow", "wide"], default="narrow",
+                        help="narrow (default): a 6-column row; wide: 42 columns with two TOAST values")
+    parser.add_argument("--toast-kb", type=int, default=3, help="size of each TOAST value in --shape wide (kB)")
     args = parser.parse_args(argv)
     inserts = args.transactions // 2
     cluster = start_cluster(args.major)
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, status text, "
-                         "qty int, price numeric(10,2), updated timestamptz)")
-            conn.execute("CREATE PUBLICATION bench FOR TABLE orders")
+            if args.shape == "wide":
+                conn.execute(f"CREATE TABLE wide ({WIDE_COLUMNS})")
+                conn.execute("CREATE PUBLICATION bench FOR TABLE wide")
+            else:
+                conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, status text, "
+                             "qty int, price numeric(10,2), updated timestamptz)")
+                conn.execute("CREATE PUBLICATION bench FOR TABLE orders")
             conn.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
             t0 = time.perf_counter()
-            conn.execute(WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts))
-            conn.execute("INSERT INTO orders (id, customer) VALUES (-1, 'flush')")
+            if args.shape == "wide":
+                conn.execute(WIDE_WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts,
+                                                  values=WIDE_VALUES, pieces=max(1, args.toast_kb * 32)))
+                conn.execute("INSERT INTO wide (id) VALUES (-1)")
+            else:
+                conn.execute(WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts))
+                conn.execute("INSERT INTO orders (id, customer) VALUES (-1, 'flush')")
             print(f"workload: {args.transactions} transactions in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
             t0 = time.perf_counter()
             rows = ((m.lsn, m.xid, m.data) for m in peek(conn, "bench", pgoutput_options("bench")))
