@@ -56,6 +56,11 @@ class EngineSettings(SettingsModel):
     memory_budget_mb: int = Field(256, ge=1, description="buffered changes per transaction before spilling; "
                                   "a larger transaction is applied in pieces of about one row change per KB of it "
                                   "(docs/applying.md)")
+    columnar_fold: bool = Field(
+        True, description="fold a range of a backlog on Spark's executors column by column (numpy and Arrow over "
+        "the messages' bytes, several times faster) when it is only plain transactions of tables merged on their "
+        "replica identity key, with text values the initial copy reads in bulk; any other range, and false here, "
+        "folds message by message, the reference way. Both give the same plans (tested)")
     piece_rows: int | None = Field(None, ge=1, description="row changes per piece of a transaction applied in pieces "
                                    "(default: one per KB of memory_budget_mb, at least 1000)")
 

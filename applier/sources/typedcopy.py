@@ -113,6 +113,33 @@ def convert_chunk(table: Any, readers: list[ColumnReader], names: list[str]) -> 
     return pa.Table.from_arrays(columns, names=names)
 
 
+def text_column(values: Any, reader: ColumnReader) -> Any | None:
+    """A column of the stream's text values (a pyarrow binary array, SQL NULL as null: what
+    ``applier.protocol.columnar.text_values`` builds from row messages) read as the copy reads the same
+    text from CSV, or None when a value must take the per-value path, or the column is one the copy
+    reads per value anyway ('python'). The text is the same: the walsender's session is pinned as the
+    copy's is (applier.sources.snapshot.pin_session), and the CSV reader only removed the quoting."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        if reader.kind == "python":
+            return None
+        if reader.convert is not None:
+            converted = reader.convert(pa.chunked_array([pc.cast(values, reader.csv_type)]))
+            return converted.combine_chunks() if isinstance(converted, pa.ChunkedArray) else converted
+        # native: what pyarrow's CSV reader builds itself (the cast to string checks the UTF-8)
+        target = reader.target
+        if pa.types.is_string(target) or pa.types.is_large_string(target) or pa.types.is_integer(target):
+            return pc.cast(pc.cast(values, pa.string()), target)
+        if pa.types.is_boolean(target):
+            true, false = pc.equal(values, pa.scalar(b"t")), pc.equal(values, pa.scalar(b"f"))
+            return true if pc.all(pc.or_(true, false)).as_py() is not False else None
+    except (NotFast, pa.ArrowException, *_FALLBACK_ERRORS):
+        return None
+    return None
+
+
 # --- readers ---------------------------------------------------------------------------------------
 
 def _cast_reader(target: Any) -> Convert:

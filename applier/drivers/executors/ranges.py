@@ -61,6 +61,7 @@ class RangeFold:
     messages: list[tuple[int, LogicalMessage]] = field(default_factory=list)
     skipped: list[SkippedTransaction] = field(default_factory=list)
     error: str | None = None  # the range failed: the driver path takes over from its start
+    columnar: bool = False  # folded column by column (applier.drivers.executors.columnar)
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # of the task's process: below ``seconds`` when the task waited for a CPU
 

@@ -24,7 +24,7 @@ from applier.storage.options import put_in_force
 
 def fold_range(job: FoldJob) -> RangeFold:
     """Decode, assemble and fold one range, exactly as the driver path would (see applier.drivers.executors)."""
-    from applier.assembly.feeder import TransactionFeeder
+    from applier.drivers.executors.columnar import fold_range_columnar
     from applier.protocol.decoder import MessageDecoder
 
     started, cpu_started = time.monotonic(), time.process_time()
@@ -33,15 +33,19 @@ def fold_range(job: FoldJob) -> RangeFold:
     result = RangeFold(job.range.index)
     scratch = tempfile.mkdtemp(prefix="applier-fold-")
     try:
-        feeder = TransactionFeeder.from_state(StateDir(scratch), job.apply, catalog_json=job.range.catalog,
-                                              check_order=False)
+        lsns, xids, datas = range_columns(job.range)
+        columnar = fold_range_columnar(job, _feeder(job, scratch), MessageDecoder(), lsns, datas)
+        if columnar is not None:
+            columnar.seconds = time.monotonic() - started
+            columnar.cpu_seconds = time.process_time() - cpu_started
+            return columnar
+        feeder = _feeder(job, scratch)
         feeder.messages = result.messages
         feeder.skipped = result.skipped
         decoder = MessageDecoder()
         per_path: dict[str, list[Any]] = {}
         truncate_error = job.apply.truncate == "error"
         tables = job.tables
-        lsns, xids, datas = range_columns(job.range)
         for txn, batches in feeder.feed_range(decoder, lsns, xids, datas):
             result.transactions += 1
             result.last_end_lsn = txn.end_lsn
@@ -74,6 +78,14 @@ def fold_range(job: FoldJob) -> RangeFold:
     result.seconds = time.monotonic() - started
     result.cpu_seconds = time.process_time() - cpu_started
     return result
+
+
+def _feeder(job: FoldJob, scratch: str) -> Any:
+    """A fresh feeder with the catalog at the range's start."""
+    from applier.assembly.feeder import TransactionFeeder
+
+    return TransactionFeeder.from_state(StateDir(scratch), job.apply, catalog_json=job.range.catalog,
+                                        check_order=False)
 
 
 def fold_pickled(job: FoldJob) -> bytes:

@@ -1,0 +1,203 @@
+"""Step 2's fast path: a range of plain transactions folded column by column (``apply.columnar_fold``).
+
+A backlog is mostly plain transactions (Begin, Inserts, Updates and Deletes, Commit), and the fold of
+a range of them is where a catch-up's CPU goes (bench/RESULTS.md: 5-10 us a change one message at a
+time). Here the whole range is read at once: its messages' kinds and relations as numpy arrays
+(applier.protocol.columnar), every column's values as one Arrow array converted by the copy's readers
+(applier.sources.typedcopy), and each table's keys folded by a sort (applier.sink.columnfold).
+
+It answers for a range only when every part of it is the plain case, and returns None otherwise,
+before it has changed anything but the scratch feeder it was given; task.fold_range then folds the
+range the reference way (message by message), which is also what reports any error. The plain case:
+only Begin, Relation, Type, Insert, Update, Delete and Commit messages, whole transactions, no commit
+to skip, a Relation that changes nothing once its table's changes began, and for every selected
+table a key the rows are merged on that is its replica identity, no excluded, metadata or soft-delete
+columns, only text and NULL values of types the copy reads in bulk, old tuples that hold the key only.
+tests/unit/sink/test_columnar_fold.py holds both ways to the same RangeFold on captured streams and
+random ranges of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from struct import error as StructError
+from typing import TYPE_CHECKING, Any
+
+from applier.catalog.batches import TableBatch
+from applier.drivers.executors.ranges import FoldJob, RangeFold
+from applier.errors import ApplierError
+from applier.protocol.columnar import message_block, relation_oids, scan_row_messages, text_values
+from applier.protocol.headers import BEGIN, COMMIT, DELETE, INSERT, OLD_KEY, RELATION, TYPE, UPDATE
+from applier.protocol.messages import Begin, Commit, Relation, Type
+from applier.sink.columnfold import fold_keyed_columns
+from applier.sink.fold import FoldedTable, table_spec
+from applier.sink.zerocol import is_zero_column
+from applier.sources.typedcopy import column_readers, text_column
+from applier.values import arrow_schema_for
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from applier.assembly.feeder import TransactionFeeder
+    from applier.protocol.decoder import MessageDecoder
+
+
+def fold_range_columnar(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns: Sequence[int],
+                        datas: Sequence[bytes]) -> RangeFold | None:
+    """The range's RangeFold made column by column, or None when the range is not the plain case (see
+    the module). ``feeder`` and ``decoder`` are fresh, and spoiled for any other use afterwards."""
+    if not job.apply.columnar_fold or not datas:
+        return None
+    try:
+        return _fold(job, feeder, decoder, lsns, datas)
+    except (ApplierError, StructError, ValueError, KeyError):  # the reference path says what is wrong
+        return None
+
+
+def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns: Sequence[int],
+          datas: Sequence[bytes]) -> RangeFold | None:
+    import numpy as np
+
+    block = message_block(datas)
+    kinds = block.kinds
+    n = len(kinds)
+    begins, commits = np.flatnonzero(kinds == BEGIN), np.flatnonzero(kinds == COMMIT)
+    # whole transactions back to back: B ... C B ... C, nothing between a C and the next B
+    if not begins.size or begins.size != commits.size or begins[0] != 0 or commits[-1] != n - 1 \
+            or np.any(commits <= begins) or np.any(begins[1:] != commits[:-1] + 1):
+        return None
+    rows = (kinds == INSERT) | (kinds == UPDATE) | (kinds == DELETE)
+    described = (kinds == RELATION) | (kinds == TYPE)
+    if np.count_nonzero(rows | described) + 2 * begins.size != n:
+        return None
+    ends, times = [], []
+    skip = feeder.assembler.skip_lsns
+    for b, c in zip(begins.tolist(), commits.tolist(), strict=True):
+        begin, commit = decoder.decode(datas[b], lsns[b]), decoder.decode(datas[c], lsns[c])
+        if not isinstance(begin, Begin) or not isinstance(commit, Commit) or commit.commit_lsn in skip:
+            return None
+        ends.append(commit.end_lsn)
+        times.append(commit.commit_time)
+    row_index = np.flatnonzero(rows)
+    oids = relation_oids(block, row_index)
+    first_change = _first_change(oids, row_index)
+    if not _described(feeder, decoder, lsns, datas, np.flatnonzero(described).tolist(), first_change):
+        return None
+    result = RangeFold(job.range.index, transactions=int(begins.size), last_end_lsn=ends[-1],
+                       last_commit_time=times[-1], columnar=True)
+    end_lsns = np.array(ends, dtype=np.uint64)
+    txn_of = np.searchsorted(begins, row_index, side="right") - 1
+    folded: list[tuple[int, FoldedTable]] = []
+    paths: set[str] = set()
+    for oid in first_change:
+        table = _fold_table(job, feeder, block, oid, row_index[oids == oid], txn_of[oids == oid], end_lsns, times)
+        if table is None:
+            return None
+        if table is _UNSELECTED:
+            continue
+        first, fold = table
+        if fold.path in paths:  # two relations into one table: the reference path lays them out
+            return None
+        paths.add(fold.path)
+        folded.append((first, fold))
+    result.folded = [fold for _first, fold in sorted(folded, key=lambda f: f[0])]
+    return result
+
+
+def _first_change(oids: np.ndarray, row_index: np.ndarray) -> dict[int, int]:
+    """Each relation's first row change (message index), in the order the range first meets them."""
+    import numpy as np
+
+    unique, at = np.unique(oids, return_index=True)
+    return dict(sorted(zip(unique.tolist(), row_index[at].tolist(), strict=True), key=lambda kv: kv[1]))
+
+
+def _described(feeder: TransactionFeeder, decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes],
+               at: list[int], first_change: dict[int, int]) -> bool:
+    """The Relation and Type messages into the catalog, as the assembler takes them; False when a
+    Relation changes a table whose changes in this range began before it (two schema versions)."""
+    catalog = feeder.catalog
+    for k in at:
+        msg = decoder.decode(datas[k], lsns[k])
+        if isinstance(msg, Type):
+            catalog.update_type(msg)
+            continue
+        if not isinstance(msg, Relation):
+            return False
+        before = catalog.get(msg.oid) if msg.oid in catalog else None
+        if catalog.update(msg) is not before and first_change.get(msg.oid, k) < k:
+            return False
+    return all(oid in catalog for oid in first_change)
+
+
+#: A relation whose table the configuration leaves out (or which has nothing after what is applied).
+_UNSELECTED: Any = object()
+
+
+def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, index: np.ndarray,
+                txn_of: np.ndarray, end_lsns: np.ndarray, times: list[int]) -> tuple[int, FoldedTable] | Any | None:
+    """One relation's changes folded: (its first message, the FoldedTable), _UNSELECTED, or None when
+    they are not the plain case."""
+    import numpy as np
+
+    schema = feeder.catalog.get(oid)
+    rel = schema.relation
+    if not job.tables.selected(f"{schema.namespace}.{rel.name}"):
+        return _UNSELECTED
+    path = job.paths.get((schema.namespace, rel.name))
+    if path is None:
+        return None
+    done = job.done.get(path)
+    if done is not None:
+        keep = end_lsns[txn_of] > np.uint64(done)
+        index, txn_of = index[keep], txn_of[keep]
+    if not index.size:
+        return _UNSELECTED
+    last = int(txn_of[-1])
+    batch = TableBatch(oid, schema.namespace, rel.name, schema, 0, int(end_lsns[last]), (), times[last])
+    types = feeder.types
+    spec = table_spec(batch, job.tables, types)
+    names = spec.column_names
+    if spec.extra is not None or is_zero_column(spec) or not spec.key_columns or spec.floating_point_key \
+            or spec.postgres_column_names != tuple(c.name for c in rel.columns):
+        return None
+    key_positions = tuple(names.index(k) for k in spec.key_columns)
+    if key_positions != tuple(schema.key_indexes):
+        return None
+    readers = column_readers(rel, types, arrow_schema_for(schema, types))
+    spans = scan_row_messages(block, index, len(rel.columns)) if readers is not None else None
+    if spans is None or np.any((spans.old_tags != 0) & (spans.old_tags != OLD_KEY)):
+        return None
+    removes, sets = spans.old_tags == OLD_KEY, spans.ops != DELETE
+    removed, written = np.flatnonzero(removes), np.flatnonzero(sets)
+    new_rows = []
+    for column, reader in enumerate(readers):  # type: ignore[arg-type]  # (None refused above)
+        values = _column(block, spans.new, column, written, len(index), reader)
+        if values is None:
+            return None
+        new_rows.append(values)
+    old_keys = []
+    for column in key_positions:
+        values = _column(block, spans.old, column, removed, len(index), readers[column])  # type: ignore[index]
+        if values is None:
+            return None
+        old_keys.append(values)
+    plan = fold_keyed_columns(names, key_positions, removes, sets, old_keys, new_rows)
+    if plan is None:
+        return None
+    return int(index[0]), FoldedTable(path, spec, schema, plan)
+
+
+def _column(block: Any, spans: Any, column: int, rows: np.ndarray, length: int, reader: Any) -> Any | None:
+    """Column ``column`` of the tuples ``rows``, typed, laid out over all ``length`` changes (NULL
+    elsewhere); None when a value is not plain text or NULL, or must take the per-value path."""
+    import numpy as np
+    import pyarrow as pa
+
+    raw = text_values(block, spans, column, rows)
+    typed = None if raw is None else text_column(raw, reader)
+    if typed is None:
+        return None
+    where = np.full(length, -1, dtype=np.int64)
+    where[rows] = np.arange(len(rows))
+    return typed.take(pa.array(where, mask=where < 0))
