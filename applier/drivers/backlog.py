@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 #: (bench/stream_read.py).
 GATHER_SECONDS = 0.001
 
+#: Frames the reader takes from libpq's buffer in one call (WalSenderStream.read_buffered).
+READ_AT_ONCE = 4096
+
 
 class StreamRanges:
     """The backlog of a started stream, surveyed and cut into ranges on a thread of its own (a
@@ -100,27 +103,36 @@ class StreamRanges:
         datas: list[bytes] = []
         start_catalog = survey.catalog.to_json()
         index = messages = 0
-        read, quiet, stopped = stream.read_message, self.quiet_seconds, self._stop.is_set
-        while not stopped():
-            frame = read(quiet, gather=GATHER_SECONDS)
-            if frame is None:
-                break  # quiet: the backlog is read
-            if isinstance(frame, PrimaryKeepalive):
-                if frame.wal_end >= target:
-                    break
-                continue
-            lsn, data = frame
-            add(lsn, data)
-            lsns.append(lsn)
-            datas.append(data)
-            messages += 1
-            if (len(lsns) >= self.partition_messages or lsn >= target) and may_cut_after(data):
-                self._put(surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsn, (lsns, datas)))
-                index += 1
-                lsns, datas = [], []
-                start_catalog = survey.catalog.to_json()
-                if lsn >= target:
-                    break
+        read, buffered, stopped = stream.read_message, stream.read_buffered, self._stop.is_set
+        quiet = self.quiet_seconds
+        reached = False
+        while not reached and not stopped():
+            new = len(lsns)
+            keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
+            if keepalive is None and len(lsns) == new:  # none: wait for the socket
+                frame = read(quiet, gather=GATHER_SECONDS)
+                if frame is None:
+                    break  # quiet: the backlog is read
+                if isinstance(frame, PrimaryKeepalive):
+                    keepalive = frame
+                else:
+                    lsns.append(frame[0])
+                    datas.append(frame[1])
+            k, end = new, len(lsns)
+            while k < end:  # each new message: its place checked, the catalog followed, a cut after it?
+                lsn, data = lsns[k], datas[k]
+                add(lsn, data)
+                messages += 1
+                k += 1
+                if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
+                    self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
+                    index += 1
+                    # what was read past the cut starts the next range (past the target: the tail)
+                    lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
+                    start_catalog = survey.catalog.to_json()
+                    reached = lsn >= target
+            if keepalive is not None and keepalive.wal_end >= target:
+                break
         survey.messages = messages
         if lsns:
             rest = surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsns[-1], (lsns, datas))

@@ -51,10 +51,10 @@ class PrimaryKeepalive:
 XLOG_DATA_TAG = 0x77  # 'w'
 PRIMARY_KEEPALIVE_TAG = 0x6B  # 'k'
 #: Where an XLogData's pgoutput message starts: after the tag and ``wire.XLOG_DATA``.
-_XLOG_HEAD = 1 + wire.XLOG_DATA.size
+XLOG_PAYLOAD_AT = 1 + wire.XLOG_DATA.size
 
 
-def xlog_payload(data: bytes | bytearray | memoryview, _head: int = _XLOG_HEAD,
+def xlog_payload(data: bytes | bytearray | memoryview, _head: int = XLOG_PAYLOAD_AT,
                  _start: Callable[..., tuple[int]] = wire.UINT64.unpack_from,
                  _tag: int = XLOG_DATA_TAG) -> tuple[int, bytes] | None:
     """``(wal_start, payload)`` of an XLogData frame, None for anything else (a keepalive, a damaged
@@ -74,7 +74,7 @@ def parse_copy_data(data: bytes, *, lsn: int | None = None) -> XLogData | Primar
         raise DecodeError("empty CopyData message", offset=0, lsn=lsn)
     tag = data[0]
     if tag == XLOG_DATA_TAG:
-        head = _XLOG_HEAD
+        head = XLOG_PAYLOAD_AT
         if n < head:
             raise DecodeError("truncated XLogData header", kind="XLogData", offset=n, lsn=lsn)
         wal_start, wal_end, send_time = wire.XLOG_DATA.unpack_from(data, 1)

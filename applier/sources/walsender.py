@@ -22,7 +22,10 @@ from psycopg import pq
 
 from applier.errors import TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
+from applier.protocol import wire
 from applier.protocol.replication import (
+    XLOG_DATA_TAG,
+    XLOG_PAYLOAD_AT,
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
@@ -213,6 +216,40 @@ class WalSenderStream:
         self._keepalive(frame)
         self._status_if_due()
         return frame
+
+    def read_buffered(self, lsns: list[int], datas: list[bytes], limit: int) -> PrimaryKeepalive | None:
+        """Up to ``limit`` XLogData frames that libpq holds already, appended as ``(wal_start, payload)``
+        to ``lsns`` and ``datas``, without waiting for the socket: read_message's work in one loop for
+        a run of frames (the catch-up's reader: a call and a tuple per frame were a third of its CPU).
+        Stops at the first other frame: a keepalive is handled as read_message handles it, and returned;
+        a damaged frame raises as there; the end of the stream is left to the next ``read_message``,
+        which raises with the server's word."""
+        get, tag, head, unpack = self.pgconn.get_copy_data, XLOG_DATA_TAG, XLOG_PAYLOAD_AT, wire.UINT64.unpack_from
+        append_lsn, append_data = lsns.append, datas.append
+        got = 0
+        keepalive = None
+        while got < limit:
+            n, data = get(1)
+            if n <= 0:
+                break
+            if data[0] == tag and n >= head:
+                append_lsn(unpack(data, 1)[0])
+                append_data(bytes(data[head:]))
+                got += 1
+                continue
+            self.frames_read += 1
+            frame = parse_copy_data(bytes(data))  # raises, with its offset, for a damaged frame
+            if isinstance(frame, XLogData):  # (not reached: the test above takes every XLogData)
+                append_lsn(frame.wal_start)
+                append_data(frame.payload)
+                got += 1
+                continue
+            self._keepalive(frame)
+            keepalive = frame
+            break
+        self.frames_read += got
+        self._status_if_due()
+        return keepalive
 
     def _keepalive(self, frame: PrimaryKeepalive) -> None:
         self.server_wal_end = max(self.server_wal_end, frame.wal_end)
