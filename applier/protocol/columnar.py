@@ -34,7 +34,7 @@ from applier.protocol.headers import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MessageBlock", "RowSpans", "TupleSpans", "message_block", "relation_oids", "scan_row_messages",
+__all__ = ["MAX_CELLS", "MessageBlock", "RowSpans", "TupleSpans", "message_block", "relation_oids", "scan_row_messages",
            "text_values"]
 
 #: Zero bytes after the last message: a read a few bytes past a message's end (a length read at a
@@ -74,30 +74,40 @@ def message_block(datas: Sequence[bytes]) -> MessageBlock:
 
 @dataclass(frozen=True, slots=True)
 class TupleSpans:
-    """Column ``c`` of row ``r`` of some TupleDatas: kind byte ``kinds[c, r]`` (0 for a row without
-    this tuple), value bytes ``buf[starts[c, r]:starts[c, r] + lengths[c, r]]`` (length 0 unless 't'/'b')."""
+    """Column ``c`` of the ``r``-th of some TupleDatas: kind byte ``kinds[c, r]``, value bytes
+    ``buf[starts[c, r]:starts[c, r] + lengths[c, r]]`` (length 0 unless 't' or 'b')."""
 
     kinds: np.ndarray  # (columns, rows) uint8
-    starts: np.ndarray  # (columns, rows) int64
-    lengths: np.ndarray  # (columns, rows) int64
+    starts: np.ndarray  # (columns, rows) int32 (a block of 2 GiB or more is not scanned)
+    lengths: np.ndarray  # (columns, rows) int32
 
 
 @dataclass(frozen=True, slots=True)
 class RowSpans:
     """The tuples of Insert, Update and Delete messages of one relation (outside stream blocks)."""
 
-    ops: np.ndarray  # uint8: INSERT, UPDATE or DELETE per row
+    ops: np.ndarray  # uint8: INSERT, UPDATE or DELETE per message
     old_tags: np.ndarray  # uint8: OLD_KEY, OLD_ROW, or 0 (no old tuple)
-    old: TupleSpans  # rows without an old tuple have kind 0 in every column
-    new: TupleSpans  # a Delete's row has kind 0 in every column
+    old_rows: np.ndarray  # the messages with an old tuple (a Delete, an Update with one) ...
+    old: TupleSpans  # ... and their old tuples, in that order
+    new_rows: np.ndarray  # the messages with a new tuple (an Insert or Update) ...
+    new: TupleSpans  # ... and their new tuples
+
+
+#: The most column values one scan lays out (9 bytes each, per tuple): a wider or longer run of
+#: messages is the reference path's, so that a range of a very wide table cannot take gigabytes.
+MAX_CELLS = 32 << 20
 
 
 def scan_row_messages(block: MessageBlock, index: np.ndarray, natts: int) -> RowSpans | None:
     """The tuples of the messages ``index`` of ``block``, every one an Insert, Update or Delete outside a
-    stream block whose tuples have ``natts`` columns; None when one is not exactly that."""
+    stream block whose tuples have ``natts`` columns; None when one is not exactly that (or the run
+    is over MAX_CELLS values, or the block is 2 GiB or more)."""
     import numpy as np
 
     buf, size = block.buf, len(block.buf) - _PAD
+    if size >= 1 << 31 or natts * len(index) > MAX_CELLS:
+        return None
     ops = block.kinds[index]
     start = block.starts[index]
     end = block.starts[index + 1]
@@ -109,17 +119,14 @@ def scan_row_messages(block: MessageBlock, index: np.ndarray, natts: int) -> Row
     if np.any((ops == INSERT) & has_old) or np.any((ops == DELETE) & ~has_old) \
             or np.any(~has_old & (tags != NEW_TUPLE)):
         return None
-    rows = len(index)
-    old = _empty(natts, rows)
     new_at = start + CHANGE_TUPLE_AT
     old_rows = np.flatnonzero(has_old)
+    old = _empty(natts)
     if old_rows.size:
-        scanned = _scan(buf, size, start[old_rows] + CHANGE_TUPLE_AT, end[old_rows], natts)
+        scanned = _scan(buf, start[old_rows] + CHANGE_TUPLE_AT, end[old_rows], natts)
         if scanned is None:
             return None
-        spans, after = scanned
-        for name in ("kinds", "starts", "lengths"):
-            getattr(old, name)[:, old_rows] = getattr(spans, name)
+        old, after = scanned
         deletes = ops[old_rows] == DELETE
         if np.any(after[deletes] != end[old_rows][deletes]):  # a Delete ends with its old tuple
             return None
@@ -128,43 +135,41 @@ def scan_row_messages(block: MessageBlock, index: np.ndarray, natts: int) -> Row
         if np.any(after >= end[updates]) or np.any(buf[after] != NEW_TUPLE):
             return None
         new_at[updates] = after + 1
-    new = _empty(natts, rows)
     new_rows = np.flatnonzero(ops != DELETE)
+    new = _empty(natts)
     if new_rows.size:
-        scanned = _scan(buf, size, new_at[new_rows], end[new_rows], natts)
+        scanned = _scan(buf, new_at[new_rows], end[new_rows], natts)
         if scanned is None:
             return None
-        spans, after = scanned
+        new, after = scanned
         if np.any(after != end[new_rows]):
             return None
-        for name in ("kinds", "starts", "lengths"):
-            getattr(new, name)[:, new_rows] = getattr(spans, name)
-    return RowSpans(ops, np.where(has_old, tags, 0).astype(np.uint8), old, new)
+    return RowSpans(ops, np.where(has_old, tags, 0).astype(np.uint8), old_rows, old, new_rows, new)
 
 
-def text_values(block: MessageBlock, spans: TupleSpans, column: int, rows: np.ndarray) -> Any | None:
-    """Column ``column`` of the tuples ``rows`` as a pyarrow binary array (NULL for 'n'), built over
-    the values' bytes without a Python object per value; None when one of them is not 't' or 'n'
-    (unchanged TOAST 'u' and binary 'b' values are the reference path's)."""
+def text_values(block: MessageBlock, spans: TupleSpans, column: int) -> Any | None:
+    """Column ``column`` of every tuple of ``spans`` as a pyarrow binary array (NULL for 'n'), built
+    over the values' bytes without a Python object per value; None when one of them is not 't' or
+    'n' (unchanged TOAST 'u' and binary 'b' values are the reference path's)."""
     import numpy as np
     import pyarrow as pa
 
-    kinds = spans.kinds[column, rows]
+    kinds = spans.kinds[column]
     text = kinds == _TEXT
     if not np.all(text | (kinds == _NULL)):
         return None
-    lengths = np.where(text, spans.lengths[column, rows], 0)
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    lengths = np.where(text, spans.lengths[column], 0).astype(np.int64)
+    offsets = np.zeros(len(kinds) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
     if total >= 1 << 31:  # beyond a binary array's Int32 offsets: the reference path
         return None
     # every value's bytes gathered in order: position k of value r is starts[r] + (k - offsets[r])
-    gather = np.repeat(spans.starts[column, rows] - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+    gather = np.repeat(spans.starts[column] - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
     data = block.buf[gather]
     validity = None if text.all() else pa.py_buffer(np.packbits(text, bitorder="little"))
-    return pa.Array.from_buffers(pa.binary(), len(rows), [validity, pa.py_buffer(offsets.astype(np.int32)),
-                                                          pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.binary(), len(kinds), [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                           pa.py_buffer(data)])
 
 
 def relation_oids(block: MessageBlock, index: np.ndarray) -> np.ndarray:
@@ -172,15 +177,14 @@ def relation_oids(block: MessageBlock, index: np.ndarray) -> np.ndarray:
     return block.uint32_at(index, CHANGE_OID_AT)
 
 
-def _empty(natts: int, rows: int) -> TupleSpans:
+def _empty(natts: int, rows: int = 0) -> TupleSpans:
     import numpy as np
 
-    return TupleSpans(np.zeros((natts, rows), dtype=np.uint8), np.zeros((natts, rows), dtype=np.int64),
-                      np.zeros((natts, rows), dtype=np.int64))
+    return TupleSpans(np.zeros((natts, rows), dtype=np.uint8), np.zeros((natts, rows), dtype=np.int32),
+                      np.zeros((natts, rows), dtype=np.int32))
 
 
-def _scan(buf: np.ndarray, size: int, at: np.ndarray, end: np.ndarray,
-          natts: int) -> tuple[TupleSpans, np.ndarray] | None:
+def _scan(buf: np.ndarray, at: np.ndarray, end: np.ndarray, natts: int) -> tuple[TupleSpans, np.ndarray] | None:
     """TupleDatas at positions ``at`` of messages ending at ``end``: their spans and the position after
     each, or None when one is not a TupleData of ``natts`` columns inside its message."""
     import numpy as np
@@ -196,13 +200,13 @@ def _scan(buf: np.ndarray, size: int, at: np.ndarray, end: np.ndarray,
         sized = (kind == _TEXT) | (kind == _BINARY)
         if not np.all(sized | (kind == _NULL) | (kind == _UNCHANGED)):
             return None
-        length = np.where(sized, _be32(buf, np.minimum(p + 1, size)), 0)
+        length = np.where(sized, _be32(buf, p + 1), 0)
         spans.kinds[column] = kind
         spans.starts[column] = p + 5
-        spans.lengths[column] = length
         p = np.where(sized, p + 5 + length, p + 1)  # lengths read unsigned: a bad one overruns its message
         if np.any(p > end):
             return None
+        spans.lengths[column] = length  # (at most the message's size here: it fits an int32)
     return spans, p
 
 

@@ -169,16 +169,15 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
     if spans is None or np.any((spans.old_tags != 0) & (spans.old_tags != OLD_KEY)):
         return None
     removes, sets = spans.old_tags == OLD_KEY, spans.ops != DELETE
-    removed, written = np.flatnonzero(removes), np.flatnonzero(sets)
     new_rows = []
     for column, reader in enumerate(readers):  # type: ignore[arg-type]  # (None refused above)
-        values = _column(block, spans.new, column, written, len(index), reader)
+        values = _column(block, spans.new, column, spans.new_rows, len(index), reader)
         if values is None:
             return None
         new_rows.append(values)
     old_keys = []
     for column in key_positions:
-        values = _column(block, spans.old, column, removed, len(index), readers[column])  # type: ignore[index]
+        values = _column(block, spans.old, column, spans.old_rows, len(index), readers[column])  # type: ignore[index]
         if values is None:
             return None
         old_keys.append(values)
@@ -189,12 +188,13 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
 
 
 def _column(block: Any, spans: Any, column: int, rows: np.ndarray, length: int, reader: Any) -> Any | None:
-    """Column ``column`` of the tuples ``rows``, typed, laid out over all ``length`` changes (NULL
-    elsewhere); None when a value is not plain text or NULL, or must take the per-value path."""
+    """Column ``column`` of the tuples ``spans`` (of the changes ``rows``), typed, laid out over all
+    ``length`` changes (NULL elsewhere); None when a value is not plain text or NULL, or must take the
+    per-value path."""
     import numpy as np
     import pyarrow as pa
 
-    raw = text_values(block, spans, column, rows)
+    raw = text_values(block, spans, column)
     typed = None if raw is None else text_column(raw, reader)
     if typed is None:
         return None
