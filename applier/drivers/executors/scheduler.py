@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from applier.changes import SkippedTransaction
 from applier.drivers.executors.ranges import FoldJob, LogRange, RangeFold
-from applier.drivers.executors.task import collect, fold_pickled, unpickled_fold
+from applier.drivers.executors.task import collect, fold_pickled, fold_range, imported, unpickled_fold
 from applier.errors import SinkError
 from applier.protocol.messages import LogicalMessage
 from applier.sink.combine import combine_plans
@@ -29,7 +29,8 @@ def fold_on_executors(spark: SparkSession, jobs: Iterable[FoldJob]) -> Iterator[
     sc = spark.sparkContext
     depth = max(1, sc.defaultParallelism) + 1
     upcoming = iter(jobs)
-    with ThreadPoolExecutor(depth, thread_name_prefix="applier-fold") as pool:
+    with ThreadPoolExecutor(depth + 1, thread_name_prefix="applier-fold") as pool:
+        pool.submit(warm_up, sc)  # while the first range is cut (its error, if any, is the ranges' too)
         pending: deque[Future[list[bytes]]] = deque()
 
         def submit() -> None:
@@ -44,6 +45,23 @@ def fold_on_executors(spark: SparkSession, jobs: Iterable[FoldJob]) -> Iterator[
             (payload,) = pending.popleft().result()
             submit()
             yield unpickled_fold(payload)
+
+
+def warm_up(sc: Any) -> None:
+    """One task per core that imports the fold's modules: Spark's Python workers start and import
+    them (about a second of CPU each) while the driver still reads the first range, not when it is
+    ready to fold (bench/catchup.py: workers then started 3-5 s into the catch-up). The workers are
+    reused by the ranges' tasks that follow."""
+    cores = max(1, sc.defaultParallelism)
+    sc.runJob(sc.parallelize(range(cores), cores).map(imported), collect)
+
+
+def fold_in_process(jobs: Iterable[FoldJob]) -> Iterator[RangeFold]:
+    """The folds of ``jobs`` in their order, made here one after the other (``distributed.backlog_folds:
+    driver``): the executors' own fold, without a Spark job, a pickled range or a pickled plan. (The
+    caller, fold_and_commit, runs with the automatic garbage collector off, as a task does.)"""
+    for job in jobs:
+        yield fold_range(job)
 
 
 class FoldGroup:

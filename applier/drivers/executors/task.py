@@ -88,6 +88,15 @@ def _feeder(job: FoldJob, scratch: str) -> Any:
                                         check_order=False)
 
 
+def imported(_: object) -> bytes:
+    """The warm-up task (scheduler.warm_up): the modules a range's fold needs, imported."""
+    import applier.assembly.feeder  # noqa: F401
+    import applier.drivers.executors.columnar  # noqa: F401
+    import applier.protocol.decoder  # noqa: F401
+
+    return b""
+
+
 def fold_pickled(job: FoldJob) -> bytes:
     """The task: a range's fold, pickled for the driver, with the automatic garbage collector off as in
     the driver path's loop (applier.infra.gcpolicy: it would scan the range's objects again and again)."""
