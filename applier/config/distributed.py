@@ -25,6 +25,12 @@ class DistributedSettings(SettingsModel):
         64, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
         "the server's flush position, in MiB) caught up on executors; the mirror then follows the stream on the "
         "driver")
+    backlog_folds: Literal["auto", "executors", "driver"] = Field(
+        "auto", description="mirror: where the ranges of a backlog caught up in ranges are folded: executors (one "
+        "Spark task per range), driver (in the mirror's own process while a thread reads on; no Spark needed for "
+        "it), or auto, the default: executors when Spark's master is a cluster, the driver when it is local. On one "
+        "machine the driver is cheaper: shipping a range to a Spark Python worker and its fold back costs more CPU "
+        "than folding it column by column (bench/RESULTS.md)")
     partition_messages: int = Field(
         250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
         "is open, so a range may be longer)")

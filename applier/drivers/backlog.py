@@ -194,10 +194,24 @@ def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop
     unfit = folds_unfit(config.apply, config.tables, loop.state)
     if unfit is not None:
         return unfit
+    if folds_on_driver(config):
+        return None  # no Spark needed
     if settings.mode == "auto" and session_of(spark, f"a backlog of {backlog_bytes >> 20} MiB to catch up on "
                                               "executors (distributed.mode)").sparkContext.defaultParallelism < 2:
         return "Spark has one core"
     return None
+
+
+def folds_on_driver(config: MirrorConfig) -> bool:
+    """Whether a backlog's ranges are folded in this process rather than on Spark's executors
+    (``distributed.backlog_folds``; auto: when Spark's master, as it would be chosen, is local)."""
+    choice = config.distributed.backlog_folds
+    if choice != "auto":
+        return choice == "driver"
+    from applier.spark.session import preset_master
+
+    master = preset_master() or config.spark.master or "local[*]"
+    return master.startswith("local")
 
 
 def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
@@ -236,7 +250,8 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
 
     started = time.monotonic()
     try:
-        session = session_of(spark, "catching up a backlog on executors")
+        on_driver = folds_on_driver(config)
+        session = None if on_driver else session_of(spark, "catching up a backlog on executors")
         summary = fold_and_commit(session, config.apply, config.tables, loop, source, progress=progress,
                                   progress_every=progress_every, drive=drive, whole_source_first=False,
                                   may_commit=may_commit,
@@ -248,7 +263,8 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     if not fed:
         executors_part()  # the catalog as at the end of the backlog is the loop's (fold_and_commit)
     loop.messages += survey.messages - fed
-    progress(f"catch-up on executors: {survey.messages - fed} messages in {summary.ranges} ranges, "
+    where = "on the driver" if on_driver else "on executors"
+    progress(f"catch-up {where}: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "
              f"in {time.monotonic() - started:.1f}s (reading {source.seconds:.1f}s, "
              f"{source.cpu_seconds:.1f}s of it CPU, {stream.frames_read / max(stream.socket_reads, 1):.0f} "

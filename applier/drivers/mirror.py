@@ -27,7 +27,7 @@ import psycopg
 
 from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
-from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors
+from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors, folds_on_driver
 from applier.drivers.follow import FollowStats, ReplicationFollower, SlotFollower, SqlFollower
 from applier.drivers.initial_copy import copy_tables
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
@@ -421,7 +421,8 @@ class Mirror:
             if self.config.distributed.mode == "on":
                 log.warning("catching up on the driver, not on executors: %s", why_not)
             return
-        self.progress(f"backlog of {backlog >> 20} MiB: catching up to {format_lsn(flush)} on Spark's executors")
+        where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
+        self.progress(f"backlog of {backlog >> 20} MiB: catching up to {format_lsn(flush)} {where}")
         catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
                               may_commit=self._may_commit, progress=self.progress,
                               progress_every=self.progress_every, backlog=backlog)

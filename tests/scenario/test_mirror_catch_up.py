@@ -32,11 +32,11 @@ CASES = {
 }
 
 
-def _config(pg, target: Path, publication: str, **source: object) -> MirrorConfig:
+def _config(pg, target: Path, publication: str, folds: str = "executors", **source: object) -> MirrorConfig:
     return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication=publication, **source),
                         target=TargetSettings(path=str(target)),
                         apply=ApplySettings(max_group_transactions=9, max_group_seconds=1.0),
-                        distributed=DistributedSettings(mode="on", partition_messages=37))
+                        distributed=DistributedSettings(mode="on", partition_messages=37, backlog_folds=folds))
 
 
 def _assert_equal(spark, conn, target: Path, tables: list[tuple[str, str]]) -> None:
@@ -44,15 +44,18 @@ def _assert_equal(spark, conn, target: Path, tables: list[tuple[str, str]]) -> N
         assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
 
 
-def _executor_lines(lines: list[str]) -> list[str]:
-    return [line for line in lines if line.startswith("catch-up on executors:")]
+def _executor_lines(lines: list[str], folds: str = "executors") -> list[str]:
+    where = "on executors" if folds == "executors" else "on the driver"
+    return [line for line in lines if line.startswith(f"catch-up {where}:")]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, case):
+@pytest.mark.parametrize(("case", "folds"), [(c, f) for f in ("executors", "driver") for c in sorted(CASES)])
+def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, case, folds):
+    """Folded on Spark's executors, or in the mirror's process (``distributed.backlog_folds: driver``, the
+    default on a local Spark): the same ranges, combined and committed alike."""
     two_phase = bool(CASES[case].get("two_phase"))
     target = tmp_path / "delta"
-    config = _config(pg, target, "rw_pub", **CASES[case])
+    config = _config(pg, target, "rw_pub", folds, **CASES[case])
     with pg.connect() as conn:
         conn.execute(SCHEMA)
         random_workload(conn, 21, transactions=15)
@@ -62,7 +65,7 @@ def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, c
         conn.execute("INSERT INTO rw_bag VALUES (-1, 'last')")
         lines: list[str] = []
         summary = mirror(spark, config, once=True, progress=lines.append)
-        done = _executor_lines(lines)
+        done = _executor_lines(lines, folds)
         assert len(done) == 1 and " 0 ranges" not in done[0], lines
         print("\n".join(lines))
         assert summary.transactions >= 40
@@ -77,7 +80,7 @@ def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, c
         conn.execute("INSERT INTO rw_bag VALUES (-2, 'last')")
         lines.clear()
         mirror(spark, config, once=True, progress=lines.append)
-        assert _executor_lines(lines), lines
+        assert _executor_lines(lines, folds), lines
         _assert_equal(spark, conn, target, TABLES)
         assert mirror(spark, config, once=True).transactions == 0  # everything confirmed, nothing re-applied
 
@@ -128,7 +131,7 @@ def test_killed_inside_a_catch_up_on_executors_and_restarted_ends_equal(pg, spar
         "source": source,
         "target": {"path": str(target)},
         "apply": {"max_group_transactions": 5},
-        "distributed": {"mode": "on", "partition_messages": 37},
+        "distributed": {"mode": "on", "partition_messages": 37, "backlog_folds": "executors"},
     }
     config.write_text(yaml.safe_dump(settings))
     in_process = MirrorConfig.model_validate({**settings, "source": {**source, "dsn": pg.dsn}})

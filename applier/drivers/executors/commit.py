@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from applier.catalog import SchemaVersion
 from applier.config import ApplySettings, ReplayConfig, TablesSettings
 from applier.drivers.executors.ranges import FoldJob, LogRange
-from applier.drivers.executors.scheduler import FoldGroup, fold_on_executors
+from applier.drivers.executors.scheduler import FoldGroup, fold_in_process, fold_on_executors
 from applier.drivers.executors.survey import LogSurvey, RangeSource
 from applier.infra.gcpolicy import after_group, collect_between_groups
 from applier.infra.progress import Backlog, Progress, ProgressReport
@@ -43,7 +43,7 @@ def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLo
                            progress_every=progress_every, drive=drive, whole_source_first=True)
 
 
-def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
+def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: TablesSettings, loop: ApplyLoop,
                     source: RangeSource, *, progress: Progress | None, progress_every: float,
                     drive: Callable[[list[LogRange]], ApplyStats], whole_source_first: bool,
                     may_commit: MayCommit | None = None, span: tuple[int, int] | None = None) -> ApplyStats:
@@ -52,7 +52,7 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     or a group ``may_commit`` refused). ``whole_source_first``: wait for the source to end before the
     first commit (a stored log's order check covers all of it); a live stream commits as it goes,
     like the driver path. ``span``: the backlog's first and last LSN, for a done fraction and an ETA
-    in the progress lines."""
+    in the progress lines. ``spark`` None: the ranges are folded in this process (fold_in_process)."""
     applier = loop.applier
     state = loop.state
     skip = sorted({*apply.skip_transactions, *(state.load("skipped") or [])}, key=parse_lsn)
@@ -119,13 +119,14 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
         return not handed_over
 
     folded = 0
-    timings = {"waiting for executors": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0,
+    timings = {"waiting for folds": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0,
                "of it CPU": 0.0}
     clock = time.monotonic()
     try:
         with collect_between_groups():
-            for fold in fold_on_executors(spark, jobs()):
-                timings["waiting for executors"] += time.monotonic() - clock
+            folds = fold_on_executors(spark, jobs()) if spark is not None else fold_in_process(jobs())
+            for fold in folds:
+                timings["waiting for folds"] += time.monotonic() - clock
                 if survey is None and whole_source_first:  # nothing is used before the whole log is in order
                     survey = source.result()
                     log.info("survey of the log: %.1f s, %d ranges%s", source.seconds, len(survey.ranges),
@@ -173,7 +174,8 @@ def fold_and_commit(spark: SparkSession, apply: ApplySettings, tables: TablesSet
     survey = source.result()  # no range at all, or the source failed (raised here)
     if survey.tail is not None:
         handed_over.append(survey.tail)
-    log.info("folding and committing on executors: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    log.info("folding and committing %s: %s", "on executors" if spark is not None else "on the driver",
+             ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     # every group's commits exist: counted, and confirmed (with the catalog as at the end of the source
     # saved first, when the executors took all of it; else the driver path goes on from its own)
     loop.folded_applied(catalog=None if handed_over else survey.catalog)
