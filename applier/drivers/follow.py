@@ -170,6 +170,9 @@ class ReplicationFollower(SlotFollower):
                     self.stats.confirmed_lsn = self.loop.confirmed_lsn
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
+                # --once ends on a keepalive at or past the target: ask for one now rather than after
+                # half a second of silence (a caught-up backlog is often already there)
+                stream.send_status(reply_requested=True)
             last_report = time.monotonic()
             while not self.stop.is_set():
                 try:
