@@ -52,3 +52,37 @@ def test_what_a_table_has_applied_is_left_out_alike():
         same(fast, fold(lsns, datas, before[0], paths, columnar=False, done=done))
         compared += fast.columnar
     assert compared >= 0
+
+
+def test_a_damaged_message_in_a_plain_range_folds_as_the_reference_says():
+    """Cut short, a byte changed, bytes added, in one row message of a range the fast path folds: both
+    ways give the same RangeFold (most often the reference's error), never another fold."""
+    fixture = next(f for f in FIXTURES if f.stem.endswith("basic_proto1_text"))
+    lsns, datas = captured(fixture)
+    before, tables = catalogs(lsns, datas)
+    paths = {t: f"/delta/{t[0]}.{t[1]}" for t in tables}
+    rng = random.Random("damaged columnar")
+    ranges = [(a, b) for a, b in cuts(datas, rng, most=30)
+              if fold(lsns[a:b], datas[a:b], before[a], paths, columnar=True).columnar]
+    assert ranges
+    damaged = 0
+    for _ in range(150):
+        a, b = rng.choice(ranges)
+        rows = [i for i in range(a, b) if datas[i][:1] in (b"I", b"U", b"D")]
+        if not rows:
+            continue
+        at = rng.choice(rows)
+        data = datas[at]
+        how = rng.randrange(3)
+        if how == 0:
+            bad = data[:rng.randrange(1, len(data))]
+        elif how == 1:
+            k = rng.randrange(len(data))
+            bad = data[:k] + bytes([rng.randrange(256)]) + data[k + 1:]
+        else:
+            bad = data + bytes(rng.randrange(1, 6))
+        changed = datas[a:at] + [bad] + datas[at + 1:b]
+        same(fold(lsns[a:b], changed, before[a], paths, columnar=True),
+             fold(lsns[a:b], changed, before[a], paths, columnar=False))
+        damaged += 1
+    assert damaged > 100
