@@ -13,8 +13,10 @@ only Begin, Relation, Type, Insert, Update, Delete and Commit messages, whole tr
 to skip, a Relation that changes nothing once its table's changes began, and for every selected
 table a key the rows are merged on that is its replica identity, no excluded, metadata or soft-delete
 columns, only text and NULL values of types the copy reads in bulk, old tuples that hold the key only.
-tests/unit/sink/test_columnar_fold.py holds both ways to the same RangeFold on captured streams and
-random ranges of them.
+tests/unit/sink/test_columnar_fold.py (captured streams, damaged messages) and
+tests/integration/test_columnar_workload.py (a random workload of many types) hold both ways to the
+same RangeFold on random ranges. A mirror's backlog on a local Spark runs the same fold_range in the
+mirror's process (scheduler.fold_in_process), so this path is taken there too.
 """
 
 from __future__ import annotations
