@@ -67,7 +67,7 @@ def fold_keyed_columns(columns: Sequence[str], key_positions: tuple[int, ...], r
     writes = final_position % 2 == 1
     rows_at = final_position[writes] // 2
     row_values = [column.take(pa.array(rows_at)).to_pylist() for column in new_rows]
-    rows = zip(*row_values, strict=True) if row_values else iter([()] * len(rows_at))
+    rows = zip(*row_values, strict=True)  # (a keyed table has a column: its key)
     key_tuples = list(zip(*key_values, strict=True))
     entries = [KeyedRow(next(rows), _NO_COLUMNS, None) if write else KeyedRow(None, lookup_key=key)
                for key, write in zip(key_tuples, writes.tolist(), strict=True)]

@@ -92,7 +92,8 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
     folded: list[tuple[int, FoldedTable]] = []
     paths: set[str] = set()
     for oid in first_change:
-        table = _fold_table(job, feeder, block, oid, row_index[oids == oid], txn_of[oids == oid], end_lsns, times)
+        mine = oids == oid
+        table = _fold_table(job, feeder, block, oid, row_index[mine], txn_of[mine], end_lsns, times)
         if table is None:
             return None
         if table is _UNSELECTED:
