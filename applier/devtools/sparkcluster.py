@@ -57,24 +57,48 @@ class StandaloneCluster:
                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def start(self) -> None:
+        """The master first, then the worker at the ports the master really bound.
+
+        Why: a port free when chosen can be taken before the master binds it (tests run in parallel),
+        and Spark then binds the next one; asking the chosen port would reach some other server.
+        """
         self._daemon("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                      "--port", str(self.port), "--webui-port", str(self.webui_port))
-        self._daemon("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                     "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                     "--work-dir", str(self.workdir / "work"), self.url)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if [w for w in master_json(self.webui_port).get("workers", []) if w.get("state") == "ALIVE"]:
-                    return
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self.procs):
-                break
-            time.sleep(1)
-        logs = "\n".join((self.workdir / f"{n}.log").read_text(errors="replace")[-1500:] for n in ("master", "worker"))
+        ports = self._bound_ports(deadline)
+        if ports is not None:
+            self.port, self.webui_port = ports
+            self.url = f"spark://127.0.0.1:{self.port}"
+            self._daemon("worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                         "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
+                         "--work-dir", str(self.workdir / "work"), self.url)
+            while time.monotonic() < deadline:
+                try:
+                    if [w for w in master_json(self.webui_port).get("workers", []) if w.get("state") == "ALIVE"]:
+                        return
+                except (OSError, ValueError):  # not listening yet, or an empty answer while it starts
+                    pass
+                if any(p.poll() is not None for p in self.procs):
+                    break
+                time.sleep(1)
+        logs = "\n".join((self.workdir / f"{n}.log").read_text(errors="replace")[-1500:]
+                         for n in ("master", "worker") if (self.workdir / f"{n}.log").is_file())
         self.stop()
         raise EnvironmentSetupError(f"the standalone Spark cluster did not come up:\n{logs}")
+
+    def _bound_ports(self, deadline: float) -> tuple[int, int] | None:
+        """The master's RPC and web UI ports from its log, once both are bound (None: it died or timed out)."""
+        found: dict[str, int] = {}
+        while time.monotonic() < deadline and self.procs[0].poll() is None:
+            text = (self.workdir / "master.log").read_text(errors="replace")
+            for service in ("sparkMaster", "MasterUI"):
+                marker = f"Successfully started service '{service}' on port "
+                if marker in text:
+                    found[service] = int(text.split(marker, 1)[1].split(".", 1)[0])
+            if len(found) == 2:
+                return found["sparkMaster"], found["MasterUI"]
+            time.sleep(0.2)
+        return None
 
     def stop(self) -> None:
         for proc in self.procs:
