@@ -179,8 +179,11 @@ class StreamRanges:
         self._thread.join()
 
 
-def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, backlog_bytes: int) -> str | None:
-    """None when a backlog of ``backlog_bytes`` of WAL is to be caught up on executors, else why not.
+def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, backlog_bytes: int, *,
+                         following: bool = False) -> str | None:
+    """None when a backlog of ``backlog_bytes`` of WAL is to be caught up in ranges, else why not.
+    ``following``: the mirror fell that far behind while following (``distributed.follow_backlog_mb``,
+    checked by the follower); folds on the driver need no more, executors still need ``min_backlog_mb``.
 
     Spark's cores are asked last: a provider (applier.spark.session) is started only for a backlog
     that is otherwise one for executors."""
@@ -189,7 +192,8 @@ def catch_up_eligibility(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop
         return "distributed.mode is 'off'"
     if config.source.read_mode != "replication":
         return "source.read_mode is 'sql'"
-    if settings.mode == "auto" and backlog_bytes < settings.min_backlog_mb << 20:
+    if settings.mode == "auto" and backlog_bytes < settings.min_backlog_mb << 20 \
+            and not (following and folds_on_driver(config)):
         return f"the backlog ({backlog_bytes >> 20} MiB) is under distributed.min_backlog_mb"
     unfit = folds_unfit(config.apply, config.tables, loop.state)
     if unfit is not None:

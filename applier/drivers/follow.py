@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import psycopg
 
@@ -35,8 +36,53 @@ class FollowStats:
     stopped_by: str = "end"
 
 
-#: A large backlog caught up before the stream is followed on (``ReplicationFollower``'s ``catch_up``)
-CatchUp = Callable[[WalSenderStream, int, int, Callable[[int, bytes], None]], None]
+class CatchUp(Protocol):
+    """A backlog caught up in ranges (``ReplicationFollower``'s ``catch_up``): the started stream, the
+    server's flush position, the backlog's bytes of WAL and the feed into the loop; ``following``: the
+    follower fell behind. Returns whether it caught up (False: the backlog is not one for ranges)."""
+
+    def __call__(self, stream: WalSenderStream, flush: int, backlog: int, feed: Callable[[int, bytes], None], *,
+                 following: bool = False) -> bool: ...
+
+
+class FallingBehind:
+    """Whether a follower that keeps receiving has fallen ``threshold`` bytes of WAL behind the server.
+
+    Why: a group that fills faster than it is applied makes the next one larger, and the per-message
+    path then falls further behind under a steady load (bench/follow.py); ranges fold the same
+    messages in a fraction of the CPU. The stream does not say how far behind it is (a logical
+    walsender's positions are those of what it sent), so the server's flush position is asked on a
+    connection of its own, at most every ``every`` seconds and only when a group came due while
+    messages kept arriving."""
+
+    def __init__(self, dsn: str, threshold: int, *, every: float = 1.0, backoff: float = 60.0) -> None:
+        self.dsn = dsn
+        self.threshold = threshold
+        self.every = every
+        self.backoff = backoff
+        self.wanted = False  # behind: catch up at the next point where no transaction is open
+        self._conn: psycopg.Connection | None = None
+        self._next_check = 0.0
+
+    def check(self, read: int) -> None:
+        """After a group came due with ``read`` the last position read: set ``wanted`` when behind."""
+        now = time.monotonic()
+        if self.threshold and not self.wanted and now >= self._next_check:
+            self._next_check = now + self.every
+            self.wanted = self.server_flush() - read >= self.threshold
+
+    def server_flush(self) -> int:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, autocommit=True)
+        return sql_slot.current_flush_lsn(self._conn)
+
+    def refused(self) -> None:
+        """The catch-up was not for ranges (the settings or the state want the driver path): ask later."""
+        self._next_check = time.monotonic() + self.backoff
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
 class SlotFollower:
@@ -133,9 +179,29 @@ class ReplicationFollower(SlotFollower):
 
     def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
                  stop: threading.Event, progress: Progress, progress_every: float, *,
-                 catch_up: CatchUp | None = None) -> None:
+                 catch_up: CatchUp | None = None, follow_backlog_bytes: int = 0) -> None:
         super().__init__(dsn, source, loop, stats, stop, progress, progress_every)
         self.catch_up = catch_up
+        self.follow_backlog_bytes = follow_backlog_bytes if catch_up is not None else 0
+
+    def _caught_up(self) -> None:
+        self.stats.messages = self.loop.messages
+        self.stats.transactions = self.loop.transactions
+        if self.loop.confirmed_lsn is not None:
+            self.stats.confirmed_lsn = self.loop.confirmed_lsn
+
+    def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int) -> None:
+        """Fallen behind while following, at a point where no transaction is open: apply what is pending,
+        then catch the backlog up in ranges from the same stream (the loop follows on after it)."""
+        assert self.catch_up is not None
+        behind.wanted = False
+        self.flush()  # the pending group and the one in flight: the loop is idle, nothing is open
+        flush = behind.server_flush()
+        if flush - read < behind.threshold:
+            return
+        if not self.catch_up(stream, flush, flush - read, self._feed, following=True):
+            behind.refused()
+        self._caught_up()
 
     def run(self, once: bool) -> None:
         src = self.source
@@ -153,6 +219,7 @@ class ReplicationFollower(SlotFollower):
                 stream.confirm(lsn)
 
         self.loop.confirm = confirm
+        behind = FallingBehind(self.dsn, self.follow_backlog_bytes)
         try:
             try:
                 stream.start(src.slot, sql_slot.options_for(self.source))
@@ -164,10 +231,7 @@ class ReplicationFollower(SlotFollower):
             stream.start_heartbeat()
             if self.catch_up is not None and confirmed:
                 self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
-                self.stats.messages = self.loop.messages
-                self.stats.transactions = self.loop.transactions
-                if self.loop.confirmed_lsn is not None:
-                    self.stats.confirmed_lsn = self.loop.confirmed_lsn
+                self._caught_up()
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
                 # --once ends on a keepalive at or past the target: ask for one now rather than after
@@ -189,6 +253,9 @@ class ReplicationFollower(SlotFollower):
                         self._feed(frame.wal_start, frame.payload)
                         if self.loop.group.due():  # held long enough while more keeps arriving
                             self.flush(wait=False)
+                            behind.check(frame.wal_start)
+                        if behind.wanted and not self.loop.feeder.assembler.open_transactions():
+                            self._catch_up_again(stream, behind, frame.wal_start)
                         continue
                     at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
                                  and frame.wal_end >= target)
@@ -216,6 +283,7 @@ class ReplicationFollower(SlotFollower):
                 self.stats.stopped_by = "stop requested"
             self.flush()
         finally:
+            behind.close()
             stream.close()
 
 

@@ -371,7 +371,8 @@ class Mirror:
                 follower: SlotFollower
                 if self.config.source.read_mode == "replication":
                     follower = ReplicationFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
-                                                   self.progress, self.progress_every, catch_up=self._catch_up)
+                                                   self.progress, self.progress_every, catch_up=self._catch_up,
+                                                   follow_backlog_bytes=self.config.distributed.follow_backlog_mb << 20)
                 else:
                     follower = SqlFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
                                            self.progress, self.progress_every)
@@ -413,19 +414,22 @@ class Mirror:
                 self.summary.reconnects += 1
 
     def _catch_up(self, stream: WalSenderStream, flush: int, backlog: int,
-                  feed: Callable[[int, bytes], None]) -> None:
-        """A large backlog is caught up on Spark's executors (applier.drivers.backlog), the rest of the
-        stream followed on the driver."""
-        why_not = catch_up_eligibility(self.spark, self.config, self.loop, backlog)
+                  feed: Callable[[int, bytes], None], *, following: bool = False) -> bool:
+        """A large backlog is caught up in ranges (applier.drivers.backlog), the rest of the stream
+        followed on the driver; ``following``: the follower fell behind (distributed.follow_backlog_mb).
+        False when the backlog is not one for ranges."""
+        why_not = catch_up_eligibility(self.spark, self.config, self.loop, backlog, following=following)
         if why_not is not None:
             if self.config.distributed.mode == "on":
                 log.warning("catching up on the driver, not on executors: %s", why_not)
-            return
+            return False
         where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
-        self.progress(f"backlog of {backlog >> 20} MiB: catching up to {format_lsn(flush)} {where}")
+        what = f"fell {backlog >> 20} MiB behind while following" if following else f"backlog of {backlog >> 20} MiB"
+        self.progress(f"{what}: catching up to {format_lsn(flush)} {where}")
         catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
                               may_commit=self._may_commit, progress=self.progress,
                               progress_every=self.progress_every, backlog=backlog)
+        return True
 
     def _may_commit(self, tables: list[FoldedTable]) -> str | None:
         return self.tablesync.must_sync([(t.schema.namespace, t.schema.relation.name, t.schema.relation.oid,

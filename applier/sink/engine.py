@@ -571,7 +571,8 @@ class DeltaApplier:
         self._ensure(path, spec, schema_version)
 
     def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
-        if self._schema_seen.get(path) is schema_version:
+        seen = self._schema_seen.get(path)
+        if seen is schema_version or seen == schema_version:  # equal: a catalog rebuilt from its JSON (ranges)
             return
         if path in self._schema_seen and self.settings.schema_changes == "stop":
             raise SchemaDecisionError(

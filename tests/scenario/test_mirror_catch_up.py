@@ -158,3 +158,59 @@ def test_killed_inside_a_catch_up_on_executors_and_restarted_ends_equal(pg, spar
         # restarted mirror applying nothing again is tested in process above)
         pending = list(peek(conn, "k", pgoutput_options("rw_pub", proto_version=2, streaming="on")))
         assert pending == [], pending[:5]
+
+
+BURST = """
+CREATE TABLE fb_keyed (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);
+CREATE TABLE fb_bag (v text);
+CREATE PUBLICATION fb_pub FOR TABLE fb_keyed, fb_bag;
+CREATE PROCEDURE fb_burst(first int, last int) LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN first..last LOOP  -- one small transaction per step, as an OLTP load makes them
+    INSERT INTO fb_keyed VALUES (i % 700, 'v' || i, 0) ON CONFLICT (id) DO UPDATE SET n = fb_keyed.n + 1;
+    UPDATE fb_keyed SET v = v || '+', n = n + 1 WHERE id = (i * 7) % 700;
+    IF i % 5 = 0 THEN DELETE FROM fb_keyed WHERE id = (i * 3) % 700; END IF;
+    IF i % 11 = 0 THEN UPDATE fb_keyed SET id = 1000 + i WHERE id = (i * 13) % 700; END IF;
+    IF first < 10000 THEN INSERT INTO fb_bag VALUES ('b' || i % 3); END IF;  -- keyless: the reference fold
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+
+
+def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spark, tmp_path):
+    """``distributed.follow_backlog_mb``: a following mirror (not ``--once``) that a burst of small
+    transactions leaves more than 1 MiB of WAL behind the server catches the backlog up in ranges folded
+    on the driver, then follows on; what it applied, before, during and after, equals Postgres. The loop's
+    catalog is rebuilt from the ranges' JSON there: the same schema must not read as a change
+    (``schema_changes: stop`` would stop the mirror)."""
+    from background import Background
+
+    target = tmp_path / "delta"
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="fb", publication="fb_pub"),
+                          target=TargetSettings(path=str(target)),
+                          apply=ApplySettings(max_group_seconds=0.2, schema_changes="stop"),
+                          distributed=DistributedSettings(follow_backlog_mb=1, backlog_folds="driver"))
+    tables = [("public", "fb_keyed"), ("public", "fb_bag")]
+    with pg.connect() as conn:
+        conn.execute(BURST)
+        conn.execute("CALL fb_burst(1, 50)")  # copied by the snapshot
+        job = Background(lambda stop, progress: mirror(spark, config, stop=stop, progress=progress), seconds=300)
+
+        def confirmed_past(flush: str) -> bool:
+            row = conn.execute("SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'fb'",
+                               (flush,)).fetchone()
+            return bool(row and row[0])
+
+        with job.running():
+            job.wait_for(lambda: conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0],
+                         "the mirror's slot")
+            copied = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+            job.wait_for(lambda: confirmed_past(copied), "the mirror to follow its slot")
+            for first in (51, 12_051):
+                conn.execute("CALL fb_burst(%s, %s)", (first, first + 11_999))  # ~48k changes, a few MiB of WAL
+            flush = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+            job.wait_for(lambda: confirmed_past(flush), "the mirror to catch up")
+        behind = [line for line in job.lines if "behind while following" in line]
+        assert behind and _executor_lines([line.split(" ", 1)[1] for line in job.lines], "driver"), job.lines
+        _assert_equal(spark, conn, target, tables)
