@@ -195,6 +195,8 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
             mirror.wait(timeout=120)
         except subprocess.TimeoutExpired:
             mirror.kill()
+    if args.mirror_log is not None:
+        args.mirror_log.write_text((work / "mirror.log").read_text())
     results = verify_against_postgres(None, conn, str(target), [("public", t) for t in TABLES])
     equal = all(r.equal for r in results)
     if not equal:
@@ -212,6 +214,8 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=60, help="pgbench's duration (-T; default 60)")
     p.add_argument("--group-seconds", type=float, default=1.0,
                    help="apply.max_group_seconds of the mirror (default 1: a group at least every second)")
+    p.add_argument("--mirror-log", type=Path, default=None,
+                   help="keep the mirror's log (its progress lines) in this file")
     p.add_argument("--overlap", action="store_true",
                    help="apply.overlap_groups: decode the next group while the previous one commits")
     args = p.parse_args()

@@ -58,6 +58,9 @@ GATHER_SECONDS = 0.001
 #: Frames the reader takes from libpq's buffer in one call (WalSenderStream.read_buffered).
 READ_AT_ONCE = 4096
 
+#: Messages read past the target to finish a transaction open there (StreamRanges._read)
+FINISH_AT_MOST = 10_000
+
 
 class StreamRanges:
     """The backlog of a started stream, surveyed and cut into ranges on a thread of its own (a
@@ -133,6 +136,20 @@ class StreamRanges:
                     reached = lsn >= target
             if keepalive is not None and keepalive.wal_end >= target:
                 break
+        # Past the target, a transaction open at the end of what was read is read to its end when it
+        # comes at once (its frames are usually already sent; at most FINISH_AT_MOST of them): a tail fed
+        # to the apply loop becomes a group of its own, and costs a commit as large as a range's.
+        extra = 0
+        while reached and lsns and extra < FINISH_AT_MOST and not surveyor.nothing_open() and not stopped():
+            frame = read(quiet)
+            if frame is None:
+                break
+            if not isinstance(frame, PrimaryKeepalive):
+                lsns.append(frame[0])
+                datas.append(frame[1])
+                add(frame[0], frame[1])
+                messages += 1
+                extra += 1
         survey.messages = messages
         if lsns:
             rest = surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsns[-1], (lsns, datas))

@@ -190,18 +190,27 @@ class ReplicationFollower(SlotFollower):
         if self.loop.confirmed_lsn is not None:
             self.stats.confirmed_lsn = self.loop.confirmed_lsn
 
-    def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int) -> None:
+    def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int,
+                        target: int | None) -> None:
         """Fallen behind while following, at a point where no transaction is open: apply what is pending,
-        then catch the backlog up in ranges from the same stream (the loop follows on after it)."""
+        then catch the backlog up in ranges from the same stream, round after round while it stays
+        ``behind.threshold`` behind (the loop follows on after it). Rounds follow each other directly:
+        a group of the few transactions between two rounds would cost a commit as large as a round's.
+        ``target`` (``--once``): no round starts past it, so a drain under a steady load ends."""
         assert self.catch_up is not None
         behind.wanted = False
         self.flush()  # the pending group and the one in flight: the loop is idle, nothing is open
         flush = behind.server_flush()
-        if flush - read < behind.threshold:
-            return
-        if not self.catch_up(stream, flush, flush - read, self._feed, following=True):
-            behind.refused()
-        self._caught_up()
+        while flush - read >= behind.threshold and not self.stop.is_set() and (target is None or read < target):
+            ran = self.catch_up(stream, flush, flush - read, self._feed, following=True)
+            self._caught_up()
+            if not ran:
+                behind.refused()
+                return
+            read, flush = flush, behind.server_flush()
+            if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
+                behind.wanted = flush - read >= behind.threshold  # the next round once it is done
+                return
 
     def run(self, once: bool) -> None:
         src = self.source
@@ -255,7 +264,7 @@ class ReplicationFollower(SlotFollower):
                             self.flush(wait=False)
                             behind.check(frame.wal_start)
                         if behind.wanted and not self.loop.feeder.assembler.open_transactions():
-                            self._catch_up_again(stream, behind, frame.wal_start)
+                            self._catch_up_again(stream, behind, frame.wal_start, target)
                         continue
                     at_target = (target is not None and isinstance(frame, PrimaryKeepalive)
                                  and frame.wal_end >= target)
