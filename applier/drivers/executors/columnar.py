@@ -9,7 +9,7 @@ time). Here the whole range is read at once: its messages' kinds and relations a
 It answers for a range only when every part of it is the plain case, and returns None otherwise,
 before it has changed anything but the scratch feeder it was given; task.fold_range then folds the
 range the reference way (message by message), which is also what reports any error. The plain case:
-only Begin, Relation, Type, Insert, Update, Delete and Commit messages, whole transactions, no commit
+only Begin, Relation, Type, Insert, Update, Delete, Truncate and Commit messages, whole transactions, no commit
 to skip, a Relation that changes nothing once its table's changes began, and for every selected
 table a key the rows are merged on that is its replica identity, no excluded, metadata or soft-delete
 columns, only text and NULL values of types the copy reads in bulk, old tuples that hold the key only.
@@ -29,10 +29,11 @@ from applier.catalog.batches import TableBatch
 from applier.drivers.executors.ranges import FoldJob, RangeFold
 from applier.errors import ApplierError
 from applier.protocol.columnar import message_block, relation_oids, scan_row_messages, text_values
-from applier.protocol.headers import BEGIN, COMMIT, DELETE, INSERT, OLD_KEY, RELATION, TYPE, UPDATE
-from applier.protocol.messages import Begin, Commit, Relation, Type
+from applier.protocol.headers import BEGIN, COMMIT, DELETE, INSERT, OLD_KEY, RELATION, TRUNCATE, TYPE, UPDATE
+from applier.protocol.messages import Begin, Commit, Relation, Truncate, Type
 from applier.sink.columnfold import fold_keyed_columns
 from applier.sink.fold import FoldedTable, table_spec
+from applier.sink.plan import TablePlan
 from applier.sink.zerocol import is_zero_column
 from applier.sources.typedcopy import column_readers, text_column
 from applier.values import arrow_schema_for
@@ -70,7 +71,11 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
         return None
     rows = (kinds == INSERT) | (kinds == UPDATE) | (kinds == DELETE)
     described = (kinds == RELATION) | (kinds == TYPE)
-    if np.count_nonzero(rows | described) + 2 * begins.size != n:
+    truncating = kinds == TRUNCATE
+    if np.count_nonzero(rows | described | truncating) + 2 * begins.size != n:
+        return None
+    truncates = _truncates(decoder, lsns, datas, np.flatnonzero(truncating).tolist())
+    if truncates is None:
         return None
     ends, times = [], []
     skip = feeder.assembler.skip_lsns
@@ -82,7 +87,7 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
         times.append(commit.commit_time)
     row_index = np.flatnonzero(rows)
     oids = relation_oids(block, row_index)
-    first_change = _first_change(oids, row_index)
+    first_change = _first_change(oids, row_index, truncates)
     if not _described(feeder, decoder, lsns, datas, np.flatnonzero(described).tolist(), first_change):
         return None
     result = RangeFold(job.range.index, transactions=int(begins.size), last_end_lsn=ends[-1],
@@ -93,7 +98,8 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
     paths: set[str] = set()
     for oid in first_change:
         mine = oids == oid
-        table = _fold_table(job, feeder, block, oid, row_index[mine], txn_of[mine], end_lsns, times)
+        cleared = _Truncated.of(truncates.get(oid, []), begins)
+        table = _fold_table(job, feeder, block, oid, row_index[mine], txn_of[mine], end_lsns, times, cleared)
         if table is None:
             return None
         if table is _UNSELECTED:
@@ -107,12 +113,56 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
     return result
 
 
-def _first_change(oids: np.ndarray, row_index: np.ndarray) -> dict[int, int]:
-    """Each relation's first row change (message index), in the order the range first meets them."""
+def _first_change(oids: np.ndarray, row_index: np.ndarray,
+                  truncates: dict[int, list[tuple[int, Truncate]]]) -> dict[int, int]:
+    """Each relation's first change, a row's or a TRUNCATE's (message index), in the order the range
+    first meets them."""
     import numpy as np
 
     unique, at = np.unique(oids, return_index=True)
-    return dict(sorted(zip(unique.tolist(), row_index[at].tolist(), strict=True), key=lambda kv: kv[1]))
+    first = dict(zip(unique.tolist(), row_index[at].tolist(), strict=True))
+    for oid, listed in truncates.items():
+        first[oid] = min(first.get(oid, listed[0][0]), listed[0][0])
+    return dict(sorted(first.items(), key=lambda kv: kv[1]))
+
+
+def _truncates(decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes],
+               at: list[int]) -> dict[int, list[tuple[int, Truncate]]] | None:
+    """Each relation's TRUNCATEs in the range (message index, message), or None for a message that
+    does not decode as one (the reference path says what is wrong)."""
+    out: dict[int, list[tuple[int, Truncate]]] = {}
+    for k in at:
+        msg = decoder.decode(datas[k], lsns[k])
+        if not isinstance(msg, Truncate):
+            return None
+        for oid in dict.fromkeys(msg.relation_oids):
+            out.setdefault(oid, []).append((k, msg))
+    return out
+
+
+class _Truncated:
+    """One relation's TRUNCATEs in a range: where each is and in which transaction (the reference
+    fold clears the plan at each, and ORs their options)."""
+
+    __slots__ = ("at", "messages", "txn_of")
+
+    def __init__(self, at: np.ndarray, messages: list[Truncate], txn_of: np.ndarray) -> None:
+        self.at, self.messages, self.txn_of = at, messages, txn_of
+
+    @classmethod
+    def of(cls, listed: list[tuple[int, Truncate]], begins: np.ndarray) -> _Truncated:
+        import numpy as np
+
+        at = np.array([k for k, _msg in listed], dtype=np.int64)
+        return cls(at, [msg for _k, msg in listed], np.searchsorted(begins, at, side="right") - 1)
+
+    def after(self, done: int, end_lsns: np.ndarray) -> _Truncated:
+        """Those in transactions past ``done`` (what the table applied before is not folded again)."""
+        import numpy as np
+
+        keep = end_lsns[self.txn_of] > np.uint64(done)
+        return _Truncated(self.at[keep], [m for m, k in zip(self.messages, keep.tolist(), strict=True) if k],
+                          self.txn_of[keep])
 
 
 def _described(feeder: TransactionFeeder, decoder: MessageDecoder, lsns: Sequence[int], datas: Sequence[bytes],
@@ -138,10 +188,13 @@ _UNSELECTED: Any = object()
 
 
 def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, index: np.ndarray,
-                txn_of: np.ndarray, end_lsns: np.ndarray, times: list[int]) -> tuple[int, FoldedTable] | Any | None:
+                txn_of: np.ndarray, end_lsns: np.ndarray, times: list[int],
+                cleared: _Truncated) -> tuple[int, FoldedTable] | Any | None:
     """One relation's changes folded: (its first message, the FoldedTable), _UNSELECTED, or None when
-    they are not the plain case."""
+    they are not the plain case. A TRUNCATE in them makes the plan an overwrite with the rows after
+    the last one (every row is still read and its keys checked, as the reference fold does)."""
     import numpy as np
+    import pyarrow as pa
 
     schema = feeder.catalog.get(oid)
     rel = schema.relation
@@ -154,9 +207,10 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
     if done is not None:
         keep = end_lsns[txn_of] > np.uint64(done)
         index, txn_of = index[keep], txn_of[keep]
-    if not index.size:
+        cleared = cleared.after(done, end_lsns)
+    if not index.size and not cleared.at.size:
         return _UNSELECTED
-    last = int(txn_of[-1])
+    last = max(int(txn_of[-1]) if index.size else -1, int(cleared.txn_of[-1]) if cleared.at.size else -1)
     batch = TableBatch(oid, schema.namespace, rel.name, schema, 0, int(end_lsns[last]), (), times[last])
     types = feeder.types
     spec = table_spec(batch, job.tables, types)
@@ -168,6 +222,9 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
     if key_positions != tuple(schema.key_indexes):
         return None
     readers = column_readers(rel, types, arrow_schema_for(schema, types))
+    if not index.size:  # only TRUNCATEs
+        return int(cleared.at[0]), FoldedTable(path, spec, schema, _truncated(
+            TablePlan(tuple(names), key_positions), cleared))
     spans = scan_row_messages(block, index, len(rel.columns)) if readers is not None else None
     if spans is None or np.any((spans.old_tags != 0) & (spans.old_tags != OLD_KEY)):
         return None
@@ -187,7 +244,27 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
     plan = fold_keyed_columns(names, key_positions, removes, sets, old_keys, new_rows)
     if plan is None:
         return None
-    return int(index[0]), FoldedTable(path, spec, schema, plan)
+    first = int(index[0])
+    if cleared.at.size:  # the rows after the last TRUNCATE, over a table it emptied
+        first = min(first, int(cleared.at[0]))
+        kept = index > cleared.at[-1]
+        where = pa.array(np.flatnonzero(kept))
+        after = fold_keyed_columns(names, key_positions, removes[kept], sets[kept],
+                                   [k.take(where) for k in old_keys], [c.take(where) for c in new_rows])
+        if after is None:
+            return None
+        after.changes = plan.changes + len(cleared.messages)
+        plan = _truncated(after, cleared)
+    return first, FoldedTable(path, spec, schema, plan)
+
+
+def _truncated(plan: TablePlan, cleared: _Truncated) -> TablePlan:
+    plan.truncated = True
+    plan.restart_identity = any(m.restart_identity for m in cleared.messages)
+    plan.cascade = any(m.cascade for m in cleared.messages)
+    if not plan.changes:
+        plan.changes = len(cleared.messages)
+    return plan
 
 
 def _column(block: Any, spans: Any, column: int, rows: np.ndarray, length: int, reader: Any) -> Any | None:
