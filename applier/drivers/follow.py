@@ -196,16 +196,23 @@ class ReplicationFollower(SlotFollower):
         then catch the backlog up in ranges from the same stream, round after round while it stays
         ``behind.threshold`` behind (the loop follows on after it). Rounds follow each other directly:
         a group of the few transactions between two rounds would cost a commit as large as a round's.
+        A round starts at most every ``apply.max_group_seconds``, as groups are applied: each commit
+        rewrites the files it touches (copy-on-write), so fewer, larger rounds cost less CPU beside a
+        busy database, and a transaction still waits about that long.
         ``target`` (``--once``): no round starts past it, so a drain under a steady load ends."""
         assert self.catch_up is not None
         behind.wanted = False
         self.flush()  # the pending group and the one in flight: the loop is idle, nothing is open
         flush = behind.server_flush()
+        pace = self.loop.settings.max_group_seconds
         while flush - read >= behind.threshold and not self.stop.is_set() and (target is None or read < target):
+            started = time.monotonic()
             ran = self.catch_up(stream, flush, flush - read, self._feed, following=True)
             self._caught_up()
             if not ran:
                 behind.refused()
+                return
+            if target is None and self.stop.wait(max(pace - (time.monotonic() - started), 0.0)):
                 return
             read, flush = flush, behind.server_flush()
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
