@@ -136,10 +136,14 @@ class SlotFollower:
         try:
             self.loop.feed(lsn, None, data)
         finally:
-            self.stats.messages = self.loop.messages
-            self.stats.transactions = self.loop.transactions
-            if self.loop.confirmed_lsn is not None:
-                self.stats.confirmed_lsn = self.loop.confirmed_lsn
+            self._sync_stats()
+
+    def _sync_stats(self) -> None:
+        """The run's counters from the loop's (after a message, or after a catch-up fed many)."""
+        self.stats.messages = self.loop.messages
+        self.stats.transactions = self.loop.transactions
+        if self.loop.confirmed_lsn is not None:
+            self.stats.confirmed_lsn = self.loop.confirmed_lsn
 
     def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> ProgressReport:
         """The progress line: what the server has, what it was told, and how far behind that is.
@@ -184,12 +188,6 @@ class ReplicationFollower(SlotFollower):
         self.catch_up = catch_up
         self.follow_backlog_bytes = follow_backlog_bytes if catch_up is not None else 0
 
-    def _caught_up(self) -> None:
-        self.stats.messages = self.loop.messages
-        self.stats.transactions = self.loop.transactions
-        if self.loop.confirmed_lsn is not None:
-            self.stats.confirmed_lsn = self.loop.confirmed_lsn
-
     def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int,
                         target: int | None) -> None:
         """Fallen behind while following, at a point where no transaction is open: apply what is pending,
@@ -208,7 +206,7 @@ class ReplicationFollower(SlotFollower):
         while flush - read >= behind.threshold and not self.stop.is_set() and (target is None or read < target):
             started = time.monotonic()
             ran = self.catch_up(stream, flush, flush - read, self._feed, following=True)
-            self._caught_up()
+            self._sync_stats()
             if not ran:
                 behind.refused()
                 return
@@ -247,7 +245,7 @@ class ReplicationFollower(SlotFollower):
             stream.start_heartbeat()
             if self.catch_up is not None and confirmed:
                 self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
-                self._caught_up()
+                self._sync_stats()
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
                 # --once ends on a keepalive at or past the target: ask for one now rather than after
