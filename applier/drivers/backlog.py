@@ -229,10 +229,9 @@ def folds_on_driver(config: MirrorConfig) -> bool:
     choice = config.distributed.backlog_folds
     if choice != "auto":
         return choice == "driver"
-    from applier.spark.session import preset_master
+    from applier.spark.session import master_is_local
 
-    master = preset_master() or config.spark.master or "local[*]"
-    return master.startswith("local")
+    return master_is_local(config.spark.master)
 
 
 def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,

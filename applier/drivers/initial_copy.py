@@ -18,55 +18,31 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import psycopg
 
+from applier.drivers.copyjob import CopyJob, copy_job
 from applier.errors import ApplierError, SourceError
 from applier.infra.progress import Progress, ProgressReport, count_fields, count_line
-from applier.sources.copy import CopyPlan, arrow_types, plan_table, read_arrow_chunk, select_sql
+from applier.sources.copy import read_arrow_chunk, select_sql
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
-from applier.values import RowConverter, SpecialValuePolicy, arrow_schema_for
 
 if TYPE_CHECKING:
-    from applier.catalog import RelationCache, SchemaVersion, TypeCache
-    from applier.config import SnapshotSettings
-    from applier.protocol.messages import Relation
-    from applier.sink.bulkload import SnapshotLoader, TeeLoader
+    from applier.catalog import RelationCache
+    from applier.config import MirrorConfig, SnapshotSettings
     from applier.sink.engine import DeltaApplier
+    from applier.values import SpecialValuePolicy
 
 
-@dataclass
-class CopyJob:
-    """One table's copy: where its rows come from, how they are converted and where they go."""
+def executor_chunks(config: MirrorConfig) -> int | None:
+    """The fewest chunks a table needs to be copied on Spark's executors (``snapshot.on_executors``; auto:
+    when Spark's master, as it would be chosen, is a cluster), or None: every table on the driver."""
+    from applier.spark.session import master_is_local
 
-    table: PublishedTable
-    relation: Relation
-    plan: CopyPlan
-    loader: SnapshotLoader | TeeLoader
-    converter: RowConverter
-    arrow_types: list[Any] | None  # None: every chunk takes the per-value path
-    chunks_left: int = 0
-    started: float | None = None
-    finished: float | None = None
-    rows: int = field(default=0)
-    per_value_chunks: int = 0  # chunks of a fast-path table copied per value (special values in them)
-
-
-def copy_job(snap: psycopg.Connection, table: PublishedTable, relation: Relation, schema: SchemaVersion, *,
-             applier: DeltaApplier, types: TypeCache, lsn: int, settings: SnapshotSettings,
-             special_values: SpecialValuePolicy) -> CopyJob:
-    """How one table is copied under the snapshot ``snap`` holds, its copy tagged with ``lsn``: the one
-    way both the mirror's first copy and a table sync (a table added later, or copied again) read a
-    table, so both take the typed fast path and commit alike."""
-    converter = RowConverter(schema, types, special_values)
-    plan = plan_table(snap, table, relation, chunk_mb=settings.chunk_mb)
-    loader = applier.snapshot_loader(schema, lsn, commit_bytes=settings.commit_mb << 20,
-                                     large=plan.bytes >= settings.commit_mb << 20)
-    fast = arrow_types(relation, types, arrow_schema_for(schema, types))
-    return CopyJob(table, relation, plan, loader, converter, fast)
+    return config.snapshot.executor_chunks(master_is_local(config.spark.master))
 
 
 def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, applier: DeltaApplier,
@@ -74,7 +50,7 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
                 progress: Progress, progress_every: float, own_schemas: bool = False,
                 skip: Callable[[PublishedTable], bool] | None = None,
                 on_rows: Callable[[str, int, int], None] | None = None,
-                replace: Collection[str] = ()) -> dict[str, int]:
+                replace: Collection[str] = (), executor_chunks: int | None = None) -> dict[str, int]:
     """Copy ``tables`` under the exported snapshot ``snapshot_name`` (taken at ``lsn``), the one table
     sync of the mirror's first copy and of every later one (a table added to the publication, a table
     copied again): each table is described under the snapshot, its types and relation go into
@@ -84,6 +60,8 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
     ``settings.workers()`` connections. ``skip``: a table already copied (after the catalog saw it).
     ``replace``: tables (qualified names) whose Delta table is first emptied with the columns they have
     under the snapshot (``DeltaApplier.replace_table``), instead of evolved to them.
+    ``executor_chunks`` (``SnapshotSettings.executor_chunks``): tables of at least that many chunks are
+    copied on Spark's executors (applier.drivers.executor_copy), the others meanwhile on the driver.
     Returns the rows copied per table."""
     from applier.catalog import RelationCache
     from applier.sources.catalog_lookup import column_attnums
@@ -108,7 +86,25 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
         snap.execute("COMMIT")
     copier = InitialCopy(dsn, snapshot_name, workers=settings.workers(), progress=progress,
                          progress_every=progress_every, on_rows=on_rows)
-    return copier.run(jobs)
+    remote = [] if executor_chunks is None else \
+        [j for j in jobs if j.arrow_types is not None and len(j.plan.chunks) >= executor_chunks]
+    local = [j for j in jobs if all(j is not r for r in remote)]
+    if not remote:
+        return copier.run(jobs)
+    from applier.drivers.executor_copy import ExecutorCopy
+
+    spark = applier.spark.get(f"the initial copy on Spark's executors ({len(remote)} table(s); "
+                              "snapshot.on_executors)")
+    on_executors = ExecutorCopy(spark, dsn, snapshot_name, progress=progress, progress_every=progress_every,
+                                tables_at_once=settings.workers(), on_rows=on_rows)
+    with ThreadPoolExecutor(1, thread_name_prefix="applier-copy-executors") as pool:
+        remote_done = pool.submit(on_executors.run, remote)
+        rows = copier.run(local)  # the driver's share meanwhile
+        remote_rows, to_driver = remote_done.result()
+    rows |= remote_rows
+    if to_driver:
+        rows |= copier.run(to_driver)
+    return rows
 
 
 class InitialCopy:

@@ -29,7 +29,7 @@ from applier.assembly.staging import PreparedStore
 from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors, folds_on_driver
 from applier.drivers.follow import FollowStats, ReplicationFollower, SlotFollower, SqlFollower
-from applier.drivers.initial_copy import copy_tables
+from applier.drivers.initial_copy import copy_tables, executor_chunks
 from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
 from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
@@ -307,7 +307,8 @@ class Mirror:
         rows = copy_tables(self.dsn, snapshot_name, tables, applier=self.applier, catalog=self.feeder.catalog,
                            lsn=lsn, settings=self.config.snapshot, special_values=self.config.apply.special_values,
                            progress=self.progress, progress_every=min(self.progress_every, 5.0), skip=copied_before,
-                           on_rows=metrics.copied if metrics is not None else None)
+                           on_rows=metrics.copied if metrics is not None else None,
+                           executor_chunks=executor_chunks(self.config))
         self.summary.snapshot_rows.update(rows)
 
     # --- streaming ------------------------------------------------------------------------------

@@ -527,7 +527,7 @@ class TableSync:
         """Copy the tables under the slot's snapshot (the initial copy's parallel typed reader), apply
         the changes held for them (those ending at or before the slot's point are in the copy and are left
         out by the applied version), and only then put them on the list of copied tables."""
-        from applier.drivers.initial_copy import copy_tables
+        from applier.drivers.initial_copy import copy_tables, executor_chunks
 
         tables = list(pending.tables.values())
         point = created.consistent_point
@@ -538,7 +538,8 @@ class TableSync:
         rows = copy_tables(self.dsn, created.snapshot_name, tables, applier=self.applier, catalog=self.catalog,
                            lsn=point, settings=self.config.snapshot, special_values=self.config.apply.special_values,
                            progress=self.progress, progress_every=REPORT_EVERY_SECONDS, own_schemas=True,
-                           on_rows=self.on_copy_rows, replace=pending.replace)
+                           on_rows=self.on_copy_rows, replace=pending.replace,
+                           executor_chunks=executor_chunks(self.config))
         if pending.held:
             self.progress(f"table sync: {', '.join(pending.tables)}: applying the {len(pending.held)} "
                           "transaction(s) held while the copy waited")

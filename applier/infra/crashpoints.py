@@ -7,7 +7,8 @@ Points: ``decode`` (a message decoded, before the assembler sees it), ``between_
 table's Delta commit of a group done, the next not), ``before_confirm`` (every Delta commit of a
 group done, the slot not yet advanced), ``prepared_staged`` (a prepared transaction staged on
 disk, not yet committed); and, during the initial copy, ``snapshot_chunk`` (a commit of part of a
-table's copy done, the table not finished); with history or change feed tables, ``feed_committed``
+table's copy done, the table not finished) and, on Spark's executors, ``snapshot_files`` (a table's
+Parquet files written by the tasks, not committed); with history or change feed tables, ``feed_committed``
 (a table's change feed committed, the mirror table not) and ``before_history`` (the mirror tables
 committed, their history tables not); with a column added with a constant default, ``column_filled``
 (the Delta table has the column and its filled rows, the group's commit is not done); on an object
@@ -25,7 +26,8 @@ import os
 import signal
 
 POINTS = ("decode", "between_tables", "before_confirm", "prepared_staged")
-SNAPSHOT_POINTS = ("snapshot_chunk",)  # reached only while copying (the stream's crash test leaves them out)
+#: reached only while copying (the stream's crash test leaves them out)
+SNAPSHOT_POINTS = ("snapshot_chunk", "snapshot_files")
 DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with history or change feed tables
 FILL_POINTS = ("column_filled",)  # reached only when a column added with a constant default is filled
 MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)

@@ -21,20 +21,78 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from applier.infra.crashpoints import crashpoint
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.store import SparkStore
 from applier.sink.store.arrow import arrow_table
+from applier.sink.store.fallback import FallbackStore
 from applier.spark.session import SparkLike, SparkProvider
 from applier.spark.types import spark_schema
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
+    from applier.sink.copyfiles import CopyFile
     from applier.sink.spec import TableSpec
     from applier.sink.store import TableStore, WriteMode
+    from applier.sink.store.deltars import DeltaRsStore
+
+
+@dataclass(frozen=True, slots=True)
+class CopyShape:
+    """How the copy's rows (the source's columns, by their Postgres names, or the stream's converted
+    rows in the source's column order) become rows of the Delta table: the table's own columns under
+    their Delta names and types, then applier's added columns with their constant values. Plain data,
+    so a Spark task shapes its pieces exactly as the driver does."""
+
+    names: tuple[str, ...]  # the table's own columns, by their Postgres names
+    delta_names: tuple[str, ...] | None  # their Delta names, when any differs (column_names: safe)
+    index: tuple[int, ...] | None  # where they are among the source's columns, when not all of them in order
+    own_schema: pa.Schema  # the table's own columns (Delta names, Arrow types)
+    schema: pa.Schema  # the whole Delta table: its own columns, then applier's added ones
+    constants: tuple[Any, ...]  # the added columns' values in every copied row (spec.extra)
+
+    @classmethod
+    def of(cls, spec: TableSpec, source_columns: tuple[str, ...], constants: tuple[Any, ...]) -> CopyShape:
+        own = tuple(spec.postgres_column_names)
+        delta = tuple(spec.source_column_names)
+        index = None if own == source_columns else tuple(source_columns.index(n) for n in own)
+        return cls(own, None if own == delta else delta, index, spec.source_schema, spec.schema, constants)
+
+    def from_arrow(self, table: Any) -> Any:
+        """A piece of the copy with the source's columns, as the Delta table's rows."""
+        piece = table.select(list(self.names))
+        if self.delta_names is not None:
+            piece = piece.rename_columns(list(self.delta_names))
+        return self._with_constants(piece.cast(self.own_schema), table.num_rows)
+
+    def from_rows(self, rows: list[tuple[Any, ...]]) -> Any | None:
+        """Converted rows as the Delta table's rows, or None when a value does not go into Arrow."""
+        table = arrow_table(self._own(rows), self.own_schema)
+        return None if table is None else self._with_constants(table, len(rows))
+
+    def spark_rows(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Converted rows as the Delta table's rows, for Spark (values Arrow does not take)."""
+        rows = self._own(rows)
+        return [(*row, *self.constants) for row in rows] if self.constants else rows
+
+    def _own(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        index = self.index
+        return rows if index is None else [tuple(row[i] for i in index) for row in rows]
+
+    def _with_constants(self, piece: Any, n: int) -> Any:
+        if not self.constants:
+            return piece
+        import pyarrow
+
+        # n, not piece.num_rows: the cast of a table without columns (applier.sink.zerocol) has none
+        added = [pyarrow.array([v] * n, type=f.type) for v, f in
+                 zip(self.constants, list(self.schema)[len(self.names):], strict=True)]
+        return pyarrow.Table.from_arrays(piece.columns + added, schema=self.schema)
 
 
 class SnapshotLoader:
@@ -52,13 +110,7 @@ class SnapshotLoader:
         self.tag = tag
         self.commit_bytes = commit_bytes
         self.rows = 0
-        own = spec.postgres_column_names  # what the copy's rows and Arrow pieces are named by
-        self._names = list(own)
-        self._delta_names = None if own == spec.source_column_names else list(spec.source_column_names)
-        self._index = None if own == source_columns else \
-            [source_columns.index(n) for n in own]  # excluded columns are left out
-        self._own_schema = spec.source_schema
-        self._constants = constants  # values of applier's added columns in every copied row (spec.extra)
+        self.shape = CopyShape.of(spec, source_columns, constants)
         self._on_done = on_done
         self._lock = threading.Lock()
         self._pending: list[Any] = []
@@ -76,20 +128,9 @@ class SnapshotLoader:
 
     def add_arrow(self, table: Any) -> None:
         """One piece of the copy as a pyarrow Table with the source's columns (by their Postgres names)."""
-        piece = table.select(self._names)
-        if self._delta_names is not None:  # column_names: safe
-            piece = piece.rename_columns(self._delta_names)
-        self._add(piece.cast(self._own_schema), table.num_rows)
+        self._add(self.shape.from_arrow(table))
 
-    def _add(self, piece: Any, n: int) -> None:
-        """A piece with the table's own columns under their Delta names; ``n``: its rows."""
-        if self._constants:
-            import pyarrow as pa
-
-            # n, not piece.num_rows: the cast of a table without columns (applier.sink.zerocol) has none
-            added = [pa.array([v] * n, type=f.type) for v, f in
-                     zip(self._constants, list(self.spec.schema)[len(self._names):], strict=True)]
-            piece = pa.Table.from_arrays(piece.columns + added, schema=self.spec.schema)
+    def _add(self, piece: Any) -> None:
         with self._lock:
             self._pending.append(piece)
             self._pending_bytes += piece.nbytes
@@ -99,19 +140,56 @@ class SnapshotLoader:
 
     def add_rows(self, rows: list[tuple[Any, ...]]) -> None:
         """Converted rows (the stream's Python values) in the source's column order."""
-        if self._index is not None:
-            index = self._index
-            rows = [tuple(row[i] for i in index) for row in rows]
-        table = arrow_table(rows, self._own_schema)
+        table = self.shape.from_rows(rows)
         if table is not None:
-            self._add(table, len(rows))
+            self._add(table)
             return
-        if self._constants:
-            rows = [(*row, *self._constants) for row in rows]
+        rows = self.shape.spark_rows(rows)
         with self._lock:  # a value Arrow cannot take as it is: this piece goes row by row, on its own
             self.rows += len(rows)
             self._write_pending(final=False)  # what is pending first (delta-rs overwrites on its first write)
             self._write(self.spark.createDataFrame(rows, spark_schema(self.spec.schema)), tagged=False)
+
+    def files_store(self) -> DeltaRsStore | None:
+        """The store a copy on Spark's executors writes this table's Parquet files into, committed by
+        ``commit_files`` (a table delta-rs writes), or None: Spark's Delta writer writes it (``write_whole``)."""
+        return self.store.preferred if isinstance(self.store, FallbackStore) else None
+
+    def commit_files(self, store: DeltaRsStore, attempt: Callable[[], list[CopyFile]]) -> int:
+        """The whole copy as Parquet files written into the table by Spark's tasks (``attempt`` writes
+        them, again when a conflict retries the commit), in one commit that replaces the table and carries
+        the applied version. Returns the table's rows."""
+        def write() -> int:
+            files = attempt()
+            crashpoint("snapshot_files")
+            store.commit_files(self.path, files, schema=self.spec.schema, tag=self.tag)
+            return sum(f.rows for f in files)
+
+        return self._whole(write)
+
+    def write_whole(self, attempt: Callable[[], tuple[Any, Callable[[], int]]]) -> int:
+        """The whole copy as one Spark DataFrame (read and written on Spark's executors), in one commit
+        that replaces the table and carries the applied version: ``attempt`` makes the frame and a count
+        of its rows that holds once the frame is written (made anew when a conflict retries the write).
+        Returns the table's rows."""
+        def write() -> int:
+            frame, rows = attempt()
+            self._spark_store.write_frame(self.path, frame, mode="overwrite", tag=self.tag)
+            return rows()
+
+        return self._whole(write)
+
+    def _whole(self, write: Callable[[], int]) -> int:
+        with self._lock:
+            self.rows = retry_on_conflict(write, table=self.spec.source_name)
+            self._first = False
+            self._finished = True
+        self._on_done(self.rows)
+        return self.rows
+
+    def targets(self) -> list[SnapshotLoader]:
+        """The tables this loader writes, in the order they must finish: itself."""
+        return [self]
 
     def finish(self) -> int:
         """Write what is left with the applied version; returns the table's rows."""
@@ -174,6 +252,10 @@ class TeeLoader:
         for other in self.others:
             other.add_rows(rows)
         self.primary.add_rows(rows)
+
+    def targets(self) -> list[SnapshotLoader]:
+        """The tables written, in the order they must finish: the mirror table last."""
+        return [*self.others, self.primary]
 
     def finish(self) -> int:
         for other in self.others:

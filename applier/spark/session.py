@@ -95,6 +95,12 @@ def preset_master() -> str | None:
     return _defaults_file_master()
 
 
+def master_is_local(configured: str | None) -> bool:
+    """Whether Spark's master, as it would be chosen (``configured``: the config's ``spark.master``), runs
+    everything in this process's JVM (``local[...]``) rather than on a cluster's executors."""
+    return (preset_master() or configured or "local[*]").startswith("local")
+
+
 def _defaults_file_master() -> str | None:
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
         os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None)

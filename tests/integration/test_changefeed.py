@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from changefeed_workload import BIG, consumed, feed_config, run_workload
 
+from applier.config import SnapshotSettings
 from applier.drivers.mirror import mirror
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -18,8 +19,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 deltalake = pytest.importorskip("deltalake")
 
 
-def test_change_feed_consumed_like_auto_cdc_equals_postgres(pg, spark, tmp_path):
+@pytest.mark.parametrize("on_executors", [False, True], ids=["driver", "executors"])
+def test_change_feed_consumed_like_auto_cdc_equals_postgres(pg, spark, tmp_path, on_executors):
+    """``executors``: the copy on Spark's executors writes the feed's 'R' rows (applier's added columns,
+    constants) and then the mirror table, each in one commit."""
     config = feed_config(pg, tmp_path / "delta", "cf")
+    config = config.model_copy(update={"snapshot": SnapshotSettings(on_executors=on_executors)})
     path = tmp_path / "delta" / "_changes" / "public" / "acct"
     with pg.connect() as conn:
         copy_lsn = run_workload(conn, config, spark)

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from applier.config import ApplySettings, MirrorConfig, SourceSettings, TableRule, TablesSettings, TargetSettings
+from applier.config import (
+    ApplySettings,
+    MirrorConfig,
+    SnapshotSettings,
+    SourceSettings,
+    TableRule,
+    TablesSettings,
+    TargetSettings,
+)
 from applier.drivers.mirror import mirror
 from applier.errors import ApplierError
 
@@ -138,12 +146,15 @@ def test_history_columns_must_exist_and_the_table_needs_a_key(pg, spark, tmp_pat
             mirror(spark, config, once=True)
 
 
-def test_history_turned_on_for_a_copied_table_starts_at_a_new_copy(pg, spark, tmp_path):
+@pytest.mark.parametrize("on_executors", [False, True], ids=["driver", "executors"])
+def test_history_turned_on_for_a_copied_table_starts_at_a_new_copy(pg, spark, tmp_path, on_executors):
     """Versions before the history existed are unknown; the mirror copies the table again at a known
     position and the history starts there, one open version per row, instead of a history that
-    silently lacks the rows nobody changed since."""
+    silently lacks the rows nobody changed since. ``executors``: that table sync's copy, of the history
+    table and then the mirror table, on Spark's executors."""
     plain = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="hl", publication="hl_pub"),
-                         target=TargetSettings(path=str(tmp_path / "delta")))
+                         target=TargetSettings(path=str(tmp_path / "delta")),
+                         snapshot=SnapshotSettings(on_executors=on_executors))
     with_history = plain.model_copy(update={"tables": TablesSettings(rules=[TableRule(match="public.h",
                                                                                       history=True)])})
     with pg.connect() as conn:

@@ -121,6 +121,54 @@ def test_parallel_chunked_copy_of_every_kind_of_table_equals_postgres_then_strea
         assert typed.to_pyarrow_table().num_rows == 3000
 
 
+def test_copy_on_spark_executors_equals_postgres_then_streams(pg, spark, tmp_path):
+    """``snapshot.on_executors: true`` (local executors here; tests/scenario/test_spark_cluster.py runs it on
+    a standalone cluster): every table is one Spark job whose tasks read their chunks under the slot's
+    snapshot, each table committed once, replacing what was there and carrying the snapshot's LSN. The
+    tasks write Parquet files that delta-rs commits, or, into a table delta-rs does not write (column
+    mapping: ``odd``'s names), through Spark's Delta writer."""
+    target = tmp_path / "delta"
+    cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ice", publication="cp"),
+                       target=TargetSettings(path=str(target)),
+                       snapshot=SnapshotSettings(parallelism=3, chunk_mb=1, on_executors=True))
+    lines: list[str] = []
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        conn.execute('CREATE TABLE odd ("a b" int PRIMARY KEY, "c,d" text); ALTER PUBLICATION cp ADD TABLE odd;'
+                     "INSERT INTO odd SELECT i, 'o' || i FROM generate_series(1, 700) i")
+        summary = Mirror(spark, cfg, progress=lines.append, progress_every=0.0).run(once=True)
+        assert summary.snapshot_rows["public.big"] == 40000
+        assert summary.snapshot_rows["public.filtered"] == 1000
+        assert summary.snapshot_rows["public.empty"] == 0
+        _assert_all_equal(spark, conn, target)
+        assert any(m.startswith("snapshot: public.big: 40000 rows in ")
+                   and m.endswith(" on executors (delta-rs commit)") for m in lines), lines
+        assert any(m.startswith("snapshot: public.odd: 700 rows in ")
+                   and m.endswith(" on executors (Spark's Delta writer)") for m in lines), lines
+        assert any(m.startswith("snapshot: 9 table(s), ") and m.endswith("on Spark's executors") for m in lines), lines
+        assert _delta_rows(spark, target, "odd", ["a b", "c,d"]) == _pg_rows(conn, 'SELECT "a b", "c,d" FROM odd')
+        for table in ("big", "typed", "bag", "filtered", "cols", "gen", "parted", "empty", "odd"):
+            path = target / "public" / table
+            history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+            assert [r["operationParameters"].get("mode") for r in history][0] == "Overwrite", (table, history)
+            if table != "odd":  # delta-rs reads what the tasks wrote (column mapping it does not read)
+                assert DeltaTable(str(path)).to_pyarrow_table().num_rows == summary.snapshot_rows[f"public.{table}"]
+        # the files' statistics let readers skip: a key range reads the files that may hold it
+        for table, low, high in (("big", 12000, 12050), ("typed", 7, 9)):
+            frame = spark.read.format("delta").load(str(target / "public" / table))
+            assert frame.where(f"id BETWEEN {low} AND {high}").count() == high - low + 1
+            assert frame.where("id IS NULL").count() == 0
+        assert _delta_rows(spark, target, "cols", ["id", "a"]) == _pg_rows(conn, "SELECT id, a FROM cols")
+        assert _delta_rows(spark, target, "gen", ["id", "a"]) == _pg_rows(conn, "SELECT id, a FROM gen")
+
+        conn.execute("UPDATE big SET t = 'changed' WHERE id % 1000 = 0; DELETE FROM big WHERE id < 100;"
+                     "INSERT INTO bag VALUES (1, 'dup'); UPDATE filtered SET a = 'g' WHERE id < 30;"
+                     "INSERT INTO parted VALUES (4000, 1); UPDATE typed SET f = 'Infinity' WHERE id = 5")
+        after = mirror(spark, cfg, once=True)
+        assert after.snapshot_lsn is None and after.transactions >= 1
+        _assert_all_equal(spark, conn, target)
+
+
 def test_copy_killed_after_some_chunks_of_a_table_resumes_without_copying_finished_tables(pg, spark, tmp_path):
     target = tmp_path / "delta"
     config = tmp_path / "mirror.yaml"
@@ -168,3 +216,42 @@ def test_copy_killed_after_some_chunks_of_a_table_resumes_without_copying_finish
         mirror(spark, in_process, once=True, progress=lines.append)
         assert not [line for line in lines if "copying" in line], lines
         _assert_all_equal(spark, conn, target)
+
+
+def test_copy_on_executors_killed_before_a_tables_commit_resumes_and_leaves_no_rows_twice(pg, spark, tmp_path):
+    """On Spark's executors a table's copy is one commit of the files its tasks wrote: a mirror SIGKILLed
+    after the tasks wrote a table's files and before the driver committed them keeps the tables committed
+    before, copies that one again (its first files are in its directory, named by no commit), and every
+    reader sees exactly Postgres."""
+    target = tmp_path / "delta"
+    config = tmp_path / "mirror.yaml"
+    settings: dict[str, Any] = {
+        "source": {"slot": "rx", "publication": "cp"},
+        "target": {"path": str(target)},
+        # one table at a time, in publication order: bag is committed when big's files are written
+        "snapshot": {"parallelism": 1, "chunk_mb": 1, "on_executors": True},
+    }
+    config.write_text(yaml.safe_dump(settings))
+    in_process = MirrorConfig.model_validate({**settings, "source": {**settings["source"], "dsn": pg.dsn}})
+    env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"]
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        killed = subprocess.run(command, env={**env, "APPLIER_CRASH_AT": "snapshot_files:2"},
+                                capture_output=True, text=True, timeout=900)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        assert "snapshot: public.bag: 3000 rows in " in killed.stderr, killed.stderr[-3000:]
+        big = target / "public" / "big"
+        orphans = {p.name for p in big.glob("*.parquet")}
+        assert len(orphans) >= 8, orphans  # one file per chunk, written and not committed
+        assert DeltaTable(str(big)).to_pyarrow_table().num_rows == 0  # created empty, never filled
+
+        conn.execute("INSERT INTO bag VALUES (7, 'dup'); DELETE FROM big WHERE id % 2 = 0")
+        lines: list[str] = []
+        mirror(spark, in_process, once=True, progress=lines.append)
+        assert "snapshot: public.bag: copied before, kept" in lines, lines
+        assert any(line.startswith("snapshot: public.big: copying again at ") for line in lines), lines
+        _assert_all_equal(spark, conn, target)
+        table = DeltaTable(str(big))
+        assert table.to_pyarrow_table().num_rows == 20000
+        assert not orphans & {p.rsplit("/", 1)[-1] for p in table.file_uris()}  # the killed run's files: in no commit

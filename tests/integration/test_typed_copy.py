@@ -188,17 +188,20 @@ def test_a_chunk_with_a_value_spark_cannot_hold_falls_back_to_the_per_value_path
     assert special[0][column] is None  # the policy ('null') applied by the per-value path
 
 
-def _mirror(pg: Any, spark: Any, tmp_path: Any, policy: str, lines: list[str]) -> MirrorConfig:
+def _mirror(pg: Any, spark: Any, tmp_path: Any, policy: str, lines: list[str], *,
+            on_executors: bool = False) -> MirrorConfig:
     cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot=f"tc_{policy}", publication="tc"),
                        target=TargetSettings(path=str(tmp_path / policy)),
                        apply=ApplySettings(special_values=policy),
-                       snapshot=SnapshotSettings(parallelism=2, chunk_mb=1, commit_mb=1))
+                       snapshot=SnapshotSettings(parallelism=2, chunk_mb=1, commit_mb=1, on_executors=on_executors))
     Mirror(spark, cfg, progress=lines.append, progress_every=0.0).run(once=True)
     return cfg
 
 
 @pytest.mark.spark
-def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_policy(pg, spark, tmp_path):
+@pytest.mark.parametrize("on_executors", [False, True], ids=["driver", "executors"])
+def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_policy(pg, spark, tmp_path,
+                                                                                    on_executors):
     with pg.connect() as conn:
         _setup(conn)
         conn.execute("INSERT INTO every_type (id, t) SELECT i, repeat('filler', 80) FROM generate_series(4000, 9000) i")
@@ -216,7 +219,7 @@ def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_pol
                     if (column, value) in NO_CLAMP:
                         conn.execute(f"INSERT INTO every_type (id, {column}) VALUES ({100000 + i}, {value})")
             lines: list[str] = []
-            cfg = _mirror(pg, spark, tmp_path, policy, lines)
+            cfg = _mirror(pg, spark, tmp_path, policy, lines, on_executors=on_executors)
             done = [m for m in lines if m.startswith("snapshot: public.every_type: ") and " rows in " in m]
             assert len(done) == 1 and " chunks per value (special values)" in done[0], done
             slow, _, chunks = done[0].split(", ")[-1].split()[:3]
@@ -247,7 +250,7 @@ def test_mirror_of_every_type_with_special_values_equals_postgres_under_each_pol
             conn.execute("DELETE FROM every_type WHERE id >= 1000000")
     with pg.connect() as conn:  # the default policy stops the copy, naming the column, as the stream does
         with pytest.raises(ValueConversionError, match="apply.special_values") as caught:
-            _mirror(pg, spark, tmp_path, "error", [])
+            _mirror(pg, spark, tmp_path, "error", [], on_executors=on_executors)
         assert caught.value.context.get("column") in {c for c, _ in SPECIAL_ROWS}
         assert conn.execute("SELECT 1").fetchone() == (1,)
 

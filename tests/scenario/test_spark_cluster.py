@@ -1,7 +1,7 @@
 """`spark-submit --master spark://...` runs the jobs on that cluster: a real standalone Spark cluster
 (a Master and one Worker with 2 cores, from pyspark's own distribution, on loopback ports) runs
-`jobs/replay.py` (decoding, folding and MERGE on the executors) and `jobs/mirror.py --once` (its backlog
-caught up on the executors, after the CLI's copy) into ``s3://`` on the S3 test server: shared storage,
+`jobs/replay.py` (decoding, folding and MERGE on the executors) and `jobs/mirror.py --once` (its copy, then
+its backlog, on the executors) into ``s3://`` on the S3 test server: shared storage,
 as on a real cluster. The tables equal Postgres and the master's JSON shows the applications ran there
 (the session must not override spark-submit's master with local[2]). A local-directory target is not
 submitted again: each spark-submit costs about a minute on 2 cores, jobs/*.py are the CLI's ``main``
@@ -129,25 +129,39 @@ def test_replay_on_the_cluster_into_a_target_on_the_s3_server(pg, spark, cluster
 
 
 def test_mirror_on_the_cluster_into_a_target_on_the_s3_server(pg, cluster, s3_server, tmp_path, monkeypatch):
-    """``jobs/mirror.py`` on the cluster into ``s3://`` catches its slot's backlog up on the executors
+    """``jobs/mirror.py`` on the cluster into ``s3://``, twice. The first run copies the tables: the one of
+    several chunks on the executors (``snapshot.on_executors: auto`` on a cluster), each task reading its
+    chunks under the slot's exported snapshot and writing Parquet through S3A, the driver committing; the
+    small ones on the driver meanwhile (delta-rs). The second catches its slot's backlog up on the executors
     (``distributed.mode: on``), which decode and fold ranges, the commits Spark MERGEs whose Parquet the
-    executors write through S3A. The copy before it is the CLI's, in this process (delta-rs, no Spark: a
-    spark-submit of its own cost a minute and tested what the S3 tests of the CLI test), into the same
-    target and state. The tables equal Postgres, read back from the S3 server with delta-rs as a user would."""
-    from applier.cli import main as cli_main
+    executors write through S3A. The tables equal Postgres, read back from the S3 server with delta-rs as a
+    user would."""
     from applier.spark.jars import connector_jars
 
     target = f"s3://{s3_server.new_bucket()}/mirrored"
     env = {**s3_server.env, "XDG_STATE_HOME": str(tmp_path / "state"), "APPLIER_APPLY__MERGE_ENGINE": "spark",
-           "APPLIER_DISTRIBUTED__MODE": "on", "APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40"}
+           "APPLIER_DISTRIBUTED__MODE": "on", "APPLIER_DISTRIBUTED__PARTITION_MESSAGES": "40",
+           "APPLIER_SNAPSHOT__CHUNK_MB": "1"}
     args = ("--publication", "pub", "--slot", "m", "--target", target, "--once")
     jars = connector_jars(default_cache_dir(), {"s3"}, fetch=False)
     conf = {f"spark.executorEnv.{k}": v for k, v in s3_server.env.items()}
-    for key, value in {**s3_server.env, "XDG_STATE_HOME": str(tmp_path / "state"), "APPLIER_DSN": pg.dsn}.items():
+    for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
     with pg.connect() as conn:
         create_schema(conn, "pub")
-        assert cli_main(["mirror", *args]) == 0  # the copy and the slot
+        conn.execute("INSERT INTO shop.customers (id, name, email, notes, tags) SELECT 10000000 + i, 'c' || i, "
+                     "CASE WHEN i % 5 > 0 THEN i || '@example.com' END, repeat('n', i % 200), ARRAY['t' || i % 7] "
+                     "FROM generate_series(1, 20000) i")
+        conn.execute("ANALYZE shop.customers")
+        conn.commit()
+        earlier = {app["id"] for app in registered_apps(cluster)}
+        out = submit(cluster, "mirror.py", *args, dsn=pg.dsn, extra_env=env, extra_jars=jars, conf=conf)
+        assert "snapshot: 1 table(s), " in out and "chunk(s) on Spark's executors" in out, out[-3000:]
+        assert "snapshot: shop.customers: 20000 rows in " in out and " on executors" in out, out[-3000:]
+        assert_ran_on_the_cluster(cluster, earlier, 1)
+        results = verify_against_postgres(None, conn, target, SHOP)
+        assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2], r.problems) for r in results]
+
         earlier = {app["id"] for app in registered_apps(cluster)}
         run_workload(conn, transactions=40, seed=4)  # the backlog
         conn.execute("UPDATE shop.products SET price = price + 1")

@@ -69,12 +69,12 @@ def test_drivers_leave_replay_alone_and_executors_stand_on_their_own() -> None:
 
 
 def test_what_spark_ships_to_executors_imports_without_spark() -> None:
-    """Spark pickles the executors' task functions by reference: their module must import on an
-    executor's Python worker, and imports no Spark itself."""
+    """Spark pickles the executors' task functions by reference (and the copy's tasks, instances, by
+    their class): their modules must import on an executor's Python worker, and import no Spark."""
     import subprocess
     import sys
 
-    code = ("import sys, applier.drivers.executors.task as t; "
+    code = ("import sys, applier.drivers.executors.task as t, applier.drivers.copy_tasks; "
             "assert t.fold_pickled.__module__ == t.collect.__module__ == 'applier.drivers.executors.task'; "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent,

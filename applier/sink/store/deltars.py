@@ -33,6 +33,7 @@ from applier.storage.options import deltalake_options
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from applier.sink.copyfiles import CopyFile
     from applier.sink.history import HistoryPlan
     from applier.sink.plan import TablePlan
     from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
@@ -216,6 +217,35 @@ class DeltaRsStore:
                 return
         write_deltalake(str(path), table, mode=mode, commit_properties=_commit_properties(tag),
                         storage_options=deltalake_options(path), schema_mode="merge" if mode == "append" else None)
+
+    def write_file(self, path: str, piece: pa.Table) -> CopyFile:
+        """Write ``piece`` (the table's columns) as one new Parquet file in the table at ``path``, not
+        committed (applier.sink.copyfiles)."""
+        import time
+        import uuid
+
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+        from deltalake.fs import DeltaStorageHandler
+
+        from applier.sink.copyfiles import CopyFile, file_stats
+
+        name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+        files = pafs.PyFileSystem(DeltaStorageHandler(str(path), deltalake_options(path)))
+        with files.open_output_stream(name) as out:
+            pq.write_table(piece, out, compression="snappy")
+        size = files.get_file_info(name).size
+        return CopyFile(name, int(size or 0), piece.num_rows, int(time.time() * 1000), file_stats(piece))
+
+    def commit_files(self, path: str, files: list[CopyFile], *, schema: pa.Schema, tag: CommitTag) -> None:
+        """One commit that replaces the table's rows with ``files`` (written into it by
+        ``applier.sink.copyfiles``), tagged ``tag`` like ``write_arrow``'s last commit of a copy."""
+        from deltalake.transaction import AddAction
+
+        table = self.open(path)
+        actions = [AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files]
+        table.create_write_transaction(actions, mode="overwrite", schema=schema,
+                                       commit_properties=_commit_properties(tag))
 
     def append_through(self, handle: Any, path: str, table: Any, *, tag: CommitTag) -> Any:
         """Append ``table`` to the table at ``path`` in one commit tagged ``tag`` through ``handle``, the
