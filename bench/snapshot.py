@@ -73,14 +73,17 @@ def drop_slot(conn: object, slot: str) -> None:
     raise SystemExit(f"bench/snapshot: slot {slot} stayed active")
 
 
-def applier_copy(work: Path, root: str, dsn: str, parallelism: int) -> dict[str, object]:
+def applier_copy(work: Path, root: str, dsn: str, run: str) -> dict[str, object]:
+    """One copy by the command; ``run``: the parallelism, then ``-executors`` for a copy on Spark's
+    executors (``snapshot.on_executors: true``; the default master, local[2] unless spark.master says)."""
     import yaml
 
-    config = work / f"mirror-{parallelism}.yaml"
+    parallelism, _, where = run.partition("-")
+    config = work / f"mirror-{run}.yaml"
     config.write_text(yaml.safe_dump({
-        "source": {"slot": f"bench_{parallelism}", "publication": "bench_pub"},
-        "target": {"path": f"{root}/delta-{parallelism}"},
-        "snapshot": {"parallelism": parallelism},
+        "source": {"slot": f"bench_{run.replace('-', '_')}", "publication": "bench_pub"},
+        "target": {"path": f"{root}/delta-{run}"},
+        "snapshot": {"parallelism": int(parallelism), "on_executors": where == "executors"},
     }))
     import resource
 
@@ -128,6 +131,9 @@ def main() -> None:
     p.add_argument("--scale", type=int, default=20)
     p.add_argument("--parallelism", default=f"1,{os.cpu_count() or 1}",
                    help="snapshot.parallelism values to run applier with (comma list)")
+    p.add_argument("--where", default="driver",
+                   help="where applier copies (comma list): driver (its own connections), executors (Spark's "
+                   "executors: snapshot.on_executors)")
     p.add_argument("--typed", action="store_true",
                    help="one table of the common types (timestamptz, date, numeric, float8, uuid, jsonb, ...)")
     p.add_argument("--store", choices=["local", "s3"], default="local",
@@ -140,7 +146,11 @@ def main() -> None:
     from applier.checks.verify import verify_against_postgres
     from applier.devtools.pgcluster import start_cluster
 
-    levels = sorted({int(x) for x in args.parallelism.split(",") if x})
+    levels = [f"{n}{'' if where == 'driver' else '-' + where}"
+              for where in dict.fromkeys(w.strip() for w in args.where.split(",") if w.strip())
+              for n in sorted({int(x) for x in args.parallelism.split(",") if x})]
+    if any(w not in ("driver", "executors") for w in args.where.split(",")):
+        p.error("--where takes driver and executors")
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-snapshot-") as tmp, \
             start_cluster() as cluster, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
@@ -202,10 +212,10 @@ def main() -> None:
         if rep_rows != rows:
             raise SystemExit(f"bench/snapshot: the subscription copied {rep_rows} rows of {rows}")
 
-        runs: dict[int, dict[str, object]] = {}
+        runs: dict[str, dict[str, object]] = {}
         for level in levels:
             runs[level] = applier_copy(work, root, cluster.dsn(), level)
-            drop_slot(conn, f"bench_{level}")
+            drop_slot(conn, f"bench_{level.replace('-', '_')}")
             log(f"applier (parallelism {level}): {float(runs[level]['seconds']):.1f} s "  # type: ignore[arg-type]
                 f"({json.dumps(runs[level])})")
 
@@ -234,7 +244,7 @@ def main() -> None:
         "scale": args.scale, "typed": args.typed, "store": args.store, "rows": rows, "cores": os.cpu_count(),
         "postgres_subscription_seconds": round(postgres_seconds, 1),
         "deltars_seconds": round(deltars_seconds, 1),
-        "applier": {str(lv): {
+        "applier": {lv: {
             "seconds": round(float(r["seconds"]), 1),  # type: ignore[arg-type]
             "rows_per_s": round(rows / float(r["seconds"])),  # type: ignore[arg-type]
             "process_seconds": round(float(r["process_seconds"]), 1),  # type: ignore[arg-type]
@@ -244,6 +254,11 @@ def main() -> None:
         "applier_process_vs_postgres": round(postgres_seconds / float(runs[best]["process_seconds"]), 2),  # type: ignore[arg-type]
         "applier_vs_deltars": round(deltars_seconds / best_seconds, 2),
         "best_parallelism": best,
+        # the executors' copy against the driver's at the same parallelism (>= 1.0: executors no slower)
+        "executors_vs_driver": {lv: round(float(runs[lv.removesuffix("-executors")]["seconds"])  # type: ignore[arg-type]
+                                          / float(r["seconds"]), 2)  # type: ignore[arg-type]
+                                for lv, r in runs.items()
+                                if lv.endswith("-executors") and lv.removesuffix("-executors") in runs},
         "verified_equal": True,
     }))
 

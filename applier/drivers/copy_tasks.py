@@ -81,7 +81,15 @@ class ChunkCopy:
         from applier.sources.snapshot import open_snapshot
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+        except psycopg.Error as e:
+            reason = str(e).splitlines()[0] if str(e) else repr(e)
+            raise carried(SourceError(
+                f"an executor could not connect to PostgreSQL ({reason}): the executors must reach source.dsn "
+                "(snapshot.on_executors: false copies on the driver's connections)",
+                table=self.table.qualified_name, sqlstate=e.sqlstate)) from None
+        try:
+            with conn:
                 open_snapshot(conn, self.snapshot_name)
                 for index in indexes:
                     yield from self._chunk(conn, self.plan.chunks[index])

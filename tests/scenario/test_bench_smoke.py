@@ -89,7 +89,7 @@ SMOKES: dict[str, Smoke] = {
                                ("sizes.*.size_mb", "sizes.*.rewrite_s", "sizes.*.map_s"), equal=None),
     "replay.py": Smoke(("--transactions", "20", "--rows-per-transaction", "10", "--runs", "1", "--smoke"),
                        ("messages", "median_seconds.*", "speedup_executors_vs_driver_path")),
-    "snapshot.py": Smoke(("--scale", "1", "--parallelism", "1"),
+    "snapshot.py": Smoke(("--scale", "1", "--parallelism", "1", "--where", "driver,executors"),
                          ("rows", "postgres_subscription_seconds", "deltars_seconds", "applier.*.seconds")),
     "stream_read.py": Smoke(("--transactions", "20", "--rows-per-transaction", "10", "--runs", "1"),
                             ("plain.messages", "plain.reader_cpu_s", "gathered.messages", "gathered.wall_s"),
