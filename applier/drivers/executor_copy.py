@@ -77,11 +77,15 @@ class ExecutorCopy:
                     if pending and not done:
                         self._report(chunks, started)
             except BaseException:
-                self.spark.sparkContext.cancelJobGroup(self.group)
+                self.cancel()
                 for future in pending:
                     future.cancel()
                 raise
         return rows, to_driver
+
+    def cancel(self) -> None:
+        """Stop this copy's Spark jobs (a table not committed is copied again by the next run)."""
+        self.spark.sparkContext.cancelJobGroup(self.group)
 
     def _copy(self, job: CopyJob) -> int | None:
         """One table (and the history or change-feed tables it feeds, first); None: the driver copies it."""

@@ -99,7 +99,11 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
                                 tables_at_once=settings.workers(), on_rows=on_rows)
     with ThreadPoolExecutor(1, thread_name_prefix="applier-copy-executors") as pool:
         remote_done = pool.submit(on_executors.run, remote)
-        rows = copier.run(local)  # the driver's share meanwhile
+        try:
+            rows = copier.run(local)  # the driver's share meanwhile
+        except BaseException:
+            on_executors.cancel()  # the first error stops every table's copy
+            raise
         remote_rows, to_driver = remote_done.result()
     rows |= remote_rows
     if to_driver:
