@@ -41,8 +41,12 @@ _BATCH_ROWS = 65_536
 
 
 class ChunkNeedsDriver(ApplierError):
-    """A chunk holds a value only the driver's row-by-row path writes (a year-1 timestamp with a time
-    zone that overflows Arrow's localisation): the driver copies the table itself."""
+    """A chunk holds a value Arrow does not take (``arrow_table`` gives None), which only the driver's
+    row-by-row path writes: the driver copies the table itself."""
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else repr(error)
 
 
 def carried(error: ApplierError) -> RuntimeError:
@@ -83,9 +87,8 @@ class ChunkCopy:
         try:
             conn = psycopg.connect(self.dsn, autocommit=True)
         except psycopg.Error as e:
-            reason = str(e).splitlines()[0] if str(e) else repr(e)
             raise carried(SourceError(
-                f"an executor could not connect to PostgreSQL ({reason}): the executors must reach source.dsn "
+                f"an executor could not connect to PostgreSQL ({_first_line(e)}): the executors must reach source.dsn "
                 "(snapshot.on_executors: false copies on the driver's connections)",
                 table=self.table.qualified_name, sqlstate=e.sqlstate)) from None
         try:
@@ -97,8 +100,7 @@ class ChunkCopy:
         except ApplierError as e:
             raise carried(e) from None
         except psycopg.Error as e:
-            reason = str(e).splitlines()[0] if str(e) else repr(e)
-            raise carried(SourceError(f"copying the table on an executor failed: {reason}",
+            raise carried(SourceError(f"copying the table on an executor failed: {_first_line(e)}",
                                       table=self.table.qualified_name, sqlstate=e.sqlstate)) from None
 
     def _chunk(self, conn: Any, chunk: str) -> Iterator[tuple[pa.Table, bool]]:
