@@ -239,7 +239,7 @@ class DeltaRsStore:
 
     def commit_files(self, path: str, files: list[CopyFile], *, schema: pa.Schema, tag: CommitTag) -> None:
         """One commit that replaces the table's rows with ``files`` (written into it by
-        ``applier.sink.copyfiles``), tagged ``tag`` like ``write_arrow``'s last commit of a copy."""
+        ``write_file``), tagged ``tag`` like ``write_arrow``'s last commit of a copy."""
         from deltalake.transaction import AddAction
 
         table = self.open(path)
