@@ -64,9 +64,40 @@ def spark_settings(**settings: Any) -> SparkSettings:
     return SparkSettings(quick_jit=os.environ.get("APPLIER_SPARK__JIT", "").lower() == "quick", **settings)
 
 
+class GcTimer:
+    """Seconds the cyclic garbage collector ran while it was installed, per generation: a catch-up
+    makes millions of objects, and a full collection walks every one the process holds."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        import time
+
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> GcTimer:
+        import gc
+
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        import gc
+
+        gc.callbacks.remove(self)
+
+
 def mirror_once_measured(config: str, dsn: str, locations: tuple[str, ...] = ()) -> dict[str, object]:
     """(In a benchmark's child process) ``applier mirror --config CONFIG --once`` in a process whose
-    Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory."""
+    Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory, and
+    the garbage collector's seconds in it."""
     import time
 
     from applier.cli import main
@@ -77,7 +108,9 @@ def mirror_once_measured(config: str, dsn: str, locations: tuple[str, ...] = ())
     spark = build_spark_session(spark_settings(locations=locations))
     startup = time.monotonic() - started
     started = time.monotonic()
-    code = main(["mirror", "--config", config, "--once"])
+    with GcTimer() as gc_timer:
+        code = main(["mirror", "--config", config, "--once"])
     seconds = time.monotonic() - started
     return {"exit": code, "seconds": seconds, "spark_startup_seconds": startup,
+            "gc_seconds": round(sum(gc_timer.seconds), 3), "gc_full_collections": gc_timer.collections[2],
             "python_peak_rss_mb": python_peak_rss_mb(), "jvm_peak_heap_mb": jvm_peak_heap_mb(spark)}
