@@ -58,6 +58,9 @@ GATHER_SECONDS = 0.001
 #: Frames the reader takes from libpq's buffer in one call (WalSenderStream.read_buffered).
 READ_AT_ONCE = 4096
 
+#: A position no message reaches: the survey's runs need not stop for a cut once the target is reached.
+_NO_TARGET = 1 << 64
+
 #: Messages read past the target to finish a transaction open there (StreamRanges._read)
 FINISH_AT_MOST = 10_000
 
@@ -101,7 +104,7 @@ class StreamRanges:
     def _read(self) -> None:
         surveyor, stream, target = self.surveyor, self.stream, self.target
         survey = surveyor.survey
-        add, may_cut_after = surveyor.add, surveyor.may_cut_after
+        add, add_run, may_cut_after = surveyor.add, surveyor.add_run, surveyor.may_cut_after
         lsns: list[int] = []
         datas: list[bytes] = []
         start_catalog = survey.catalog.to_json()
@@ -123,10 +126,18 @@ class StreamRanges:
                     datas.append(frame[1])
             k, end = new, len(lsns)
             while k < end:  # each new message: its place checked, the catalog followed, a cut after it?
-                lsn, data = lsns[k], datas[k]
-                add(lsn, data)
-                messages += 1
-                k += 1
+                # in runs (Surveyor.add_run) up to where a cut may come: the range's size reached, or a
+                # message at the target; past the size, one at a time to the end of its transaction
+                if reached:
+                    after = add_run(lsns, datas, k, end, _NO_TARGET)
+                elif k + 1 < self.partition_messages:
+                    after = add_run(lsns, datas, k, min(end, self.partition_messages), target)
+                else:
+                    after = k + 1
+                    add(lsns[k], datas[k])
+                messages += after - k
+                k = after
+                lsn, data = lsns[k - 1], datas[k - 1]
                 if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
                     index += 1

@@ -282,6 +282,41 @@ class OpenTransactions:
                 self.prepared.discard(xid)
         return []
 
+    def add_rows(self, lsns: list[int], datas: list[bytes], start: int, end: int) -> int:
+        """:meth:`add` for the messages from ``start`` while they are Inserts, Updates and Deletes of the
+        open regular transaction that :meth:`add` would pass without a word; the index of the first
+        message it left (``end`` when none), for :meth:`add`. Why: a backlog is mostly such messages,
+        and the catch-up's reader checked each with three calls (about 1 us a message, a third of
+        the reader's CPU); here it is one loop over locals, with the order checker's own tests:
+        the position inside the transaction moving forward, not past its commit record, or no
+        position at all (the replication protocol sends changes at position 0, which says nothing)."""
+        checker = self.checker
+        txn = checker.current
+        if txn is None or checker.in_stream is not None or start >= end:
+            return start
+        last_lsn, last_kind, last_data, final = txn.last_lsn, txn.last_kind, txn.last_data, txn.final_lsn
+        if final is None:
+            final = 1 << 64
+        k = start
+        while k < end:
+            data = datas[k]
+            if not data:
+                break
+            kind = data[0]
+            if kind != 0x49 and kind != 0x55 and kind != 0x44:  # I, U, D
+                break
+            lsn = lsns[k]
+            if lsn:
+                if lsn <= last_lsn or lsn > final:
+                    break  # the careful check says what is wrong
+                last_lsn, last_kind, last_data = lsn, kind, data if kind == 0x49 else b""
+            k += 1
+        if k > start:
+            txn.last_lsn, txn.last_kind, txn.last_data = last_lsn, last_kind, last_data
+            checker.rows += k - start
+            self.last_kind = datas[k - 1][0]
+        return k
+
     def nothing_open(self) -> bool:
         """No regular, two-phase or streamed transaction open, none in a stream block, none prepared."""
         checker = self.checker

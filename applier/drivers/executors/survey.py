@@ -68,6 +68,22 @@ class Surveyor:
         if open_.last_kind in _CATALOG:  # the catalog moves on
             _follow_catalog(self.survey, data, open_.in_stream, lsn)
 
+    def add_run(self, lsns: list[int], datas: list[bytes], start: int, end: int, stop_at: int) -> int:
+        """:meth:`add` for the messages from ``start`` to ``end``, the row changes of an open
+        transaction in one loop (OpenTransactions.add_rows); it returns early, after the first message
+        at ``stop_at`` or past it (where the caller may cut), with the index after the last one added."""
+        add, add_rows = self.add, self.open.add_rows
+        k = start
+        while k < end:
+            k = add_rows(lsns, datas, k, end)  # (their positions are 0, or below a commit record's)
+            if k < end:
+                lsn = lsns[k]
+                add(lsn, datas[k])
+                k += 1
+                if lsn >= stop_at:
+                    break
+        return k
+
     def nothing_open(self) -> bool:
         """Nothing open, and no rename or reused name met (ranges after one are the driver path's)."""
         return self.open.nothing_open() and self.survey.identity_change_lsn is None

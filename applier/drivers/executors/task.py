@@ -27,7 +27,7 @@ def fold_range(job: FoldJob) -> RangeFold:
     from applier.drivers.executors.columnar import fold_range_columnar
     from applier.protocol.decoder import MessageDecoder
 
-    started, cpu_started = time.monotonic(), time.process_time()
+    started, cpu_started = time.monotonic(), time.thread_time()
     for options in job.storage:
         put_in_force(options)
     result = RangeFold(job.range.index)
@@ -37,7 +37,7 @@ def fold_range(job: FoldJob) -> RangeFold:
         columnar = fold_range_columnar(job, _feeder(job, scratch), MessageDecoder(), lsns, datas)
         if columnar is not None:
             columnar.seconds = time.monotonic() - started
-            columnar.cpu_seconds = time.process_time() - cpu_started
+            columnar.cpu_seconds = time.thread_time() - cpu_started
             return columnar
         feeder = _feeder(job, scratch)
         feeder.messages = result.messages
@@ -76,7 +76,7 @@ def fold_range(job: FoldJob) -> RangeFold:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.seconds = time.monotonic() - started
-    result.cpu_seconds = time.process_time() - cpu_started
+    result.cpu_seconds = time.thread_time() - cpu_started
     return result
 
 

@@ -7,6 +7,8 @@ message cut short) must raise only the errors the callers catch."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from pgoutput_fixtures import Captured, all_messages, files, load
 
@@ -186,3 +188,59 @@ def test_open_transactions_follow_prepares_and_their_ends(file: str) -> None:
     assert state.prepared == left_prepared
     assert state.nothing_open() == (not left_prepared and state.checker.current is None
                                     and not state.checker.streams)
+
+
+def _state(state: OpenTransactions) -> tuple[object, ...]:
+    checker = state.checker
+    current = checker.current
+    return (checker.rows, state.last_kind, state.nothing_open(), None if current is None else
+            (current.xid, current.final_lsn, current.last_lsn, current.last_kind, current.last_data))
+
+
+def _problems_one_by_one(lsns: list[int], datas: list[bytes]) -> tuple[list[tuple[int, str]], tuple[object, ...]]:
+    state = OpenTransactions()
+    problems = [(i, p.message) for i, (lsn, data) in enumerate(zip(lsns, datas, strict=True))
+                for p in state.add(lsn, data)]
+    return problems, _state(state)
+
+
+def _problems_in_runs(lsns: list[int], datas: list[bytes], rng: random.Random) -> tuple[list[tuple[int, str]],
+                                                                                       tuple[object, ...]]:
+    """As Surveyor.add_run drives it: add_rows over a run, add for the message it stops at."""
+    state = OpenTransactions()
+    problems: list[tuple[int, str]] = []
+    k, n = 0, len(datas)
+    while k < n:
+        end = min(n, k + rng.randint(1, 50))  # runs end anywhere: where the reader's batches end
+        k = state.add_rows(lsns, datas, k, end)
+        if k < end:
+            problems += [(k, p.message) for p in state.add(lsns[k], datas[k])]
+            k += 1
+    return problems, _state(state)
+
+
+@pytest.mark.parametrize("file", files())
+def test_rows_added_in_runs_leave_what_one_by_one_leaves(file: str) -> None:
+    """OpenTransactions.add_rows (the catch-up reader's loop over row changes) ends in the state, and
+    lets add find the problems, that adding every message alone gives: on the captured sessions, with
+    their changes at position 0 as the replication protocol sends them, and with messages repeated,
+    swapped and dropped."""
+    rng = random.Random(f"runs {file}")
+    captured = load(file)
+    lsns, datas = [parse_lsn(m.lsn) for m in captured], [m.data for m in captured]
+    zeroed = [0 if d[:1] in (b"I", b"U", b"D") else lsn for lsn, d in zip(lsns, datas, strict=True)]
+    variants = [(lsns, datas), (zeroed, datas)]
+    for _ in range(20):
+        at = list(range(len(datas)))
+        i = rng.randrange(len(at))
+        how = rng.randrange(3)
+        if how == 0:
+            at.insert(i, at[i])  # repeated
+        elif how == 1 and i + 1 < len(at):
+            at[i], at[i + 1] = at[i + 1], at[i]  # swapped
+        else:
+            del at[i]  # missing
+        base = rng.choice((lsns, zeroed))
+        variants.append(([base[j] for j in at], [datas[j] for j in at]))
+    for v_lsns, v_datas in variants:
+        assert _problems_in_runs(v_lsns, v_datas, rng) == _problems_one_by_one(v_lsns, v_datas)
