@@ -1,11 +1,13 @@
 """Benchmark: catching up a backlog of ~1 million changes from a slot, applier vs PostgreSQL's own
-logical replication (CREATE SUBSCRIPTION into a second database of the same server).
+logical replication (CREATE SUBSCRIPTION in a second server on the same machine).
 
     .venv/bin/python bench/catchup.py [--transactions 10000] [--rows-per-transaction 100]
 
-Setup (not timed): a server started by the script; table ``cu_items`` published; a subscription in
-database ``replica`` over its own slot, created disabled; ``applier mirror --once`` run once so
-that its slot exists and its snapshot (of the still-empty table) is taken. Then the backlog: each
+Setup (not timed): two servers started by the script; table ``cu_items`` published on the first; a
+subscription in database ``replica`` of the second, over its own slot, created disabled (so that the
+subscriber's writes go to a WAL of their own: in a database of the same server, ``applier mirror
+--once``, which reads up to the server's WAL end, decoded them too); ``applier mirror --once`` run
+once so that its slot exists and its snapshot (of the still-empty table) is taken. Then the backlog: each
 transaction inserts 50 rows, updates 40 and deletes 10 (100 changes), and a final transaction
 writes a marker row.
 
@@ -128,7 +130,7 @@ def main() -> None:
     from applier.devtools.pgcluster import start_cluster
 
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-catchup-") as tmp, \
-            start_cluster() as cluster, \
+            start_cluster() as cluster, start_cluster() as subscriber, \
             psycopg.connect(cluster.dsn(), autocommit=True) as conn:
         work = Path(tmp)
         target = str(work / "delta")
@@ -137,8 +139,9 @@ def main() -> None:
 
             target = f"{serve_this_process(stack, work)}/delta"
         conn.execute(SCHEMA)
-        conn.execute("CREATE DATABASE replica")
-        with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+        with psycopg.connect(subscriber.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE replica")
+        with psycopg.connect(subscriber.dsn("replica"), autocommit=True) as rep:
             rep.execute("CREATE TABLE cu_items (id bigint PRIMARY KEY, v int NOT NULL, note text)")
             conn.execute("SELECT pg_create_logical_replication_slot('pgsub', 'pgoutput')")
             rep.execute(f"CREATE SUBSCRIPTION pgsub CONNECTION '{cluster.dsn()}' PUBLICATION cu_pub "
@@ -160,7 +163,7 @@ def main() -> None:
         log(f"backlog: {changes} changes in {args.transactions + 1} transactions, {int(backlog) >> 20} MiB of WAL, "
             f"written in {time.monotonic() - started:.1f} s; {rows} rows remain")
 
-        with psycopg.connect(cluster.dsn("replica"), autocommit=True) as rep:
+        with psycopg.connect(subscriber.dsn("replica"), autocommit=True) as rep:
             started = time.monotonic()
             rep.execute("ALTER SUBSCRIPTION pgsub ENABLE")
             while not rep.execute("SELECT EXISTS (SELECT 1 FROM cu_items WHERE id = -1)").fetchone()[0]:  # type: ignore[index]
