@@ -3,8 +3,10 @@ Spark session of a benchmark's own process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,8 +76,6 @@ class GcTimer:
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        import time
-
         if phase == "start":
             self._started = time.perf_counter()
         else:
@@ -83,14 +83,10 @@ class GcTimer:
             self.collections[info["generation"]] += 1
 
     def __enter__(self) -> GcTimer:
-        import gc
-
         gc.callbacks.append(self)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        import gc
-
         gc.callbacks.remove(self)
 
 
@@ -98,7 +94,6 @@ def mirror_once_measured(config: str, dsn: str, locations: tuple[str, ...] = ())
     """(In a benchmark's child process) ``applier mirror --config CONFIG --once`` in a process whose
     Spark session is already up: its exit code and seconds, the Spark start-up apart, peak memory, and
     the garbage collector's seconds in it."""
-    import time
 
     from applier.cli import main
     from applier.spark.session import build_spark_session
