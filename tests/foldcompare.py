@@ -60,7 +60,7 @@ def fold(lsns: list[int], datas: list[bytes], catalog: dict, paths: dict, *, col
 
 def comparable(plan: TablePlan) -> object:
     """The plan with NaN made one value (two NaN floats are the same row, but not ``==``)."""
-    return (replace(plan, keyed={}, counts=Counter(), images={}),
+    return (replace(plan, _keyed={}, columnar=None, counts=Counter(), images={}),
             [(k, freeze(e.row), e.unresolved, freeze(e.lookup_key)) for k, e in plan.keyed.items()],
             {freeze(k): n for k, n in plan.counts.items()}, {freeze(k): freeze(v) for k, v in plan.images.items()})
 

@@ -1,12 +1,16 @@
 """A keyed table's row changes folded column by column: the TablePlan ``plan.fold_changes`` makes of
-the same changes, without a Python object per change.
+the same changes, without a Python object per change, and whose rows stay Arrow columns up to the
+commit.
 
 Why: the fold's question, the last image of every key in commit order, is a sort. Each change is one
 or two events on keys: an Insert or Update sets its new key (position ``2i + 1``), a Delete, or an
 Update that moved the key, removes its old key first (position ``2i``). Sorted by key then position,
 a key's last event is its state after the range, and its first tells where the reference's dict
-first met it (so the plan's keys come in the reference's order too). Only the keys' final rows become
-Python values.
+first met it (so the plan's keys come in the reference's order too). The folds of consecutive ranges
+combine by the same sort (``combine_keyed_columns``), and delta-rs merges the result as it is: the
+rows were Arrow when decoded, and turning them into Python values and back cost more than the fold
+(2.5 µs a key, bench/RESULTS.md). They become Python values only if something asks for
+``TablePlan.keyed`` (the Spark engine, a dry run, a fold the reference path goes on with).
 
 Only the plain case is folded here: full new images (no unchanged TOAST value), old tuples that
 hold the key only ('K'), no key that is floating point (NaN is one key to the reference, none to a
@@ -19,10 +23,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from applier.sink.plan import _NO_COLUMNS, KeyedRow, TablePlan, _freeze_key
+from applier.sink.keyedcolumns import KeyedColumns
+from applier.sink.plan import TablePlan
 
 if TYPE_CHECKING:
     import numpy as np
+    import pyarrow as pa
+
+
+def last_of_each_key(keys: Sequence[pa.Array], position: np.ndarray) -> np.ndarray:
+    """Indices of every key's last event (the highest ``position``; positions are distinct), in the
+    order of every key's first event."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = [f"k{j}" for j in range(len(keys))]
+    events = pa.table([*keys, pa.array(position)], names=[*names, "position"])
+    order: np.ndarray = pc.sort_indices(events, [(n, "ascending") for n in names]
+                                        + [("position", "ascending")]).to_numpy()
+    count = len(order)
+    if not count:
+        return order
+    taken = pa.array(order)
+    boundary = np.zeros(count - 1, dtype=bool)
+    for key in keys:
+        column = key.take(taken)
+        boundary |= pc.not_equal(column.slice(1), column.slice(0, count - 1)).to_numpy(zero_copy_only=False)
+    last = np.append(boundary, True)
+    first = np.insert(boundary, 0, True)
+    sorted_position = position[order]
+    met = np.argsort(sorted_position[first], kind="stable")
+    final: np.ndarray = order[np.flatnonzero(last)[met]]
+    return final
 
 
 def fold_keyed_columns(columns: Sequence[str], key_positions: tuple[int, ...], removes: np.ndarray,
@@ -34,11 +67,9 @@ def fold_keyed_columns(columns: Sequence[str], key_positions: tuple[int, ...], r
     columns. None when a key value is NULL (the reference path says why)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    changes = len(removes)
     plan = TablePlan(tuple(columns), key_positions)
-    plan.changes = changes
+    plan.changes = len(removes)
     removed, written = np.flatnonzero(removes), np.flatnonzero(sets)
     if not (removed.size or written.size):
         return plan
@@ -47,31 +78,31 @@ def fold_keyed_columns(columns: Sequence[str], key_positions: tuple[int, ...], r
     if any(k.null_count for k in keys):
         return None
     position = np.concatenate([2 * removed, 2 * written + 1])
-    names = [f"k{j}" for j in range(len(keys))]
-    events = pa.table(keys + [pa.array(position)], names=names + ["position"])
-    order = pc.sort_indices(events, [(n, "ascending") for n in names] + [("position", "ascending")]).to_numpy()
-    events = events.take(pa.array(order))
-    count = len(order)
-    boundary = np.zeros(count - 1, dtype=bool)
-    for name in names:
-        column = events.column(name)
-        boundary |= pc.not_equal(column.slice(1), column.slice(0, count - 1)).to_numpy(zero_copy_only=False)
-    last = np.append(boundary, True)
-    first = np.insert(boundary, 0, True)
-    # one entry per key: its last event, in the order the reference first met each key
-    sorted_position = events.column("position").to_numpy()
-    met = np.argsort(sorted_position[first], kind="stable")
-    final = np.flatnonzero(last)[met]
-    final_position = sorted_position[final]
-    key_values = [events.column(n).take(pa.array(final)).to_pylist() for n in names]
+    final = last_of_each_key(keys, position)
+    final_position = position[final]
     writes = final_position % 2 == 1
-    rows_at = final_position[writes] // 2
-    row_values = [column.take(pa.array(rows_at)).to_pylist() for column in new_rows]
-    rows = zip(*row_values, strict=True)  # (a keyed table has a column: its key)
-    key_tuples = list(zip(*key_values, strict=True))
-    entries = [KeyedRow(next(rows), _NO_COLUMNS, None) if write else KeyedRow(None, lookup_key=key)
-               for key, write in zip(key_tuples, writes.tolist(), strict=True)]
-    # keys of integers and strings are their own frozen form (plan._freeze_key): no call per key
-    plain = all(pa.types.is_integer(k.type) or pa.types.is_string(k.type) for k in keys)
-    plan.keyed.update(zip(key_tuples if plain else map(_freeze_key, key_tuples), entries, strict=True))
+    row_at = pa.array(final_position // 2, mask=~writes)  # NULL (a deleted key's row) takes NULL
+    final_keys = dict(zip(key_positions, (k.take(pa.array(final)) for k in keys), strict=True))
+    rows = [final_keys[p] if p in final_keys else column.take(row_at) for p, column in enumerate(new_rows)]
+    plan.columnar = KeyedColumns(pa.table(rows, names=list(columns)), writes, key_positions)
     return plan
+
+
+def combine_keyed_columns(earlier: KeyedColumns, later: KeyedColumns) -> KeyedColumns | None:
+    """The entries of ``earlier`` updated with those of ``later`` (what ``dict.update`` does to the
+    reference's entries); None when their columns are not of the same types (the caller then combines
+    the Python entries)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not len(earlier):
+        return later
+    if not len(later):
+        return earlier
+    if not earlier.rows.schema.equals(later.rows.schema) or earlier.key_positions != later.key_positions:
+        return None
+    rows = pa.concat_tables([earlier.rows, later.rows])
+    final = last_of_each_key([rows.column(p).combine_chunks() for p in earlier.key_positions],
+                             np.arange(rows.num_rows))
+    writes = np.concatenate([earlier.writes, later.writes])[final]
+    return KeyedColumns(rows.take(pa.array(final)).combine_chunks(), writes, earlier.key_positions)

@@ -20,6 +20,7 @@ written: the later range's entries never see each other's effects twice.
 from __future__ import annotations
 
 from applier.errors import SinkError
+from applier.sink.columnfold import combine_keyed_columns
 from applier.sink.plan import KeyedRow, TablePlan, _freeze_key
 from applier.sink.rowimage import refusal, take_from_earlier
 
@@ -34,7 +35,7 @@ def combine_plans(earlier: TablePlan, later: TablePlan) -> TablePlan:
     earlier.changes += later.changes
     if later.truncated:
         earlier.truncated = True
-        earlier.keyed.clear()
+        earlier.keyed = {}  # (and no columnar entries either)
         earlier.counts.clear()
         earlier.images.clear()
         earlier.restart_identity = earlier.restart_identity or later.restart_identity
@@ -44,6 +45,13 @@ def combine_plans(earlier: TablePlan, later: TablePlan) -> TablePlan:
             earlier.images.setdefault(image, later.images[image])
             earlier.counts[image] += n
         return earlier
+    if later.columnar is not None and (earlier.columnar is not None or not earlier.keyed_count()):
+        # both columnar (or nothing before): the entries stay Arrow columns (no entry of these reads
+        # from before it, and none is external)
+        both = later.columnar if earlier.columnar is None else combine_keyed_columns(earlier.columnar, later.columnar)
+        if both is not None:
+            earlier.columnar = both
+            return earlier
     still_external = [e for e in later.external if e[0] not in earlier.keyed]
     resolved: dict[object, KeyedRow] = {}
     for key, entry in later.keyed.items():

@@ -23,10 +23,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.errors import DivergenceError, SinkError
 from applier.sink.rowimage import KEY_CHANGE, NO_POSITIONS, TOAST, check_key, check_old_image, refusal, resolve
+
+if TYPE_CHECKING:
+    from applier.sink.keyedcolumns import KeyedColumns
 
 
 @dataclass(slots=True)
@@ -63,7 +67,7 @@ class TablePlan:
     truncated: bool = False  # overwrite: the table holds exactly the keyed rows / positive counts below
     restart_identity: bool = False
     cascade: bool = False  # a TRUNCATE CASCADE reached this table (recorded; the cascade itself is in the log)
-    keyed: dict[object, KeyedRow] = field(default_factory=dict)  # by frozen key (see freeze)
+    _keyed: dict[object, KeyedRow] = field(default_factory=dict)  # by frozen key (see freeze): ``keyed``
     counts: Counter[object] = field(default_factory=Counter)  # by frozen row image
     images: dict[object, tuple[object, ...]] = field(default_factory=dict)  # frozen image -> row
     changes: int = 0
@@ -73,6 +77,21 @@ class TablePlan:
     #: them against the earlier plan, which is how a fold of a later range refuses what the fold of
     #: the whole range would have refused.
     external: list[tuple[object, str]] = field(default_factory=list)
+    #: The keyed entries as Arrow columns (applier.sink.keyedcolumns), when a columnar fold made them
+    #: and nothing asked for them as Python values yet: ``keyed`` then makes them (once), and delta-rs
+    #: merges these columns as they are. None, or the entries are ``keyed``'s alone.
+    columnar: KeyedColumns | None = None
+
+    @property
+    def keyed(self) -> dict[object, KeyedRow]:
+        """Every key's final state, by frozen key (see freeze), in the order the fold first met them."""
+        if self.columnar is not None:
+            self._keyed, self.columnar = _entries(self.columnar), None
+        return self._keyed
+
+    @keyed.setter
+    def keyed(self, entries: dict[object, KeyedRow]) -> None:
+        self._keyed, self.columnar = entries, None
 
     @property
     def multiset(self) -> bool:
@@ -80,14 +99,28 @@ class TablePlan:
 
     @property
     def empty(self) -> bool:
-        return not (self.truncated or self.keyed or any(self.counts.values()))
+        return not (self.truncated or self.keyed_count() or any(self.counts.values()))
+
+    def keyed_count(self) -> int:
+        """``len(keyed)``, without making Python entries of columnar ones."""
+        return len(self.columnar) if self.columnar is not None else len(self._keyed)
 
     def size(self) -> int:
         """The rows the commit writes or deletes (row images, or distinct images of a multiset table)."""
-        return len(self.keyed) + len(self.counts)
+        return self.keyed_count() + len(self.counts)
 
     def needs_lookup(self) -> bool:
-        return any(k.unresolved for k in self.keyed.values() if k.row is not None)
+        return self.columnar is None and any(k.unresolved for k in self._keyed.values() if k.row is not None)
+
+
+def _entries(columns: KeyedColumns) -> dict[object, KeyedRow]:
+    """Columnar entries as the Python entries ``fold_changes`` makes of the same changes."""
+    keys, plain = columns.keys()
+    rows = iter(columns.written_rows())
+    entries = [KeyedRow(next(rows), _NO_COLUMNS, None) if write else KeyedRow(None, lookup_key=key)
+               for key, write in zip(keys, columns.writes.tolist(), strict=True)]
+    # keys of integers and strings are their own frozen form (_freeze_key): no call per key
+    return dict(zip(keys if plain else map(_freeze_key, keys), entries, strict=True))
 
 
 class _NaN:
@@ -158,6 +191,7 @@ def _freeze_key(key: tuple[object, ...]) -> object:
 
 
 def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
+    # (``_keyed``, not the property: this runs per change, on a plan no columnar fold made)
     op = change.op
     if op == OP_DELETE and change.new_row is None:
         key = change.old_key
@@ -165,7 +199,7 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
             key = _key_of(change.old_row, plan.key_positions)
         if key is None:
             raise SinkError("delete without an old key", op=op)
-        plan.keyed[_freeze_key(key)] = KeyedRow(None, lookup_key=key)
+        plan._keyed[_freeze_key(key)] = KeyedRow(None, lookup_key=key)
         return
     new = change.new_row
     if new is None:
@@ -179,14 +213,14 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
     new_frozen = _freeze_key(new_key)
     if marker not in new:  # the common case: a full new row (``in`` compares by identity first)
         if old_frozen != new_frozen:
-            plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
-        plan.keyed[new_frozen] = KeyedRow(tuple(new), _NO_COLUMNS, None)
+            plan._keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
+        plan._keyed[new_frozen] = KeyedRow(tuple(new), _NO_COLUMNS, None)
         return
     lookup: tuple[object, ...] | None = None
     if change.old_row is not None:  # 'O' present: the old row has every value
         row, unresolved = resolve(new, marker, op, change.old_row, None)
     else:
-        previous = plan.keyed.get(old_frozen)
+        previous = plan._keyed.get(old_frozen)
         if previous is not None and previous.row is not None:
             # The previous image of the same row in this batch: take its values, and inherit
             # whatever it still had to read from the target.
@@ -198,8 +232,8 @@ def _fold_keyed(plan: TablePlan, change: TableChange, marker: object) -> None:
             lookup = old_key  # read from the target's row of the OLD key
             plan.external.append((old_frozen, TOAST))
     if old_frozen != new_frozen:
-        plan.keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
-    plan.keyed[new_frozen] = KeyedRow(tuple(row), unresolved, lookup)
+        plan._keyed[old_frozen] = _removed(plan, change, old_key, old_frozen, new)
+    plan._keyed[new_frozen] = KeyedRow(tuple(row), unresolved, lookup)
 
 
 def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], old_frozen: object,
@@ -208,7 +242,7 @@ def _removed(plan: TablePlan, change: TableChange, old_key: tuple[object, ...], 
     soft = plan.soft_delete
     if soft is None:
         return KeyedRow(None, lookup_key=old_key)
-    previous = plan.keyed.get(old_frozen)
+    previous = plan._keyed.get(old_frozen)
     unresolved: frozenset[int] = _NO_COLUMNS
     lookup: tuple[object, ...] | None = None
     if change.old_row is not None:  # 'O': every value of the old row

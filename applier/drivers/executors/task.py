@@ -119,21 +119,28 @@ def unpickled_fold(payload: bytes) -> RangeFold:
 
 def _packed(plan: TablePlan) -> tuple[Any, ...]:
     """A plan as lists and tuples: pickled ten times faster than its KeyedRow objects (a fold of a
-    range holds one per key), which made (un)pickling a third of the work."""
+    range holds one per key), which made (un)pickling a third of the work. Columnar entries stay
+    Arrow columns (pickled as Arrow buffers)."""
+    plan_fields = (plan.columns, plan.key_positions, plan.truncated, plan.restart_identity, plan.cascade,
+                   plan.counts, plan.images, plan.changes, plan.soft_delete, plan.external)
+    if plan.columnar is not None:
+        return plan_fields, plan.columnar
     keyed = plan.keyed
     rows = [e.row for e in keyed.values()]
     special = [(i, e.unresolved, e.lookup_key) for i, e in enumerate(keyed.values())
                if e.unresolved or e.lookup_key is not None]
-    plan_fields = (plan.columns, plan.key_positions, plan.truncated, plan.restart_identity, plan.cascade,
-                   plan.counts, plan.images, plan.changes, plan.soft_delete, plan.external)
     return plan_fields, list(keyed), rows, special
 
 
 def _unpacked(packed: tuple[Any, ...]) -> TablePlan:
-    plan_fields, keys, rows, special = packed
+    plan_fields = packed[0]
     columns, key_positions, truncated, restart_identity, cascade, counts, images, changes, soft, external = plan_fields
     plan = TablePlan(columns, key_positions, truncated, restart_identity, cascade, counts=counts, images=images,
                      changes=changes, soft_delete=soft, external=external)
+    if len(packed) == 2:
+        plan.columnar = packed[1]
+        return plan
+    _, keys, rows, special = packed
     entries = [KeyedRow(row, _NO_COLUMNS, None) for row in rows]
     for i, unresolved, lookup in special:
         entries[i] = KeyedRow(rows[i], unresolved, lookup)

@@ -29,6 +29,7 @@ from applier.sink.store.rsrows import reads_rows
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from applier.sink.keyedcolumns import KeyedColumns
     from applier.sink.plan import TablePlan
 
 
@@ -56,24 +57,7 @@ def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: T
 
     names = list(schema.names)
     ncols = len(names)
-    rows: list[tuple[Any, ...]] = []
-    fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]] = []  # source row, lookup key, positions
-    upserts = deletes = 0
-    for entry in plan.keyed.values():  # one pass: the checks cost nothing extra on a million keys
-        if entry.row is None:
-            deletes += 1
-            row: list[Any] = [None] * ncols
-            for p, v in zip(plan.key_positions, entry.lookup_key or (), strict=True):
-                row[p] = v
-            rows.append((*row, "D"))
-        elif entry.unresolved:
-            upserts += 1
-            fills.append((len(rows), entry.lookup_key, entry.unresolved))
-            rows.append((*(None if i in entry.unresolved else v for i, v in enumerate(entry.row)), "U"))
-        else:
-            upserts += 1
-            rows.append((*entry.row, "U"))
-    source = arrow_table(rows, with_op_column(schema))
+    source, fills, upserts, deletes = merge_source(plan, schema)
     if source is None or any(source.column(p).null_count - _filled_nulls(fills, p) for p in plan.key_positions):
         return None
 
@@ -116,7 +100,54 @@ def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: T
     return CommitResult(upserts, deletes, False, int(table.version()))
 
 
-def _filled_nulls(fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], position: int) -> int:
+_Fills = list[tuple[int, tuple[Any, ...] | None, frozenset[int]]]  # source row, lookup key, positions
+
+
+def merge_source(plan: TablePlan, schema: pa.Schema) -> tuple[Any, _Fills, int, int]:
+    """A keyed plan's MERGE source (``schema``'s columns and the operation), the placeholders of the
+    values to take from the target, and the rows it upserts and deletes; the source is None when a value
+    does not convert to Arrow. Columnar entries (applier.sink.keyedcolumns) are taken as they are."""
+    fills: _Fills = []
+    columnar = plan.columnar
+    if columnar is not None:
+        source = _columnar_source(columnar, schema)
+        if source is not None:
+            deletes = columnar.deletes()
+            return source, fills, len(columnar) - deletes, deletes
+    ncols = len(schema)
+    rows: list[tuple[Any, ...]] = []
+    upserts = deletes = 0
+    for entry in plan.keyed.values():  # one pass: the checks cost nothing extra on a million keys
+        if entry.row is None:
+            deletes += 1
+            row: list[Any] = [None] * ncols
+            for p, v in zip(plan.key_positions, entry.lookup_key or (), strict=True):
+                row[p] = v
+            rows.append((*row, "D"))
+        elif entry.unresolved:
+            upserts += 1
+            fills.append((len(rows), entry.lookup_key, entry.unresolved))
+            rows.append((*(None if i in entry.unresolved else v for i, v in enumerate(entry.row)), "U"))
+        else:
+            upserts += 1
+            rows.append((*entry.row, "U"))
+    return arrow_table(rows, with_op_column(schema)), fills, upserts, deletes
+
+
+def _columnar_source(columns: KeyedColumns, schema: pa.Schema) -> Any:
+    """The MERGE source of columnar entries (applier.sink.columnfold), as ``arrow_table`` makes it of
+    Python ones; None when their types are not the table's exactly (the caller makes it of Python
+    values, which says whether they convert)."""
+    import pyarrow as pa
+
+    rows = columns.rows
+    if [f.type for f in rows.schema] != [f.type for f in schema] or rows.column_names != list(schema.names):
+        return None
+    op = pa.array(["U", "D"]).take(pa.array((~columns.writes).astype("int8")))
+    return pa.Table.from_arrays([*rows.columns, op], schema=with_op_column(schema))
+
+
+def _filled_nulls(fills: _Fills, position: int) -> int:
     """How many of a key column's NULLs are placeholders the target fills (a soft-deleted row keeps its
     key, so this is 0 unless the key itself is read from the target)."""
     return sum(1 for _, _, unresolved in fills if position in unresolved)
@@ -165,7 +196,7 @@ def commit_tags(app_id: str, version: int, description: str) -> Any:
 
 
 def _fill_from_target(table: Any, source: Any, schema: pa.Schema, key_positions: tuple[int, ...],
-                      fills: list[tuple[int, tuple[Any, ...] | None, frozenset[int]]], description: str) -> Any:
+                      fills: _Fills, description: str) -> Any:
     """``source`` with the unchanged-TOAST placeholders replaced by the target row's values (the row of
     their lookup key): the last step of applier.sink.rowimage's walk, as Spark's MERGE does it. None
     when a lookup key does not convert to Arrow (Spark takes the plan)."""

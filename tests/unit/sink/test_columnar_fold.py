@@ -15,9 +15,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from foldcompare import FIXTURES, captured, catalogs, cuts, fold, same
+from foldcompare import FIXTURES, captured, catalogs, comparable, cuts, fold, same
 
+from applier.drivers.executors.ranges import RangeFold
 from applier.protocol.headers import COMMIT
+from applier.sink.combine import combine_plans
+from applier.sink.fold import FoldedTable
+from applier.sink.store.rsmerge import merge_source
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
@@ -86,3 +90,59 @@ def test_a_damaged_message_in_a_plain_range_folds_as_the_reference_says():
              fold(lsns[a:b], changed, before[a], paths, columnar=False))
         damaged += 1
     assert damaged > 100
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_columnar_folds_of_consecutive_ranges_combine_and_merge_as_the_reference(fixture):
+    """What the driver does with the folds of a group's ranges (FoldGroup.add, then delta-rs's commit):
+    the columnar plans combined stay columns, and equal the reference plans combined, entry for entry
+    and in order; the MERGE source delta-rs gets of them is the one it gets of the reference's."""
+    lsns, datas = captured(fixture)
+    before, tables = catalogs(lsns, datas)
+    paths = {t: f"/delta/{t[0]}.{t[1]}" for t in tables}
+    rng = random.Random(f"columnar combined {fixture.stem}")
+    stayed = merged = 0
+    for _attempt in range(12):
+        groups: list[dict[str, FoldedTable]] = [{}, {}]
+        for a, b in cuts(datas, rng, most=16):
+            folds = [fold(lsns[a:b], datas[a:b], before[a], paths, columnar=columnar) for columnar in (True, False)]
+            if any(f.error for f in folds):
+                break
+            if rng.random() < 0.3 or not all(_fits(group, f) for group, f in zip(groups, folds, strict=True)):
+                merged += _compare_groups(*groups)
+                groups = [{}, {}]
+            for group, f in zip(groups, folds, strict=True):
+                for t in f.folded:
+                    if t.path in group:
+                        both = group[t.path].plan.columnar is not None and t.plan.columnar is not None
+                        combine_plans(group[t.path].plan, t.plan)
+                        stayed += both and group[t.path].plan.columnar is not None
+                    else:
+                        group[t.path] = t
+        merged += _compare_groups(*groups)
+    if "text" in fixture.stem or "messages" in fixture.stem:
+        assert stayed > 0 and merged > 0  # columnar plans were combined, merged and compared
+
+
+def _fits(group: dict[str, FoldedTable], fold: RangeFold) -> bool:
+    return all(t.path not in group or (group[t.path].spec == t.spec
+                                       and group[t.path].schema.version == t.schema.version) for t in fold.folded)
+
+
+def _compare_groups(fast: dict[str, FoldedTable], reference: dict[str, FoldedTable]) -> int:
+    """How many MERGE sources of columnar plans were compared."""
+    merged = 0
+    assert list(fast) == list(reference)
+    for path, theirs in reference.items():
+        ours = fast[path].plan
+        if ours.columnar is not None and not ours.multiset:
+            source = merge_source(ours, fast[path].spec.schema)
+            assert ours.columnar is not None  # (taken as columns)
+            expected = merge_source(theirs.plan, theirs.spec.schema)
+            if expected[0] is not None:
+                assert source[0].equals(expected[0]), path
+                merged += 1
+            assert source[1:] == expected[1:]
+        assert comparable(ours) == comparable(theirs.plan)
+        assert list(ours.keyed) == list(theirs.plan.keyed)
+    return merged
