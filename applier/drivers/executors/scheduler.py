@@ -103,7 +103,7 @@ class FoldGroup:
         self.skipped += fold.skipped
 
     def size(self) -> int:
-        return sum(len(t.plan.keyed) + len(t.plan.counts) for t in self.tables.values())
+        return sum(t.plan.size() for t in self.tables.values())
 
     def __bool__(self) -> bool:
         return self.end is not None or bool(self.skipped) or bool(self.messages)

@@ -17,10 +17,9 @@ import random
 import pytest
 from foldcompare import FIXTURES, captured, catalogs, comparable, cuts, fold, same
 
-from applier.drivers.executors.ranges import RangeFold
+from applier.drivers.executors.ranges import LogRange
+from applier.drivers.executors.scheduler import FoldGroup
 from applier.protocol.headers import COMMIT
-from applier.sink.combine import combine_plans
-from applier.sink.fold import FoldedTable
 from applier.sink.store.rsmerge import merge_source
 
 
@@ -94,7 +93,7 @@ def test_a_damaged_message_in_a_plain_range_folds_as_the_reference_says():
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
 def test_columnar_folds_of_consecutive_ranges_combine_and_merge_as_the_reference(fixture):
-    """What the driver does with the folds of a group's ranges (FoldGroup.add, then delta-rs's commit):
+    """What the driver does with the folds of a group's ranges (FoldGroup, then delta-rs's commit):
     the columnar plans combined stay columns, and equal the reference plans combined, entry for entry
     and in order; the MERGE source delta-rs gets of them is the one it gets of the reference's."""
     lsns, datas = captured(fixture)
@@ -103,35 +102,29 @@ def test_columnar_folds_of_consecutive_ranges_combine_and_merge_as_the_reference
     rng = random.Random(f"columnar combined {fixture.stem}")
     stayed = merged = 0
     for _attempt in range(12):
-        groups: list[dict[str, FoldedTable]] = [{}, {}]
+        groups = [FoldGroup(), FoldGroup()]
         for a, b in cuts(datas, rng, most=16):
             folds = [fold(lsns[a:b], datas[a:b], before[a], paths, columnar=columnar) for columnar in (True, False)]
             if any(f.error for f in folds):
                 break
-            if rng.random() < 0.3 or not all(_fits(group, f) for group, f in zip(groups, folds, strict=True)):
+            if rng.random() < 0.3 or not all(group.fits(f) for group, f in zip(groups, folds, strict=True)):
                 merged += _compare_groups(*groups)
-                groups = [{}, {}]
+                groups = [FoldGroup(), FoldGroup()]
+            both = {t.path for t in folds[0].folded if t.plan.columnar is not None
+                    and t.path in groups[0].tables and groups[0].tables[t.path].plan.columnar is not None}
             for group, f in zip(groups, folds, strict=True):
-                for t in f.folded:
-                    if t.path in group:
-                        both = group[t.path].plan.columnar is not None and t.plan.columnar is not None
-                        combine_plans(group[t.path].plan, t.plan)
-                        stayed += both and group[t.path].plan.columnar is not None
-                    else:
-                        group[t.path] = t
+                group.add(f, LogRange(0, (), {}, b - a, lsns[a], lsns[b - 1]))
+                group.size()  # (as the driver asks after each range: it must not make Python entries)
+            stayed += sum(groups[0].tables[path].plan.columnar is not None for path in both)
         merged += _compare_groups(*groups)
     if "text" in fixture.stem or "messages" in fixture.stem:
         assert stayed > 0 and merged > 0  # columnar plans were combined, merged and compared
 
 
-def _fits(group: dict[str, FoldedTable], fold: RangeFold) -> bool:
-    return all(t.path not in group or (group[t.path].spec == t.spec
-                                       and group[t.path].schema.version == t.schema.version) for t in fold.folded)
-
-
-def _compare_groups(fast: dict[str, FoldedTable], reference: dict[str, FoldedTable]) -> int:
+def _compare_groups(fast_group: FoldGroup, reference_group: FoldGroup) -> int:
     """How many MERGE sources of columnar plans were compared."""
     merged = 0
+    fast, reference = fast_group.tables, reference_group.tables
     assert list(fast) == list(reference)
     for path, theirs in reference.items():
         ours = fast[path].plan
