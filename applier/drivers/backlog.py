@@ -49,10 +49,10 @@ from applier.spark.session import SparkLike, session_of
 
 log = logging.getLogger(__name__)
 
-#: How long the reader lets frames pile up in the socket when it has outrun the walsender
-#: (WalSenderStream.read_message): one read then takes a few hundred frames, never one or two, which
-#: saved the reader and the walsender about a third of their CPU on a backlog of 1M changes
-#: (bench/stream_read.py).
+#: How long the reader lets frames pile up in the socket when it has read all the socket held
+#: (WalSenderStream.read_message): it then waits on the socket only when the walsender has been quiet
+#: that long, instead of being woken for every frame the walsender sends (which cost both of them
+#: CPU: bench/stream_read.py, bench/RESULTS.md).
 GATHER_SECONDS = 0.001
 
 #: Frames the reader takes from libpq's buffer in one call (WalSenderStream.read_buffered).

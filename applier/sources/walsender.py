@@ -9,8 +9,11 @@ so for what is durably applied: :meth:`WalSenderStream.confirm` is the one place
 
 from __future__ import annotations
 
+import array
+import fcntl
 import logging
 import select
+import termios
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -37,9 +40,13 @@ from applier.sources.sql_slot import PINNED_SESSION_SETTINGS
 
 log = logging.getLogger(__name__)
 
-#: A socket read that brought fewer frames than this means the reader is outrunning the walsender
-#: (see ``read_message``'s ``gather``).
-_GATHER_BELOW_FRAMES = 64
+
+
+def _unread_bytes(sock: int) -> int:
+    """The bytes the kernel holds for us on ``sock``, not read yet (FIONREAD)."""
+    held = array.array("i", [0])
+    fcntl.ioctl(sock, termios.FIONREAD, held)
+    return held[0]
 
 
 def _literal(value: str) -> str:
@@ -79,7 +86,6 @@ class WalSenderStream:
         self._last_status = 0.0
         self.frames_read = 0  # CopyData frames taken from libpq
         self.socket_reads = 0  # reads of the socket into libpq's buffer that brought something
-        self._frames_at_read = 0  # frames_read at the last socket read
         # The connection is shared with the heartbeat thread (start_heartbeat): whoever touches it
         # through read() or send_status() holds this lock. read_message() (the catch-up's hot reader)
         # does not take it: while a hot reader holds the stream (hot_reader) the heartbeat pauses, the
@@ -194,14 +200,18 @@ class WalSenderStream:
         ``(wal_start, payload)`` without an object of its own, and the clock is looked at every 256 of
         them. A third of the reader's time went into building XLogData objects.
 
-        ``gather`` (seconds): when libpq's buffer is empty and the last socket read brought only a few
-        frames, wait that long before reading the socket again. A reader that keeps up with the
-        walsender gets one or two frames per read, and the walsender, finding room in the socket every
-        time, sends each frame on its own; both then burn CPU on system calls, which keeps them in that
-        state (bench/stream_read.py: some runs read 1M messages in 4,000 socket reads, others in
-        470,000). With a 1 ms gather every run takes ~200 frames a read; over 5 runs the medians of
-        the reader's and the walsender's CPU fell by about a third. For bulk reading only: it adds up
-        to ``gather`` of latency per read.
+        ``gather`` (seconds): when libpq's buffer is empty and the socket holds nothing either, wait
+        that long before waiting on the socket. A reader that keeps up with the walsender waits on
+        the socket for every frame: the walsender, finding room in the socket every time, sends each
+        frame on its own and wakes the reader for it, and both burn CPU on system calls and wake-ups
+        (bench/stream_read.py: some runs read 1M messages in 4,000 socket reads, others in 470,000).
+        With a 1 ms gather the reader waits on the socket only when the walsender has been quiet that
+        long. It used to gather only after a read that brought fewer than 64 frames, and then waited
+        on the socket after every larger read: the catch-up's walsender then used 5.6-8.6 CPU-s for
+        1M changes, against 4.5-4.9 for PostgreSQL's own subscriber. Reading what the socket holds
+        without waiting, and gathering whenever it is empty: 4.8-6.5 CPU-s, and the catch-up's median
+        went from 0.83x PostgreSQL's (14 runs) to 1.00x (9 runs; bench/RESULTS.md). For bulk reading
+        only: it adds up to ``gather`` of latency per read.
         """
         data = self._next(timeout, gather)
         if data is None:
@@ -277,7 +287,7 @@ class WalSenderStream:
                 raise TransientSourceError("replication stream broke: "
                                            + self.pgconn.error_message.decode("utf-8", "replace").strip())
             self._status_if_due()
-            if gather and self.frames_read - self._frames_at_read < _GATHER_BELOW_FRAMES:
+            if gather and not _unread_bytes(self.pgconn.socket):
                 time.sleep(gather)  # let frames pile up in the socket: one read takes many
             gather = 0.0  # once per frame asked for
             if deadline is None:
@@ -289,7 +299,6 @@ class WalSenderStream:
                     self.pgconn.consume_input()
                 except psycopg.OperationalError as e:
                     raise TransientSourceError(f"replication connection lost: {e}") from None
-                self._frames_at_read = self.frames_read
                 self.socket_reads += 1
             elif remaining <= 0:
                 return None
