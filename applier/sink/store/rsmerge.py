@@ -135,7 +135,7 @@ def merge_source(plan: TablePlan, schema: pa.Schema) -> tuple[Any, _Fills, int, 
 
 
 def _columnar_source(columns: KeyedColumns, schema: pa.Schema) -> Any:
-    """The MERGE source of columnar entries (applier.sink.columnfold), as ``arrow_table`` makes it of
+    """The MERGE source of columnar entries (applier.sink.keyedcolumns), as ``arrow_table`` makes it of
     Python ones; None when their types are not the table's exactly (the caller makes it of Python
     values, which says whether they convert)."""
     import pyarrow as pa
