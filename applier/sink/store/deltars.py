@@ -167,14 +167,14 @@ class DeltaRsStore:
             yield from zip(*(spark_like(batch.column(read.index(c))) for c in wanted), strict=True)
 
     def file_stats(self, path: str) -> FileStats:
-        return _file_stats(self.open(path))
+        return _file_stats(self.open(path), path)
 
     def table_log(self, path: str, *, history: int = 20) -> TableLog:
         table = self.open(path)
         metadata, protocol = table.metadata(), table.protocol()
         return TableLog(dict(metadata.configuration or {}), tuple(metadata.partition_columns),
                         tuple(protocol.reader_features or ()), tuple(protocol.writer_features or ()),
-                        list(table.history(history)), _file_stats(table))
+                        list(table.history(history)), _file_stats(table, path))
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -326,6 +326,41 @@ class DeltaRsStore:
         return int(table.version())
 
 
+class DeletionVectorStore(DeltaRsStore):
+    """A local table with deletion vectors enabled, for its MERGEs: marked rows and an appended file
+    instead of a rewrite (applier.sink.store.dvmerge). Every other change to it is Spark's (delta-rs
+    would rewrite files the deletion vectors point into, or read them as it cannot): declined here, so
+    the ``FallbackStore`` around it hands them on."""
+
+    def can_merge(self, path: str) -> bool:
+        """Whether this store makes the MERGEs of the table at ``path``."""
+        from applier.sink.store.dvmerge import writes_deletion_vectors
+
+        return self.can_open(path) and self.exists(path) and writes_deletion_vectors(self.open(path), path)
+
+    def merge(self, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str, version: int,
+              description: str, may_be_empty: bool = True) -> CommitResult | None:
+        from applier.sink.store.dvmerge import apply_plan_dv
+
+        return apply_plan_dv(self, path, schema, plan, app_id=app_id, version=version, description=description)
+
+    def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
+                      description: str) -> int | None:
+        return None
+
+    def rows_by_key(self, path: str, schema: pa.Schema, key_columns: Sequence[str],
+                    keys: Sequence[tuple[Any, ...]] | None, *, open_only: str | None = None,
+                    unless: str | None = None) -> dict[object, list[Any]] | None:
+        return None
+
+    def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
+               rename: RewritePolicy | None = None) -> SchemaEvolution | None:
+        return None
+
+    def optimize(self, path: str, z_order: list[str], target_size: int | None) -> dict[str, Any] | None:  # type: ignore[override]
+        return None
+
+
 def _commit_properties(tag: CommitTag | None) -> Any:
     if tag is None:
         return None
@@ -336,9 +371,25 @@ def _commit_properties(tag: CommitTag | None) -> Any:
                             custom_metadata={"userMetadata": description})
 
 
-def _file_stats(table: Any) -> FileStats:
+def _file_stats(table: Any, path: str) -> FileStats:
     import pyarrow as pa
 
+    from applier.sink.store.dvmerge import local_root
+
+    root = local_root(path)
+    if root is not None and "deletionVectors" in (table.protocol().reader_features or ()):
+        # delta-rs's file list counts the rows its deletion vectors delete: the log's own add actions do
+        from applier.sink.store.dvlog import live_files
+
+        files = live_files(root, int(table.version()))
+        sizes = tuple(int(f.add["size"]) for f in files)
+        rows = 0
+        for file in files:
+            records = file.stats.get("numRecords")
+            if records is None:
+                return FileStats(sizes, None)
+            rows += int(records) - int((file.deletion_vector or {}).get("cardinality", 0))
+        return FileStats(sizes, rows)
     columns = pa.table(table.get_add_actions(flatten=True))
     names = list(columns.schema.names)
     sizes = tuple(int(s) for s in columns.column("size_bytes").to_pylist()) if "size_bytes" in names else ()

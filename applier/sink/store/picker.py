@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.sink.store.deltars import DeltaRsStore
+from applier.sink.store.deltars import DeletionVectorStore, DeltaRsStore
 from applier.sink.store.fallback import FallbackStore
 from applier.sink.store.memory import InMemoryStore
 from applier.sink.store.spark import SparkStore
@@ -25,6 +25,8 @@ Store = FallbackStore | SparkStore | InMemoryStore
 
 #: one delta-rs store serves every caller: it holds no state
 DELTARS = DeltaRsStore()
+#: the MERGEs of local tables with deletion vectors, made without Spark (stateless too)
+DVSTORE = DeletionVectorStore()
 
 
 def reader(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
@@ -79,6 +81,7 @@ class StorePicker:
         self.merge_engine = merge_engine
         self.only = only
         self._writable: dict[str, bool] = {}  # table path -> delta-rs writes its protocol
+        self._dv_merges: dict[str, bool] = {}  # table path -> DVSTORE makes its MERGEs
 
     def _deltars(self, spark: SparkLike | None = None, why: str | None = None) -> FallbackStore:
         return FallbackStore(DELTARS, spark if spark is not None else self.spark, why=why)
@@ -130,7 +133,19 @@ class StorePicker:
             return self.only
         if self.deltars_writes(path) and not spec.floating_point_key:
             return self._deltars(spark, why)
+        if self.dv_merges(path) and not spec.floating_point_key:
+            return FallbackStore(DVSTORE, spark if spark is not None else self.spark, why=why)
         return self._spark(spark, why)
+
+    def dv_merges(self, path: str) -> bool:
+        """Whether the table's MERGEs mark rows in deletion vectors without Spark (a local table whose
+        properties enable them: applier.sink.store.dvmerge); read once per path until ``forget``."""
+        if self.merge_engine != "auto":
+            return False
+        merges = self._dv_merges.get(path)
+        if merges is None:
+            merges = self._dv_merges[path] = DVSTORE.can_merge(path)
+        return merges
 
     def creator(self, path: str, spec: TableSpec, options: TableOptions) -> Store:
         """The store that creates a new table: delta-rs when it creates it exactly as Spark would."""
@@ -141,18 +156,20 @@ class StorePicker:
         return self._spark()
 
     def copier(self, path: str, spec: TableSpec, *, large: bool = True) -> Store:
-        """The store that writes a copy into the existing table: delta-rs when it writes the table and the
-        copy is ``large`` (a copy of less than one commit goes through Spark when Spark created the table:
-        it is up already)."""
+        """The store that writes a copy into the existing table: delta-rs when it writes the table (or makes
+        its MERGEs with deletion vectors: a copy reads nothing back) and the copy is ``large`` (a copy of
+        less than one commit goes through Spark when Spark created the table: it is up already)."""
         from applier.sink.naming import needs_column_mapping
 
         if self.only is not None:
             return self.only
-        if large and not needs_column_mapping(spec.column_names) and self.deltars_writes(path):
-            return self._deltars()
+        if large and not needs_column_mapping(spec.column_names) and (self.deltars_writes(path)
+                                                                      or self.dv_merges(path)):
+            return self._deltars()  # a copy only writes: delta-rs writes into a table with deletion vectors
         return self._spark()
 
     def forget(self, *paths: str) -> None:
         """What was read of these tables' protocols no longer holds (replaced, moved, evolved)."""
         for path in paths:
             self._writable.pop(path, None)
+            self._dv_merges.pop(path, None)

@@ -1,0 +1,258 @@
+"""A keyed MERGE into a local table with deletion vectors, written without Spark: the replaced rows are
+marked deleted, the new row images appended.
+
+Why: without deletion vectors a Delta MERGE is copy-on-write. Following pgbench, each round's few
+thousand updates of ``pgbench_accounts`` rewrote its 1M-row file (bench/RESULTS.md, twenty-fifth
+session: the round's time was that rewrite, and its CPU was taken from the database being followed).
+Spark writes deletion vectors but costs seconds a commit; delta-rs 1.6 reads them (its MERGE, its
+DataFusion queries, Polars) but writes none. So applier writes them itself, as Spark's MERGE does:
+
+* every live row whose key the plan holds is found (the files' key columns read, files skipped by
+  their key statistics), and added to its file's deletion vector (the old one's rows kept);
+* the plan's new row images are appended in one new Parquet file;
+* one commit: the new file's ``add``, each touched file's ``add`` again with its new deletion vector
+  (its statistics carried on, no longer tight) and the ``remove`` of its old entry, the applied version
+  as the ``txn`` action Spark and delta-rs record, the description as ``userMetadata``.
+
+Which tables: the user's choice (``delta.enableDeletionVectors`` in the table's properties, made by
+Spark's ``CREATE TABLE``), on a local filesystem (the commit is an atomic link of the JSON file, which
+fails when another writer took the version: a conflict, retried like delta-rs's), without partitions,
+constraints, column mapping or other features this writer does not keep. Any other plan or table (a
+truncate, unchanged-TOAST values read from the target, a key-less table, a target that holds a key twice)
+returns None, and the caller takes Spark's MERGE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from applier.sink.copyfiles import file_stats
+from applier.sink.store.arrow import OP_COL
+from applier.sink.store.base import CommitResult
+from applier.sink.store.dvlog import LiveFile, live_files, log_path
+from applier.sink.store.rsmerge import TableOpener, merge_source, open_for_commit
+from applier.storage.location import scheme_of
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from applier.sink.plan import TablePlan
+
+__all__ = ["apply_plan_dv", "writes_deletion_vectors"]
+
+#: what this writer keeps of a table's protocol: features it has nothing to do for (timestampNtz,
+#: variantType: types; appendOnly and invariants: Spark's defaults, checked below where they ask anything)
+WRITER_FEATURES = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz", "variantType"})
+READER_FEATURES = frozenset({"deletionVectors", "timestampNtz", "variantType"})
+#: delta-rs's and the protocol's default when the table sets none
+CHECKPOINT_INTERVAL = 100
+
+
+def local_root(path: str) -> Path | None:
+    """The table's directory, for a local path (``file://`` or none); None for an object store."""
+    scheme = scheme_of(path)
+    if scheme is None:
+        return Path(path)
+    if scheme == "file":
+        return Path(unquote(path[len("file://"):]))
+    return None
+
+
+def writes_deletion_vectors(table: Any, path: str) -> bool:
+    """Whether this writer makes the opened ``deltalake.DeltaTable``'s MERGEs: deletion vectors enabled,
+    a local path, no feature it would have to honour and does not."""
+    if local_root(path) is None:
+        return False
+    protocol = table.protocol()
+    metadata = table.metadata()
+    configuration = dict(metadata.configuration or {})
+    if configuration.get("delta.enableDeletionVectors", "").lower() != "true":
+        return False
+    if configuration.get("delta.appendOnly", "").lower() == "true" or metadata.partition_columns:
+        return False
+    if any(k.startswith("delta.constraints.") for k in configuration):
+        return False
+    writer, reader = set(protocol.writer_features or ()), set(protocol.reader_features or ())
+    return int(protocol.min_writer_version) == 7 and int(protocol.min_reader_version) == 3 and \
+        "deletionVectors" in writer and writer <= WRITER_FEATURES and reader <= READER_FEATURES
+
+
+def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
+                  version: int, description: str) -> CommitResult | None:
+    """The one commit ``plan`` describes, as deletion vectors and an appended file; None when this writer
+    does not make it (see the module's docstring)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    root = local_root(path)
+    if root is None or plan.multiset or plan.truncated:
+        return None
+    names = list(schema.names)
+    source, fills, upserts, deletes = merge_source(plan, schema)
+    if source is None or fills or any(source.column(p).null_count for p in plan.key_positions):
+        return None
+    table = open_for_commit(store, path, names, app_id, version)
+    if isinstance(table, CommitResult):
+        return CommitResult(0, 0, False)
+    if table is None or not writes_deletion_vectors(table, path):
+        return None
+    target = pa.schema(table.schema().to_arrow())
+    if [f.type for f in target] != [f.type for f in schema]:
+        return None  # the new file must hold the table's types exactly: Spark casts
+    upserted = source.filter(pc.equal(source.column(OP_COL), "U")).drop_columns([OP_COL])
+    if any(not f.nullable and upserted.column(f.name).null_count for f in target):
+        return None  # Spark refuses the NULL with its own error
+    keys = [names[p] for p in plan.key_positions]
+    read_version = int(table.version())
+    files = live_files(root, read_version)
+    touched = _matching_rows(root, files, source.select(keys))
+    if touched is None:
+        return None
+    if not files:
+        deletes = 0  # nothing to delete: counted as delta-rs's append into an empty table counts
+    actions = _file_actions(root, upserted, touched)
+    _commit(root, read_version + 1, app_id, version, description, actions,
+            upserts=upserts, deletes=deletes, marked=sum(len(hits) for _, _, hits in touched))
+    interval = int(dict(table.metadata().configuration or {}).get("delta.checkpointInterval", CHECKPOINT_INTERVAL))
+    if (read_version + 1) % max(interval, 1) == 0:
+        store.open(path).create_checkpoint()
+    return CommitResult(upserts, deletes, False, read_version + 1)
+
+
+#: a file whose rows a commit marks: the file, its deleted rows before, the rows it adds to them
+_Touched = list[tuple[LiveFile, "np.ndarray", "np.ndarray"]]
+
+
+def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table) -> _Touched | None:
+    """The live rows of ``files`` whose key is one of ``keys``', per file; None when the table holds a
+    key twice (Spark's MERGE updates every copy; this writer would keep one) or a file is not local."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from applier.sink.store.dvformat import read_dv
+
+    names = keys.column_names
+    if not keys.num_rows:
+        return []
+    bounds = None
+    if len(names) == 1 and pa.types.is_integer(keys.schema.field(0).type):
+        low_high = pc.min_max(keys.column(0))
+        bounds = (low_high["min"].as_py(), low_high["max"].as_py())
+    else:
+        keys = keys.group_by(names).aggregate([])
+    touched: _Touched = []
+    found: list[pa.Table] = []
+    for file in files:
+        if "://" in file.path:
+            return None
+        if bounds is not None and not _may_hold(file, names[0], bounds):
+            continue
+        held = pq.read_table(root / unquote(file.path), columns=names)
+        if len(names) == 1:
+            mask = pc.is_in(held.column(0), value_set=keys.column(0)).to_numpy(zero_copy_only=False)
+        else:
+            joined = held.append_column("__row", pa.array(np.arange(held.num_rows, dtype=np.int64))).join(
+                keys, keys=names, join_type="inner")
+            mask = np.zeros(held.num_rows, dtype=bool)
+            mask[joined.column("__row").to_numpy()] = True
+        mask = np.array(mask, dtype=bool)  # writable
+        dv = file.deletion_vector
+        old = read_dv(root, dv) if dv else np.empty(0, dtype=np.uint64)
+        if old.size:
+            mask[old.astype(np.int64)] = False
+        hits = np.flatnonzero(mask).astype(np.uint64)
+        if hits.size:
+            touched.append((file, old, hits))
+            found.append(held.take(pa.array(hits.astype(np.int64))))
+    if found:
+        matched = pa.concat_tables(found)
+        if matched.group_by(names).aggregate([]).num_rows != matched.num_rows:
+            return None
+    return touched
+
+
+def _may_hold(file: LiveFile, name: str, bounds: tuple[int, int]) -> bool:
+    """Whether the file's statistics allow a key within ``bounds`` (no statistics: it may)."""
+    stats = file.stats
+    low, high = stats.get("minValues", {}).get(name), stats.get("maxValues", {}).get(name)
+    if not isinstance(low, int) or not isinstance(high, int):
+        return True
+    return not (high < bounds[0] or low > bounds[1])
+
+
+def _file_actions(root: Path, upserted: pa.Table, touched: _Touched) -> list[dict[str, Any]]:
+    """The new file's ``add`` and each touched file's ``add`` and ``remove``; writes the new file and the
+    deletion vectors' file (neither is in the table until the commit names them)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from applier.sink.store.dvformat import dv_file_bytes, dv_file_name, encode_positions, new_descriptor
+
+    now = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = []
+    if upserted.num_rows:
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        pq.write_table(upserted, root / name, compression="snappy")
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
+                                "modificationTime": now, "dataChange": True, "stats": file_stats(upserted)}})
+    if not touched:
+        return actions
+    deleted = [np.union1d(old, hits).astype(np.uint64) for _, old, hits in touched]
+    bitmaps = [encode_positions(rows) for rows in deleted]
+    data, offsets = dv_file_bytes(bitmaps)
+    dv_id = uuid.uuid4()
+    (root / dv_file_name(dv_id)).write_bytes(data)
+    for (file, _, _), rows, bitmap, offset in zip(touched, deleted, bitmaps, offsets, strict=True):
+        add = dict(file.add)
+        stats = file.stats
+        add["deletionVector"] = new_descriptor(dv_id, offset, len(bitmap), int(rows.size))
+        add["dataChange"] = True
+        if stats:
+            add["stats"] = json.dumps({**stats, "tightBounds": False}, separators=(",", ":"))
+        remove: dict[str, Any] = {"path": file.path, "deletionTimestamp": now, "dataChange": True,
+                                  "extendedFileMetadata": True, "partitionValues": file.add.get("partitionValues", {}),
+                                  "size": file.add["size"]}
+        if file.deletion_vector:
+            remove["deletionVector"] = file.deletion_vector
+        if "numRecords" in stats:
+            remove["stats"] = json.dumps({"numRecords": stats["numRecords"]})
+        actions += [{"add": add}, {"remove": remove}]
+    return actions
+
+
+def _commit(root: Path, new_version: int, app_id: str, version: int, description: str,
+            actions: list[dict[str, Any]], *, upserts: int, deletes: int, marked: int) -> None:
+    """Write ``new_version``'s JSON commit: written aside, then linked into place, which fails when the
+    version exists (another writer committed it: delta-rs's conflict, retried by the caller)."""
+    from deltalake.exceptions import CommitFailedError
+
+    now = int(time.time() * 1000)
+    info = {"commitInfo": {
+        "timestamp": now, "operation": "MERGE", "operationParameters": {"predicate": "key"},
+        "readVersion": new_version - 1, "isolationLevel": "Serializable", "isBlindAppend": False,
+        "operationMetrics": {"numSourceRows": str(upserts + deletes), "numTargetRowsDeleted": str(deletes),
+                             "numTargetRowsMarkedDeleted": str(marked), "numOutputRows": str(upserts)},
+        "userMetadata": description, "engineInfo": "applier (deletion vectors)"}}
+    txn = {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}
+    body = "\n".join(json.dumps(a, separators=(",", ":"), ensure_ascii=False) for a in [info, txn, *actions]) + "\n"
+    final = log_path(root, new_version)
+    aside = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
+    with open(aside, "w", encoding="utf-8") as out:
+        out.write(body)
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        os.link(aside, final)
+    except FileExistsError:
+        raise CommitFailedError(f"version {new_version} of {root} was committed by another writer") from None
+    finally:
+        aside.unlink()

@@ -1,0 +1,155 @@
+"""MERGEs into a local table with deletion vectors, made by applier itself (applier.sink.store.dvmerge),
+give the table the in-memory store gives, as delta-rs's own reader (DataFusion) and Polars read it, and
+never rewrite a data file. No JVM: tests/integration/sink/test_dv_merge_spark.py holds Spark's reading
+of the same commits to it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
+from applier.sink.plan import fold_changes
+from applier.sink.spec import TableOptions, TableSpec
+from applier.sink.store import InMemoryStore
+from applier.sink.store.deltars import DeletionVectorStore
+from applier.sink.store.dvlog import live_files
+from applier.values import UNCHANGED_TOAST
+
+SCHEMA = pa.schema([pa.field("id", pa.int32()), pa.field("a", pa.string())])
+SPEC = TableSpec("public.t", SCHEMA, ("id",), "d")
+DV = DeletionVectorStore()
+
+
+def create_dv_table(path: str, schema: pa.Schema = SCHEMA, **properties: str) -> None:
+    """A table with deletion vectors enabled, as delta-rs creates it (the mirror's are Spark's)."""
+    from deltalake import DeltaTable
+
+    DeltaTable.create(path, schema, configuration={"delta.enableDeletionVectors": "true", **properties})
+
+
+def dv_rows(path: str, columns: tuple[str, ...] = ("id", "a")) -> list[tuple[Any, ...]]:
+    """The table's rows as delta-rs's DataFusion reads them (deletion vectors applied); Polars must agree."""
+    import polars as pl
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = pa.table(QueryBuilder().register("t", DeltaTable(path)).execute(
+        "SELECT " + ", ".join(f'"{c}"' for c in columns) + " FROM t").read_all())
+    rows = sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True), key=repr)
+    polars = pl.read_delta(path).select(list(columns))
+    assert sorted(polars.iter_rows(), key=repr) == rows
+    return rows
+
+
+def _group(rng: random.Random, live: dict[int, str], n: int, keys: int) -> list[TableChange]:
+    out: list[TableChange] = []
+    for i in range(n):
+        key, roll = rng.randrange(keys), rng.random()
+        if key not in live or roll < 0.2:
+            live[key] = f"v{rng.randrange(1000)}"
+            out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
+        elif roll < 0.45:
+            del live[key]
+            out.append(TableChange(OP_DELETE, (key,), None, None, i))
+        elif roll < 0.55 and (moved := rng.randrange(keys, keys + 50)) not in live:  # a key change
+            live[moved] = live.pop(key)
+            out.append(TableChange(OP_UPDATE, (key,), None, (moved, live[moved]), i))
+        else:
+            live[key] = f"u{rng.randrange(1000)}"
+            out.append(TableChange(OP_UPDATE, None, None, (key, live[key]), i))
+    return out
+
+
+def _data_file_writes(path: str) -> tuple[int, int]:
+    """(files added, files removed without being added again) over the whole log."""
+    added = dropped = 0
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+        readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
+        added += sum(1 for a in actions if "add" in a and "deletionVector" not in a["add"])
+        dropped += sum(1 for a in actions if "remove" in a and a["remove"]["path"] not in readded)
+    return added, dropped
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_deletion_vector_merges_give_the_in_memory_table_and_rewrite_no_file(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    path = str(tmp_path / "t")
+    create_dv_table(path, **{"delta.checkpointInterval": "3"})  # checkpoints taken and replayed from
+    memory = InMemoryStore()
+    memory.create(path, SPEC, TableOptions(), {})
+    live: dict[int, str] = {}
+    for version in range(1, 13):
+        plan = fold_changes(_group(rng, live, rng.randrange(1, 120), 300), SPEC.column_names, (0,),
+                            unchanged_marker=UNCHANGED_TOAST)
+        ours = DV.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+        theirs = memory.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+        assert ours is not None, "the deletion-vector writer declined a plan it makes"
+        assert ours == theirs
+        assert dv_rows(path) == sorted(live.items(), key=repr)
+        again = DV.merge(path, SCHEMA, plan, app_id="app", version=version, description="again")
+        assert again is not None and again.rows_upserted == again.rows_deleted == 0
+        assert DV.applied_version(path, "app") == version
+    assert dv_rows(path) == sorted(live.items(), key=repr)
+    assert _data_file_writes(path)[1] == 0, "a data file was removed: rewritten, not marked"
+    assert any(Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+    files = live_files(Path(path), DV.version(path))
+    assert any(f.deletion_vector for f in files)
+    assert sum(json.loads(f.add["stats"])["numRecords"] - (f.deletion_vector or {}).get("cardinality", 0)
+               for f in files) == len(live)
+    assert DV.file_stats(path).rows == len(live)  # what `applier status` shows
+
+
+def test_a_composite_key_and_typed_columns(tmp_path: Path) -> None:
+    schema = pa.schema([pa.field("k1", pa.int64()), pa.field("k2", pa.string()), pa.field("v", pa.float64())])
+    spec = TableSpec("public.c", schema, ("k1", "k2"), "d")
+    path = str(tmp_path / "c")
+    create_dv_table(path, schema)
+    rng = random.Random(5)
+    live: dict[tuple[int, str], float] = {}
+    for version in range(1, 8):
+        changes = []
+        for i in range(60):
+            key = (rng.randrange(5), rng.choice("abc"))
+            if key in live and rng.random() < 0.3:
+                del live[key]
+                changes.append(TableChange(OP_DELETE, key, None, None, i))
+            else:
+                op = OP_UPDATE if key in live else OP_INSERT
+                live[key] = rng.random()
+                changes.append(TableChange(op, None, None, (*key, live[key]), i))
+        plan = fold_changes(changes, spec.column_names, (0, 1), unchanged_marker=UNCHANGED_TOAST)
+        assert DV.merge(path, schema, plan, app_id="app", version=version, description="c") is not None
+        assert dv_rows(path, ("k1", "k2", "v")) == sorted(((*k, v) for k, v in live.items()), key=repr)
+
+
+def test_what_it_leaves_to_spark(tmp_path: Path) -> None:
+    """A truncate, a value to read from the target, a table without deletion vectors and a target holding
+    a key twice: declined (None), the table untouched."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    insert = fold_changes([TableChange(OP_INSERT, None, None, (1, "x"), 0)], SPEC.column_names, (0,),
+                          unchanged_marker=UNCHANGED_TOAST)
+    assert DV.merge(path, SCHEMA, insert, app_id="app", version=1, description="") is not None
+    truncate = fold_changes([TableChange(OP_TRUNCATE, None, None, None, 0)], SPEC.column_names, (0,),
+                            unchanged_marker=UNCHANGED_TOAST)
+    toast = fold_changes([TableChange(OP_UPDATE, None, None, (1, UNCHANGED_TOAST), 0, new_partial=True)],
+                         SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+    for plan in (truncate, toast):
+        assert DV.merge(path, SCHEMA, plan, app_id="app", version=2, description="") is None
+    write_deltalake(path, pa.table({"id": pa.array([1], pa.int32()), "a": ["twice"]}), mode="append")
+    update = fold_changes([TableChange(OP_UPDATE, None, None, (1, "y"), 0)], SPEC.column_names, (0,),
+                          unchanged_marker=UNCHANGED_TOAST)
+    assert DV.merge(path, SCHEMA, update, app_id="app", version=2, description="") is None
+    assert dv_rows(path) == [(1, "twice"), (1, "x")]
+    plain = str(tmp_path / "plain")
+    DeltaTable.create(plain, SCHEMA)
+    assert not DV.can_merge(plain) and DV.can_merge(path)
+    assert DV.merge(plain, SCHEMA, insert, app_id="app", version=1, description="") is None
