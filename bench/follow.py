@@ -153,11 +153,15 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
 
     config = work / "mirror.yaml"
     target = work / "delta"
-    config.write_text(yaml.safe_dump({
+    settings: dict[str, object] = {
         "source": {"slot": "applier", "publication": "follow_pub"},
         "target": {"path": str(target)},
         "apply": {"max_group_seconds": args.group_seconds, "overlap_groups": args.overlap},
-    }))
+    }
+    if args.deletion_vectors:
+        settings["tables"] = {"rules": [{"match": "public.*",
+                                         "table_properties": {"delta.enableDeletionVectors": "true"}}]}
+    config.write_text(yaml.safe_dump(settings))
     confirmed = ("SELECT coalesce(confirmed_flush_lsn - '0/0'::pg_lsn > %s, false) FROM pg_replication_slots "
                  "WHERE slot_name = 'applier'")
     env = {**os.environ, "APPLIER_DSN": cluster.dsn()}
@@ -197,7 +201,12 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
             mirror.kill()
     if args.mirror_log is not None:
         args.mirror_log.write_text((work / "mirror.log").read_text())
-    results = verify_against_postgres(None, conn, str(target), [("public", t) for t in TABLES])
+    spark = None
+    if args.deletion_vectors:  # delta-rs's pyarrow reader refuses deletion vectors: Spark reads the tables
+        from applier.spark.session import build_spark_session
+
+        spark = build_spark_session()
+    results = verify_against_postgres(spark, conn, str(target), [("public", t) for t in TABLES])
     equal = all(r.equal for r in results)
     if not equal:
         raise SystemExit(f"bench/follow: the Delta tables differ from Postgres: "
@@ -218,6 +227,9 @@ def main() -> None:
                    help="keep the mirror's log (its progress lines) in this file")
     p.add_argument("--overlap", action="store_true",
                    help="apply.overlap_groups: decode the next group while the previous one commits")
+    p.add_argument("--deletion-vectors", action="store_true",
+                   help="create the Delta tables with delta.enableDeletionVectors (a MERGE marks the rows it "
+                        "replaces instead of rewriting their files: applier/sink/store/dvmerge.py)")
     args = p.parse_args()
 
     import psycopg
@@ -244,7 +256,8 @@ def main() -> None:
 
     print(json.dumps({
         "scale": args.scale, "clients": args.clients, "seconds": args.seconds, "group_seconds": args.group_seconds,
-        "overlap_groups": args.overlap, "postgres": postgres, "applier": applier,
+        "overlap_groups": args.overlap,
+        "deletion_vectors": args.deletion_vectors, "postgres": postgres, "applier": applier,
         "tps_beside_applier_vs_postgres": round(float(applier["tps"]) / float(postgres["tps"]), 2),  # type: ignore[arg-type]
         "drain_applier_minus_postgres_seconds": round(
             float(applier["drain_seconds"]) - float(postgres["drain_seconds"]), 2),  # type: ignore[arg-type]

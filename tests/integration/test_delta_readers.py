@@ -54,13 +54,15 @@ INSERT INTO lake.typed SELECT g, 'row ' || g, g * 1.25, g::numeric ^ 30, g / 3.0
 
 
 def delta_rs_rows(path: str, columns: list[str]) -> list[tuple[Any, ...]]:
-    """The table's rows as delta-rs reads them: its pyarrow path, or for a column-mapped table (which
-    that path refuses) its DataFusion engine."""
+    """The table's rows as delta-rs reads them: its pyarrow path, or for a column-mapped table or one with
+    deletion vectors (which that path refuses) its DataFusion engine."""
     import pyarrow as pa
 
     table = deltalake.DeltaTable(path)
-    if "columnMapping" in (table.protocol().reader_features or []):
-        with pytest.raises(Exception, match="columnMapping"):  # loudly, never NULLs for every column
+    features = table.protocol().reader_features or []
+    if "columnMapping" in features or "deletionVectors" in features:
+        feature = "columnMapping" if "columnMapping" in features else "deletionVectors"
+        with pytest.raises(Exception, match=feature):  # loudly, never NULLs for every column, nor deleted rows
             table.to_pyarrow_table()
         select = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
         rows = pa.table(deltalake.QueryBuilder().register("t", table).execute(f"SELECT {select} FROM t").read_all())
@@ -352,3 +354,70 @@ def test_enable_column_mapping_gives_the_reader_feature_once_and_a_renamed_colum
             table.to_pyarrow_table()
         got = pa.table(deltalake.QueryBuilder().register("t", table).execute('SELECT id, "d e" FROM t').read_all())
         assert sorted(tuple(r.values()) for r in got.to_pylist()) == [(1, "x"), (2, "y")]
+
+
+DV_TABLE = """
+CREATE SCHEMA dv;
+CREATE TABLE dv.acc (id int PRIMARY KEY, n int NOT NULL, note text);
+INSERT INTO dv.acc SELECT g, g, 'row ' || g FROM generate_series(1, 3000) g;
+UPDATE dv.acc SET note = (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 3000) g) WHERE id = 1;
+CREATE PUBLICATION dv_pub FOR TABLES IN SCHEMA dv;
+"""
+
+
+def test_a_table_with_deletion_vectors_is_merged_without_a_rewrite_and_read_by_every_reader(pg, spark, tmp_path):
+    """``delta.enableDeletionVectors`` in a rule's properties: the copy and the stream's keyed MERGEs are
+    written without Spark, marking rows instead of rewriting the copy's file (applier.sink.store.dvmerge);
+    what that writer leaves to Spark (an unchanged TOAST value read from the target, a TRUNCATE) is Spark's
+    MERGE into the same table. After each run Spark, delta-rs's DataFusion, Polars and ``applier status``
+    find exactly Postgres's rows."""
+    import polars as pl
+
+    with pg.connect() as conn:
+        conn.execute(DV_TABLE)
+        target = tmp_path / "delta"
+        rules = TablesSettings(rules=[TableRule(match="dv.*",
+                                                table_properties={"delta.enableDeletionVectors": "true"})])
+        cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="dv", publication="dv_pub"),
+                           target=TargetSettings(path=str(target)), tables=rules,
+                           apply=ApplySettings(max_group_seconds=1.0))
+        path = target / "dv" / "acc"
+
+        def check(*, every_reader: bool = False) -> None:
+            assert assert_delta_rs_equals_postgres(conn, path, "dv", "acc") == conn.execute(
+                "SELECT count(*) FROM dv.acc").fetchone()[0]
+            names, source = postgres_table_rows(conn, "dv", "acc")
+            pg_rows = list(source)
+            assert sorted(pl.read_delta(str(path)).select(names).iter_rows()) == sorted(pg_rows)
+            if every_reader:
+                spark_rows = [tuple(r) for r in spark.read.format("delta").load(str(path)).select(*names).collect()]
+                assert compare("dv.acc", iter(pg_rows), iter(spark_rows)).equal
+                status = {t["table"]: t for t in status_without_java("--target", str(target))["tables"]}
+                assert status["dv.acc"]["rows"] == len(pg_rows)
+
+        def commits_since(version: int) -> list[dict[str, Any]]:
+            return [json.loads(line) for f in sorted((path / "_delta_log").glob("*.json"))
+                    if int(f.stem) > version for line in f.read_text().splitlines() if line.strip()]
+
+        mirror(spark, cfg, once=True)  # the copy
+        assert "deletionVectors" in reader_features(path)
+        copied = [f.name for f in path.glob("*.parquet")]
+        check()
+        version = deltalake.DeltaTable(str(path)).version()
+        conn.execute("UPDATE dv.acc SET n = n + 1 WHERE id % 7 = 0;"
+                     "DELETE FROM dv.acc WHERE id % 11 = 0;"
+                     "UPDATE dv.acc SET id = id + 10000 WHERE id = 5;"
+                     "INSERT INTO dv.acc SELECT g, g, 'new' FROM generate_series(3001, 3100) g")
+        mirror(spark, cfg, once=True)
+        actions = commits_since(version)
+        assert any(a.get("commitInfo", {}).get("engineInfo") == "applier (deletion vectors)" for a in actions)
+        assert not [a for a in actions if "remove" in a and a["remove"]["path"] in copied and not any(
+            "add" in b and b["add"]["path"] == a["remove"]["path"] for b in actions)], "the copy's file was rewritten"
+        check(every_reader=True)
+        conn.execute("UPDATE dv.acc SET n = -1 WHERE id = 1")  # its note is unchanged TOAST: read from the table
+        mirror(spark, cfg, once=True)
+        check()
+        conn.execute("TRUNCATE dv.acc; INSERT INTO dv.acc SELECT g, g, 'again' FROM generate_series(1, 50) g;")
+        conn.execute("UPDATE dv.acc SET n = 0 WHERE id <= 10; DELETE FROM dv.acc WHERE id > 45")
+        mirror(spark, cfg, once=True)
+        check(every_reader=True)

@@ -330,7 +330,13 @@ class DeletionVectorStore(DeltaRsStore):
     """A local table with deletion vectors enabled, for its MERGEs: marked rows and an appended file
     instead of a rewrite (applier.sink.store.dvmerge). Every other change to it is Spark's (delta-rs
     would rewrite files the deletion vectors point into, or read them as it cannot): declined here, so
-    the ``FallbackStore`` around it hands them on."""
+    the ``FallbackStore`` around it hands them on. It keeps what a commit read for the next one
+    (``DvCache``): one store per run, not shared."""
+
+    def __init__(self) -> None:
+        from applier.sink.store.dvmerge import DvCache
+
+        self.cache = DvCache()
 
     def can_merge(self, path: str) -> bool:
         """Whether this store makes the MERGEs of the table at ``path``."""
@@ -342,7 +348,8 @@ class DeletionVectorStore(DeltaRsStore):
               description: str, may_be_empty: bool = True) -> CommitResult | None:
         from applier.sink.store.dvmerge import apply_plan_dv
 
-        return apply_plan_dv(self, path, schema, plan, app_id=app_id, version=version, description=description)
+        return apply_plan_dv(self, path, schema, plan, app_id=app_id, version=version, description=description,
+                             cache=self.cache)
 
     def merge_history(self, path: str, spec: TableSpec, plan: HistoryPlan, *, app_id: str, version: int,
                       description: str) -> int | None:

@@ -19,7 +19,7 @@ from typing import Any
 from applier.errors import SinkError
 from applier.sink.store.dvformat import descriptor_id
 
-__all__ = ["LiveFile", "live_files", "log_path"]
+__all__ = ["LiveFile", "LogReplay", "live_files", "log_path"]
 
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _ADD_FIELDS = ("path", "partitionValues", "size", "modificationTime", "dataChange", "stats", "tags",
@@ -98,24 +98,51 @@ def _checkpoint_adds(parts: list[Path]) -> dict[tuple[str, str | None], dict[str
     return files
 
 
+class LogReplay:
+    """One table's log replayed up to a version, and advanced from there: a run that commits to the table
+    again and again reads only the commits since its last one (a checkpoint is read again only when the
+    replay has to start over: an older version asked, a commit missing)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.version = -1
+        self._files: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+    def files_at(self, version: int) -> list[LiveFile]:
+        """The live data files at ``version``, in log order."""
+        if 0 <= self.version <= version:
+            try:
+                self._replay(self.version + 1, version)
+            except FileNotFoundError:
+                self._load(version)
+        else:
+            self._load(version)
+        return [LiveFile(a) for a in self._files.values()]
+
+    def _load(self, version: int) -> None:
+        parts = _checkpoint_files(self.root / "_delta_log", version)
+        self._files = _checkpoint_adds(parts)
+        self.version = int(_CHECKPOINT.match(parts[0].name).group(1)) if parts else -1  # type: ignore[union-attr]
+        try:
+            self._replay(self.version + 1, version)
+        except FileNotFoundError as e:
+            self.version = -1
+            raise SinkError("the Delta log misses a commit between its checkpoint and its newest version",
+                            path=str(self.root), missing=Path(str(e.filename)).name) from None
+
+    def _replay(self, first: int, last: int) -> None:
+        for v in range(first, last + 1):
+            for line in log_path(self.root, v).read_text(encoding="utf-8").splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                if "add" in action:
+                    self._files[_key(action["add"])] = action["add"]
+                elif "remove" in action:
+                    self._files.pop(_key(action["remove"]), None)
+            self.version = v
+
+
 def live_files(root: Path, version: int) -> list[LiveFile]:
     """The data files of the table at ``root`` (a local directory) at ``version``, in log order."""
-    log = root / "_delta_log"
-    parts = _checkpoint_files(log, version)
-    files = _checkpoint_adds(parts)
-    start = int(_CHECKPOINT.match(parts[0].name).group(1)) + 1 if parts else 0  # type: ignore[union-attr]
-    for v in range(start, version + 1):
-        try:
-            lines = log_path(root, v).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise SinkError("the Delta log misses a commit between its checkpoint and its newest version",
-                            path=str(root), version=v) from None
-        for line in lines:
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "add" in action:
-                files[_key(action["add"])] = action["add"]
-            elif "remove" in action:
-                files.pop(_key(action["remove"]), None)
-    return [LiveFile(a) for a in files.values()]
+    return LogReplay(root).files_at(version)

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 from applier.sink.copyfiles import file_stats
 from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
-from applier.sink.store.dvlog import LiveFile, live_files, log_path
+from applier.sink.store.dvlog import LiveFile, LogReplay, log_path
 from applier.sink.store.rsmerge import TableOpener, merge_source, open_for_commit
 from applier.storage.location import scheme_of
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from applier.sink.plan import TablePlan
 
-__all__ = ["apply_plan_dv", "writes_deletion_vectors"]
+__all__ = ["DvCache", "apply_plan_dv", "writes_deletion_vectors"]
 
 #: what this writer keeps of a table's protocol: features it has nothing to do for (timestampNtz,
 #: variantType: types; appendOnly and invariants: Spark's defaults, checked below where they ask anything)
@@ -53,6 +53,68 @@ WRITER_FEATURES = frozenset({"deletionVectors", "appendOnly", "invariants", "tim
 READER_FEATURES = frozenset({"deletionVectors", "timestampNtz", "variantType"})
 #: delta-rs's and the protocol's default when the table sets none
 CHECKPOINT_INTERVAL = 100
+
+
+class TableCache:
+    """What one table's MERGEs read again at every commit, kept between them: its log replayed, the key
+    columns of its data files and its deletion vectors. Data files and vector files are never changed
+    once written (their names are new uuids), so what is kept of one stays true; only what the live
+    files no longer name is dropped. ``table_id``: the Delta table these are of (a table replaced at the
+    same path starts over)."""
+
+    def __init__(self, root: Path, table_id: str) -> None:
+        self.table_id = table_id
+        self.log = LogReplay(root)
+        self.keys: dict[str, pa.Table] = {}
+        self.vectors: dict[str, np.ndarray] = {}
+        self.rows = 0
+
+    def keep_only(self, files: list[LiveFile]) -> None:
+        from applier.sink.store.dvformat import descriptor_id
+
+        paths = {f.path for f in files}
+        ids = {descriptor_id(f.deletion_vector) for f in files if f.deletion_vector}
+        for gone in [p for p in self.keys if p not in paths]:
+            self.rows -= self.keys.pop(gone).num_rows
+        for gone in [i for i in self.vectors if i not in ids]:
+            del self.vectors[gone]
+
+
+class DvCache:
+    """A run's :class:`TableCache` per table, held by its ``DeletionVectorStore``. The key columns kept are
+    bounded by ``max_rows`` in all (a file read beyond it is read again at the next commit): 1M integer
+    keys are 4-8 MB. Tables commit in parallel, each on one thread at a time: each has its own cache."""
+
+    def __init__(self, max_rows: int = 20_000_000) -> None:
+        self.max_rows = max_rows
+        self.tables: dict[Path, TableCache] = {}
+        self._handles: dict[Path, tuple[Any, tuple[int, int]]] = {}  # root -> open table, its log's identity
+
+    def open(self, store: TableOpener, path: str, root: Path) -> Any:
+        """The table's newest version through the ``deltalake.DeltaTable`` an earlier commit opened, brought
+        up to date (``update_incremental``: only the commits since; opening reads the log anew, 50 ms at
+        60 commits past a checkpoint), or opened by ``store``. A log directory that is not the one opened
+        then (the table deleted, replaced: ``_log_identity``) is opened anew."""
+        identity = _log_identity(root)
+        if identity is None:
+            self._handles.pop(root, None)
+            return store.open(path)
+        held = self._handles.get(root)
+        if held is not None and held[1] == identity:
+            held[0].update_incremental()
+            return held[0]
+        table = store.open(path)
+        self._handles[root] = (table, identity)
+        return table
+
+    def table(self, root: Path, table_id: str) -> TableCache:
+        cached = self.tables.get(root)
+        if cached is None or cached.table_id != table_id:
+            cached = self.tables[root] = TableCache(root, table_id)
+        return cached
+
+    def room(self, rows: int) -> bool:
+        return sum(t.rows for t in list(self.tables.values())) + rows <= self.max_rows
 
 
 def local_root(path: str) -> Path | None:
@@ -85,9 +147,9 @@ def writes_deletion_vectors(table: Any, path: str) -> bool:
 
 
 def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TablePlan, *, app_id: str,
-                  version: int, description: str) -> CommitResult | None:
+                  version: int, description: str, cache: DvCache | None = None) -> CommitResult | None:
     """The one commit ``plan`` describes, as deletion vectors and an appended file; None when this writer
-    does not make it (see the module's docstring)."""
+    does not make it (see the module's docstring). ``cache``: what earlier commits read (none: read all)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -98,7 +160,8 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
     source, fills, upserts, deletes = merge_source(plan, schema)
     if source is None or fills or any(source.column(p).null_count for p in plan.key_positions):
         return None
-    table = open_for_commit(store, path, names, app_id, version)
+    tables = cache if cache is not None else DvCache(max_rows=0)
+    table = open_for_commit(_Opener(store, tables, root), path, names, app_id, version)
     if isinstance(table, CommitResult):
         return CommitResult(0, 0, False)
     if table is None or not writes_deletion_vectors(table, path):
@@ -111,26 +174,57 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
         return None  # Spark refuses the NULL with its own error
     keys = [names[p] for p in plan.key_positions]
     read_version = int(table.version())
-    files = live_files(root, read_version)
-    touched = _matching_rows(root, files, source.select(keys))
+    cached = tables.table(root, str(table.metadata().id))
+    files = cached.log.files_at(read_version)
+    cached.keep_only(files)
+    touched = _matching_rows(root, files, source.select(keys), cached, tables)
     if touched is None:
         return None
     if not files:
         deletes = 0  # nothing to delete: counted as delta-rs's append into an empty table counts
-    actions = _file_actions(root, upserted, touched)
+    actions, vectors = _file_actions(root, upserted, touched)
     _commit(root, read_version + 1, app_id, version, description, actions,
             upserts=upserts, deletes=deletes, marked=sum(len(hits) for _, _, hits in touched))
+    cached.vectors.update(vectors)  # the next commit starts from these: no need to read them back
     interval = int(dict(table.metadata().configuration or {}).get("delta.checkpointInterval", CHECKPOINT_INTERVAL))
     if (read_version + 1) % max(interval, 1) == 0:
-        store.open(path).create_checkpoint()
+        table.update_incremental()
+        table.create_checkpoint()
     return CommitResult(upserts, deletes, False, read_version + 1)
+
+
+def _log_identity(root: Path) -> tuple[int, int] | None:
+    """Which log this is: its first commit's file (inode, modification time in ns: a table created
+    again has a new one even where the filesystem reuses the inode), or once a cleanup removed that,
+    the log directory's inode; None without a log."""
+    log = root / "_delta_log"
+    try:
+        first = log_path(root, 0).stat()
+        return first.st_ino, first.st_mtime_ns
+    except FileNotFoundError:
+        pass
+    try:
+        return log.stat().st_ino, -1
+    except FileNotFoundError:
+        return None
+
+
+class _Opener:
+    """``store``'s tables opened through the cache's handles (``DvCache.open``)."""
+
+    def __init__(self, store: TableOpener, cache: DvCache, root: Path) -> None:
+        self.store, self.cache, self.root = store, cache, root
+
+    def open(self, path: str) -> Any:
+        return self.cache.open(self.store, path, self.root)
 
 
 #: a file whose rows a commit marks: the file, its deleted rows before, the rows it adds to them
 _Touched = list[tuple[LiveFile, "np.ndarray", "np.ndarray"]]
 
 
-def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table) -> _Touched | None:
+def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: TableCache,
+                   tables: DvCache) -> _Touched | None:
     """The live rows of ``files`` whose key is one of ``keys``', per file; None when the table holds a
     key twice (Spark's MERGE updates every copy; this writer would keep one) or a file is not local."""
     import numpy as np
@@ -138,7 +232,7 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table) -> _Touche
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from applier.sink.store.dvformat import read_dv
+    from applier.sink.store.dvformat import descriptor_id, read_dv
 
     names = keys.column_names
     if not keys.num_rows:
@@ -156,7 +250,12 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table) -> _Touche
             return None
         if bounds is not None and not _may_hold(file, names[0], bounds):
             continue
-        held = pq.read_table(root / unquote(file.path), columns=names)
+        held = cached.keys.get(file.path)
+        if held is None:
+            held = pq.read_table(root / unquote(file.path), columns=names)
+            if tables.room(held.num_rows):
+                cached.keys[file.path] = held
+                cached.rows += held.num_rows
         if len(names) == 1:
             mask = pc.is_in(held.column(0), value_set=keys.column(0)).to_numpy(zero_copy_only=False)
         else:
@@ -166,7 +265,12 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table) -> _Touche
             mask[joined.column("__row").to_numpy()] = True
         mask = np.array(mask, dtype=bool)  # writable
         dv = file.deletion_vector
-        old = read_dv(root, dv) if dv else np.empty(0, dtype=np.uint64)
+        old = np.empty(0, dtype=np.uint64)
+        if dv:
+            dv_id = descriptor_id(dv)
+            old = cached.vectors.get(dv_id)  # type: ignore[assignment]
+            if old is None:
+                old = cached.vectors[dv_id] = read_dv(root, dv)
         if old.size:
             mask[old.astype(np.int64)] = False
         hits = np.flatnonzero(mask).astype(np.uint64)
@@ -189,13 +293,21 @@ def _may_hold(file: LiveFile, name: str, bounds: tuple[int, int]) -> bool:
     return not (high < bounds[0] or low > bounds[1])
 
 
-def _file_actions(root: Path, upserted: pa.Table, touched: _Touched) -> list[dict[str, Any]]:
-    """The new file's ``add`` and each touched file's ``add`` and ``remove``; writes the new file and the
-    deletion vectors' file (neither is in the table until the commit names them)."""
+def _file_actions(root: Path, upserted: pa.Table,
+                  touched: _Touched) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """The new file's ``add`` and each touched file's ``add`` and ``remove``, and the new deletion
+    vectors' rows by id; writes the new file and the vectors' file (neither is in the table until the
+    commit names them)."""
     import numpy as np
     import pyarrow.parquet as pq
 
-    from applier.sink.store.dvformat import dv_file_bytes, dv_file_name, encode_positions, new_descriptor
+    from applier.sink.store.dvformat import (
+        descriptor_id,
+        dv_file_bytes,
+        dv_file_name,
+        encode_positions,
+        new_descriptor,
+    )
 
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = []
@@ -205,8 +317,8 @@ def _file_actions(root: Path, upserted: pa.Table, touched: _Touched) -> list[dic
         actions.append({"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
                                 "modificationTime": now, "dataChange": True, "stats": file_stats(upserted)}})
     if not touched:
-        return actions
-    deleted = [np.union1d(old, hits).astype(np.uint64) for _, old, hits in touched]
+        return actions, {}
+    deleted = [np.sort(np.concatenate([old, hits])) for _, old, hits in touched]  # disjoint: hits skip old
     bitmaps = [encode_positions(rows) for rows in deleted]
     data, offsets = dv_file_bytes(bitmaps)
     dv_id = uuid.uuid4()
@@ -226,7 +338,8 @@ def _file_actions(root: Path, upserted: pa.Table, touched: _Touched) -> list[dic
         if "numRecords" in stats:
             remove["stats"] = json.dumps({"numRecords": stats["numRecords"]})
         actions += [{"add": add}, {"remove": remove}]
-    return actions
+    return actions, {descriptor_id(a["add"]["deletionVector"]): rows
+                     for a, rows in zip(actions[-2 * len(touched)::2], deleted, strict=True)}
 
 
 def _commit(root: Path, new_version: int, app_id: str, version: int, description: str,

@@ -25,8 +25,6 @@ Store = FallbackStore | SparkStore | InMemoryStore
 
 #: one delta-rs store serves every caller: it holds no state
 DELTARS = DeltaRsStore()
-#: the MERGEs of local tables with deletion vectors, made without Spark (stateless too)
-DVSTORE = DeletionVectorStore()
 
 
 def reader(path: str, spark: SparkLike | None = None) -> DeltaRsStore | SparkStore:
@@ -81,7 +79,10 @@ class StorePicker:
         self.merge_engine = merge_engine
         self.only = only
         self._writable: dict[str, bool] = {}  # table path -> delta-rs writes its protocol
-        self._dv_merges: dict[str, bool] = {}  # table path -> DVSTORE makes its MERGEs
+        self._dv_merges: dict[str, bool] = {}  # table path -> dv_store makes its MERGEs
+        #: the MERGEs of local tables with deletion vectors, made without Spark; it keeps what each
+        #: commit reads for the next one (a run's: one per picker)
+        self.dv_store = DeletionVectorStore()
 
     def _deltars(self, spark: SparkLike | None = None, why: str | None = None) -> FallbackStore:
         return FallbackStore(DELTARS, spark if spark is not None else self.spark, why=why)
@@ -134,7 +135,7 @@ class StorePicker:
         if self.deltars_writes(path) and not spec.floating_point_key:
             return self._deltars(spark, why)
         if self.dv_merges(path) and not spec.floating_point_key:
-            return FallbackStore(DVSTORE, spark if spark is not None else self.spark, why=why)
+            return FallbackStore(self.dv_store, spark if spark is not None else self.spark, why=why)
         return self._spark(spark, why)
 
     def dv_merges(self, path: str) -> bool:
@@ -144,7 +145,7 @@ class StorePicker:
             return False
         merges = self._dv_merges.get(path)
         if merges is None:
-            merges = self._dv_merges[path] = DVSTORE.can_merge(path)
+            merges = self._dv_merges[path] = self.dv_store.can_merge(path)
         return merges
 
     def creator(self, path: str, spec: TableSpec, options: TableOptions) -> Store:

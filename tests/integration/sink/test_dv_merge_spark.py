@@ -17,7 +17,7 @@ import pytest
 from applier.sink.plan import fold_changes
 from applier.sink.spec import TableOptions, TableSpec
 from applier.sink.store import InMemoryStore, SparkStore
-from applier.sink.store.picker import DVSTORE, StorePicker
+from applier.sink.store.picker import StorePicker
 from applier.values import UNCHANGED_TOAST
 
 pytestmark = pytest.mark.spark
@@ -69,6 +69,7 @@ def test_applier_and_spark_read_each_others_deletion_vectors(spark, tmp_path: Pa
     spark_store.create(path, SPEC, TableOptions(), properties)
     memory.create(path, SPEC, TableOptions(), {})
     picker = StorePicker(spark)
+    dv_store = picker.dv_store
     assert picker.dv_merges(path) and not picker.deltars_writes(path)
     rng = random.Random(3)
     live: dict[int, str] = {}
@@ -82,7 +83,7 @@ def test_applier_and_spark_read_each_others_deletion_vectors(spark, tmp_path: Pa
     for version in range(1, 7):
         plan = fold_changes(_group(rng, live, rng.randrange(200, 3000)), SPEC.column_names, (0,),
                             unchanged_marker=UNCHANGED_TOAST)
-        writer = spark_store if version == 3 else DVSTORE  # Spark's own MERGE writes its vectors, read at 4
+        writer = spark_store if version == 3 else dv_store  # Spark's own MERGE writes its vectors, read at 4
         ours = writer.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
         assert ours is not None
         memory.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
@@ -95,7 +96,7 @@ def test_applier_and_spark_read_each_others_deletion_vectors(spark, tmp_path: Pa
             assert '"deletionVector"' in newest and "Apache-Spark" in newest, "Spark's MERGE wrote no vectors"
         if version == 4:
             spark.sql(f"OPTIMIZE delta.`{path}`")  # purges the vectors into rewritten files
-    assert DVSTORE.applied_version(path, "app") == 6
+    assert dv_store.applied_version(path, "app") == 6
     logs = sorted(Path(path, "_delta_log").glob("*.json"))
     commits = [json.loads(line) for f in logs for line in f.read_text().splitlines()
                if '"applier (deletion vectors)"' in line]
