@@ -85,6 +85,23 @@ class FallingBehind:
             self._conn.close()
 
 
+def pace_rounds(until: float, stop: threading.Event, server_flush: Callable[[], int], flush: int, *,
+                step: float = 0.1) -> bool:
+    """Wait for the next catch-up round until ``until`` (monotonic), unless the server's WAL stops moving
+    (``server_flush`` the same ``step`` seconds apart; ``flush``: the last position asked): the load
+    has stopped, and what is left is applied at once: waiting out the pace would only delay it (the
+    drain after a busy period, bench/follow.py). True when ``stop`` is set."""
+    last = flush
+    while (left := until - time.monotonic()) > 0:
+        if stop.wait(min(left, step)):
+            return True
+        now = server_flush()
+        if now == last:
+            return False
+        last = now
+    return False
+
+
 class SlotFollower:
     def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
                  stop: threading.Event, progress: Progress, progress_every: float) -> None:
@@ -210,7 +227,7 @@ class ReplicationFollower(SlotFollower):
             if not ran:
                 behind.refused()
                 return
-            if target is None and self.stop.wait(max(pace - (time.monotonic() - started), 0.0)):
+            if target is None and pace_rounds(started + pace, self.stop, behind.server_flush, flush):
                 return
             read, flush = flush, behind.server_flush()
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop

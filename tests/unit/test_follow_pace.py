@@ -1,0 +1,30 @@
+"""A catch-up round waits for the next one only while the server's WAL moves (applier.drivers.follow):
+under a load rounds are paced, and once the load stops what is left is applied at once instead of
+waiting out the pace (bench/follow.py's drain)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from applier.drivers.follow import pace_rounds
+
+
+def test_rounds_wait_out_the_pace_while_the_wal_moves() -> None:
+    positions = iter(range(1000, 10**6, 100))
+    started = time.monotonic()
+    assert not pace_rounds(started + 0.35, threading.Event(), lambda: next(positions), 900, step=0.05)
+    assert time.monotonic() - started >= 0.35
+
+
+def test_a_quiet_server_ends_the_wait_at_once() -> None:
+    moves = iter([1000, 1100, 1100])
+    started = time.monotonic()
+    assert not pace_rounds(started + 5.0, threading.Event(), lambda: next(moves), 900, step=0.05)
+    assert time.monotonic() - started < 1.0  # three steps, not five seconds
+
+
+def test_a_stop_ends_the_wait() -> None:
+    stop = threading.Event()
+    stop.set()
+    assert pace_rounds(time.monotonic() + 5.0, stop, lambda: 0, 0, step=0.05)
