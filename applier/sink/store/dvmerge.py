@@ -14,12 +14,14 @@ DataFusion queries, Polars) but writes none. So applier writes them itself, as S
   (its statistics carried on, no longer tight) and the ``remove`` of its old entry, the applied version
   as the ``txn`` action Spark and delta-rs record, the description as ``userMetadata``.
 
+A TRUNCATE (and what follows it in the group) is delta-rs's overwrite, which reads nothing.
+
 Which tables: the user's choice (``delta.enableDeletionVectors`` in the table's properties, made by
 Spark's ``CREATE TABLE``), on a local filesystem (the commit is an atomic link of the JSON file, which
 fails when another writer took the version: a conflict, retried like delta-rs's), without partitions,
-constraints, column mapping or other features this writer does not keep. Any other plan or table (a
-truncate, unchanged-TOAST values read from the target, a key-less table, a target that holds a key twice)
-returns None, and the caller takes Spark's MERGE.
+constraints, column mapping or other features this writer does not keep. Any other plan or table
+(unchanged-TOAST values read from the target, a key-less table, a target that holds a key twice) returns
+None, and the caller takes Spark's MERGE.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from applier.sink.copyfiles import file_stats
 from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
 from applier.sink.store.dvlog import LiveFile, LogReplay, log_path
-from applier.sink.store.rsmerge import TableOpener, merge_source, open_for_commit
+from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
 from applier.storage.location import scheme_of
 
 if TYPE_CHECKING:
@@ -139,8 +141,8 @@ def writes_deletion_vectors(table: Any, path: str) -> bool:
         return False
     if configuration.get("delta.appendOnly", "").lower() == "true" or metadata.partition_columns:
         return False
-    if any(k.startswith("delta.constraints.") for k in configuration):
-        return False
+    if any(k.startswith("delta.constraints.") for k in configuration) or "delta.invariants" in table.schema().to_json():
+        return False  # rows this writer appends would not be checked
     writer, reader = set(protocol.writer_features or ()), set(protocol.reader_features or ())
     return int(protocol.min_writer_version) == 7 and int(protocol.min_reader_version) == 3 and \
         "deletionVectors" in writer and writer <= WRITER_FEATURES and reader <= READER_FEATURES
@@ -154,7 +156,7 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
     import pyarrow.compute as pc
 
     root = local_root(path)
-    if root is None or plan.multiset or plan.truncated:
+    if root is None or plan.multiset:
         return None
     names = list(schema.names)
     source, fills, upserts, deletes = merge_source(plan, schema)
@@ -172,6 +174,13 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
     upserted = source.filter(pc.equal(source.column(OP_COL), "U")).drop_columns([OP_COL])
     if any(not f.nullable and upserted.column(f.name).null_count for f in target):
         return None  # Spark refuses the NULL with its own error
+    if plan.truncated:
+        # what is left after a TRUNCATE replaces every row: delta-rs's overwrite reads nothing, and its
+        # remove actions name the files' deletion vectors
+        from deltalake import write_deltalake
+
+        write_deltalake(table, upserted, mode="overwrite", commit_properties=commit_tags(app_id, version, description))
+        return CommitResult(upserts, 0, True, int(table.version()))
     keys = [names[p] for p in plan.key_positions]
     read_version = int(table.version())
     cached = tables.table(root, str(table.metadata().id))
@@ -252,7 +261,13 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
             continue
         held = cached.keys.get(file.path)
         if held is None:
-            held = pq.read_table(root / unquote(file.path), columns=names)
+            # as the table's types: a Spark file may hold a timestamp key as INT96 (applier.sink.int96)
+            held = pq.read_table(root / unquote(file.path), columns=names, coerce_int96_timestamp_unit="us")
+            if held.schema != keys.schema:
+                try:
+                    held = held.cast(keys.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    return None
             if tables.room(held.num_rows):
                 cached.keys[file.path] = held
                 cached.rows += held.num_rows

@@ -50,7 +50,10 @@ def _group(rng: random.Random, live: dict[int, str], n: int, keys: int) -> list[
     out: list[TableChange] = []
     for i in range(n):
         key, roll = rng.randrange(keys), rng.random()
-        if key not in live or roll < 0.2:
+        if roll < 0.003:
+            live.clear()
+            out.append(TableChange(OP_TRUNCATE, None, None, None, i))
+        elif key not in live or roll < 0.2:
             live[key] = f"v{rng.randrange(1000)}"
             out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
         elif roll < 0.45:
@@ -66,10 +69,14 @@ def _group(rng: random.Random, live: dict[int, str], n: int, keys: int) -> list[
 
 
 def _data_file_writes(path: str) -> tuple[int, int]:
-    """(files added, files removed without being added again) over the whole log."""
+    """(files added, files removed without being added again) by the MERGEs over the whole log (a
+    truncate's overwrite removes every file)."""
     added = dropped = 0
     for commit in sorted(Path(path, "_delta_log").glob("*.json")):
         actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+        if actions[0]["commitInfo"]["operation"] != "MERGE":
+            assert actions[0]["commitInfo"]["operationParameters"]["mode"] in ("Append", "Overwrite", "ErrorIfExists")
+            continue
         readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
         added += sum(1 for a in actions if "add" in a and "deletionVector" not in a["add"])
         dropped += sum(1 for a in actions if "remove" in a and a["remove"]["path"] not in readded)
@@ -131,8 +138,8 @@ def test_a_composite_key_and_typed_columns(tmp_path: Path) -> None:
 
 
 def test_what_it_leaves_to_spark(tmp_path: Path) -> None:
-    """A truncate, a value to read from the target, a table without deletion vectors and a target holding
-    a key twice: declined (None), the table untouched."""
+    """A value to read from the target, a table without deletion vectors and a target holding a key twice:
+    declined (None), the table untouched. A truncate is delta-rs's overwrite."""
     from deltalake import DeltaTable, write_deltalake
 
     path = str(tmp_path / "t")
@@ -144,13 +151,19 @@ def test_what_it_leaves_to_spark(tmp_path: Path) -> None:
                             unchanged_marker=UNCHANGED_TOAST)
     toast = fold_changes([TableChange(OP_UPDATE, None, None, (1, UNCHANGED_TOAST), 0, new_partial=True)],
                          SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
-    for plan in (truncate, toast):
-        assert DV.merge(path, SCHEMA, plan, app_id="app", version=2, description="") is None
+    assert DV.merge(path, SCHEMA, toast, app_id="app", version=2, description="") is None
     write_deltalake(path, pa.table({"id": pa.array([1], pa.int32()), "a": ["twice"]}), mode="append")
     update = fold_changes([TableChange(OP_UPDATE, None, None, (1, "y"), 0)], SPEC.column_names, (0,),
                           unchanged_marker=UNCHANGED_TOAST)
     assert DV.merge(path, SCHEMA, update, app_id="app", version=2, description="") is None
     assert dv_rows(path) == [(1, "twice"), (1, "x")]
+    after = fold_changes([TableChange(OP_TRUNCATE, None, None, None, 0),
+                          TableChange(OP_INSERT, None, None, (7, "after"), 1)], SPEC.column_names, (0,),
+                         unchanged_marker=UNCHANGED_TOAST)
+    assert truncate.truncated and after.truncated
+    result = DV.merge(path, SCHEMA, after, app_id="app", version=2, description="")
+    assert result is not None and result.overwritten
+    assert dv_rows(path) == [(7, "after")]
     plain = str(tmp_path / "plain")
     DeltaTable.create(plain, SCHEMA)
     assert not DV.can_merge(plain) and DV.can_merge(path)
