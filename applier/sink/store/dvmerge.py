@@ -67,7 +67,7 @@ class TableCache:
     def __init__(self, root: Path, table_id: str) -> None:
         self.table_id = table_id
         self.log = LogReplay(root)
-        self.keys: dict[str, pa.Table] = {}
+        self.keys: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # (file, key columns) -> their values
         self.vectors: dict[str, np.ndarray] = {}
         self.rows = 0
 
@@ -76,8 +76,8 @@ class TableCache:
 
         paths = {f.path for f in files}
         ids = {descriptor_id(f.deletion_vector) for f in files if f.deletion_vector}
-        for gone in [p for p in self.keys if p not in paths]:
-            self.rows -= self.keys.pop(gone).num_rows
+        for stale in [k for k in self.keys if k[0] not in paths]:
+            self.rows -= self.keys.pop(stale).num_rows
         for gone in [i for i in self.vectors if i not in ids]:
             del self.vectors[gone]
 
@@ -259,7 +259,7 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
             return None
         if bounds is not None and not _may_hold(file, names[0], bounds):
             continue
-        held = cached.keys.get(file.path)
+        held = cached.keys.get((file.path, tuple(names)))  # a key moved to other columns is read anew
         if held is None:
             # as the table's types: a Spark file may hold a timestamp key as INT96 (applier.sink.int96)
             held = pq.read_table(root / unquote(file.path), columns=names, coerce_int96_timestamp_unit="us")
@@ -269,7 +269,7 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     return None
             if tables.room(held.num_rows):
-                cached.keys[file.path] = held
+                cached.keys[(file.path, tuple(names))] = held
                 cached.rows += held.num_rows
         if len(names) == 1:
             mask = pc.is_in(held.column(0), value_set=keys.column(0)).to_numpy(zero_copy_only=False)

@@ -192,3 +192,24 @@ def test_a_table_replaced_at_its_path_is_read_anew(tmp_path: Path) -> None:
         apply([TableChange(OP_INSERT, None, None, (k, f"new{version}"), k) for k in range(3)], version)
     apply([TableChange(OP_DELETE, (1,), None, None, 0)], 8)
     assert dv_rows(path) == [(0, "new7"), (2, "new7")]
+
+
+def test_a_key_moved_to_other_columns_is_matched_on_them(tmp_path: Path) -> None:
+    """The key columns kept between commits are those of the key they were read for: after the source's
+    key moves from ``k1`` to ``k2`` (same files), rows are matched on ``k2``."""
+    schema = pa.schema([pa.field("k1", pa.int32()), pa.field("k2", pa.int32()), pa.field("v", pa.string())])
+    path = str(tmp_path / "m")
+    create_dv_table(path, schema)
+    store = DeletionVectorStore()
+    names = ("k1", "k2", "v")
+    first = fold_changes([TableChange(OP_INSERT, None, None, (i, 99 - i, "a"), i) for i in range(100)], names, (0,),
+                         unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, schema, first, app_id="app", version=1, description="") is not None
+    on_k1 = fold_changes([TableChange(OP_UPDATE, None, None, (50, 49, "c"), 0)], names, (0,),
+                         unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, schema, on_k1, app_id="app", version=2, description="") is not None  # k1 kept
+    moved = fold_changes([TableChange(OP_UPDATE, None, None, (2, 97, "b"), 0)], names, (1,),
+                         unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, schema, moved, app_id="app", version=3, description="") is not None
+    rows = dv_rows(path, names)
+    assert len(rows) == 100 and (2, 97, "b") in rows and (97, 2, "a") in rows and (50, 49, "c") in rows
