@@ -246,6 +246,8 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
     names = keys.column_names
     if not keys.num_rows:
         return []
+    if any(pa.types.is_nested(t) for t in keys.schema.types):
+        return None  # an array key: Arrow's matching takes no nested values
     bounds = None
     if len(names) == 1 and pa.types.is_integer(keys.schema.field(0).type):
         low_high = pc.min_max(keys.column(0))

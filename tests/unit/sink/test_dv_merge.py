@@ -213,3 +213,12 @@ def test_a_key_moved_to_other_columns_is_matched_on_them(tmp_path: Path) -> None
     assert store.merge(path, schema, moved, app_id="app", version=3, description="") is not None
     rows = dv_rows(path, names)
     assert len(rows) == 100 and (2, 97, "b") in rows and (97, 2, "a") in rows and (50, 49, "c") in rows
+
+
+def test_an_array_key_is_left_to_spark(tmp_path: Path) -> None:
+    schema = pa.schema([pa.field("k", pa.list_(pa.int32())), pa.field("v", pa.string())])
+    path = str(tmp_path / "a")
+    create_dv_table(path, schema)
+    insert = fold_changes([TableChange(OP_INSERT, None, None, ([1, 2], "x"), 0)], ("k", "v"), (0,),
+                          unchanged_marker=UNCHANGED_TOAST)
+    assert DV.merge(path, schema, insert, app_id="app", version=1, description="") is None
