@@ -7,8 +7,34 @@ from __future__ import annotations
 
 import random
 
-from applier.changes import OP_DELETE, OP_INSERT, OP_UPDATE, TableChange
+from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.values import UNCHANGED_TOAST
+
+
+def changes_group(rng: random.Random, live: dict[int, str], n: int, *, keys: int, moved_to: int, truncate: float,
+                  insert: float, delete: float, move: float, values: int = 100) -> list[TableChange]:
+    """Inserts, updates, deletes, key changes (to a key in ``keys``..``moved_to``) and truncates of a keyed
+    table ``(id, a)`` whose rows ``live`` holds; each change's chance is its roll's range, the threshold
+    given (a key not live is always inserted)."""
+    out: list[TableChange] = []
+    for i in range(n):
+        key, roll = rng.randrange(keys), rng.random()
+        if roll < truncate:
+            out.append(TableChange(OP_TRUNCATE, None, None, None, i))
+            live.clear()
+        elif key not in live or roll < insert:
+            live[key] = f"v{rng.randrange(values)}"
+            out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
+        elif roll < delete:
+            del live[key]
+            out.append(TableChange(OP_DELETE, (key,), None, None, i))
+        elif roll < move and (moved := rng.randrange(keys, moved_to)) not in live:  # a key change
+            live[moved] = live.pop(key)
+            out.append(TableChange(OP_UPDATE, (key,), None, (moved, live[moved]), i))
+        else:
+            live[key] = f"u{rng.randrange(values)}"
+            out.append(TableChange(OP_UPDATE, None, None, (key, live[key]), i))
+    return out
 
 
 def keyed_group(rng: random.Random, live: dict[int, str], n: int) -> list[TableChange]:

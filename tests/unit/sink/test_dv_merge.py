@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from storegroups import changes_group
 
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.sink.plan import fold_changes
@@ -47,25 +48,8 @@ def dv_rows(path: str, columns: tuple[str, ...] = ("id", "a")) -> list[tuple[Any
 
 
 def _group(rng: random.Random, live: dict[int, str], n: int, keys: int) -> list[TableChange]:
-    out: list[TableChange] = []
-    for i in range(n):
-        key, roll = rng.randrange(keys), rng.random()
-        if roll < 0.003:
-            live.clear()
-            out.append(TableChange(OP_TRUNCATE, None, None, None, i))
-        elif key not in live or roll < 0.2:
-            live[key] = f"v{rng.randrange(1000)}"
-            out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
-        elif roll < 0.45:
-            del live[key]
-            out.append(TableChange(OP_DELETE, (key,), None, None, i))
-        elif roll < 0.55 and (moved := rng.randrange(keys, keys + 50)) not in live:  # a key change
-            live[moved] = live.pop(key)
-            out.append(TableChange(OP_UPDATE, (key,), None, (moved, live[moved]), i))
-        else:
-            live[key] = f"u{rng.randrange(1000)}"
-            out.append(TableChange(OP_UPDATE, None, None, (key, live[key]), i))
-    return out
+    return changes_group(rng, live, n, keys=keys, moved_to=keys + 50, truncate=0.003, insert=0.2, delete=0.45,
+                         move=0.55, values=1000)
 
 
 def _data_file_writes(path: str) -> tuple[int, int]:

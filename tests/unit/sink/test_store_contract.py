@@ -14,9 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from storegroups import bag_group, keyed_group
+from storegroups import bag_group, changes_group, keyed_group
 
-from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
+from applier.changes import OP_DELETE, OP_INSERT, OP_UPDATE, TableChange
 from applier.commands.exitcodes import ExitCode, for_exception
 from applier.errors import ResyncNeededError, SinkError
 from applier.sink.plan import fold_changes
@@ -33,25 +33,7 @@ def _rows(store: TableStore, path: str) -> list[tuple[Any, ...]]:
 
 
 def _group(rng: random.Random, live: dict[int, str], n: int) -> list[TableChange]:
-    out: list[TableChange] = []
-    for i in range(n):
-        key, roll = rng.randrange(8), rng.random()
-        if roll < 0.04:
-            out.append(TableChange(OP_TRUNCATE, None, None, None, i))
-            live.clear()
-        elif key not in live or roll < 0.3:
-            live[key] = f"v{rng.randrange(100)}"
-            out.append(TableChange(OP_INSERT, None, None, (key, live[key]), i))
-        elif roll < 0.5:
-            del live[key]
-            out.append(TableChange(OP_DELETE, (key,), None, None, i))
-        elif roll < 0.6 and (moved := rng.randrange(8, 12)) not in live:  # a key change
-            live[moved] = live.pop(key)
-            out.append(TableChange(OP_UPDATE, (key,), None, (moved, live[moved]), i))
-        else:
-            live[key] = f"u{rng.randrange(100)}"
-            out.append(TableChange(OP_UPDATE, None, None, (key, live[key]), i))
-    return out
+    return changes_group(rng, live, n, keys=8, moved_to=12, truncate=0.04, insert=0.3, delete=0.5, move=0.6)
 
 
 @pytest.mark.parametrize("seed", range(3))
