@@ -81,7 +81,8 @@ class DeltaRsStore:
         """Whether delta-rs creates this table exactly as Spark's ``CREATE TABLE`` would (the same schema
         as Spark reads it, the same properties): not for column mapping, liquid clustering, type
         widening, change data feed or Delta properties of the user's (features delta-rs may enable
-        differently), nor for a path it cannot open. Creating without Spark saves the copy a Spark job
+        differently; ``delta.enableDeletionVectors`` alone is created by applier.sink.store.dvcommit, as
+        Spark would), nor for a path it cannot open. Creating without Spark saves the copy a Spark job
         per table (bench/RESULTS.md)."""
         from applier.sink.naming import needs_column_mapping
 
@@ -91,8 +92,17 @@ class DeltaRsStore:
             # delta-rs leaves the invariants feature out of the protocol of a table with named features
             # (e.g. timestamp without time zone) and a NOT NULL column, and Spark then refuses the table
             return False
-        return not (options.type_widening or options.change_data_feed or options.cluster_by
-                    or any(k.startswith("delta.") for k in options.properties))
+        if options.type_widening or options.change_data_feed or options.cluster_by:
+            return False
+        delta = {k: v for k, v in options.properties.items() if k.startswith("delta.")}
+        if delta == {"delta.enableDeletionVectors": delta.get("delta.enableDeletionVectors")}:
+            # deletion vectors and nothing else: created as Spark's CREATE TABLE would (dvcommit), where
+            # applier also writes their MERGEs (a local table without partitions)
+            from applier.sink.store.dvmerge import local_root
+
+            return str(delta["delta.enableDeletionVectors"]).lower() == "true" and local_root(path) is not None \
+                and not options.partition_by
+        return not delta
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -181,6 +191,15 @@ class DeltaRsStore:
     def create(self, path: str, spec: TableSpec, options: TableOptions, properties: Mapping[str, str]) -> None:
         """For a table ``can_create`` accepts."""
         from deltalake import DeltaTable
+
+        if str(properties.get("delta.enableDeletionVectors", "")).lower() == "true":
+            from applier.sink.store.dvcommit import create_dv_table
+            from applier.sink.store.dvmerge import local_root
+
+            root = local_root(path)
+            assert root is not None  # can_create: a local path
+            create_dv_table(root, spec.schema, properties)
+            return
 
         DeltaTable.create(str(path), spec.schema, mode="error",
                           storage_options=deltalake_options(path),

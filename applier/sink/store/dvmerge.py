@@ -27,7 +27,6 @@ None, and the caller takes Spark's MERGE.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +36,7 @@ from urllib.parse import unquote
 from applier.sink.copyfiles import file_stats
 from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
+from applier.sink.store.dvcommit import write_commit
 from applier.sink.store.dvlog import LiveFile, LogReplay, log_path
 from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
 from applier.storage.location import scheme_of
@@ -361,10 +361,7 @@ def _file_actions(root: Path, upserted: pa.Table,
 
 def _commit(root: Path, new_version: int, app_id: str, version: int, description: str,
             actions: list[dict[str, Any]], *, upserts: int, deletes: int, marked: int) -> None:
-    """Write ``new_version``'s JSON commit: written aside, then linked into place, which fails when the
-    version exists (another writer committed it: delta-rs's conflict, retried by the caller)."""
-    from deltalake.exceptions import CommitFailedError
-
+    """Write ``new_version``: the MERGE's commitInfo as Spark's reads, the applied version, ``actions``."""
     now = int(time.time() * 1000)
     info = {"commitInfo": {
         "timestamp": now, "operation": "MERGE", "operationParameters": {"predicate": "key"},
@@ -372,17 +369,5 @@ def _commit(root: Path, new_version: int, app_id: str, version: int, description
         "operationMetrics": {"numSourceRows": str(upserts + deletes), "numTargetRowsDeleted": str(deletes),
                              "numTargetRowsMarkedDeleted": str(marked), "numOutputRows": str(upserts)},
         "userMetadata": description, "engineInfo": "applier (deletion vectors)"}}
-    txn = {"txn": {"appId": app_id, "version": version, "lastUpdated": now}}
-    body = "\n".join(json.dumps(a, separators=(",", ":"), ensure_ascii=False) for a in [info, txn, *actions]) + "\n"
-    final = log_path(root, new_version)
-    aside = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
-    with open(aside, "w", encoding="utf-8") as out:
-        out.write(body)
-        out.flush()
-        os.fsync(out.fileno())
-    try:
-        os.link(aside, final)
-    except FileExistsError:
-        raise CommitFailedError(f"version {new_version} of {root} was committed by another writer") from None
-    finally:
-        aside.unlink()
+    write_commit(root, new_version, [info, {"txn": {"appId": app_id, "version": version, "lastUpdated": now}},
+                                     *actions])

@@ -17,7 +17,7 @@ from storegroups import changes_group
 from applier.changes import OP_DELETE, OP_INSERT, OP_TRUNCATE, OP_UPDATE, TableChange
 from applier.sink.plan import fold_changes
 from applier.sink.spec import TableOptions, TableSpec
-from applier.sink.store import InMemoryStore
+from applier.sink.store import DELTARS, InMemoryStore
 from applier.sink.store.deltars import DeletionVectorStore
 from applier.sink.store.dvlog import live_files
 from applier.values import UNCHANGED_TOAST
@@ -28,10 +28,11 @@ DV = DeletionVectorStore()
 
 
 def create_dv_table(path: str, schema: pa.Schema = SCHEMA, **properties: str) -> None:
-    """A table with deletion vectors enabled, as delta-rs creates it (the mirror's are Spark's)."""
-    from deltalake import DeltaTable
-
-    DeltaTable.create(path, schema, configuration={"delta.enableDeletionVectors": "true", **properties})
+    """A table with deletion vectors enabled, as the mirror creates it (applier.sink.store.dvcommit)."""
+    options = TableOptions(properties={"delta.enableDeletionVectors": "true"})
+    spec = TableSpec("public.t", schema, (schema.names[0],), "d")
+    assert DELTARS.can_create(path, spec, options)
+    DELTARS.create(path, spec, options, {"delta.enableDeletionVectors": "true", **properties})
 
 
 def dv_rows(path: str, columns: tuple[str, ...] = ("id", "a")) -> list[tuple[Any, ...]]:
@@ -59,7 +60,7 @@ def _data_file_writes(path: str) -> tuple[int, int]:
     for commit in sorted(Path(path, "_delta_log").glob("*.json")):
         actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
         if actions[0]["commitInfo"]["operation"] != "MERGE":
-            assert actions[0]["commitInfo"]["operationParameters"]["mode"] in ("Append", "Overwrite", "ErrorIfExists")
+            assert actions[0]["commitInfo"]["operation"] in ("CREATE TABLE", "WRITE")  # created, truncated
             continue
         readded = {a["add"]["path"] for a in actions if "add" in a and "deletionVector" in a["add"]}
         added += sum(1 for a in actions if "add" in a and "deletionVector" not in a["add"])
@@ -206,3 +207,32 @@ def test_an_array_key_is_left_to_spark(tmp_path: Path) -> None:
     insert = fold_changes([TableChange(OP_INSERT, None, None, ([1, 2], "x"), 0)], ("k", "v"), (0,),
                           unchanged_marker=UNCHANGED_TOAST)
     assert DV.merge(path, schema, insert, app_id="app", version=1, description="") is None
+
+
+def test_a_table_with_deletion_vectors_is_created_as_spark_creates_it(tmp_path: Path) -> None:
+    """The protocol Spark's CREATE TABLE gives a table with ``delta.enableDeletionVectors`` (read off Spark
+    4.2 / Delta 4.4 on this machine), ``timestampNtz`` where a column needs it; not over an existing table,
+    and not where this writer would not make its MERGEs (partitions, other Delta properties)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    protocol = DeltaTable(path).protocol()
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (3, 7)
+    assert protocol.reader_features == ["deletionVectors"]
+    assert sorted(protocol.writer_features or ()) == ["appendOnly", "deletionVectors", "invariants"]
+    assert DeltaTable(path).metadata().configuration == {"delta.enableDeletionVectors": "true"}
+    assert DV.can_merge(path)
+    with pytest.raises(CommitFailedError):
+        create_dv_table(path)
+    local = pa.schema([pa.field("id", pa.int32()), pa.field("at", pa.timestamp("us"))])
+    create_dv_table(str(tmp_path / "ntz"), local)
+    assert sorted(DeltaTable(str(tmp_path / "ntz")).protocol().reader_features or ()) == ["deletionVectors",
+                                                                                          "timestampNtz"]
+    spec = TableSpec("public.t", SCHEMA, ("id",), "d")
+    dv = {"delta.enableDeletionVectors": "true"}
+    assert not DELTARS.can_create(str(tmp_path / "p"), spec, TableOptions(partition_by=("a",), properties=dv))
+    assert not DELTARS.can_create(str(tmp_path / "o"), spec,
+                                  TableOptions(properties={**dv, "delta.logRetentionDuration": "interval 1 day"}))
+    assert not DELTARS.can_create("s3://bucket/t", spec, TableOptions(properties=dv))

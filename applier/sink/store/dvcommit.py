@@ -1,0 +1,75 @@
+"""Commits applier writes into a local Delta log itself: a table with deletion vectors created, and the
+commits of its MERGEs (applier.sink.store.dvmerge).
+
+Why not delta-rs: it writes no deletion vectors, and the table it creates with
+``delta.enableDeletionVectors`` (and each property set on it later) also asks readers for the
+``variantType`` feature, which Spark's ``CREATE TABLE`` does not and older readers refuse. Creating the
+table here keeps a mirror of such tables free of a JVM, with the protocol Spark gives it.
+
+A commit is written aside, flushed, then linked into place as the version's file: the link fails when
+the version exists (another writer took it), which is delta-rs's conflict, retried by the caller, and
+a reader never sees a commit half written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from applier.sink.store.dvlog import log_path
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["create_dv_table", "write_commit"]
+
+
+def write_commit(root: Path, version: int, actions: list[dict[str, Any]]) -> None:
+    """Version ``version`` of the table at ``root``: ``actions`` as JSON lines, atomically; a
+    ``deltalake.exceptions.CommitFailedError`` when that version exists."""
+    from deltalake.exceptions import CommitFailedError
+
+    body = "\n".join(json.dumps(a, separators=(",", ":"), ensure_ascii=False) for a in actions) + "\n"
+    final = log_path(root, version)
+    aside = final.with_name(f".{final.name}.{uuid.uuid4()}.tmp")
+    with open(aside, "w", encoding="utf-8") as out:
+        out.write(body)
+        out.flush()
+        os.fsync(out.fileno())
+    try:
+        os.link(aside, final)
+    except FileExistsError:
+        raise CommitFailedError(f"version {version} of {root} was committed by another writer") from None
+    finally:
+        aside.unlink()
+
+
+def create_dv_table(root: Path, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+    """Version 0 of a table with deletion vectors at ``root``: the protocol Spark's ``CREATE TABLE``
+    gives it (reader 3, writer 7; ``deletionVectors``, Spark's default ``invariants`` and ``appendOnly``,
+    ``timestampNtz`` for a timestamp without time zone), the schema as delta-rs writes it from Arrow,
+    ``properties`` as its configuration. Raises ``CommitFailedError`` when a table exists there."""
+    from deltalake import Schema
+
+    schema_string = Schema.from_arrow(schema).to_json()
+    reader, writer = ["deletionVectors"], ["deletionVectors", "invariants", "appendOnly"]
+    if '"timestamp_ntz"' in schema_string:
+        reader.append("timestampNtz")
+        writer.append("timestampNtz")
+    now = int(time.time() * 1000)
+    (root / "_delta_log").mkdir(parents=True, exist_ok=True)
+    write_commit(root, 0, [
+        {"commitInfo": {"timestamp": now, "operation": "CREATE TABLE", "isBlindAppend": True,
+                        "operationParameters": {"partitionBy": "[]", "properties": json.dumps(dict(properties))},
+                        "engineInfo": "applier (deletion vectors)"}},
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": reader,
+                      "writerFeatures": writer}},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema_string, "partitionColumns": [],
+                      "configuration": dict(properties), "createdTime": now}},
+    ])
