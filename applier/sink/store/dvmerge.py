@@ -252,8 +252,6 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
     if len(names) == 1 and pa.types.is_integer(keys.schema.field(0).type):
         low_high = pc.min_max(keys.column(0))
         bounds = (low_high["min"].as_py(), low_high["max"].as_py())
-    else:
-        keys = keys.group_by(names).aggregate([])
     touched: _Touched = []
     found: list[pa.Table] = []
     for file in files:
