@@ -8,13 +8,16 @@ keeping secrets out of both, tracebacks included.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import logging
 import os
 import sys
 import textwrap
+import threading
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from applier import __version__
 from applier.commands import COMMAND_MODULES
@@ -60,6 +63,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     if panics.held:
         _after_panics(args, code, panics.held)
     return code
+
+
+def run(argv: Sequence[str] | None = None) -> NoReturn:
+    """The command's process: ``main``, then an exit that skips the C++ runtime's teardown.
+
+    delta-rs's object-store scans leave native threads behind (delta-io/delta-rs #2184); now and then one
+    is still there when the C++ runtime tears down, and the process aborts with "terminate called without
+    an active exception" (exit 134) after a run that succeeded. So the process ends as the interpreter
+    would (non-daemon threads joined, ``atexit`` handlers run: logging's flush, temporary directories,
+    Spark's gateway), then with ``os._exit``. ``main`` itself returns, for tests that call it in-process.
+    """
+    try:
+        code = main(argv)
+    except SystemExit as e:  # --help, --version and argparse's usage errors
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else _usage_message(e.code))
+    _exit_process(code)
+
+
+def _usage_message(message: object) -> int:
+    print(message, file=sys.stderr)
+    return 1
+
+
+def _exit_process(code: int) -> NoReturn:
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: main has already said so in its exit code
+            pass
+    os._exit(code)
 
 
 def _after_panics(args: argparse.Namespace, code: int, held: list[str]) -> None:
@@ -134,4 +172,4 @@ def _stdout_to_devnull() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

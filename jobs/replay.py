@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
 
-from applier.cli import main  # noqa: E402
+from applier.cli import run  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["replay", *sys.argv[1:]]))
+    run(["replay", *sys.argv[1:]])
