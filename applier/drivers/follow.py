@@ -45,6 +45,10 @@ class CatchUp(Protocol):
                  following: bool = False) -> bool: ...
 
 
+#: once rounds run, the next one starts when this much more WAL arrived: the load goes on
+ONGOING_LOAD_BYTES = 64 << 10
+
+
 class FallingBehind:
     """Whether a follower that keeps receiving has fallen ``threshold`` bytes of WAL behind the server.
 
@@ -61,6 +65,7 @@ class FallingBehind:
         self.every = every
         self.backoff = backoff
         self.wanted = False  # behind: catch up at the next point where no transaction is open
+        self.continuing = False  # wanted by a round that ended in an open transaction: the load goes on
         self._conn: psycopg.Connection | None = None
         self._next_check = 0.0
 
@@ -75,6 +80,11 @@ class FallingBehind:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.dsn, autocommit=True)
         return sql_slot.current_flush_lsn(self._conn)
+
+    def next_round_bytes(self) -> int:
+        """How far behind a round is worth starting: ``threshold``, or while rounds go on under a load
+        (``continuing``) ``ONGOING_LOAD_BYTES``."""
+        return min(self.threshold, ONGOING_LOAD_BYTES) if self.continuing else self.threshold
 
     def refused(self) -> None:
         """The catch-up was not for ranges (the settings or the state want the driver path): ask later."""
@@ -208,19 +218,23 @@ class ReplicationFollower(SlotFollower):
     def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int,
                         target: int | None) -> None:
         """Fallen behind while following, at a point where no transaction is open: apply what is pending,
-        then catch the backlog up in ranges from the same stream, round after round while it stays
-        ``behind.threshold`` behind (the loop follows on after it). Rounds follow each other directly:
-        a group of the few transactions between two rounds would cost a commit as large as a round's.
+        then catch the backlog up in ranges from the same stream, round after round while the load
+        lasts (each round starts once ``ONGOING_LOAD_BYTES`` more arrived; the loop follows on after
+        them). Rounds follow each other directly: the per-message path between two rounds costs about
+        4x the CPU per message (bench/RESULTS.md, twenty-ninth session: rounds that ended once less than
+        ``behind.threshold`` had arrived applied two thirds of pgbench's load message by message), and a
+        group of the few transactions between two rounds would cost a commit as large as a round's.
         A round starts at most every ``apply.max_group_seconds``, as groups are applied: each commit
         rewrites the files it touches (copy-on-write), so fewer, larger rounds cost less CPU beside a
         busy database, and a transaction still waits about that long.
         ``target`` (``--once``): no round starts past it, so a drain under a steady load ends."""
         assert self.catch_up is not None
-        behind.wanted = False
+        needed = behind.next_round_bytes()
+        behind.wanted = behind.continuing = False
         self.flush()  # the pending group and the one in flight: the loop is idle, nothing is open
         flush = behind.server_flush()
         pace = self.loop.settings.max_group_seconds
-        while flush - read >= behind.threshold and not self.stop.is_set() and (target is None or read < target):
+        while flush - read >= needed and not self.stop.is_set() and (target is None or read < target):
             started = time.monotonic()
             ran = self.catch_up(stream, flush, flush - read, self._feed, following=True)
             self._sync_stats()
@@ -230,8 +244,9 @@ class ReplicationFollower(SlotFollower):
             if target is None and pace_rounds(started + pace, self.stop, behind.server_flush, flush):
                 return
             read, flush = flush, behind.server_flush()
+            needed = min(behind.threshold, ONGOING_LOAD_BYTES)  # in rounds: they go on while the load does
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
-                behind.wanted = flush - read >= behind.threshold  # the next round once it is done
+                behind.wanted = behind.continuing = flush - read >= needed  # the next round once it is done
                 return
 
     def run(self, once: bool) -> None:

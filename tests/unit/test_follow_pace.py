@@ -28,3 +28,14 @@ def test_a_stop_ends_the_wait() -> None:
     stop = threading.Event()
     stop.set()
     assert pace_rounds(time.monotonic() + 5.0, stop, lambda: 0, 0, step=0.05)
+
+
+def test_rounds_under_a_load_go_on_at_a_smaller_backlog() -> None:
+    """A mirror starts rounds once ``follow_backlog_mb`` behind; a round that ended inside an open
+    transaction wants the next once ``ONGOING_LOAD_BYTES`` more arrived (no connection is made here)."""
+    from applier.drivers.follow import ONGOING_LOAD_BYTES, FallingBehind
+
+    behind = FallingBehind("dbname=unused", 1 << 20)
+    assert behind.next_round_bytes() == 1 << 20
+    behind.continuing = True
+    assert behind.next_round_bytes() == ONGOING_LOAD_BYTES < 1 << 20
