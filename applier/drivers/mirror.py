@@ -425,7 +425,8 @@ class Mirror:
                 log.warning("catching up on the driver, not on executors: %s", why_not)
             return False
         where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
-        what = f"fell {backlog >> 20} MiB behind while following" if following else f"backlog of {backlog >> 20} MiB"
+        size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"  # rounds go on from 64 kB
+        what = f"{size} behind while following" if following else f"backlog of {size}"
         self.progress(f"{what}: catching up to {format_lsn(flush)} {where}")
         catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
                               may_commit=self._may_commit, progress=self.progress,
