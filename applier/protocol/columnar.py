@@ -67,7 +67,7 @@ def message_block(datas: Sequence[bytes]) -> MessageBlock:
     lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
     starts = np.zeros(len(datas) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    buf = np.frombuffer(b"".join(datas) + bytes(_PAD), dtype=np.uint8)
+    buf = np.frombuffer(b"".join([*datas, bytes(_PAD)]), dtype=np.uint8)  # not join + pad: a second copy
     kinds = np.where(lengths > 0, buf[np.minimum(starts[:-1], len(buf) - 1)], 0).astype(np.uint8)
     return MessageBlock(buf, starts, kinds)
 
@@ -164,12 +164,41 @@ def text_values(block: MessageBlock, spans: TupleSpans, column: int) -> Any | No
     total = int(offsets[-1])
     if total >= 1 << 31:  # beyond a binary array's Int32 offsets: the reference path
         return None
+    validity = None if text.all() else pa.py_buffer(np.packbits(text, bitorder="little"))
+    if total >= _VIEWS_FROM_BYTES * len(kinds):
+        views = _views(block.buf, spans.starts[column], lengths)
+        return pa.Array.from_buffers(pa.binary_view(), len(kinds), [validity, pa.py_buffer(views),
+                                                                    pa.py_buffer(block.buf)]).cast(pa.binary())
     # every value's bytes gathered in order: position k of value r is starts[r] + (k - offsets[r])
     gather = np.repeat(spans.starts[column] - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
     data = block.buf[gather]
-    validity = None if text.all() else pa.py_buffer(np.packbits(text, bitorder="little"))
     return pa.Array.from_buffers(pa.binary(), len(kinds), [validity, pa.py_buffer(offsets.astype(np.int32)),
                                                            pa.py_buffer(data)])
+
+
+#: From this many bytes a value on average, ``text_values`` copies the values with Arrow (views over the
+#: block, cast to binary: one memcpy each) rather than gathering them byte by byte with numpy, whose
+#: index takes 8 bytes a byte. Measured, 200,000 values: 20 bytes 22 vs 38 ms (the gather wins), 40
+#: bytes 54 vs 37, 3 kB 533 vs 19, 300 kB (1,000 values) 2,522 vs 62.
+_VIEWS_FROM_BYTES = 32
+
+
+def _views(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Arrow's binary views (16 bytes a value: Int32 length, then up to 12 bytes of the value inline,
+    or its first 4 bytes, buffer 0 and its Int32 offset in ``buf``), padded with zeros."""
+    import numpy as np
+
+    n = len(lengths)
+    small = lengths <= 12
+    at = starts.astype(np.int64)[:, None] + np.arange(12)
+    np.minimum(at, len(buf) - 1, out=at)
+    shown = np.where(small, lengths, 4)[:, None]
+    views = np.zeros((n, 16), dtype=np.uint8)
+    views[:, 0:4] = lengths.astype("<i4").view(np.uint8).reshape(n, 4)
+    views[:, 4:16] = np.where(np.arange(12) < shown, buf[at], 0)
+    large = np.flatnonzero(~small)
+    views[large, 12:16] = starts[large].astype("<i4").view(np.uint8).reshape(len(large), 4)  # buffer 0: zeros
+    return views
 
 
 def relation_oids(block: MessageBlock, index: np.ndarray) -> np.ndarray:

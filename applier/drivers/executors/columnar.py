@@ -278,6 +278,8 @@ def _column(block: Any, spans: Any, column: int, rows: np.ndarray, length: int, 
     typed = None if raw is None else text_column(raw, reader)
     if typed is None:
         return None
+    if len(rows) == length:  # every change has this tuple (rows is then 0..length-1): no copy to lay out
+        return typed
     where = np.full(length, -1, dtype=np.int64)
     where[rows] = np.arange(len(rows))
     return typed.take(pa.array(where, mask=where < 0))
