@@ -204,12 +204,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory):
         # hour: a full run opens thousands of throw-away tables, and by its last third the old generation
         # of the heap was full of them (3.6 of 4 GB live after a full GC, mostly Catalyst trees), every
         # test paying for the collector. A test never needs a table of an earlier test.
-        # C1 only (spark.jit: quick) here too: the run's tests plan thousands of small, different queries, and
-        # C2 spent the CPU compiling them. Measured over five Spark-heavy files on 2 workers: the JVMs' CPU
-        # 645 -> 477 s, the wall 436 -> 370 s.
         session = build_spark_session(SparkSettings(
             master="local[2]", app_name="applier-tests", shuffle_partitions=2, warehouse_dir=str(warehouse),
-            driver_memory="4g", quick_jit=True, extra={"spark.databricks.delta.delta.log.cacheSize": "32",
+            driver_memory="4g", extra={"spark.databricks.delta.delta.log.cacheSize": "32",
                                        "spark.databricks.delta.delta.log.cacheRetentionMinutes": "5"}))
     except EnvironmentSetupError as e:
         unavailable(str(e))
