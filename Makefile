@@ -17,7 +17,7 @@ demo: setup
 # 17-24 min on 2 cores until 2026-11-27 (fresh-clone CI runs: 17:10, 18:35, 23:50); 42:12 for 1,049 tests on
 # 2026-11-28 (27789aa: Azure and the bench smoke file added; ~51 min with the setup), 43:57 for 1,060 tests
 # (4613d93: cuts, readers, the cluster on S3; 49.6 min with the setup), 38:04 for 1,061 (2e96f9e), 36:34 in a
-# fresh-clone CI run of 9055dfa (41:57 with the setup), 34:00 for 1,083 in one of 921315a (39:30), 36:17 for 1,107 in one of 60ecad2 (41:49), 33:38 for 1,109 in one of 263cb2c (38:58), 33:37 for 1,127 in one of 8cc48d3 (38:56), 33:05 for 1,144 in one of fca5bf3 (37:39), 26:14 for 1,162 in one of 3588dd0 (31:07; mostly the run-to-run spread), 32:56 for 1,211 in one of 0528065 (38:18; the spread again, and the deletion-vector tests). Three workers on 2 cores were slower (28 min: every test ~1.5x longer, no idle CPU to fill).
+# fresh-clone CI run of 9055dfa (41:57 with the setup), 34:00 for 1,083 in one of 921315a (39:30), 36:17 for 1,107 in one of 60ecad2 (41:49), 33:38 for 1,109 in one of 263cb2c (38:58), 33:37 for 1,127 in one of 8cc48d3 (38:56), 33:05 for 1,144 in one of fca5bf3 (37:39), 26:14 for 1,162 in one of 3588dd0 (31:07; mostly the run-to-run spread), 32:56 for 1,211 in one of 0528065 (38:18; the spread again, and the deletion-vector tests), 37:44 for 1,250 in one of aa13558 (46:21; a C1-only Spark session for the tests, reverted). Three workers on 2 cores were slower (28 min: every test ~1.5x longer, no idle CPU to fill).
 # APPLIER_TEST_WORKERS=1 runs the suite in one process (as `pytest` alone does).
 test: setup test-servers check
 	.venv/bin/python -m pytest -n $${APPLIER_TEST_WORKERS:-2} --dist loadfile --no-loadscope-reorder
