@@ -83,8 +83,13 @@ class FallingBehind:
 
     def next_round_bytes(self) -> int:
         """How far behind a round is worth starting: ``threshold``, or while rounds go on under a load
-        (``continuing``) ``ONGOING_LOAD_BYTES``."""
-        return min(self.threshold, ONGOING_LOAD_BYTES) if self.continuing else self.threshold
+        (``continuing``) ``ongoing_bytes``."""
+        return self.ongoing_bytes() if self.continuing else self.threshold
+
+    def ongoing_bytes(self) -> int:
+        """How much more WAL starts the next round once rounds run: ``ONGOING_LOAD_BYTES`` (at most
+        ``threshold``)."""
+        return min(self.threshold, ONGOING_LOAD_BYTES)
 
     def refused(self) -> None:
         """The catch-up was not for ranges (the settings or the state want the driver path): ask later."""
@@ -244,7 +249,7 @@ class ReplicationFollower(SlotFollower):
             if target is None and pace_rounds(started + pace, self.stop, behind.server_flush, flush):
                 return
             read, flush = flush, behind.server_flush()
-            needed = min(behind.threshold, ONGOING_LOAD_BYTES)  # in rounds: they go on while the load does
+            needed = behind.ongoing_bytes()  # in rounds: they go on while the load does
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
                 behind.wanted = behind.continuing = flush - read >= needed  # the next round once it is done
                 return
