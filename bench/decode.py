@@ -1,8 +1,11 @@
 """Decode speed: our pgoutput decoder vs. pypgoutput (PyPI) on the same stored messages.
 
 Both decoders get the same messages, already in memory (reading Parquet is not measured). Ours
-produces the full dataclasses, TupleData split into per-column raw values (no type conversion);
-pypgoutput produces its message objects (it also decodes text values to ``str``). pypgoutput
+produces the full dataclasses, TupleData split into per-column raw values (no type conversion; a
+value of 16 kB or more, a TOAST value, is a read-only ``memoryview`` of its message rather than a
+copy: ``protocol.tupledata.VIEW_FROM_BYTES``); pypgoutput produces its message objects (it also
+decodes text values to ``str``). What the conversion of such a value costs (the copy included) is
+in ``ours_with_conversion_msgs_per_s``. pypgoutput
 only knows the protocol-1 kinds B, C, R, I, U, D, T; messages of other kinds are left out of BOTH
 runs so that the rates compare the same work. The decoders run ``--repeat`` times each,
 interleaved; the median rates and the median of the per-repetition ratios are reported.

@@ -60,7 +60,15 @@ from applier.protocol.messages import (
     Type,
     Update,
 )
-from applier.protocol.tupledata import SCAN_ERRORS, Scanned, scan_tuple, scan_tuple_checked
+from applier.protocol.tupledata import (
+    SCAN_ERRORS,
+    VIEW_FROM_BYTES,
+    Scanned,
+    ScannedViews,
+    scan_tuple,
+    scan_tuple_checked,
+    scan_tuple_views,
+)
 from applier.protocol.tupledata import Malformed as _Malformed
 
 __all__ = ["decode_message", "MessageDecoder"]
@@ -117,18 +125,22 @@ def _string(data: bytes, pos: int, what: str) -> tuple[str, int]:
 
 
 def _tuple(data: bytes, pos: int, n: int, _new: Callable[[type], Any] = _new, _twin: Any = _TupleTwin,
-           _cls: type = TupleData) -> tuple[TupleData, int]:
+           _cls: type = TupleData, _large: int = VIEW_FROM_BYTES) -> tuple[TupleData, int]:
     """The TupleData at ``pos`` (``n`` = ``len(data)``) and the position after it: walked by the one
     scanner (``tupledata.py``), built as a layout twin (see above). Anything unusual goes to the
     careful scanner. The hot messages, Insert and Update's new tuple, inline this body
     by hand (one Python call less per row: measurable on bench/decode.py)."""
     try:
-        kinds, values, p = scan_tuple(data, pos, n)
+        if n < _large:
+            kinds, listed, p = scan_tuple(data, pos, n)
+            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+        else:
+            kinds, values, p = scan_tuple_views(data, pos, n)
     except SCAN_ERRORS:
         return _tuple_carefully(data, pos)
     obj = _new(_twin)
     obj.kinds = kinds
-    obj.values = tuple(values)
+    obj.values = values
     obj.__class__ = _cls
     return obj, p
 
@@ -247,6 +259,7 @@ def _change_head(data: bytes, in_stream: bool) -> tuple[int | None, int, int, in
 
 def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
             _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _views: Callable[[bytes, int, int], ScannedViews] = scan_tuple_views, _large: int = VIEW_FROM_BYTES,
             _new: Callable[[type], Any] = _new, _twin: type = _InsertTwin, _cls: type = Insert,
             _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Insert:
     n = len(data)
@@ -263,13 +276,17 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
     if tag != 78:  # 'N'
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
     try:  # _tuple, inlined
-        kinds, values, pos = _scan(data, pos, n)
+        if n < _large:
+            kinds, listed, pos = _scan(data, pos, n)
+            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+        else:
+            kinds, values, pos = _views(data, pos, n)
     except _errors:
         new, pos = _tuple_carefully(data, pos)
     else:
         new = _new(_ttwin)
         new.kinds = kinds
-        new.values = tuple(values)
+        new.values = values
         new.__class__ = _tcls
     if pos != n:
         _check_end(data, pos)
@@ -283,6 +300,7 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
 
 def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
             _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _views: Callable[[bytes, int, int], ScannedViews] = scan_tuple_views, _large: int = VIEW_FROM_BYTES,
             _new: Callable[[type], Any] = _new, _twin: type = _UpdateTwin, _cls: type = Update,
             _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Update:
     n = len(data)
@@ -305,13 +323,17 @@ def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
     if tag != 78:
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
     try:  # _tuple, inlined
-        kinds, values, pos = _scan(data, pos, n)
+        if n < _large:
+            kinds, listed, pos = _scan(data, pos, n)
+            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+        else:
+            kinds, values, pos = _views(data, pos, n)
     except _errors:
         new, pos = _tuple_carefully(data, pos)
     else:
         new = _new(_ttwin)
         new.kinds = kinds
-        new.values = tuple(values)
+        new.values = values
         new.__class__ = _tcls
     if pos != n:
         _check_end(data, pos)

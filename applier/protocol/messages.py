@@ -40,6 +40,14 @@ def pg_time_to_datetime(micros: int) -> datetime:
     return PG_EPOCH + timedelta(microseconds=micros)
 
 
+class ValuesWithViews(tuple):  # type: ignore[type-arg]  # the values of TupleData, as a plain tuple's
+    """``TupleData.values`` when one of them is a view of its message: a tuple like any other (equal,
+    hashed and compared as one), whose type tells the values layer so before it converts the row (one
+    identity check, instead of converting the row halfway and starting again)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class TupleData:
     """One row image as sent: per published column a kind and the raw bytes.
@@ -48,13 +56,23 @@ class TupleData:
     ``COL_BINARY`` ('b') (ints, as indexing ``bytes`` gives). ``values[i]`` is the raw bytes for 't'
     (text in the client encoding) and 'b' (the type's binary send format), and None for 'n' and 'u'.
     Keeping the kinds apart matters: an unchanged TOAST column is *not* NULL.
+
+    A value of ``protocol.tupledata.VIEW_FROM_BYTES`` bytes or more may be a read-only ``memoryview``
+    of the message it came in (the decoder does not copy TOAST-sized values; ``values`` is then a
+    :class:`ValuesWithViews`). It compares equal to and hashes as its bytes; a copy of the tuple
+    (pickle, ``copy``) holds ``bytes``, so a spilled or shipped tuple does not keep the message alive
+    and unpickles anywhere.
     """
 
     kinds: bytes
-    values: tuple[bytes | None, ...]
+    values: tuple[bytes | memoryview | None, ...]
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+    def __reduce__(self) -> tuple[type[TupleData], tuple[bytes, tuple[bytes | None, ...]]]:
+        return TupleData, (self.kinds, tuple(v.tobytes() if isinstance(v, memoryview) else v
+                                             for v in self.values))
 
 
 @dataclass(frozen=True, slots=True)

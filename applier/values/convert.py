@@ -12,9 +12,9 @@ from operator import call as _call
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import ValueConversionError
-from applier.protocol.messages import COL_BINARY, COL_NULL, COL_TEXT, COL_UNCHANGED_TOAST, TupleData
+from applier.protocol.messages import COL_BINARY, COL_NULL, COL_TEXT, COL_UNCHANGED_TOAST, TupleData, ValuesWithViews
 from applier.values.registry import TypeHandler, handler_for
-from applier.values.scalars import NotText
+from applier.values.scalars import NotText, text_str
 from applier.values.special import SpecialValuePolicy, Unrepresentable
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ class RowConverter:
 
     def convert(self, tup: TupleData) -> tuple[object, ...]:
         kinds, values = tup.kinds, tup.values
+        if type(values) is ValuesWithViews:
+            return self._convert_views(kinds, values)
         n = self._n
         if len(kinds) == n and len(values) == n:
             try:
@@ -123,10 +125,10 @@ class RowConverter:
                 if kinds.count(COL_BINARY) == n:
                     return tuple(map(_call, self._binary, values))  # type: ignore[arg-type]  # all 'b': no None
             except Exception:  # noqa: BLE001 - the careful path gives the precise error or applies the policy
-                return self._convert_carefully(kinds, values)
+                return self._after_failure(kinds, values)
         return self._convert_mixed(kinds, values)
 
-    def _convert_mixed(self, kinds: bytes, values: tuple[bytes | None, ...]) -> tuple[object, ...]:
+    def _convert_mixed(self, kinds: bytes, values: tuple[bytes | memoryview | None, ...]) -> tuple[object, ...]:
         """Rows with NULLs, unchanged TOAST or both formats: one loop, no error handling per column."""
         if len(kinds) != self._n or len(values) != len(kinds):
             raise ValueConversionError("row has a different number of columns than its Relation",
@@ -147,7 +149,38 @@ class RowConverter:
                     raise ValueError("unknown column kind")
             return tuple(out)
         except Exception:  # noqa: BLE001 - see convert
-            return self._convert_carefully(kinds, values)
+            return self._after_failure(kinds, values)
+
+    def _after_failure(self, kinds: bytes, values: tuple[bytes | memoryview | None, ...]) -> tuple[object, ...]:
+        """A row the paths above could not convert: the careful path names the column (or applies the
+        special-value policy). A view in a plain tuple (the decoder marks its own, see convert) is
+        read here too."""
+        if memoryview in map(type, values):
+            return self._convert_views(kinds, values)
+        return self._convert_carefully(kinds, values)  # type: ignore[arg-type]  # no view: bytes or None
+
+    def _convert_views(self, kinds: bytes, values: tuple[bytes | memoryview | None, ...]) -> tuple[object, ...]:
+        """A row holding a TOAST-sized value that is a view of its message (protocol.tupledata.
+        scan_tuple_views), which the parsers refuse (``bytes.decode`` takes only bytes). Text, the usual
+        such value, is decoded from the view (no copy), any other value copied, and the row converted the
+        quick way."""
+        if len(kinds) != self._n or len(values) != self._n:
+            return self._convert_mixed(kinds, values)  # which says so
+        plain: list[bytes | None] = []
+        read: dict[int, str] = {}
+        for i, raw in enumerate(values):
+            if isinstance(raw, memoryview):
+                if (self._text[i] if kinds[i] == COL_TEXT else self._binary[i]) is text_str:
+                    try:
+                        read[i] = str(raw, "utf-8")
+                        raw = b""  # read above; the parser reads the empty text
+                    except UnicodeDecodeError:  # the careful path says which column
+                        raw = bytes(raw)
+                else:
+                    raw = bytes(raw)
+            plain.append(raw)
+        row = self.convert(TupleData(kinds, tuple(plain)))
+        return tuple(read.get(i, value) for i, value in enumerate(row)) if read else row
 
     def _convert_carefully(self, kinds: bytes, values: tuple[bytes | None, ...]) -> tuple[object, ...]:
         out: list[object] = []
