@@ -166,21 +166,25 @@ class RowConverter:
         quick way."""
         if len(kinds) != self._n or len(values) != self._n:
             return self._convert_mixed(kinds, values)  # which says so
-        plain: list[bytes | None] = []
-        read: dict[int, str] = {}
-        for i, raw in enumerate(values):
-            if isinstance(raw, memoryview):
-                if (self._text[i] if kinds[i] == COL_TEXT else self._binary[i]) is text_str:
-                    try:
-                        read[i] = str(raw, "utf-8")
-                        raw = b""  # read above; the parser reads the empty text
-                    except UnicodeDecodeError:  # the careful path says which column
-                        raw = bytes(raw)
-                else:
-                    raw = bytes(raw)
-            plain.append(raw)
-        row = self.convert(TupleData(kinds, tuple(plain)))
-        return tuple(read.get(i, value) for i, value in enumerate(row)) if read else row
+        plain = list(values)
+        read: list[tuple[int, str]] = []
+        for i in [i for i, t in enumerate(map(type, values)) if t is memoryview]:  # the few long values
+            raw: memoryview = values[i]  # type: ignore[assignment]
+            if (self._text[i] if kinds[i] == COL_TEXT else self._binary[i]) is text_str:
+                try:
+                    read.append((i, str(raw, "utf-8")))
+                    plain[i] = b""  # read above; the parser reads the empty text
+                    continue
+                except UnicodeDecodeError:  # the careful path says which column
+                    pass
+            plain[i] = bytes(raw)
+        row = self.convert(TupleData(kinds, tuple(plain)))  # no view left
+        if not read:
+            return row
+        out = list(row)
+        for i, text in read:
+            out[i] = text
+        return tuple(out)
 
     def _convert_carefully(self, kinds: bytes, values: tuple[bytes | None, ...]) -> tuple[object, ...]:
         out: list[object] = []
