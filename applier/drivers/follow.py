@@ -100,13 +100,14 @@ class FallingBehind:
             self._conn.close()
 
 
-def pace_rounds(until: float, stop: threading.Event, server_flush: Callable[[], int], flush: int, *,
-                step: float = 0.1) -> bool:
+def pace_rounds(until: float, stop: threading.Event, server_flush: Callable[[], int], *,
+                step: float = 0.05) -> bool:
     """Wait for the next catch-up round until ``until`` (monotonic), unless the server's WAL stops moving
-    (``server_flush`` the same ``step`` seconds apart; ``flush``: the last position asked): the load
-    has stopped, and what is left is applied at once: waiting out the pace would only delay it (the
-    drain after a busy period, bench/follow.py). True when ``stop`` is set."""
-    last = flush
+    (``server_flush`` the same ``step`` seconds apart, the first reading taken at once): the load has
+    stopped, and what is left is applied at once: waiting out the pace would only delay it (the drain
+    after a busy period, bench/follow.py). Compared with the round's own target instead, a quiet server
+    took two steps to be seen, and it was most of a drain. True when ``stop`` is set."""
+    last = server_flush()
     while (left := until - time.monotonic()) > 0:
         if stop.wait(min(left, step)):
             return True
@@ -246,7 +247,7 @@ class ReplicationFollower(SlotFollower):
             if not ran:
                 behind.refused()
                 return
-            if target is None and pace_rounds(started + pace, self.stop, behind.server_flush, flush):
+            if target is None and pace_rounds(started + pace, self.stop, behind.server_flush):
                 return
             read, flush = flush, behind.server_flush()
             needed = behind.ongoing_bytes()  # in rounds: they go on while the load does
