@@ -125,8 +125,10 @@ def scan_tuple(data: bytes, pos: int, n: int, _kind_length: Callable[[bytes, int
 #: From this many bytes a value of :func:`scan_tuple_views` is a read-only ``memoryview`` into the
 #: message instead of a copy: a TOAST value of hundreds of kB is then decoded without copying it (the
 #: copy, at memory speed, was nearly all a 300 kB value's decode). Below it a slice is cheaper than a
-#: view (one memcpy of a few kB against a view object and the message kept alive), and no key can be
-#: this long (a btree entry holds at most about 2.7 kB), so every key stays ``bytes``.
+#: view (one memcpy of a few kB against a view object and the message kept alive). A key is seldom this
+#: long (a btree entry holds at most about 2.7 kB, compressed), but one can be (REPLICA IDENTITY FULL
+#: sends whole rows): a view works as its bytes do there too, equal and hashed alike (the unit tier and
+#: the random workloads pass with every value a view, bench/RESULTS.md, thirty-first session).
 VIEW_FROM_BYTES = 16 * 1024
 
 
