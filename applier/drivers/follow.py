@@ -106,7 +106,8 @@ def pace_rounds(until: float, stop: threading.Event, server_flush: Callable[[], 
     (``server_flush`` the same ``step`` seconds apart, the first reading taken at once): the load has
     stopped, and what is left is applied at once: waiting out the pace would only delay it (the drain
     after a busy period, bench/follow.py). Compared with the round's own target instead, a quiet server
-    took two steps to be seen, and it was most of a drain. True when ``stop`` is set."""
+    took two steps to be seen (0.2 s of a 0.67 s drain in bench/RESULTS.md, thirty-first session).
+    True when ``stop`` is set."""
     last = server_flush()
     while (left := until - time.monotonic()) > 0:
         if stop.wait(min(left, step)):
