@@ -37,6 +37,7 @@ from applier.sink.copyfiles import file_stats
 from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
 from applier.sink.store.dvcommit import write_commit
+from applier.sink.store.dvkeys import KeyIndex, live_rows
 from applier.sink.store.dvlog import LiveFile, LogReplay, log_path
 from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
 from applier.storage.location import scheme_of
@@ -67,9 +68,17 @@ class TableCache:
     def __init__(self, root: Path, table_id: str) -> None:
         self.table_id = table_id
         self.log = LogReplay(root)
-        self.keys: dict[tuple[str, tuple[str, ...]], pa.Table] = {}  # (file, key columns) -> their values
+        #: (file, key columns) -> their values: one integer key's as a KeyIndex, others as read
+        self.keys: dict[tuple[str, tuple[str, ...]], pa.Table | KeyIndex] = {}
         self.vectors: dict[str, np.ndarray] = {}
         self.rows = 0
+
+    def keep(self, file: str, names: tuple[str, ...], held: pa.Table | KeyIndex, tables: DvCache) -> None:
+        """Keep a file's key values for the next commits, if the run's bound leaves room."""
+        rows = _rows(held)
+        if (file, names) not in self.keys and tables.room(rows):
+            self.keys[(file, names)] = held
+            self.rows += rows
 
     def keep_only(self, files: list[LiveFile]) -> None:
         from applier.sink.store.dvformat import descriptor_id
@@ -77,9 +86,13 @@ class TableCache:
         paths = {f.path for f in files}
         ids = {descriptor_id(f.deletion_vector) for f in files if f.deletion_vector}
         for stale in [k for k in self.keys if k[0] not in paths]:
-            self.rows -= self.keys.pop(stale).num_rows
+            self.rows -= _rows(self.keys.pop(stale))
         for gone in [i for i in self.vectors if i not in ids]:
             del self.vectors[gone]
+
+
+def _rows(held: pa.Table | KeyIndex) -> int:
+    return held.keys.size if isinstance(held, KeyIndex) else held.num_rows
 
 
 class DvCache:
@@ -195,6 +208,8 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
     _commit(root, read_version + 1, app_id, version, description, actions,
             upserts=upserts, deletes=deletes, marked=sum(len(hits) for _, _, hits in touched))
     cached.vectors.update(vectors)  # the next commit starts from these: no need to read them back
+    if upserted.num_rows:  # and from the new file's keys: no need to read them back either
+        cached.keep(actions[0]["add"]["path"], tuple(keys), _key_values(upserted.select(keys)), tables)
     interval = int(dict(table.metadata().configuration or {}).get("delta.checkpointInterval", CHECKPOINT_INTERVAL))
     if (read_version + 1) % max(interval, 1) == 0:
         table.update_incremental()
@@ -235,10 +250,11 @@ _Touched = list[tuple[LiveFile, "np.ndarray", "np.ndarray"]]
 def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: TableCache,
                    tables: DvCache) -> _Touched | None:
     """The live rows of ``files`` whose key is one of ``keys``', per file; None when the table holds a
-    key twice (Spark's MERGE updates every copy; this writer would keep one) or a file is not local."""
+    key twice (Spark's MERGE updates every copy; this writer would keep one) or a file is not local.
+    One integer key is searched in each file's KeyIndex (applier.sink.store.dvkeys); other keys are
+    matched row by row."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from applier.sink.store.dvformat import descriptor_id, read_dv
@@ -249,11 +265,12 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
     if any(pa.types.is_nested(t) for t in keys.schema.types):
         return None  # an array key: Arrow's matching takes no nested values
     bounds = None
+    wanted = None
     if len(names) == 1 and pa.types.is_integer(keys.schema.field(0).type):
-        low_high = pc.min_max(keys.column(0))
-        bounds = (low_high["min"].as_py(), low_high["max"].as_py())
+        wanted = np.asarray(keys.column(0).to_numpy())
+        bounds = (int(wanted.min()), int(wanted.max()))
     touched: _Touched = []
-    found: list[pa.Table] = []
+    found: list[pa.Table] = []  # the matched rows' keys, to find a key held twice
     for file in files:
         if "://" in file.path:
             return None
@@ -262,23 +279,14 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
         held = cached.keys.get((file.path, tuple(names)))  # a key moved to other columns is read anew
         if held is None:
             # as the table's types: a Spark file may hold a timestamp key as INT96 (applier.sink.int96)
-            held = pq.read_table(root / unquote(file.path), columns=names, coerce_int96_timestamp_unit="us")
-            if held.schema != keys.schema:
+            read = pq.read_table(root / unquote(file.path), columns=names, coerce_int96_timestamp_unit="us")
+            if read.schema != keys.schema:
                 try:
-                    held = held.cast(keys.schema)
+                    read = read.cast(keys.schema)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     return None
-            if tables.room(held.num_rows):
-                cached.keys[(file.path, tuple(names))] = held
-                cached.rows += held.num_rows
-        if len(names) == 1:
-            mask = pc.is_in(held.column(0), value_set=keys.column(0)).to_numpy(zero_copy_only=False)
-        else:
-            joined = held.append_column("__row", pa.array(np.arange(held.num_rows, dtype=np.int64))).join(
-                keys, keys=names, join_type="inner")
-            mask = np.zeros(held.num_rows, dtype=bool)
-            mask[joined.column("__row").to_numpy()] = True
-        mask = np.array(mask, dtype=bool)  # writable
+            held = _key_values(read)
+            cached.keep(file.path, tuple(names), held, tables)
         dv = file.deletion_vector
         old = np.empty(0, dtype=np.uint64)
         if dv:
@@ -286,17 +294,53 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
             old = cached.vectors.get(dv_id)  # type: ignore[assignment]
             if old is None:
                 old = cached.vectors[dv_id] = read_dv(root, dv)
-        if old.size:
-            mask[old.astype(np.int64)] = False
-        hits = np.flatnonzero(mask).astype(np.uint64)
+        if isinstance(held, KeyIndex):
+            assert wanted is not None
+            rows, their_keys = held.find(wanted)
+            live = live_rows(rows, old)
+            hits = rows[live].astype(np.uint64)
+            matched = pa.table([pa.array(their_keys[live]).cast(keys.schema.field(0).type)], names=names)
+        else:
+            hits = _matching_in(held, keys, old)
+            matched = held.take(pa.array(hits.astype(np.int64)))
         if hits.size:
             touched.append((file, old, hits))
-            found.append(held.take(pa.array(hits.astype(np.int64))))
+            found.append(matched)
     if found:
         matched = pa.concat_tables(found)
         if matched.group_by(names).aggregate([]).num_rows != matched.num_rows:
             return None
     return touched
+
+
+def _key_values(read: pa.Table) -> pa.Table | KeyIndex:
+    """What is kept of a file's key columns: one integer key as its KeyIndex, when it has one."""
+    import pyarrow as pa
+
+    if read.num_columns == 1 and pa.types.is_integer(read.schema.field(0).type):
+        return KeyIndex.of(read.column(0)) or read
+    return read
+
+
+def _matching_in(held: pa.Table, keys: pa.Table, deleted: np.ndarray) -> np.ndarray:
+    """The rows of ``held`` (a file's key columns) whose key is one of ``keys``' and which ``deleted``
+    does not hold (ascending, uint64): every row tested."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = keys.column_names
+    if len(names) == 1:
+        mask = pc.is_in(held.column(0), value_set=keys.column(0)).to_numpy(zero_copy_only=False)
+    else:
+        joined = held.append_column("__row", pa.array(np.arange(held.num_rows, dtype=np.int64))).join(
+            keys, keys=names, join_type="inner")
+        mask = np.zeros(held.num_rows, dtype=bool)
+        mask[joined.column("__row").to_numpy()] = True
+    mask = np.array(mask, dtype=bool)  # writable
+    if deleted.size:
+        mask[deleted.astype(np.int64)] = False
+    return np.flatnonzero(mask).astype(np.uint64)
 
 
 def _may_hold(file: LiveFile, name: str, bounds: tuple[int, int]) -> bool:

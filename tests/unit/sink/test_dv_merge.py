@@ -236,3 +236,83 @@ def test_a_table_with_deletion_vectors_is_created_as_spark_creates_it(tmp_path: 
     assert not DELTARS.can_create(str(tmp_path / "o"), spec,
                                   TableOptions(properties={**dv, "delta.logRetentionDuration": "interval 1 day"}))
     assert not DELTARS.can_create("s3://bucket/t", spec, TableOptions(properties=dv))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_keys_found_by_search_are_those_every_row_tested_gives(seed: int) -> None:
+    """A file's one integer key searched in its KeyIndex gives the rows, live and matched, that testing
+    every row gives (applier.sink.store.dvmerge._matching_in, the path of other keys): sorted files and
+    shuffled ones, the type's extremes, keys wanted twice or absent, rows already deleted. A file holding
+    a NULL or a key twice has no index (the general path finds every copy, and the commit is declined)."""
+    import numpy as np
+
+    from applier.sink.store.dvkeys import KeyIndex, live_rows
+    from applier.sink.store.dvmerge import _matching_in
+
+    rng = np.random.default_rng(seed)
+    kind = [pa.int16(), pa.int32(), pa.int64()][seed % 3]
+    info = np.iinfo(kind.to_pandas_dtype())
+    n = int(rng.integers(0, 3000))
+    pool = np.concatenate([[info.min, info.max, 0, -1, 1], rng.integers(info.min, info.max, 4 * n + 10)])
+    values = np.unique(pool)[:n] if seed % 4 else rng.permutation(np.unique(pool))[:n]
+    if seed % 5 == 0 and n > 2:
+        values[-1] = values[0]  # a key held twice
+    column = pa.chunked_array([pa.array(values[: n // 2], kind), pa.array(values[n // 2:], kind)], kind)
+    if seed % 7 == 0 and n:
+        column = pa.chunked_array([pa.array([None, *values[1:].tolist()], kind)], kind)
+    wanted = np.concatenate([rng.choice(values, min(n, 50)) if n else values, pool[-20:]]).astype(values.dtype)
+    keys = pa.table({"id": pa.array(wanted, kind)})
+    deleted = np.unique(rng.integers(0, max(n, 1), n // 3)).astype(np.uint64)
+    expected = _matching_in(pa.table({"id": column}), keys, deleted)
+    index = KeyIndex.of(column)
+    duplicated = len(set(values.tolist())) < n
+    if column.null_count or duplicated:
+        assert index is None
+        return
+    assert index is not None and (index.order is None) == bool(np.all(values[1:] > values[:-1]))
+    rows, their_keys = index.find(wanted)
+    live = live_rows(rows, deleted)
+    assert rows[live].astype(np.uint64).tolist() == expected.tolist()
+    assert their_keys.tolist() == column.to_numpy()[rows].tolist()
+    assert live_rows(rows, deleted[::-1].copy()).tolist() == live.tolist()  # a vector read in any order
+
+
+def test_a_file_holding_a_key_twice_is_left_to_spark(tmp_path: Path) -> None:
+    """Within one file as across two (test_what_it_leaves_to_spark): Spark's MERGE updates both copies."""
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    store = DeletionVectorStore()
+    write_deltalake(path, pa.table({"id": pa.array([1, 2, 1], pa.int32()), "a": ["x", "y", "z"]}), mode="append")
+    update = fold_changes([TableChange(OP_UPDATE, None, None, (1, "w"), 0)], SPEC.column_names, (0,),
+                          unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, SCHEMA, update, app_id="app", version=1, description="") is None
+    other = fold_changes([TableChange(OP_UPDATE, None, None, (2, "v"), 0)], SPEC.column_names, (0,),
+                         unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, SCHEMA, other, app_id="app", version=1, description="") is not None
+    assert dv_rows(path) == [(1, "x"), (1, "z"), (2, "v")]
+
+
+def test_the_new_files_keys_are_kept_from_the_commit_not_read_back(tmp_path: Path) -> None:
+    """The next commit finds the rows of the file the last one wrote from the keys it wrote (a file's
+    keys read from disk at every commit were a third of a following round's key matching)."""
+    from applier.sink.store.dvkeys import KeyIndex
+
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    store = DeletionVectorStore()
+    rows = [TableChange(OP_INSERT, None, None, (k, "a"), i) for i, k in enumerate((5, 3, 9, 1))]
+    plan = fold_changes(rows, SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+    assert store.merge(path, SCHEMA, plan, app_id="app", version=1, description="") is not None
+    (written,) = live_files(Path(path), store.version(path))
+    (cached,) = store.cache.tables.values()
+    held = cached.keys[(written.path, ("id",))]
+    assert isinstance(held, KeyIndex) and held.keys.tolist() == [1, 3, 5, 9]
+    Path(path, written.path).unlink()  # found from what was kept, or the commit fails
+    update = fold_changes([TableChange(OP_UPDATE, None, None, (3, "b"), 0)], SPEC.column_names, (0,),
+                          unchanged_marker=UNCHANGED_TOAST)
+    result = store.merge(path, SCHEMA, update, app_id="app", version=2, description="")
+    assert result is not None and result.rows_upserted == 1
+    marked = [f for f in live_files(Path(path), store.version(path)) if f.deletion_vector]
+    assert [(f.path, f.deletion_vector["cardinality"]) for f in marked] == [(written.path, 1)]
