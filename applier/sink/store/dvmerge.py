@@ -7,8 +7,9 @@ session: the round's time was that rewrite, and its CPU was taken from the datab
 Spark writes deletion vectors but costs seconds a commit; delta-rs 1.6 reads them (its MERGE, its
 DataFusion queries, Polars) but writes none. So applier writes them itself, as Spark's MERGE does:
 
-* every live row whose key the plan holds is found (the files' key columns read, files skipped by
-  their key statistics), and added to its file's deletion vector (the old one's rows kept);
+* every live row whose key the plan holds is found (the files' key columns read once and kept, one
+  integer key sorted and searched: applier.sink.store.dvkeys; files skipped by their key statistics),
+  and added to its file's deletion vector (the old one's rows kept);
 * the plan's new row images are appended in one new Parquet file;
 * one commit: the new file's ``add``, each touched file's ``add`` again with its new deletion vector
   (its statistics carried on, no longer tight) and the ``remove`` of its old entry, the applied version
@@ -98,7 +99,8 @@ def _rows(held: pa.Table | KeyIndex) -> int:
 class DvCache:
     """A run's :class:`TableCache` per table, held by its ``DeletionVectorStore``. The key columns kept are
     bounded by ``max_rows`` in all (a file read beyond it is read again at the next commit): 1M integer
-    keys are 4-8 MB. Tables commit in parallel, each on one thread at a time: each has its own cache."""
+    keys are 4-8 MB, and 4 MB more for their order when the file does not hold them sorted. Tables
+    commit in parallel, each on one thread at a time: each has its own cache."""
 
     def __init__(self, max_rows: int = 20_000_000) -> None:
         self.max_rows = max_rows
