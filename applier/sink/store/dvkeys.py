@@ -46,10 +46,6 @@ class KeyIndex:
             return None
         return cls(ordered, order.astype(np.int32) if values.size < 2**31 else order)
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes) + (int(self.order.nbytes) if self.order is not None else 0)
-
     def find(self, wanted: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.integer]]:
         """The rows (ascending, each once) holding any of ``wanted`` (of the file's type), and their keys."""
         at = np.searchsorted(self.keys, wanted)
