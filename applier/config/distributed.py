@@ -29,9 +29,9 @@ class DistributedSettings(SettingsModel):
         1, ge=0, description="mirror, following: when the server's flush position is this many MiB of WAL ahead "
         "of what the mirror has read (asked at most once a second, only when a group came due while messages "
         "kept arriving) and no transaction is open, the backlog is caught up in ranges, as at the start, round "
-        "after round while the load lasts (the next round once 64 kB more arrived, at most one every "
-        "apply.max_group_seconds); with folds on the driver at any size, on executors only from min_backlog_mb "
-        "(auto). 0: never")
+        "after round while the load lasts (a round reads the stream as it comes for apply.max_group_seconds, "
+        "or until it is quiet for 20 ms, then commits; the next starts once 64 kB more arrived); with folds on "
+        "the driver at any size, on executors only from min_backlog_mb (auto). 0: never")
     backlog_folds: Literal["auto", "executors", "driver"] = Field(
         "auto", description="mirror: where the ranges of a backlog caught up in ranges are folded: executors (one "
         "Spark task per range), driver (in the mirror's own process while a thread reads on; no Spark needed for "

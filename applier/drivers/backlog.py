@@ -64,20 +64,45 @@ _NO_TARGET = 1 << 64
 #: Messages read past the target to finish a transaction open there (StreamRanges._read)
 FINISH_AT_MOST = 10_000
 
+#: A round of a follower (StreamRanges ``until``) ends once the stream has been quiet this long with no
+#: transaction open: the load has stopped, and what was read is committed at once. Under pgbench's load a
+#: frame comes every fraction of a millisecond, but on a busy machine the walsender can be off a core for
+#: that long: such a round only ends early, and the next one starts at once (ReplicationFollower).
+#: Inside an open transaction the rest is surely coming: the quiet then is ``OPEN_QUIET_SECONDS``.
+FOLLOW_QUIET_SECONDS = 0.02
+
+#: How long the stream is quiet before a catch-up ends with a transaction open (its tail then goes to
+#: the apply loop, which costs a group of its own).
+OPEN_QUIET_SECONDS = 0.5
+
+#: In a follower's round a range is cut at the first end of a transaction after this long, so that its
+#: fold runs while the stream is read on: once the stream is quiet only the last range is left to fold.
+FOLLOW_RANGE_SECONDS = 0.2
+
 
 class StreamRanges:
     """The backlog of a started stream, surveyed and cut into ranges on a thread of its own (a
     ``RangeSource`` for fold_and_commit). It ends at the first cut at or past ``target``, when a
     keepalive says the walsender sent that far, when nothing arrives for ``quiet_seconds``, or on
-    ``stop()``; what is not cut then is the tail. The stream is the thread's until ``result()``."""
+    ``stop()``; what is not cut then is the tail. The stream is the thread's until ``result()``.
+
+    ``until`` (a ``time.monotonic()`` instant; a follower's round): ``target`` is not looked at; the
+    reading goes on as messages arrive, and ends at the first cut once that instant has passed, or when
+    the stream has been quiet for ``quiet_seconds`` with no transaction open (``OPEN_QUIET_SECONDS``
+    with one open). A round that read to the server's position when it began, and then waited out its
+    pace, left what arrived meanwhile to the next round: after a busy period the last of it was applied
+    a pace step, a reading and a commit after the load stopped (bench/follow.py's drain). Read as it
+    arrives, it is folded and committed once the stream goes quiet."""
 
     def __init__(self, stream: WalSenderStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
-                 target: int, queued: int = 3, quiet_seconds: float = 0.5,
+                 target: int, queued: int = 3, quiet_seconds: float = OPEN_QUIET_SECONDS,
+                 until: float | None = None,
                  columns_changed: ColumnsChanged | None = None) -> None:
         self.stream = stream
         self.surveyor = Surveyor(catalog_json, columns_changed)
         self.partition_messages = partition_messages
         self.target = target
+        self.until = until
         self.quiet_seconds = quiet_seconds
         self.seconds = 0.0
         self.cpu_seconds = 0.0  # of the reading thread (the rest of ``seconds`` it waited for the walsender or room)
@@ -102,7 +127,8 @@ class StreamRanges:
             self._put(None)
 
     def _read(self) -> None:
-        surveyor, stream, target = self.surveyor, self.stream, self.target
+        surveyor, stream, until = self.surveyor, self.stream, self.until
+        target = self.target if until is None else _NO_TARGET
         survey = surveyor.survey
         add, add_run, may_cut_after = surveyor.add, surveyor.add_run, surveyor.may_cut_after
         lsns: list[int] = []
@@ -111,12 +137,24 @@ class StreamRanges:
         index = messages = 0
         read, buffered, stopped = stream.read_message, stream.read_buffered, self._stop.is_set
         quiet = self.quiet_seconds
+        open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
+        nothing_open = surveyor.nothing_open
         reached = False
+        clock = time.monotonic
+        range_due = clock() + FOLLOW_RANGE_SECONDS if until is not None else None  # a round's next cut
         while not reached and not stopped():
+            stop_at = target  # add_run stops after a message at it: a cut may come there
+            if range_due is not None:
+                now = clock()
+                if until is not None and now >= until:
+                    target = stop_at = 0  # the round's time is up: a cut at the next end of a transaction
+                    until = None
+                elif now >= range_due:
+                    stop_at = 0  # the range's time is up: cut at the next end of a transaction
             new = len(lsns)
             keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
             if keepalive is None and len(lsns) == new:  # none: wait for the socket
-                frame = read(quiet, gather=GATHER_SECONDS)
+                frame = read(quiet if nothing_open() else open_quiet, gather=GATHER_SECONDS)
                 if frame is None:
                     break  # quiet: the backlog is read
                 if isinstance(frame, PrimaryKeepalive):
@@ -131,28 +169,31 @@ class StreamRanges:
                 if reached:
                     after = add_run(lsns, datas, k, end, _NO_TARGET)
                 elif k + 1 < self.partition_messages:
-                    after = add_run(lsns, datas, k, min(end, self.partition_messages), target)
+                    after = add_run(lsns, datas, k, min(end, self.partition_messages), stop_at)
                 else:
                     after = k + 1
                     add(lsns[k], datas[k])
                 messages += after - k
                 k = after
                 lsn, data = lsns[k - 1], datas[k - 1]
-                if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
+                if not reached and (k >= self.partition_messages or lsn >= stop_at) and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
                     index += 1
                     # what was read past the cut starts the next range (past the target: the tail)
                     lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
                     start_catalog = survey.catalog.to_json()
                     reached = lsn >= target
-            if keepalive is not None and keepalive.wal_end >= target:
+                    if range_due is not None:
+                        range_due, stop_at = clock() + FOLLOW_RANGE_SECONDS, target
+            if keepalive is not None and keepalive.wal_end >= target \
+                    and (self.until is None or nothing_open()):  # (a round: not in a transaction)
                 break
         # Past the target, a transaction open at the end of what was read is read to its end when it
         # comes at once (its frames are usually already sent; at most FINISH_AT_MOST of them): a tail fed
         # to the apply loop becomes a group of its own, and costs a commit as large as a range's.
         extra = 0
-        while reached and lsns and extra < FINISH_AT_MOST and not surveyor.nothing_open() and not stopped():
-            frame = read(quiet)
+        while reached and lsns and extra < FINISH_AT_MOST and not nothing_open() and not stopped():
+            frame = read(open_quiet)
             if frame is None:
                 break
             if not isinstance(frame, PrimaryKeepalive):
@@ -247,15 +288,19 @@ def folds_on_driver(config: MirrorConfig) -> bool:
 
 def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
-                          progress: Progress, progress_every: float, backlog: int | None = None) -> None:
+                          progress: Progress, progress_every: float, backlog: int | None = None,
+                          until: float | None = None) -> None:
     """Read the started ``stream`` up to ``target`` and apply it on executors (see the module); what the
     driver path must take is fed to ``feed`` (the follower's, into ``loop``); ``backlog`` (bytes of WAL
-    up to ``target``) gives the progress lines a done fraction and an ETA. Returns with the stream
-    the caller's again, the slot confirmed up to what was committed here."""
+    up to ``target``) gives the progress lines a done fraction and an ETA. ``until``: a follower's round,
+    read as it arrives until that instant or until the stream is quiet (StreamRanges). Returns with the
+    stream the caller's again, the slot confirmed up to what was committed here."""
     catalog = loop.feeder.catalog
     ids = loop.applier.identities
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
-                          target=target, columns_changed=ids.columns_changed if ids is not None else None)
+                          target=target, until=until,
+                          quiet_seconds=FOLLOW_QUIET_SECONDS if until is not None else 0.5,
+                          columns_changed=ids.columns_changed if ids is not None else None)
     fed = 0
     executors_end: int | None = None
     applied_before = loop.applier.stats.transactions

@@ -39,10 +39,12 @@ class FollowStats:
 class CatchUp(Protocol):
     """A backlog caught up in ranges (``ReplicationFollower``'s ``catch_up``): the started stream, the
     server's flush position, the backlog's bytes of WAL and the feed into the loop; ``following``: the
-    follower fell behind. Returns whether it caught up (False: the backlog is not one for ranges)."""
+    follower fell behind; ``until``: a round, read as the stream brings it until that instant
+    (``time.monotonic()``) or until the stream is quiet, not up to the flush position. Returns whether it
+    caught up (False: the backlog is not one for ranges)."""
 
     def __call__(self, stream: WalSenderStream, flush: int, backlog: int, feed: Callable[[int, bytes], None], *,
-                 following: bool = False) -> bool: ...
+                 following: bool = False, until: float | None = None) -> bool: ...
 
 
 #: once rounds run, the next one starts when this much more WAL arrived: the load goes on
@@ -98,25 +100,6 @@ class FallingBehind:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
-
-
-def pace_rounds(until: float, stop: threading.Event, server_flush: Callable[[], int], *,
-                step: float = 0.05) -> bool:
-    """Wait for the next catch-up round until ``until`` (monotonic), unless the server's WAL stops moving
-    (``server_flush`` the same ``step`` seconds apart, the first reading taken at once): the load has
-    stopped, and what is left is applied at once: waiting out the pace would only delay it (the drain
-    after a busy period, bench/follow.py). Compared with the round's own target instead, a quiet server
-    took two steps to be seen (0.2 s of a 0.67 s drain in bench/RESULTS.md, thirty-first session).
-    True when ``stop`` is set."""
-    last = server_flush()
-    while (left := until - time.monotonic()) > 0:
-        if stop.wait(min(left, step)):
-            return True
-        now = server_flush()
-        if now == last:
-            return False
-        last = now
-    return False
 
 
 class SlotFollower:
@@ -231,10 +214,13 @@ class ReplicationFollower(SlotFollower):
         4x the CPU per message (bench/RESULTS.md, twenty-ninth session: rounds that ended once less than
         ``behind.threshold`` had arrived applied two thirds of pgbench's load message by message), and a
         group of the few transactions between two rounds would cost a commit as large as a round's.
-        A round starts at most every ``apply.max_group_seconds``, as groups are applied: each commit
-        rewrites the files it touches (copy-on-write), so fewer, larger rounds cost less CPU beside a
-        busy database, and a transaction still waits about that long.
-        ``target`` (``--once``): no round starts past it, so a drain under a steady load ends."""
+        A round lasts ``apply.max_group_seconds``, as a group does: each commit rewrites or marks the
+        files it touches, so fewer, larger rounds cost less CPU beside a busy database, and a transaction
+        still waits about that long. It reads the stream as it comes for that long, and ends early once
+        the stream is quiet (StreamRanges ``until``): then the load has stopped, and the follower is
+        caught up as soon as that round is committed.
+        ``target`` (``--once``): rounds read up to the server's position, and none starts past ``target``,
+        so a drain under a steady load ends."""
         assert self.catch_up is not None
         needed = behind.next_round_bytes()
         behind.wanted = behind.continuing = False
@@ -242,16 +228,23 @@ class ReplicationFollower(SlotFollower):
         flush = behind.server_flush()
         pace = self.loop.settings.max_group_seconds
         while flush - read >= needed and not self.stop.is_set() and (target is None or read < target):
-            started = time.monotonic()
-            ran = self.catch_up(stream, flush, flush - read, self._feed, following=True)
+            until = time.monotonic() + pace if target is None else None
+            applied = self.loop.transactions
+            ran = self.catch_up(stream, flush, flush - read, self._feed, following=True, until=until)
             self._sync_stats()
             if not ran:
                 behind.refused()
                 return
-            if target is None and pace_rounds(started + pace, self.stop, behind.server_flush):
-                return
-            read, flush = flush, behind.server_flush()
-            needed = behind.ongoing_bytes()  # in rounds: they go on while the load does
+            ran_its_time = until is not None and time.monotonic() >= until
+            if until is not None and not ran_its_time and self.loop.transactions == applied:
+                return  # quiet before its time with nothing of ours: caught up (WAL of others moves on)
+            # a round read past ``flush``: up to the end of what it committed
+            read, flush = max(flush, self.loop.confirmed_lsn or 0), behind.server_flush()
+            # in rounds they go on while the load does; after one that ran its time, whatever came since:
+            # the load may have stopped just after it, and a round then ends quiet and commits the rest
+            # at once, where the loop would apply it message by message at about 4x the CPU (a drain of
+            # 0.42 s against 0.17 s in bench/follow.py)
+            needed = 1 if ran_its_time else behind.ongoing_bytes()
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
                 behind.wanted = behind.continuing = flush - read >= needed  # the next round once it is done
                 return

@@ -415,9 +415,11 @@ class Mirror:
                 self.summary.reconnects += 1
 
     def _catch_up(self, stream: WalSenderStream, flush: int, backlog: int,
-                  feed: Callable[[int, bytes], None], *, following: bool = False) -> bool:
+                  feed: Callable[[int, bytes], None], *, following: bool = False,
+                  until: float | None = None) -> bool:
         """A large backlog is caught up in ranges (applier.drivers.backlog), the rest of the stream
-        followed on the driver; ``following``: the follower fell behind (distributed.follow_backlog_mb).
+        followed on the driver; ``following``: the follower fell behind (distributed.follow_backlog_mb);
+        ``until``: a round of the follower's, read as the stream brings it until that instant.
         False when the backlog is not one for ranges."""
         why_not = catch_up_eligibility(self.spark, self.config, self.loop, backlog, following=following)
         if why_not is not None:
@@ -427,10 +429,14 @@ class Mirror:
         where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
         size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"  # rounds go on from 64 kB
         what = f"{size} behind while following" if following else f"backlog of {size}"
-        self.progress(f"{what}: catching up to {format_lsn(flush)} {where}")
+        if until is None:
+            self.progress(f"{what}: catching up to {format_lsn(flush)} {where}")
+        else:
+            self.progress(f"{what}: a round of up to {max(until - time.monotonic(), 0.0):.1f} s, read as the "
+                          f"stream brings it, {where}")
         catch_up_on_executors(self.spark, self.config, self.loop, stream, flush, feed=feed,
                               may_commit=self._may_commit, progress=self.progress,
-                              progress_every=self.progress_every, backlog=backlog)
+                              progress_every=self.progress_every, backlog=backlog, until=until)
         return True
 
     def _may_commit(self, tables: list[FoldedTable]) -> str | None:

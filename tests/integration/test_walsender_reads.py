@@ -12,6 +12,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from applier.drivers.executors.ranges import LogRange
+from applier.drivers.executors.survey import LogSurvey
 from applier.protocol.replication import PrimaryKeepalive, XLogData
 from applier.sources.walsender import WalSenderStream
 
@@ -215,3 +217,89 @@ def test_a_confirm_made_while_the_catch_up_reader_reads_is_sent_by_that_reader(p
         stream.close()
     assert confirmed == format_lsn(target)
     assert [name for name, lsn in sent if lsn == target][:1] == ["catch-up-reader"], sent
+
+
+def _ranges_of_a_round(dsn: str, slot: str, *, until_in: float, target: int) -> tuple[list[LogRange], LogSurvey,
+                                                                                      float]:
+    """A follower's round (StreamRanges ``until``) on a started stream: its ranges, its survey and how
+    long its reading took."""
+    import time
+
+    from applier.drivers.backlog import StreamRanges
+
+    stream = WalSenderStream(dsn)
+    try:
+        stream.start(slot, OPTIONS)
+        source = StreamRanges(stream, None, partition_messages=10_000, target=target, quiet_seconds=0.05,
+                              until=time.monotonic() + until_in)
+        ranges = list(source.ranges())
+        survey = source.result()
+        return ranges, survey, source.seconds
+    finally:
+        stream.close()
+
+
+def _commits(ranges: list[LogRange]) -> list[int]:
+    """The end LSN of every transaction in the ranges, in order (a Commit: 'C', end LSN at byte 10)."""
+    from applier.drivers.executors.ranges import range_messages
+
+    return [int.from_bytes(m.data[10:18], "big") for r in ranges for m in range_messages(r) if m.data[:1] == b"C"]
+
+
+def test_a_round_reads_past_the_position_it_began_at_until_its_time_then_cuts_at_a_commit(pg):
+    """A follower's round reads the stream as it comes, not up to the server's position when it began,
+    while a load goes on: it ends at the first transaction's end after its time, with nothing open. Its
+    ranges are cut by time as well (FOLLOW_RANGE_SECONDS), each at the end of a transaction, so that
+    they are folded while the round reads on."""
+    import threading
+    import time
+
+    from applier.drivers.executors.ranges import range_messages
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_round', 'pgoutput')")
+        conn.execute("INSERT INTO g SELECT g, 'before' FROM generate_series(1, 100) g")
+        began = current_flush_lsn(conn)
+    stop = threading.Event()
+
+    def load() -> None:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            i = 1000
+            while not stop.is_set():
+                c.execute("INSERT INTO g VALUES (%s, 'during'), (%s, 'during')", (i, i + 1))
+                i += 2
+                time.sleep(0.002)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        ranges, survey, seconds = _ranges_of_a_round(pg.dsn, "g_round", until_in=0.8, target=began)
+    finally:
+        stop.set()
+        loader.join()
+    commits = _commits(ranges)
+    assert survey.tail is None  # cut where nothing is open
+    assert commits[0] <= began < commits[-1]  # past the position it began at
+    assert len(commits) > 20
+    assert seconds >= 0.75  # the load kept it reading until its time (it counts from its thread's start)
+    assert len(ranges) >= 3  # 0.8 s, a range at least every 0.2 s of it
+    assert all(list(range_messages(r))[-1].data[:1] == b"C" for r in ranges)
+
+
+def test_a_round_ends_once_the_stream_is_quiet_with_every_transaction(pg):
+    """When the load stops, a round ends a quiet moment after the last message, long before its time,
+    and holds every transaction: the follower commits it at once (bench/follow.py's drain)."""
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_quiet', 'pgoutput')")
+        for i in range(50):
+            conn.execute("INSERT INTO g VALUES (%s, 'v')", (i,))
+        flush = current_flush_lsn(conn)
+    ranges, survey, seconds = _ranges_of_a_round(pg.dsn, "g_quiet", until_in=60.0, target=0)
+    assert len(_commits(ranges)) == 50 and survey.tail is None
+    assert _commits(ranges)[-1] <= flush
+    assert seconds < 10.0  # quiet, not the round's 60 s
