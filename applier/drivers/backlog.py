@@ -75,10 +75,6 @@ FOLLOW_QUIET_SECONDS = 0.02
 #: the apply loop, which costs a group of its own).
 OPEN_QUIET_SECONDS = 0.5
 
-#: In a follower's round a range is cut at the first end of a transaction after this long, so that its
-#: fold runs while the stream is read on: once the stream is quiet only the last range is left to fold.
-FOLLOW_RANGE_SECONDS = 0.2
-
 
 class StreamRanges:
     """The backlog of a started stream, surveyed and cut into ranges on a thread of its own (a
@@ -140,17 +136,9 @@ class StreamRanges:
         open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
         nothing_open = surveyor.nothing_open
         reached = False
-        clock = time.monotonic
-        range_due = clock() + FOLLOW_RANGE_SECONDS if until is not None else None  # a round's next cut
         while not reached and not stopped():
-            stop_at = target  # add_run stops after a message at it: a cut may come there
-            if range_due is not None:
-                now = clock()
-                if until is not None and now >= until:
-                    target = stop_at = 0  # the round's time is up: a cut at the next end of a transaction
-                    until = None
-                elif now >= range_due:
-                    stop_at = 0  # the range's time is up: cut at the next end of a transaction
+            if until is not None and time.monotonic() >= until:
+                target, until = 0, None  # the round's time is up: a cut at the next end of a transaction
             new = len(lsns)
             keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
             if keepalive is None and len(lsns) == new:  # none: wait for the socket
@@ -169,22 +157,20 @@ class StreamRanges:
                 if reached:
                     after = add_run(lsns, datas, k, end, _NO_TARGET)
                 elif k + 1 < self.partition_messages:
-                    after = add_run(lsns, datas, k, min(end, self.partition_messages), stop_at)
+                    after = add_run(lsns, datas, k, min(end, self.partition_messages), target)
                 else:
                     after = k + 1
                     add(lsns[k], datas[k])
                 messages += after - k
                 k = after
                 lsn, data = lsns[k - 1], datas[k - 1]
-                if not reached and (k >= self.partition_messages or lsn >= stop_at) and may_cut_after(data):
+                if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
                     index += 1
                     # what was read past the cut starts the next range (past the target: the tail)
                     lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
                     start_catalog = survey.catalog.to_json()
                     reached = lsn >= target
-                    if range_due is not None:
-                        range_due, stop_at = clock() + FOLLOW_RANGE_SECONDS, target
             if keepalive is not None and keepalive.wal_end >= target \
                     and (self.until is None or nothing_open()):  # (a round: not in a transaction)
                 break

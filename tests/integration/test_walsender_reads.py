@@ -248,9 +248,7 @@ def _commits(ranges: list[LogRange]) -> list[int]:
 
 def test_a_round_reads_past_the_position_it_began_at_until_its_time_then_cuts_at_a_commit(pg):
     """A follower's round reads the stream as it comes, not up to the server's position when it began,
-    while a load goes on: it ends at the first transaction's end after its time, with nothing open. Its
-    ranges are cut by time as well (FOLLOW_RANGE_SECONDS), each at the end of a transaction, so that
-    they are folded while the round reads on."""
+    while a load goes on: it ends at the first transaction's end after its time, with nothing open."""
     import threading
     import time
 
@@ -284,8 +282,7 @@ def test_a_round_reads_past_the_position_it_began_at_until_its_time_then_cuts_at
     assert commits[0] <= began < commits[-1]  # past the position it began at
     assert len(commits) > 20
     assert seconds >= 0.75  # the load kept it reading until its time (it counts from its thread's start)
-    assert len(ranges) >= 3  # 0.8 s, a range at least every 0.2 s of it
-    assert all(list(range_messages(r))[-1].data[:1] == b"C" for r in ranges)
+    assert list(range_messages(ranges[-1]))[-1].data[:1] == b"C"
 
 
 def test_a_round_ends_once_the_stream_is_quiet_with_every_transaction(pg):
