@@ -236,8 +236,6 @@ class ReplicationFollower(SlotFollower):
                 behind.refused()
                 return
             ran_its_time = until is not None and time.monotonic() >= until
-            if until is not None and not ran_its_time and self.loop.transactions == applied:
-                return  # quiet before its time with nothing of ours: caught up (WAL of others moves on)
             # a round read past ``flush``: up to the end of what it committed
             read, flush = max(flush, self.loop.confirmed_lsn or 0), behind.server_flush()
             # in rounds they go on while the load does; after one that ran its time, whatever came since:
@@ -247,6 +245,11 @@ class ReplicationFollower(SlotFollower):
             needed = 1 if ran_its_time else behind.ongoing_bytes()
             if not self.loop.idle():  # the stream's tail: an open transaction, fed to the loop
                 behind.wanted = behind.continuing = flush - read >= needed  # the next round once it is done
+                return
+            if until is not None and self.loop.transactions == applied:
+                # nothing of ours in a whole round: caught up. WAL of other databases and tables may
+                # move on (the walsender's keepalives then keep a round from going quiet): the loop
+                # confirms it, and rounds start again only if this mirror falls behind again
                 return
 
     def run(self, once: bool) -> None:

@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -183,7 +185,8 @@ def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spa
     transactions leaves more than 1 MiB of WAL behind the server catches the backlog up in ranges folded
     on the driver, then follows on; what it applied, before, during and after, equals Postgres. The loop's
     catalog is rebuilt from the ranges' JSON there: the same schema must not read as a change
-    (``schema_changes: stop`` would stop the mirror)."""
+    (``schema_changes: stop`` would stop the mirror). WAL of a table outside the publication flows all
+    the while and after: once caught up the rounds stop, and that WAL is confirmed."""
     from background import Background
 
     target = tmp_path / "delta"
@@ -207,10 +210,40 @@ def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spa
                          "the mirror's slot")
             copied = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
             job.wait_for(lambda: confirmed_past(copied), "the mirror to follow its slot")
-            for first in (51, 12_051):
-                conn.execute("CALL fb_burst(%s, %s)", (first, first + 11_999))  # ~48k changes, a few MiB of WAL
-            flush = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
-            job.wait_for(lambda: confirmed_past(flush), "the mirror to catch up")
-        behind = [line for line in job.lines if "behind while following" in line]
-        assert behind and _executor_lines([line.split(" ", 1)[1] for line in job.lines], "driver"), job.lines
+            others = threading.Event()
+            other = threading.Thread(target=_unpublished_load, args=(pg.dsn, others))
+            other.start()  # WAL of a table not published goes on while the bursts run, and after them
+            try:
+                for first in (51, 12_051):
+                    conn.execute("CALL fb_burst(%s, %s)", (first, first + 11_999))  # ~48k changes, MiBs of WAL
+                flush = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+                job.wait_for(lambda: confirmed_past(flush), "the mirror to catch up")
+                # caught up, with only WAL that is not ours coming: rounds stop (nothing of ours in one),
+                # and the loop confirms that WAL as it follows
+                time.sleep(1.5)
+                rounds = _rounds(job.lines)
+                time.sleep(3)
+                assert _rounds(job.lines) == rounds, job.lines[-6:]
+                later = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+                job.wait_for(lambda: confirmed_past(later), "the WAL that is not ours to be confirmed")
+            finally:
+                others.set()
+                other.join()
+        assert rounds and _executor_lines([line.split(" ", 1)[1] for line in job.lines], "driver"), job.lines
         _assert_equal(spark, conn, target, tables)
+
+
+def _rounds(lines: list[str]) -> int:
+    """The rounds a following mirror started (a progress line each)."""
+    return sum("behind while following" in line for line in lines)
+
+
+def _unpublished_load(dsn: str, stop: threading.Event) -> None:
+    """Rows into a table no publication holds, until ``stop``: WAL the mirror's slot reads past."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS fb_other (v int)")
+        while not stop.is_set():
+            conn.execute("INSERT INTO fb_other SELECT g FROM generate_series(1, 500) g")
+            stop.wait(0.01)
