@@ -209,8 +209,9 @@ class ReplicationFollower(SlotFollower):
                         target: int | None) -> None:
         """Fallen behind while following, at a point where no transaction is open: apply what is pending,
         then catch the backlog up in ranges from the same stream, round after round while the load
-        lasts (each round starts once ``ONGOING_LOAD_BYTES`` more arrived; the loop follows on after
-        them). Rounds follow each other directly: the per-message path between two rounds costs about
+        lasts (after a round that ran its time the next starts at once; after one that ended quiet, once
+        ``ONGOING_LOAD_BYTES`` more arrived; a round with nothing of ours ends them, and the loop follows
+        on after them). Rounds follow each other directly: the per-message path between two rounds costs about
         4x the CPU per message (bench/RESULTS.md, twenty-ninth session: rounds that ended once less than
         ``behind.threshold`` had arrived applied two thirds of pgbench's load message by message), and a
         group of the few transactions between two rounds would cost a commit as large as a round's.
