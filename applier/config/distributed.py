@@ -30,7 +30,8 @@ class DistributedSettings(SettingsModel):
         "of what the mirror has read (asked at most once a second, only when a group came due while messages "
         "kept arriving) and no transaction is open, the backlog is caught up in ranges, as at the start, round "
         "after round while the load lasts (a round reads the stream as it comes for apply.max_group_seconds, "
-        "or until it is quiet for 20 ms, then commits; the next starts once 64 kB more arrived); with folds on "
+        "or until it is quiet for 20 ms, then commits; the next at once after a round that ran its time, else "
+        "once 64 kB more arrived); with folds on "
         "the driver at any size, on executors only from min_backlog_mb (auto). 0: never")
     backlog_folds: Literal["auto", "executors", "driver"] = Field(
         "auto", description="mirror: where the ranges of a backlog caught up in ranges are folded: executors (one "

@@ -285,7 +285,7 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     ids = loop.applier.identities
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
                           target=target, until=until,
-                          quiet_seconds=FOLLOW_QUIET_SECONDS if until is not None else 0.5,
+                          quiet_seconds=FOLLOW_QUIET_SECONDS if until is not None else OPEN_QUIET_SECONDS,
                           columns_changed=ids.columns_changed if ids is not None else None)
     fed = 0
     executors_end: int | None = None
