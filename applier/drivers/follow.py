@@ -47,7 +47,8 @@ class CatchUp(Protocol):
                  following: bool = False, until: float | None = None) -> bool: ...
 
 
-#: once rounds run, the next one starts when this much more WAL arrived: the load goes on
+#: once rounds run, a round that ended quiet (or left an open transaction to the loop) is followed by
+#: another when this much more WAL arrived: the load goes on (one that ran its time is followed at once)
 ONGOING_LOAD_BYTES = 64 << 10
 
 
