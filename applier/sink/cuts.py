@@ -10,7 +10,8 @@ Spark's ``versionAsOf``).
 
 The record is a Delta table beside the tables, ``<target>/_applier/cuts`` (on the target itself, also
 for an object store, whose state directory is local: a reader of the target needs it), so that any
-engine reads it. One row per cut, appended in one commit by delta-rs (no Spark) tagged with the
+engine reads it. One row per cut, appended in one commit (by delta-rs; on a local target, after its
+first append, by applier itself: CutLog._append_local; never by Spark) tagged with the
 ``txn`` app id ``applier.cuts`` and the cut's LSN: a run after a crash between the tables' commits and
 the cut re-applies nothing, finds the cut missing and writes it, once.
 
@@ -32,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from applier.lsn import format_lsn
+from applier.sink.store.dvlog import log_identity, log_path
+from applier.sink.store.dvmerge import CHECKPOINT_INTERVAL, local_root
 from applier.sink.store.picker import DELTARS
 from applier.storage.location import join
 
@@ -144,8 +147,8 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 class CutLog:
-    """The cuts table of one target. Written with delta-rs only: a target delta-rs cannot open (a
-    directory name holding '%' or '[') records no cuts, and says so once."""
+    """The cuts table of one target. Written without Spark (delta-rs, and applier's own appends): a target
+    delta-rs cannot open (a directory name holding '%' or '[') records no cuts, and says so once."""
 
     def __init__(self, target_dir: str) -> None:
         self.target_dir = str(target_dir)
@@ -154,6 +157,8 @@ class CutLog:
         self._newest: int | None = None
         self._read = False
         self._handle: Any = None  # the cuts table as delta-rs's last append left it
+        self._root = local_root(self.path) if self.usable else None  # (None: an object store)
+        self._known: tuple[int, tuple[int, int] | None] | None = None  # the version appended last, its log
         self._appended = 0
 
     def exists(self) -> bool:
@@ -178,15 +183,42 @@ class CutLog:
 
         def append() -> None:
             try:
-                self._handle = DELTARS.append_through(self._handle, self.path, data, tag=tag)
+                if not self._append_local(data, tag):
+                    self._handle = DELTARS.append_through(self._handle, self.path, data, tag=tag)
+                    self._known = (int(self._handle.version()), log_identity(self._root)) \
+                        if self._root is not None else None
             except BaseException:
-                self._handle = None  # a conflict (maintain pruned): opened again by the retry
+                self._handle = self._known = None  # a conflict (maintain pruned): opened again by the retry
                 raise
         retry_on_conflict(append, table="_applier/cuts")
         self._newest = cut.lsn
         self._appended += 1
         if self._appended % COMPACT_EVERY == 0:
             self._compact()
+        return True
+
+    def _append_local(self, data: pa.Table, tag: tuple[str, int, str]) -> bool:
+        """Append a cut's row to a local table without delta-rs (applier.sink.store.dvcommit.append_file,
+        a few ms where delta-rs's append took 20-60 ms after every group) when this log wrote its newest
+        version and no one has committed since: False otherwise (delta-rs appends, and its version is
+        the next one's start). A checkpoint every ``CHECKPOINT_INTERVAL`` versions, as delta-rs's
+        appends take them."""
+        from applier.sink.store.dvcommit import append_file
+
+        if self._known is None or self._root is None:
+            return False
+        version, identity = self._known
+        if log_path(self._root, version + 1).exists() or log_identity(self._root) != identity:
+            self._handle = self._known = None  # another writer's commit, or a table made anew: delta-rs reads it
+            return False
+        app_id, lsn, description = tag
+        append_file(self._root, version + 1, data, app_id=app_id, app_version=lsn, description=description)
+        self._known = (version + 1, identity)
+        if (version + 1) % CHECKPOINT_INTERVAL == 0:
+            handle = self._handle if self._handle is not None else DELTARS.open(self.path)
+            handle.update_incremental()
+            handle.create_checkpoint()
+            self._handle = handle
         return True
 
     def _compact(self) -> None:
@@ -199,7 +231,7 @@ class CutLog:
             DELTARS.optimize(self.path, [], None)
         except commit_failed_error() as e:
             log.debug("compacting %s lost a race (%s); the next one does it", self.path, e)
-        self._handle = None
+        self._handle = self._known = None
 
     def cuts(self) -> list[Cut]:
         """Every recorded cut, oldest first (none when the table does not exist)."""

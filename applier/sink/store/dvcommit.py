@@ -1,5 +1,6 @@
-"""Commits applier writes into a local Delta log itself: a table with deletion vectors created, and the
-commits of its MERGEs (applier.sink.store.dvmerge).
+"""Commits applier writes into a local Delta log itself: a table with deletion vectors created, the
+commits of its MERGEs (applier.sink.store.dvmerge), and the appends of the consistent cuts
+(applier.sink.cuts: delta-rs's append of one row took 20-60 ms after every group, a drain's last step).
 
 Why not delta-rs: it writes no deletion vectors, and the table it creates with
 ``delta.enableDeletionVectors`` (and each property set on it later) also asks readers for the
@@ -26,7 +27,7 @@ from applier.sink.store.dvlog import log_path
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["create_dv_table", "write_commit"]
+__all__ = ["append_file", "create_dv_table", "write_commit"]
 
 
 def write_commit(root: Path, version: int, actions: list[dict[str, Any]]) -> None:
@@ -72,4 +73,28 @@ def create_dv_table(root: Path, schema: pa.Schema, properties: Mapping[str, str]
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
                       "schemaString": schema_string, "partitionColumns": [],
                       "configuration": dict(properties), "createdTime": now}},
+    ])
+
+
+def append_file(root: Path, version: int, rows: pa.Table, *, app_id: str, app_version: int,
+                description: str) -> None:
+    """Version ``version`` of the table at ``root``: ``rows`` appended as one new Parquet file, tagged
+    with ``app_id`` at ``app_version`` (the ``txn`` action delta-rs's tagged appends record) and
+    ``description`` as ``userMetadata``; a ``CommitFailedError`` when that version exists (the file
+    written is then left unreferenced, as a failed delta-rs append leaves its own). The caller knows
+    that the table at ``version - 1`` takes the rows as they are (its schema, no features to honour)."""
+    import pyarrow.parquet as pq
+
+    from applier.sink.copyfiles import file_stats
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    pq.write_table(rows, root / name, compression="snappy")
+    now = int(time.time() * 1000)
+    write_commit(root, version, [
+        {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
+                        "readVersion": version - 1, "isBlindAppend": True, "userMetadata": description,
+                        "engineInfo": "applier"}},
+        {"txn": {"appId": app_id, "version": app_version, "lastUpdated": now}},
+        {"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
+                 "modificationTime": now, "dataChange": True, "stats": file_stats(rows)}},
     ])

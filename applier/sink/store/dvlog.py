@@ -19,7 +19,7 @@ from typing import Any
 from applier.errors import SinkError
 from applier.sink.store.dvformat import descriptor_id
 
-__all__ = ["LiveFile", "LogReplay", "live_files", "log_path"]
+__all__ = ["LiveFile", "LogReplay", "live_files", "log_identity", "log_path"]
 
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _ADD_FIELDS = ("path", "partitionValues", "size", "modificationTime", "dataChange", "stats", "tags",
@@ -49,6 +49,22 @@ class LiveFile:
 
 def log_path(root: Path, version: int) -> Path:
     return root / "_delta_log" / f"{version:020d}.json"
+
+
+def log_identity(root: Path) -> tuple[int, int] | None:
+    """Which log this is: its first commit's file (inode, modification time in ns: a table created
+    again has a new one even where the filesystem reuses the inode), or once a cleanup removed that,
+    the log directory's inode; None without a log."""
+    log = root / "_delta_log"
+    try:
+        first = log_path(root, 0).stat()
+        return first.st_ino, first.st_mtime_ns
+    except FileNotFoundError:
+        pass
+    try:
+        return log.stat().st_ino, -1
+    except FileNotFoundError:
+        return None
 
 
 def _key(action: dict[str, Any]) -> tuple[str, str | None]:

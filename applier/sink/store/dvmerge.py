@@ -40,7 +40,7 @@ from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
 from applier.sink.store.dvcommit import write_commit
 from applier.sink.store.dvkeys import KeyIndex, live_rows
-from applier.sink.store.dvlog import LiveFile, LogReplay, log_path
+from applier.sink.store.dvlog import LiveFile, LogReplay, log_identity, log_path
 from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
 from applier.storage.location import scheme_of
 
@@ -113,8 +113,8 @@ class DvCache:
         """The table's newest version through the ``deltalake.DeltaTable`` an earlier commit opened, brought
         up to date (``update_incremental``: only the commits since; opening reads the log anew, 50 ms at
         60 commits past a checkpoint), or opened by ``store``. A log directory that is not the one opened
-        then (the table deleted, replaced: ``_log_identity``) is opened anew."""
-        identity = _log_identity(root)
+        then (the table deleted, replaced: ``log_identity``) is opened anew."""
+        identity = log_identity(root)
         if identity is None:
             self._handles.pop(root, None)
             return store.open(path)
@@ -141,7 +141,7 @@ class DvCache:
         facts = self._facts.get(root)
         if facts is None or app_id not in facts.applied:
             return None
-        if log_path(root, facts.version + 1).exists() or _log_identity(root) != facts.identity:
+        if log_path(root, facts.version + 1).exists() or log_identity(root) != facts.identity:
             del self._facts[root]  # another writer committed (or the table was made anew): read it
             return None
         return facts
@@ -227,7 +227,7 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
             return CommitResult(0, 0, False)
     else:
         tables.forget(root)
-        identity = _log_identity(root)
+        identity = log_identity(root)
         table = open_for_commit(_Opener(store, tables, root), path, names, app_id, version)
         if isinstance(table, CommitResult):
             return CommitResult(0, 0, False)
@@ -272,22 +272,6 @@ def apply_plan_dv(store: TableOpener, path: str, schema: pa.Schema, plan: TableP
     if facts.version % facts.interval == 0:
         tables.open(store, path, root).create_checkpoint()  # (brought up to date by ``open``)
     return CommitResult(upserts, deletes, False, read_version + 1)
-
-
-def _log_identity(root: Path) -> tuple[int, int] | None:
-    """Which log this is: its first commit's file (inode, modification time in ns: a table created
-    again has a new one even where the filesystem reuses the inode), or once a cleanup removed that,
-    the log directory's inode; None without a log."""
-    log = root / "_delta_log"
-    try:
-        first = log_path(root, 0).stat()
-        return first.st_ino, first.st_mtime_ns
-    except FileNotFoundError:
-        pass
-    try:
-        return log.stat().st_ino, -1
-    except FileNotFoundError:
-        return None
 
 
 class _Opener:
