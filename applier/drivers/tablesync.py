@@ -103,6 +103,7 @@ class TableSync:
         self._columns: dict[int, set[str]] = {}  # relation OID -> columns its Delta table has
         self.synced: dict[str, int] = {}  # this run: qualified name -> rows copied
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
+        self._asking: psycopg.Connection[Any] | None = None  # must_sync's (_asking_connection)
         self.fills = ColumnFills(config, applier, catalog.types, state, progress)
         #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
         self.on_copy_rows = on_copy_rows
@@ -299,29 +300,49 @@ class TableSync:
         waiting = sorted(f"{ns}.{name}" for ns, name, _oid, _columns in touched if self.waiting(f"{ns}.{name}"))
         if waiting:
             return f"the copy of {', '.join(waiting)} waits for its slot (their changes are held until it exists)"
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            published = published_selection(conn, self.config.source.publication, self.config.tables)
-            known = self.known(published)
-            missing = [t.qualified_name for t in published
-                       if t.qualified_name not in known and not self.waiting(t.qualified_name)]
-            if missing:
-                return f"tables joined the publication: {', '.join(sorted(missing))}"
-            reshaped = self._reshaped(conn, published, known, save=False)
-            if reshaped:
-                return f"the publication sends other rows or columns of {', '.join(sorted(reshaped))} now"
-            for namespace, name, oid, columns in touched:
-                key = (namespace, name)
-                if self.fills.pending(oid, f"{namespace}.{name}"):
-                    return f"{namespace}.{name} has columns to fill with their constant default"
-                added = self._added(oid, key, columns, fresh=set(), remember=False)
-                if not added:
-                    continue
-                filled, gone = _filled_columns(conn, oid, added)
-                if filled:
-                    return f"{namespace}.{name} gained columns {sorted(filled)} with values the stream does not send"
-                if gone:  # a key-less table's old images carry it: the driver path decides (copies it again)
-                    return f"{namespace}.{name} gained columns {sorted(gone)} that were dropped again since"
-                self._columns[oid].update(added)
+        try:
+            return self._must_sync(self._asking_connection(), touched)
+        except psycopg.OperationalError:
+            self._drop_asking()  # closed by the server since (a restart, idle_session_timeout): once more, anew
+            return self._must_sync(self._asking_connection(), touched)
+
+    def _asking_connection(self) -> psycopg.Connection[Any]:
+        """``must_sync``'s connection, kept between groups: it is asked before every group a round
+        commits, and a connection made each time cost 20-50 ms of the round (a backend started, beside
+        the load the mirror follows: bench/RESULTS.md, thirty-fourth session)."""
+        if self._asking is None or self._asking.closed:
+            self._asking = psycopg.connect(self.dsn, autocommit=True, application_name="applier tablesync")
+        return self._asking
+
+    def _drop_asking(self) -> None:
+        asking, self._asking = self._asking, None
+        if asking is not None:
+            asking.close()
+
+    def _must_sync(self, conn: psycopg.Connection[Any], touched: list[tuple[str, str, int, tuple[str, ...]]]) \
+            -> str | None:
+        published = published_selection(conn, self.config.source.publication, self.config.tables)
+        known = self.known(published)
+        missing = [t.qualified_name for t in published
+                   if t.qualified_name not in known and not self.waiting(t.qualified_name)]
+        if missing:
+            return f"tables joined the publication: {', '.join(sorted(missing))}"
+        reshaped = self._reshaped(conn, published, known, save=False)
+        if reshaped:
+            return f"the publication sends other rows or columns of {', '.join(sorted(reshaped))} now"
+        for namespace, name, oid, columns in touched:
+            key = (namespace, name)
+            if self.fills.pending(oid, f"{namespace}.{name}"):
+                return f"{namespace}.{name} has columns to fill with their constant default"
+            added = self._added(oid, key, columns, fresh=set(), remember=False)
+            if not added:
+                continue
+            filled, gone = _filled_columns(conn, oid, added)
+            if filled:
+                return f"{namespace}.{name} gained columns {sorted(filled)} with values the stream does not send"
+            if gone:  # a key-less table's old images carry it: the driver path decides (copies it again)
+                return f"{namespace}.{name} gained columns {sorted(gone)} that were dropped again since"
+            self._columns[oid].update(added)
         return None
 
     def _recopy_for_added_columns(self, transactions: GroupedTransactions) -> None:
@@ -492,6 +513,7 @@ class TableSync:
         """The run ends: a copy still waiting for its slot is given up (the slot's creation cancelled).
         Its tables are off the list of copied tables, so the next run copies them; the changes held for
         them are in that copy."""
+        self._drop_asking()
         pending, self._pending = self._pending, None
         if pending is None:
             return

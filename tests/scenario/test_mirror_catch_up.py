@@ -186,7 +186,8 @@ def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spa
     on the driver, then follows on; what it applied, before, during and after, equals Postgres. The loop's
     catalog is rebuilt from the ranges' JSON there: the same schema must not read as a change
     (``schema_changes: stop`` would stop the mirror). WAL of a table outside the publication flows all
-    the while and after: once caught up the rounds stop, and that WAL is confirmed."""
+    the while and after: once caught up the rounds stop, and that WAL is confirmed. Between the two bursts
+the server closes the connection the rounds ask the publication on; they go on with a new one."""
     from background import Background
 
     target = tmp_path / "delta"
@@ -214,8 +215,15 @@ def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spa
             other = threading.Thread(target=_unpublished_load, args=(pg.dsn, others))
             other.start()  # WAL of a table not published goes on while the bursts run, and after them
             try:
-                for first in (51, 12_051):
-                    conn.execute("CALL fb_burst(%s, %s)", (first, first + 11_999))  # ~48k changes, MiBs of WAL
+                conn.execute("CALL fb_burst(51, 12050)")  # ~48k changes, MiBs of WAL
+                flush = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
+                job.wait_for(lambda: confirmed_past(flush), "the mirror to catch up the first burst")
+                # the connection that asks before each round's commit is kept between rounds: the server
+                # closing it (a restart, idle_session_timeout) costs the next round nothing but a new one
+                killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                      "WHERE application_name = 'applier tablesync'").fetchone()[0]
+                assert killed == 1
+                conn.execute("CALL fb_burst(12051, 24050)")
                 flush = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]
                 job.wait_for(lambda: confirmed_past(flush), "the mirror to catch up")
                 # caught up, with only WAL that is not ours coming: rounds stop (nothing of ours in one),
@@ -230,6 +238,7 @@ def test_a_mirror_that_falls_behind_while_following_catches_up_in_ranges(pg, spa
                 others.set()
                 other.join()
         assert rounds and _executor_lines([line.split(" ", 1)[1] for line in job.lines], "driver"), job.lines
+        assert not [line for line in job.lines if "connection lost" in line]  # (a new session: 1 s and a re-read)
         _assert_equal(spark, conn, target, tables)
 
 
