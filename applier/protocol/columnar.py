@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from applier.protocol import wire
 from applier.protocol.headers import (
     CHANGE_OID_AT,
     CHANGE_TAG_AT,
@@ -70,6 +71,24 @@ def message_block(datas: Sequence[bytes]) -> MessageBlock:
     buf = np.frombuffer(b"".join([*datas, bytes(_PAD)]), dtype=np.uint8)  # not join + pad: a second copy
     kinds = np.where(lengths > 0, buf[np.minimum(starts[:-1], len(buf) - 1)], 0).astype(np.uint8)
     return MessageBlock(buf, starts, kinds)
+
+
+def commit_fields(block: MessageBlock, begins: np.ndarray, commits: np.ndarray) \
+        -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The commit LSN and end LSN (uint64) and the commit time (int64, PostgreSQL's microseconds) of each
+    Commit at ``commits``, read from the buffer at once; None when a Begin at ``begins`` or a Commit is not
+    of its fixed size (the decoder then says what is wrong). One decode per message cost about a tenth
+    of a follow round's fold (two messages for every transaction of pgbench's)."""
+    import numpy as np
+
+    starts = block.starts
+    if np.any(starts[begins + 1] - starts[begins] != 1 + wire.BEGIN.size) \
+            or np.any(starts[commits + 1] - starts[commits] != 1 + wire.COMMIT.size):
+        return None
+    at = starts[commits][:, None] + np.arange(2, 1 + wire.COMMIT.size)  # past the kind and the flags
+    fields = np.ascontiguousarray(block.buf[at])  # (commits, 24): commit LSN, end LSN, commit time
+    lsns = fields.view(">u8").astype(np.uint64)
+    return lsns[:, 0], lsns[:, 1], fields.view(">i8")[:, 2].astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

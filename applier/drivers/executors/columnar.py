@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from applier.catalog.batches import TableBatch
 from applier.drivers.executors.ranges import FoldJob, RangeFold
 from applier.errors import ApplierError
-from applier.protocol.columnar import message_block, relation_oids, scan_row_messages, text_values
+from applier.protocol.columnar import commit_fields, message_block, relation_oids, scan_row_messages, text_values
 from applier.protocol.headers import BEGIN, COMMIT, DELETE, INSERT, OLD_KEY, RELATION, TRUNCATE, TYPE, UPDATE
-from applier.protocol.messages import Begin, Commit, Relation, Truncate, Type
+from applier.protocol.messages import Relation, Truncate, Type
 from applier.sink.columnfold import fold_keyed_columns
 from applier.sink.fold import FoldedTable, table_spec
 from applier.sink.plan import TablePlan
@@ -77,14 +77,14 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
     truncates = _truncates(decoder, lsns, datas, np.flatnonzero(truncating).tolist())
     if truncates is None:
         return None
-    ends, times = [], []
+    fields = commit_fields(block, begins, commits)
+    if fields is None:
+        return None
+    commit_lsns, end_lsns, commit_times = fields
     skip = feeder.assembler.skip_lsns
-    for b, c in zip(begins.tolist(), commits.tolist(), strict=True):
-        begin, commit = decoder.decode(datas[b], lsns[b]), decoder.decode(datas[c], lsns[c])
-        if not isinstance(begin, Begin) or not isinstance(commit, Commit) or commit.commit_lsn in skip:
-            return None
-        ends.append(commit.end_lsn)
-        times.append(commit.commit_time)
+    if skip and np.isin(commit_lsns, np.fromiter(skip, dtype=np.uint64, count=len(skip))).any():
+        return None
+    ends, times = end_lsns.tolist(), commit_times.tolist()
     row_index = np.flatnonzero(rows)
     oids = relation_oids(block, row_index)
     first_change = _first_change(oids, row_index, truncates)
@@ -92,7 +92,6 @@ def _fold(job: FoldJob, feeder: TransactionFeeder, decoder: MessageDecoder, lsns
         return None
     result = RangeFold(job.range.index, transactions=int(begins.size), last_end_lsn=ends[-1],
                        last_commit_time=times[-1], columnar=True)
-    end_lsns = np.array(ends, dtype=np.uint64)
     txn_of = np.searchsorted(begins, row_index, side="right") - 1
     folded: list[tuple[int, FoldedTable]] = []
     paths: set[str] = set()

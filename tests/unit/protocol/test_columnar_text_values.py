@@ -50,3 +50,28 @@ def test_text_values_are_the_decoders_values(fixture, views_from, monkeypatch):
                 assert values.to_pylist() == expected, (fixture.stem, image, column)
                 compared += len(expected)
     assert compared > 0
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_commit_fields_are_the_decoders(fixture):
+    """``columnar.commit_fields`` reads every Commit's LSNs and time at once: the decoder's values."""
+    from applier.protocol.messages import Begin, Commit
+
+    lsns, datas = captured(fixture)
+    decoder = MessageDecoder()
+    decoded = [decoder.decode(data, lsn) for lsn, data in zip(lsns, datas, strict=True)]
+    begins = np.array([i for i, m in enumerate(decoded) if isinstance(m, Begin)], dtype=np.int64)
+    commits = np.array([i for i, m in enumerate(decoded) if isinstance(m, Commit)], dtype=np.int64)
+    assert commits.size
+    block = columnar.message_block(datas)
+    fields = columnar.commit_fields(block, begins, commits)
+    assert fields is not None
+    wanted = [decoded[c] for c in commits]
+    assert fields[0].tolist() == [m.commit_lsn for m in wanted]
+    assert fields[1].tolist() == [m.end_lsn for m in wanted]
+    assert fields[2].tolist() == [m.commit_time for m in wanted]
+    # a Commit or a Begin cut short or too long is the decoder's to report: not read here
+    for damaged in (commits[0], begins[0]):
+        for data in (datas[damaged][:-1], datas[damaged] + b"\0"):
+            changed = [*datas[:damaged], data, *datas[damaged + 1:]]
+            assert columnar.commit_fields(columnar.message_block(changed), begins, commits) is None
