@@ -15,9 +15,12 @@ replicates:
 For each run: pgbench's TPS (beside that follower), and the **drain time**: from pgbench's end until the
 follower holds everything (a marker row committed just after pgbench ends is visible in the replica; the
 applier's slot is confirmed past the marker, which it does only once every Delta commit up to it exists).
-The applier's peak RSS (Python and JVM) and CPU seconds are reported. Both copies are verified: the
-replica's tables against the primary's (an md5 of every table's ordered rows), the Delta tables against
-Postgres row by row. The last line is one JSON object.
+With ``--stops N`` each side then runs N more loads of 2-5 s, each followed by a drain: where in the
+applier's round pgbench stops moves its drain by up to a round's fold and commit, and one stop per run
+is one sample of that; the median over all of them is reported beside the first.
+The applier's peak RSS (Python and JVM) and CPU seconds (up to the first drain) are reported. Both copies
+are verified: the replica's tables against the primary's (an md5 of every table's ordered rows), the Delta
+tables against Postgres row by row. The last line is one JSON object.
 
 Goals (issue 49): the applier's drain time no longer than PostgreSQL's, pgbench's TPS beside the applier at
 least 90% of its TPS beside PostgreSQL's subscriber.
@@ -30,6 +33,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,6 +96,22 @@ def wait_until(what: str, done, deadline: float = WAIT_SECONDS) -> float:
     return time.monotonic() - started
 
 
+def drains_after_stops(conn, binary: str, dsn_args: list[str], args, caught_up, first: int) -> list[float]:
+    """The drain after each of ``args.stops`` more loads (2 to 5 s of pgbench each, in turn): where in the
+    follower's round pgbench stops moves a drain by up to a round's fold and commit, so one stop is one
+    sample of it. ``caught_up(marker id, lsn)``: the follower holds that marker's transaction."""
+    drains = []
+    for i in range(args.stops):
+        run_load(binary, dsn_args, args.clients, 2 + i % 4)
+        ended = time.monotonic()
+        lsn = marker(conn, first + i)
+        wait_until(f"the drain after stop {i + 1}", lambda i=i, lsn=lsn: caught_up(first + i, lsn))
+        drains.append(round(time.monotonic() - ended, 2))
+    if drains:
+        log(f"drains after {len(drains)} more stops: {drains}")
+    return drains
+
+
 def table_digests(conn) -> dict[str, tuple[int, str]]:
     """Row count and md5 of the ordered rows of each pgbench table."""
     out = {}
@@ -131,6 +151,8 @@ def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) 
             rep, "SELECT EXISTS (SELECT 1 FROM follow_marker WHERE id = 1)"))
         drain = time.monotonic() - ended
         log(f"beside PostgreSQL's subscription: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended")
+        stops = drains_after_stops(conn, binary, dsn_args, args, lambda n, _lsn: one(
+            rep, "SELECT EXISTS (SELECT 1 FROM follow_marker WHERE id = %s)", (n,)), 100)
         equal = table_digests(rep) == table_digests(conn)
         rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
         rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
@@ -141,7 +163,8 @@ def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) 
     conn.execute("SELECT pg_drop_replication_slot('pgsub')")
     if not equal:
         raise SystemExit("bench/follow: PostgreSQL's replica differs from the primary")
-    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "copy_seconds": round(copied, 1),
+    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "drains_after_stops": stops,
+            "drain_median_seconds": statistics.median([round(drain, 2), *stops]), "copy_seconds": round(copied, 1),
             "verified_equal": equal}
 
 
@@ -193,6 +216,10 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
         python_rss = peak_rss_mb(mirror.pid)
         jvm_rss = max((peak_rss_mb(c) or 0 for c in children(mirror.pid)), default=None) or None
         log(f"beside applier mirror: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended; {cpu:.1f} CPU-s")
+        stops = drains_after_stops(conn, binary, dsn_args, args, lambda _n, lsn: mirror.poll() is not None
+                                   or one(conn, confirmed, (lsn,)), 200)
+        if mirror.poll() is not None:
+            raise SystemExit(f"bench/follow: the mirror stopped:\n{(work / 'mirror.log').read_text()[-3000:]}")
     finally:
         mirror.send_signal(signal.SIGINT)
         try:
@@ -211,7 +238,8 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
     if not equal:
         raise SystemExit(f"bench/follow: the Delta tables differ from Postgres: "
                          f"{[(r.source_name, r.source_rows, r.target_rows) for r in results if not r.equal]}")
-    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "copy_seconds": round(copied, 1),
+    return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "drains_after_stops": stops,
+            "drain_median_seconds": statistics.median([round(drain, 2), *stops]), "copy_seconds": round(copied, 1),
             "cpu_seconds_during_load_and_drain": round(cpu, 1), "verified_equal": equal,
             "memory": {"python_peak_rss_mb": python_rss, "jvm_peak_rss_mb": jvm_rss}}
 
@@ -230,6 +258,9 @@ def main() -> None:
     p.add_argument("--deletion-vectors", action="store_true",
                    help="create the Delta tables with delta.enableDeletionVectors (a MERGE marks the rows it "
                         "replaces instead of rewriting their files: applier/sink/store/dvmerge.py)")
+    p.add_argument("--stops", type=int, default=0,
+                   help="after the run's drain, this many more loads of 2-5 s, each followed by a drain: the "
+                        "drain's median over them all is reported too (default 0)")
     args = p.parse_args()
 
     import psycopg
@@ -261,6 +292,8 @@ def main() -> None:
         "tps_beside_applier_vs_postgres": round(float(applier["tps"]) / float(postgres["tps"]), 2),  # type: ignore[arg-type]
         "drain_applier_minus_postgres_seconds": round(
             float(applier["drain_seconds"]) - float(postgres["drain_seconds"]), 2),  # type: ignore[arg-type]
+        "drain_median_applier_minus_postgres_seconds": round(
+            float(applier["drain_median_seconds"]) - float(postgres["drain_median_seconds"]), 2),  # type: ignore[arg-type]
         "verified_equal": bool(postgres["verified_equal"] and applier["verified_equal"]),
     }))
 
