@@ -316,3 +316,38 @@ def test_the_new_files_keys_are_kept_from_the_commit_not_read_back(tmp_path: Pat
     assert result is not None and result.rows_upserted == 1
     marked = [f for f in live_files(Path(path), store.version(path)) if f.deletion_vector]
     assert [(f.path, (f.deletion_vector or {}).get("cardinality")) for f in marked] == [(written.path, 1)]
+
+
+def test_a_column_added_between_two_commits_is_read_before_the_next(tmp_path: Path) -> None:
+    """A store's commits start from what its last one left (dvmerge.TableFacts) only while nobody else
+    committed: a column added in between by delta-rs (as applier's schema evolution adds one) is in the
+    next commit's table, and rows of both shapes read back."""
+    from deltalake import DeltaTable, Field
+    from deltalake.schema import PrimitiveType
+
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    store = DeletionVectorStore()
+    insert = [TableChange(OP_INSERT, None, None, (i, f"v{i}")) for i in range(1, 6)]
+    assert store.merge(path, SCHEMA, fold_changes(insert, SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                       app_id="app", version=1, description="v1") is not None
+    update = [TableChange(OP_UPDATE, None, None, (2, "two"))]
+    assert store.merge(path, SCHEMA, fold_changes(update, SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                       app_id="app", version=2, description="v2") is not None  # from the kept facts
+    DeltaTable(path).alter.add_columns([Field("b", PrimitiveType("long"), nullable=True)])
+    # a plan of the old shape into the wider table is not this writer's (Spark's MERGE keeps the column)
+    narrow = [TableChange(OP_UPDATE, None, None, (4, "four"))]
+    assert store.merge(path, SCHEMA, fold_changes(narrow, SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                       app_id="app", version=3, description="narrow") is None
+    wider = pa.schema([*SCHEMA, pa.field("b", pa.int64())])
+    changes = [TableChange(OP_UPDATE, None, None, (3, "three", 30)),
+               TableChange(OP_INSERT, None, None, (9, "nine", 90))]
+    result = store.merge(path, wider, fold_changes(changes, wider.names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                         app_id="app", version=3, description="v3")
+    assert result is not None and result.version == 4  # after the column's commit, not over it
+    assert dv_rows(path, ("id", "a", "b")) == sorted(
+        [(1, "v1", None), (2, "two", None), (3, "three", 30), (4, "v4", None), (5, "v5", None), (9, "nine", 90)],
+        key=repr)
+    again = store.merge(path, wider, fold_changes(changes, wider.names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                        app_id="app", version=3, description="again")
+    assert again is not None and again.rows_upserted == 0  # applied: the kept facts know it
