@@ -27,7 +27,7 @@ from applier.sink.store.dvlog import log_path
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["append_file", "create_dv_table", "write_commit"]
+__all__ = ["append_file", "create_dv_table", "write_commit", "write_data_file"]
 
 
 def write_commit(root: Path, version: int, actions: list[dict[str, Any]]) -> None:
@@ -83,18 +83,24 @@ def append_file(root: Path, version: int, rows: pa.Table, *, app_id: str, app_ve
     ``description`` as ``userMetadata``; a ``CommitFailedError`` when that version exists (the file
     written is then left unreferenced, as a failed delta-rs append leaves its own). The caller knows
     that the table at ``version - 1`` takes the rows as they are (its schema, no features to honour)."""
-    import pyarrow.parquet as pq
-
-    from applier.sink.copyfiles import file_stats
-
-    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    pq.write_table(rows, root / name, compression="snappy")
     now = int(time.time() * 1000)
     write_commit(root, version, [
         {"commitInfo": {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Append"},
                         "readVersion": version - 1, "isBlindAppend": True, "userMetadata": description,
                         "engineInfo": "applier"}},
         {"txn": {"appId": app_id, "version": app_version, "lastUpdated": now}},
-        {"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
-                 "modificationTime": now, "dataChange": True, "stats": file_stats(rows)}},
+        write_data_file(root, rows, now),
     ])
+
+
+def write_data_file(root: Path, rows: pa.Table, now: int) -> dict[str, Any]:
+    """``rows`` written as a new Parquet file of the table at ``root`` (not in it until a commit names
+    it); its ``add`` action, with its statistics, ``now`` its modification time (ms)."""
+    import pyarrow.parquet as pq
+
+    from applier.sink.copyfiles import file_stats
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    pq.write_table(rows, root / name, compression="snappy")
+    return {"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
+                    "modificationTime": now, "dataChange": True, "stats": file_stats(rows)}}

@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from applier.sink.copyfiles import file_stats
 from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
-from applier.sink.store.dvcommit import write_commit
+from applier.sink.store.dvcommit import write_commit, write_data_file
 from applier.sink.store.dvkeys import KeyIndex, live_rows
 from applier.sink.store.dvlog import LiveFile, LogReplay, log_identity, log_path
 from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
@@ -399,7 +398,6 @@ def _file_actions(root: Path, upserted: pa.Table,
     vectors' rows by id; writes the new file and the vectors' file (neither is in the table until the
     commit names them)."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     from applier.sink.store.dvformat import (
         descriptor_id,
@@ -412,10 +410,7 @@ def _file_actions(root: Path, upserted: pa.Table,
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = []
     if upserted.num_rows:
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        pq.write_table(upserted, root / name, compression="snappy")
-        actions.append({"add": {"path": name, "partitionValues": {}, "size": (root / name).stat().st_size,
-                                "modificationTime": now, "dataChange": True, "stats": file_stats(upserted)}})
+        actions.append(write_data_file(root, upserted, now))
     if not touched:
         return actions, {}
     deleted = [np.sort(np.concatenate([old, hits])) for _, old, hits in touched]  # disjoint: hits skip old
