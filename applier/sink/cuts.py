@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from applier.lsn import format_lsn
-from applier.sink.store.dvlog import log_identity, log_path
+from applier.sink.store.dvlog import log_identity, still_at
 from applier.sink.store.dvmerge import CHECKPOINT_INTERVAL, local_root
 from applier.sink.store.picker import DELTARS
 from applier.storage.location import join
@@ -208,7 +208,7 @@ class CutLog:
         if self._known is None or self._root is None:
             return False
         version, identity = self._known
-        if log_path(self._root, version + 1).exists() or log_identity(self._root) != identity:
+        if not still_at(self._root, version, identity):
             self._handle = self._known = None  # another writer's commit, or a table made anew: delta-rs reads it
             return False
         app_id, lsn, description = tag

@@ -19,7 +19,7 @@ from typing import Any
 from applier.errors import SinkError
 from applier.sink.store.dvformat import descriptor_id
 
-__all__ = ["LiveFile", "LogReplay", "live_files", "log_identity", "log_path"]
+__all__ = ["LiveFile", "LogReplay", "live_files", "log_identity", "log_path", "still_at"]
 
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _ADD_FIELDS = ("path", "partitionValues", "size", "modificationTime", "dataChange", "stats", "tags",
@@ -65,6 +65,13 @@ def log_identity(root: Path) -> tuple[int, int] | None:
         return log.stat().st_ino, -1
     except FileNotFoundError:
         return None
+
+
+def still_at(root: Path, version: int, identity: tuple[int, int] | None) -> bool:
+    """Whether the table at ``root`` is still at ``version`` of the log ``identity`` names (what a writer
+    recorded after its own commit): no entry after it, and not a log made anew, whose next version may
+    be far below (an entry at ``version + 1`` there would leave a gap)."""
+    return not log_path(root, version + 1).exists() and log_identity(root) == identity
 
 
 def _key(action: dict[str, Any]) -> tuple[str, str | None]:

@@ -39,7 +39,7 @@ from applier.sink.store.arrow import OP_COL
 from applier.sink.store.base import CommitResult
 from applier.sink.store.dvcommit import write_commit, write_data_file
 from applier.sink.store.dvkeys import KeyIndex, live_rows
-from applier.sink.store.dvlog import LiveFile, LogReplay, log_identity, log_path
+from applier.sink.store.dvlog import LiveFile, LogReplay, log_identity, still_at
 from applier.sink.store.rsmerge import TableOpener, commit_tags, merge_source, open_for_commit
 from applier.storage.location import scheme_of
 
@@ -140,7 +140,7 @@ class DvCache:
         facts = self._facts.get(root)
         if facts is None or app_id not in facts.applied:
             return None
-        if log_path(root, facts.version + 1).exists() or log_identity(root) != facts.identity:
+        if not still_at(root, facts.version, facts.identity):
             del self._facts[root]  # another writer committed (or the table was made anew): read it
             return None
         return facts
