@@ -25,14 +25,14 @@ class DistributedSettings(SettingsModel):
         64, ge=0, description="mirror, auto: the smallest backlog (WAL between the slot's confirmed position and "
         "the server's flush position, in MiB) caught up on executors; the mirror then follows the stream on the "
         "driver")
-    follow_backlog_mb: int = Field(
-        1, ge=0, description="mirror, following: when the server's flush position is this many MiB of WAL ahead "
-        "of what the mirror has read (asked at most once a second, only when a group came due while messages "
-        "kept arriving) and no transaction is open, the backlog is caught up in ranges, as at the start, round "
-        "after round while the load lasts (a round reads the stream as it comes for apply.max_group_seconds, "
-        "or until it is quiet for 20 ms, then commits; the next at once after a round that ran its time, else "
-        "once 64 kB more arrived); with folds on "
-        "the driver at any size, on executors only from min_backlog_mb (auto). 0: never")
+    follow_backlog_mb: float = Field(
+        0.0625, ge=0, description="mirror, following (the default is 64 kB): when messages have kept arriving "
+        "for 0.25 s without the stream running dry, the server's flush position is asked (at most every 0.25 s); "
+        "when it is this many MiB of WAL ahead of what the mirror has read and no transaction is open, the "
+        "backlog is caught up in ranges, as at the start, round after round while the load lasts (a round reads "
+        "the stream as it comes for apply.max_group_seconds, or until it is quiet for 20 ms, then commits; the "
+        "next at once after a round that ran its time, else once 64 kB more arrived); with folds on the driver "
+        "at any size, on executors only from min_backlog_mb (auto). 0: never")
     backlog_folds: Literal["auto", "executors", "driver"] = Field(
         "auto", description="mirror: where the ranges of a backlog caught up in ranges are folded: executors (one "
         "Spark task per range), driver (in the mirror's own process while a thread reads on; no Spark needed for "

@@ -59,23 +59,38 @@ class FallingBehind:
     path then falls further behind under a steady load (bench/follow.py); ranges fold the same
     messages in a fraction of the CPU. The stream does not say how far behind it is (a logical
     walsender's positions are those of what it sent), so the server's flush position is asked on a
-    connection of its own, at most every ``every`` seconds and only when a group came due while
-    messages kept arriving."""
+    connection of its own, at most every ``every`` seconds and only once messages have kept arriving
+    for ``busy_seconds`` without the socket running dry: a loop that keeps up finds it empty between
+    transactions (pgbench's 200 a second: every few milliseconds), one that falls behind never does.
+    A burst is then found within about half a second; it used to be found only once a group came due
+    (``apply.max_group_seconds``), and a load of a few seconds ended before the rounds began, its
+    backlog left to the per-message path (bench/RESULTS.md, thirty-fifth session)."""
 
-    def __init__(self, dsn: str, threshold: int, *, every: float = 1.0, backoff: float = 60.0) -> None:
+    def __init__(self, dsn: str, threshold: int, *, every: float = 0.25, busy_seconds: float = 0.25,
+                 backoff: float = 60.0) -> None:
         self.dsn = dsn
         self.threshold = threshold
         self.every = every
+        self.busy_seconds = busy_seconds
         self.backoff = backoff
         self.wanted = False  # behind: catch up at the next point where no transaction is open
         self.continuing = False  # wanted by a round that ended in an open transaction: the load goes on
         self._conn: psycopg.Connection | None = None
         self._next_check = 0.0
+        self._busy_since: float | None = None  # the first message since the socket last ran dry
 
-    def check(self, read: int) -> None:
-        """After a group came due with ``read`` the last position read: set ``wanted`` when behind."""
+    def dry(self) -> None:
+        """The socket had nothing more: the loop has read all that was sent."""
+        self._busy_since = None
+
+    def arrived(self, read: int) -> None:
+        """A message at ``read`` was fed: set ``wanted`` when messages have kept arriving for
+        ``busy_seconds`` and the server is ``threshold`` ahead."""
         now = time.monotonic()
-        if self.threshold and not self.wanted and now >= self._next_check:
+        if self._busy_since is None:
+            self._busy_since = now
+        elif self.threshold and not self.wanted and now - self._busy_since >= self.busy_seconds \
+                and now >= self._next_check:
             self._next_check = now + self.every
             self.wanted = self.server_flush() - read >= self.threshold
 
@@ -226,6 +241,7 @@ class ReplicationFollower(SlotFollower):
         assert self.catch_up is not None
         needed = behind.next_round_bytes()
         behind.wanted = behind.continuing = False
+        behind.dry()  # after the rounds, a busy spell is counted from the next message
         self.flush()  # the pending group and the one in flight: the loop is idle, nothing is open
         flush = behind.server_flush()
         pace = self.loop.settings.max_group_seconds
@@ -300,11 +316,13 @@ class ReplicationFollower(SlotFollower):
                     # a flush per keepalive made groups of one transaction that fell behind.
                     pending = bool(self.loop.group)
                     frame = stream.read(0.0 if pending else 0.5)
-                    if frame is not None and not isinstance(frame, PrimaryKeepalive):
+                    if frame is None:
+                        behind.dry()
+                    elif not isinstance(frame, PrimaryKeepalive):
                         self._feed(frame.wal_start, frame.payload)
                         if self.loop.group.due():  # held long enough while more keeps arriving
                             self.flush(wait=False)
-                            behind.check(frame.wal_start)
+                        behind.arrived(frame.wal_start)
                         if behind.wanted and not self.loop.feeder.assembler.open_transactions():
                             self._catch_up_again(stream, behind, frame.wal_start, target)
                         continue

@@ -371,9 +371,10 @@ class Mirror:
                 self._follow_publication()
                 follower: SlotFollower
                 if self.config.source.read_mode == "replication":
+                    behind_bytes = round(self.config.distributed.follow_backlog_mb * (1 << 20))
                     follower = ReplicationFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
                                                    self.progress, self.progress_every, catch_up=self._catch_up,
-                                                   follow_backlog_bytes=self.config.distributed.follow_backlog_mb << 20)
+                                                   follow_backlog_bytes=behind_bytes)
                 else:
                     follower = SqlFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
                                            self.progress, self.progress_every)
