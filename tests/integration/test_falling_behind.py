@@ -29,7 +29,8 @@ def test_a_follower_busy_long_enough_and_far_enough_behind_wants_a_catch_up(pg):
     behind = FallingBehind(pg.dsn, 4096, every=BUSY, busy_seconds=BUSY)
     try:
         behind.arrived(flush - 8192)  # the first message of a busy spell: nothing asked yet
-        assert not behind.wanted
+        behind.arrived(flush - 8192)  # nor before it has lasted busy_seconds
+        assert not behind.wanted and behind._conn is None
         time.sleep(BUSY * 1.5)
         behind.arrived(flush - 8192)
         assert behind.wanted
