@@ -27,12 +27,13 @@ class DistributedSettings(SettingsModel):
         "driver")
     follow_backlog_mb: float = Field(
         0.0625, ge=0, description="mirror, following (the default is 64 kB): when messages have kept arriving "
-        "for 0.25 s without the stream running dry, the server's flush position is asked (at most every 0.25 s); "
-        "when it is this many MiB of WAL ahead of what the mirror has read and no transaction is open, the "
-        "backlog is caught up in ranges, as at the start, round after round while the load lasts (a round reads "
-        "the stream as it comes for apply.max_group_seconds, or until it is quiet for 20 ms, then commits; the "
-        "next at once after a round that ran its time, else once 64 kB more arrived); with folds on the driver "
-        "at any size, on executors only from min_backlog_mb (auto). 0: never")
+        "for 0.25 s without the stream running dry, the server's flush position is asked (at most every "
+        "0.25 s); when it is this many MiB of WAL ahead of what the mirror has read, further ahead than at the "
+        "last question of the same busy spell, and no transaction is open, the backlog is caught up in ranges, "
+        "as at the start, round after round while the load lasts (a round reads the stream as it comes for "
+        "apply.max_group_seconds, or until it is quiet for 20 ms, then commits; the next at once after a round "
+        "that ran its time, else once 64 kB more arrived); with folds on the driver at any size, on executors "
+        "only from min_backlog_mb (auto). 0: never")
     backlog_folds: Literal["auto", "executors", "driver"] = Field(
         "auto", description="mirror: where the ranges of a backlog caught up in ranges are folded: executors (one "
         "Spark task per range), driver (in the mirror's own process while a thread reads on; no Spark needed for "

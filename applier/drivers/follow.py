@@ -62,9 +62,10 @@ class FallingBehind:
     connection of its own, at most every ``every`` seconds and only once messages have kept arriving
     for ``busy_seconds`` without the socket running dry: a loop that keeps up finds it empty between
     transactions (pgbench's 200 a second: every few milliseconds), one that falls behind never does.
-    A burst is then found within about half a second; it used to be found only once a group came due
-    (``apply.max_group_seconds``), and a load of a few seconds ended before the rounds began, its
-    backlog left to the per-message path (bench/RESULTS.md, thirty-fifth session)."""
+    A burst is then found within about half a second (two questions: the backlog must grow between
+    them); it used to be found only once a group came due (``apply.max_group_seconds``), and a load
+    of a few seconds ended before the rounds began, its backlog left to the per-message path
+    (bench/RESULTS.md, thirty-fifth session)."""
 
     def __init__(self, dsn: str, threshold: int, *, every: float = 0.25, busy_seconds: float = 0.25,
                  backoff: float = 60.0) -> None:
@@ -78,21 +79,26 @@ class FallingBehind:
         self._conn: psycopg.Connection | None = None
         self._next_check = 0.0
         self._busy_since: float | None = None  # the first message since the socket last ran dry
+        self._last_behind: int | None = None  # the answer to the last question of this busy spell
 
     def dry(self) -> None:
         """The socket had nothing more: the loop has read all that was sent."""
-        self._busy_since = None
+        self._busy_since = self._last_behind = None
 
     def arrived(self, read: int) -> None:
         """A message at ``read`` was fed: set ``wanted`` when messages have kept arriving for
-        ``busy_seconds`` and the server is ``threshold`` ahead."""
+        ``busy_seconds`` and the server is ``threshold`` ahead, and further ahead than at the last
+        question of this busy spell. A backlog the loop works off (left by a slow commit) shrinks, and
+        stays with the per-message path; rounds hold a transaction up to ``apply.max_group_seconds``."""
         now = time.monotonic()
         if self._busy_since is None:
             self._busy_since = now
         elif self.threshold and not self.wanted and now - self._busy_since >= self.busy_seconds \
                 and now >= self._next_check:
             self._next_check = now + self.every
-            self.wanted = self.server_flush() - read >= self.threshold
+            behind = self.server_flush() - read
+            last, self._last_behind = self._last_behind, behind
+            self.wanted = behind >= self.threshold and last is not None and behind > last
 
     def server_flush(self) -> int:
         if self._conn is None or self._conn.closed:
