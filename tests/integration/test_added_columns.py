@@ -71,14 +71,25 @@ def test_generated_columns_arrive_where_the_publication_publishes_them(pg_any, s
         _assert_equal(spark, conn, target, [("public", "gen")], "gen_pub")
 
 
+#: the mirror of the events tests: ``_cli`` runs it as a process, ``_in_process`` in the tests' Spark session
+#: (the same config and state: the runs around a killed one)
+_EV_SOURCE = {"slot": "ev", "publication": "ev_pub"}
+_EV_SETTINGS = {"source": _EV_SOURCE, "apply": {"max_group_transactions": 100}}
+
+
+def _in_process(spark, tmp_path: Path, dsn: str) -> list[str]:
+    """``mirror --once`` with ``_cli``'s config, in the tests' Spark session: its progress lines."""
+    config = MirrorConfig.model_validate({**_EV_SETTINGS, "source": {**_EV_SOURCE, "dsn": dsn},
+                                         "target": {"path": str(tmp_path / "delta")}})
+    lines: list[str] = []
+    mirror(spark, config, once=True, progress=lines.append)
+    return lines
+
+
 def _cli(tmp_path: Path, dsn: str, *, crash_at: str | None = None,
          timeout: float = 240) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "mirror.yaml"
-    config.write_text(yaml.safe_dump({
-        "source": {"slot": "ev", "publication": "ev_pub"},
-        "target": {"path": str(tmp_path / "delta")},
-        "apply": {"max_group_transactions": 100},
-    }))
+    config.write_text(yaml.safe_dump({**_EV_SETTINGS, "target": {"path": str(tmp_path / "delta")}}))
     env = {**os.environ, "APPLIER_DSN": dsn, "PYTHONPATH": str(REPO)}
     env.pop("APPLIER_CRASH_AT", None)
     if crash_at is not None:
@@ -149,14 +160,12 @@ def test_killed_after_the_fill_before_the_group_commit_and_restarted_ends_equal(
     the ALTER again (from the state), not leave NULL there nor overwrite the later NULL."""
     with pg.connect() as conn:
         _events(conn)
-        first = _cli(tmp_path, pg.dsn)
-        assert first.returncode == 0, first.stderr[-3000:]
+        _in_process(spark, tmp_path, pg.dsn)  # the copy; only the killed run needs a process of its own
         _row14(conn)
         killed = _cli(tmp_path, pg.dsn, crash_at="column_filled:1")
         assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
         assert "extra" in _columns(spark, tmp_path / "delta" / "public" / "events")  # the fill was written
-        restarted = _cli(tmp_path, pg.dsn)
-        assert restarted.returncode == 0, (restarted.stdout + restarted.stderr)[-4000:]
+        _in_process(spark, tmp_path, pg.dsn)  # the restart, with the killed run's state
         _expect_filled(spark, tmp_path / "delta")
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "events")], "ev_pub")
 
