@@ -18,7 +18,9 @@ from applier.sources.rawlog import read_raw_log
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
 
-@pytest.mark.usefixtures("replay_path")
+# On the driver path only (not conftest ``replay_path``): the captured log's catalog notes record the
+# workload's ALTER TABLEs, so its replay never folds on executors (applier.drivers.executors.eligibility:
+# recorded_schema_changes; test_stored_log_ddl checks that routing), and an executors run would repeat this one.
 def test_capture_then_replay_equals_postgres_even_after_a_crash_before_the_advance(pg, spark, tmp_path,
                                                                                    monkeypatch):
     log = tmp_path / "raw-log"
