@@ -61,9 +61,9 @@ class FallingBehind:
     walsender's positions are those of what it sent), so the server's flush position is asked on a
     connection of its own, at most every ``every`` seconds and only once messages have kept arriving
     for ``busy_seconds`` without the socket running dry: a loop that keeps up finds it empty between
-    transactions (pgbench's 200 a second: every few milliseconds), one that falls behind never does.
-    A burst is then found within about half a second (two questions: the backlog must grow between
-    them); it used to be found only once a group came due (``apply.max_group_seconds``), and a load
+    transactions (bench/lag.py's 200 or 1,000 a second: every few milliseconds), one that falls behind
+    never does. A burst is then found after about half a second (two questions: the backlog must grow
+    between them); it used to be found only once a group came due (``apply.max_group_seconds``), and a load
     of a few seconds ended before the rounds began, its backlog left to the per-message path
     (bench/RESULTS.md, thirty-fifth session)."""
 
