@@ -77,13 +77,11 @@ _EV_SOURCE = {"slot": "ev", "publication": "ev_pub"}
 _EV_SETTINGS = {"source": _EV_SOURCE, "apply": {"max_group_transactions": 100}}
 
 
-def _in_process(spark, tmp_path: Path, dsn: str) -> list[str]:
-    """``mirror --once`` with ``_cli``'s config, in the tests' Spark session: its progress lines."""
+def _in_process(spark, tmp_path: Path, dsn: str) -> None:
+    """``mirror --once`` with ``_cli``'s config, in the tests' Spark session."""
     config = MirrorConfig.model_validate({**_EV_SETTINGS, "source": {**_EV_SOURCE, "dsn": dsn},
                                          "target": {"path": str(tmp_path / "delta")}})
-    lines: list[str] = []
-    mirror(spark, config, once=True, progress=lines.append)
-    return lines
+    mirror(spark, config, once=True)
 
 
 def _cli(tmp_path: Path, dsn: str, *, crash_at: str | None = None,
