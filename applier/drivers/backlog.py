@@ -136,20 +136,33 @@ class StreamRanges:
         open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
         nothing_open = surveyor.nothing_open
         reached = False
+        # Quiet is counted from the last message, not the last frame: keepalives keep coming while nothing
+        # of ours does. The walsender sends one each time it waits for WAL while our confirmed position is
+        # behind what it sent (a round confirms only after its commits), so any WAL written meanwhile (an
+        # autovacuum after the load, other tables and databases) woke it with another: a round that should
+        # have ended 20 ms after the load's last transaction read on for its whole second (bench/follow.py:
+        # drains of 1.1 s after the first short load, bench/RESULTS.md, thirty-sixth session).
+        last_message = time.monotonic()
         while not reached and not stopped():
             if until is not None and time.monotonic() >= until:
                 target, until = 0, None  # the round's time is up: a cut at the next end of a transaction
             new = len(lsns)
             keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
-            if keepalive is None and len(lsns) == new:  # none: wait for the socket
-                frame = read(quiet if nothing_open() else open_quiet, gather=GATHER_SECONDS)
-                if frame is None:
-                    break  # quiet: the backlog is read
-                if isinstance(frame, PrimaryKeepalive):
-                    keepalive = frame
-                else:
-                    lsns.append(frame[0])
-                    datas.append(frame[1])
+            if len(lsns) == new:  # no message in libpq's buffer
+                wait = (quiet if nothing_open() else open_quiet) - (time.monotonic() - last_message)
+                if wait <= 0:
+                    break  # quiet (keepalives only): the backlog is read
+                if keepalive is None:  # nothing at all: wait for the socket, up to the quiet's end
+                    frame = read(wait, gather=GATHER_SECONDS)
+                    if frame is None:
+                        break  # quiet: the backlog is read
+                    if isinstance(frame, PrimaryKeepalive):
+                        keepalive = frame
+                    else:
+                        lsns.append(frame[0])
+                        datas.append(frame[1])
+            if len(lsns) > new:
+                last_message = time.monotonic()
             k, end = new, len(lsns)
             while k < end:  # each new message: its place checked, the catalog followed, a cut after it?
                 # in runs (Surveyor.add_run) up to where a cut may come: the range's size reached, or a

@@ -300,3 +300,41 @@ def test_a_round_ends_once_the_stream_is_quiet_with_every_transaction(pg):
     assert len(_commits(ranges)) == 50 and survey.tail is None
     assert _commits(ranges)[-1] <= flush
     assert seconds < 10.0  # quiet, not the round's 60 s
+
+
+def test_a_round_ends_once_no_message_comes_though_keepalives_do(pg):
+    """Quiet is counted from the last message, not the last frame. While WAL of a table outside the
+    publication is written (an autovacuum after a load does the same), the walsender sends a keepalive
+    each time it has decoded it, since the round has not confirmed what it read: counted as traffic,
+    they kept a round reading for its whole time after the load's last transaction (bench/follow.py)."""
+    import threading
+    import time
+
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE g (id int PRIMARY KEY, v text); CREATE PUBLICATION g_pub FOR TABLE g; "
+                     "CREATE TABLE elsewhere (id serial PRIMARY KEY)")
+        conn.execute("SELECT pg_create_logical_replication_slot('g_keepalives', 'pgoutput')")
+        for i in range(50):
+            conn.execute("INSERT INTO g VALUES (%s, 'v')", (i,))
+    stop = threading.Event()
+    written = 0
+
+    def elsewhere() -> None:
+        nonlocal written
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            while not stop.is_set():
+                c.execute("INSERT INTO elsewhere DEFAULT VALUES")
+                written += 1
+                time.sleep(0.002)
+
+    writer = threading.Thread(target=elsewhere)
+    writer.start()
+    try:
+        time.sleep(0.2)
+        ranges, survey, seconds = _ranges_of_a_round(pg.dsn, "g_keepalives", until_in=6.0, target=0)
+    finally:
+        stop.set()
+        writer.join()
+    assert len(_commits(ranges)) == 50 and survey.tail is None
+    assert written > 100  # the other table's WAL went on while the round read
+    assert seconds < 3.0  # the quiet after the last message, not the round's 6 s
