@@ -26,10 +26,14 @@ __all__ = ["KeyIndex", "live_rows"]
 @dataclass(frozen=True, slots=True)
 class KeyIndex:
     """One file's keys in ascending order, each once; ``order``: the file's row of each (None when the
-    file holds them in that order)."""
+    file holds them in that order). ``dense``: the keys are every integer from the first to the last, in
+    the file's order (a serial key copied in its order: pgbench_accounts' 1M rows), so a key's row is
+    its distance from the first, with no search: a binary search of 3,000 keys among 1M took 2 ms, most
+    of it waiting for memory."""
 
     keys: npt.NDArray[np.integer]
     order: npt.NDArray[np.integer] | None
+    dense: bool = False
 
     @classmethod
     def of(cls, column: pa.ChunkedArray | pa.Array) -> KeyIndex | None:
@@ -39,7 +43,7 @@ class KeyIndex:
             return None
         values = np.asarray(column.to_numpy())
         if values.size < 2 or bool(np.all(values[1:] > values[:-1])):  # compared, not subtracted: no overflow
-            return cls(values, None)
+            return cls(values, None, values.size > 0 and int(values[-1]) - int(values[0]) == values.size - 1)
         order = np.argsort(values, kind="stable")
         ordered = values[order]
         if bool(np.any(ordered[1:] == ordered[:-1])):
@@ -48,6 +52,11 @@ class KeyIndex:
 
     def find(self, wanted: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.integer]]:
         """The rows (ascending, each once) holding any of ``wanted`` (of the file's type), and their keys."""
+        if self.dense:
+            low = int(self.keys[0])
+            wanted = wanted[(wanted >= low) & (wanted <= int(self.keys[-1]))]  # (compared: no overflow)
+            rows = np.unique(wanted.astype(np.int64) - low)
+            return rows, self.keys[rows]
         at = np.searchsorted(self.keys, wanted)
         inside = at < self.keys.size
         at, wanted = at[inside], wanted[inside]

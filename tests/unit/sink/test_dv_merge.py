@@ -242,8 +242,9 @@ def test_a_table_with_deletion_vectors_is_created_as_spark_creates_it(tmp_path: 
 def test_keys_found_by_search_are_those_every_row_tested_gives(seed: int) -> None:
     """A file's one integer key searched in its KeyIndex gives the rows, live and matched, that testing
     every row gives (applier.sink.store.dvmerge._matching_in, the path of other keys): sorted files and
-    shuffled ones, the type's extremes, keys wanted twice or absent, rows already deleted. A file holding
-    a NULL or a key twice has no index (the general path finds every copy, and the commit is declined)."""
+    shuffled ones, dense runs (a serial key in its order: no search) up to the type's extremes, keys wanted
+    twice or absent, rows already deleted. A file holding a NULL or a key twice has no index (the general
+    path finds every copy, and the commit is declined)."""
     import numpy as np
 
     from applier.sink.store.dvkeys import KeyIndex, live_rows
@@ -255,6 +256,9 @@ def test_keys_found_by_search_are_those_every_row_tested_gives(seed: int) -> Non
     n = int(rng.integers(0, 3000))
     pool = np.concatenate([[info.min, info.max, 0, -1, 1], rng.integers(info.min, info.max, 4 * n + 10)])
     values = np.unique(pool)[:n] if seed % 4 else rng.permutation(np.unique(pool))[:n]
+    if seed % 3 == 1:  # a dense run: every key from its first to its last, at the bottom, top or middle
+        start = [info.min, info.max - n + 1, -n // 2][seed % 9 // 3]
+        values = np.arange(start, start + n, dtype=np.int64).astype(values.dtype)
     if seed % 5 == 0 and n > 2:
         values[-1] = values[0]  # a key held twice
     column = pa.chunked_array([pa.array(values[: n // 2], kind), pa.array(values[n // 2:], kind)], kind)
@@ -270,6 +274,7 @@ def test_keys_found_by_search_are_those_every_row_tested_gives(seed: int) -> Non
         assert index is None
         return
     assert index is not None and (index.order is None) == bool(np.all(values[1:] > values[:-1]))
+    assert index.dense or seed % 3 != 1
     rows, their_keys = index.find(wanted)
     live = live_rows(rows, deleted)
     assert rows[live].astype(np.uint64).tolist() == expected.tolist()
