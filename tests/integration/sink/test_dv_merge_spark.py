@@ -101,3 +101,35 @@ def test_applier_and_spark_read_each_others_deletion_vectors(spark, tmp_path: Pa
     commits = [json.loads(line) for f in logs for line in f.read_text().splitlines()
                if '"applier (deletion vectors)"' in line]
     assert len(commits) >= 4 and any(Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def test_spark_reads_a_table_whose_small_files_were_carried(spark, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``KEEP_FILES`` live files applier's writer carries small files' live rows into a commit's new
+    file and removes them (applier.sink.store.dvmerge._carried): Spark, delta-rs and Polars read the
+    table the in-memory store holds, timestamps included. Small limits here."""
+    from applier.sink.store import dvmerge
+
+    monkeypatch.setattr(dvmerge, "KEEP_FILES", 3)
+    monkeypatch.setattr(dvmerge, "TIER_FILES", 2)
+    path = str(tmp_path / "t")
+    spark_store, memory = SparkStore(spark), InMemoryStore()
+    spark_store.create(path, SPEC, TableOptions(), {"delta.enableDeletionVectors": "true"})
+    memory.create(path, SPEC, TableOptions(), {})
+    dv_store = StorePicker(spark).dv_store
+    rng = random.Random(5)
+    live: dict[int, str] = {}
+    for version in range(1, 13):
+        plan = fold_changes(_group(rng, live, rng.randrange(50, 400)), SPEC.column_names, (0,),
+                            unchanged_marker=UNCHANGED_TOAST)
+        assert dv_store.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+        memory.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+    expected = sorted(live.items(), key=repr)
+    assert _outside_rows(path) == expected
+    assert _spark_rows(spark, path) == expected
+    at = {r[0] for r in spark.read.format("delta").load(path).select("at").distinct().collect()}
+    assert len(at) == 1 and next(iter(at)) is not None  # every row's timestamp, carried ones too
+    copied = [json.loads(line)["commitInfo"]["operationMetrics"]["numTargetRowsCopied"]
+              for f in sorted(Path(path, "_delta_log").glob("*.json")) for line in f.read_text().splitlines()
+              if '"applier (deletion vectors)"' in line]
+    assert any(int(n) for n in copied), "no file was carried"

@@ -356,3 +356,36 @@ def test_a_column_added_between_two_commits_is_read_before_the_next(tmp_path: Pa
     again = store.merge(path, wider, fold_changes(changes, wider.names, (0,), unchanged_marker=UNCHANGED_TOAST),
                         app_id="app", version=3, description="again")
     assert again is not None and again.rows_upserted == 0  # applied: the kept facts know it
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_commits_past_the_files_kept_carry_small_files_rows_and_lose_none(
+        tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``KEEP_FILES`` live files, each commit carries the live rows of one size tier's files into
+    its new file and removes them: the table stays the in-memory store's (inserts, updates, deletes, keys
+    moved, a truncate), as delta-rs and Polars read it, and its files stay few. Small limits here; the
+    writer's own are 16 files and tiers of 4."""
+    from applier.sink.store import dvmerge
+
+    monkeypatch.setattr(dvmerge, "KEEP_FILES", 4)
+    monkeypatch.setattr(dvmerge, "TIER_FILES", 2)
+    rng = random.Random(seed)
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    memory = InMemoryStore()
+    memory.create(path, SPEC, TableOptions(), {})
+    live: dict[int, str] = {}
+    most = 0
+    for version in range(1, 41):
+        plan = fold_changes(_group(rng, live, rng.randrange(1, 150), 400), SPEC.column_names, (0,),
+                            unchanged_marker=UNCHANGED_TOAST)
+        ours = DV.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+        theirs = memory.merge(path, SCHEMA, plan, app_id="app", version=version, description=f"v{version}")
+        assert ours is not None and ours == theirs
+        assert dv_rows(path) == sorted(live.items(), key=repr), f"version {version}"
+        files = live_files(Path(path), DV.version(path))
+        most = max(most, len(files))
+        assert sum(json.loads(f.add["stats"])["numRecords"] - (f.deletion_vector or {}).get("cardinality", 0)
+                   for f in files) == len(live)
+    assert _data_file_writes(path)[1] > 0, "no file was carried"
+    assert most <= 12, f"{most} live files"
