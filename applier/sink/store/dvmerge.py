@@ -10,7 +10,8 @@ DataFusion queries, Polars) but writes none. So applier writes them itself, as S
 * every live row whose key the plan holds is found (the files' key columns read once and kept, one
   integer key sorted and searched: applier.sink.store.dvkeys; files skipped by their key statistics),
   and added to its file's deletion vector (the old one's rows kept);
-* the plan's new row images are appended in one new Parquet file;
+* the plan's new row images are appended in one new Parquet file (past ``KEEP_FILES`` live files, with
+  the live rows of a few small files, which the commit removes: ``_carried``);
 * one commit: the new file's ``add``, each touched file's ``add`` again with its new deletion vector
   (its statistics carried on, no longer tight) and the ``remove`` of its old entry, the applied version
   as the ``txn`` action Spark and delta-rs record, the description as ``userMetadata``.

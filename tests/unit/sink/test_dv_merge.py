@@ -1,6 +1,6 @@
 """MERGEs into a local table with deletion vectors, made by applier itself (applier.sink.store.dvmerge),
 give the table the in-memory store gives, as delta-rs's own reader (DataFusion) and Polars read it, and
-never rewrite a data file. No JVM: tests/integration/sink/test_dv_merge_spark.py holds Spark's reading
+rewrite no data file (past ``KEEP_FILES`` live files, they carry small files' rows instead). No JVM: tests/integration/sink/test_dv_merge_spark.py holds Spark's reading
 of the same commits to it."""
 
 from __future__ import annotations
