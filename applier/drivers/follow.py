@@ -63,16 +63,17 @@ class FallingBehind:
     for ``busy_seconds`` without the socket running dry: a loop that keeps up finds it empty between
     transactions (bench/lag.py's 200 or 1,000 a second: every few milliseconds), one that falls behind
     never does. A burst is then found after about half a second (two questions: the backlog must grow
-    between them); it used to be found only once a group came due (``apply.max_group_seconds``), and a load
-    of a few seconds ended before the rounds began, its backlog left to the per-message path
-    (bench/RESULTS.md, thirty-fifth session)."""
+    between them, or shrink too slowly to be worked off within ``work_off`` seconds); it used to be found
+    only once a group came due (``apply.max_group_seconds``), and a load of a few seconds ended before the
+    rounds began, its backlog left to the per-message path (bench/RESULTS.md, thirty-fifth session)."""
 
     def __init__(self, dsn: str, threshold: int, *, every: float = 0.25, busy_seconds: float = 0.25,
-                 backoff: float = 60.0) -> None:
+                 work_off: float = 0.5, backoff: float = 60.0) -> None:
         self.dsn = dsn
         self.threshold = threshold
         self.every = every
         self.busy_seconds = busy_seconds
+        self.work_off = work_off
         self.backoff = backoff
         self.wanted = False  # behind: catch up at the next point where no transaction is open
         self.continuing = False  # wanted by a round that ended in an open transaction: the load goes on
@@ -80,6 +81,7 @@ class FallingBehind:
         self._next_check = 0.0
         self._busy_since: float | None = None  # the first message since the socket last ran dry
         self._last_behind: int | None = None  # the answer to the last question of this busy spell
+        self._last_asked = 0.0  # when it was given
 
     def dry(self) -> None:
         """The socket had nothing more: the loop has read all that was sent."""
@@ -88,8 +90,13 @@ class FallingBehind:
     def arrived(self, read: int) -> None:
         """A message at ``read`` was fed: set ``wanted`` when messages have kept arriving for
         ``busy_seconds`` and the server is ``threshold`` ahead, and further ahead than at the last
-        question of this busy spell. A backlog the loop works off (left by a slow commit) shrinks, and
-        stays with the per-message path; rounds hold a transaction up to ``apply.max_group_seconds``."""
+        question of this busy spell, or closer by so little that at that pace the loop would need more
+        than ``work_off`` seconds to catch up. A backlog the loop works off (left by a slow commit)
+        shrinks fast, and stays with the per-message path; rounds hold a transaction up to
+        ``apply.max_group_seconds``. One that shrank slowly (500 kB, 36 kB closer after a quarter of a
+        second: a load about as fast as the loop) was left to the loop, which was still working it off
+        when the load ended: drains of 0.3 s, where a round's are 0.07 s (bench/RESULTS.md, thirty-sixth
+        session)."""
         now = time.monotonic()
         if self._busy_since is None:
             self._busy_since = now
@@ -98,7 +105,10 @@ class FallingBehind:
             self._next_check = now + self.every
             behind = self.server_flush() - read
             last, self._last_behind = self._last_behind, behind
-            self.wanted = behind >= self.threshold and last is not None and behind > last
+            since, self._last_asked = now - self._last_asked, now
+            # closer by (last - behind) in ``since`` seconds: at that pace, the rest takes longer than work_off
+            self.wanted = behind >= self.threshold and last is not None \
+                and behind * since > (last - behind) * self.work_off
 
     def server_flush(self) -> int:
         if self._conn is None or self._conn.closed:

@@ -2,7 +2,8 @@
 server's flush position. It asks only once messages have kept arriving for ``busy_seconds`` without
 the socket running dry (a loop that keeps up finds it empty between transactions), at most every
 ``every`` seconds, and wants a catch-up in ranges only when the server is ``threshold`` bytes ahead
-and further ahead than at the last question of the same busy spell (a backlog that shrinks is one the
+and further ahead than at the last question of the same busy spell, or closer by so little that the loop
+would need more than ``work_off`` seconds to catch up at that pace (a backlog that shrinks fast is one the
 loop works off)."""
 
 from __future__ import annotations
@@ -88,3 +89,12 @@ def test_a_threshold_of_zero_never_asks(pg):
         assert not _later(behind, flush - (64 << 20))
         assert not _later(behind, flush - (128 << 20))
         assert behind._conn is None
+
+
+def test_a_backlog_that_shrinks_too_slowly_to_be_worked_off_soon_is_wanted(pg):
+    flush = _flush(pg)
+    with closing(FallingBehind(pg.dsn, 4096, every=BUSY, busy_seconds=BUSY, work_off=0.5)) as behind:
+        behind.arrived(flush)
+        assert not _later(behind, flush - 65536)
+        # 4 kB closer in about 0.15 s: the other 60 kB would take the loop about 2 s at that pace
+        assert _later(behind, flush - 61440)
