@@ -1,7 +1,7 @@
 """MERGEs into a local table with deletion vectors, made by applier itself (applier.sink.store.dvmerge),
 give the table the in-memory store gives, as delta-rs's own reader (DataFusion) and Polars read it, and
-rewrite no data file (past ``KEEP_FILES`` live files, they carry small files' rows instead). No JVM: tests/integration/sink/test_dv_merge_spark.py holds Spark's reading
-of the same commits to it."""
+rewrite no data file (past ``KEEP_FILES`` live files, they carry small files' rows instead). No JVM:
+tests/integration/sink/test_dv_merge_spark.py holds Spark's reading of the same commits to it."""
 
 from __future__ import annotations
 
@@ -389,3 +389,26 @@ def test_commits_past_the_files_kept_carry_small_files_rows_and_lose_none(
                    for f in files) == len(live)
     assert _data_file_writes(path)[1] > 0, "no file was carried"
     assert most <= 12, f"{most} live files"
+
+
+def test_a_checkpoint_is_taken_after_its_commit_and_waited_for_by_the_next(tmp_path: Path) -> None:
+    """A commit at the checkpoint interval returns before the checkpoint is written (on a thread of the
+    store's cache: a drain waited for it); the table's next commit waits for it, and every reader reads
+    the table meanwhile."""
+    from applier.sink.store.dvmerge import local_root
+
+    store = DeletionVectorStore()
+    path = str(tmp_path / "t")
+    create_dv_table(path, **{"delta.checkpointInterval": "2"})
+    live: dict[int, str] = {}
+    rng = random.Random(7)
+    root = local_root(path)
+    assert root is not None
+    for version in range(1, 6):
+        plan = fold_changes(_group(rng, live, 40, 200), SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+        assert store.merge(path, SCHEMA, plan, app_id="app", version=version, description="") is not None
+        assert dv_rows(path) == sorted(live.items(), key=repr)  # with a checkpoint under way or not
+    store.cache.settle(root)
+    checkpoints = sorted(p.name for p in Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+    assert checkpoints[-1].startswith(f"{4:020d}")  # versions 2 and 4 (5 is not at the interval)
+    assert store.applied_version(path, "app") == 5
