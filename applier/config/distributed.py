@@ -29,9 +29,10 @@ class DistributedSettings(SettingsModel):
         0.0625, ge=0, description="mirror, following (the default is 64 kB): when messages have kept arriving "
         "for 0.25 s without the stream running dry, the server's flush position is asked (at most every "
         "0.25 s); when it is this many MiB of WAL ahead of what the mirror has read, further ahead than at the "
-        "last question of the same busy spell, and no transaction is open, the backlog is caught up in ranges, "
-        "as at the start, round after round while the load lasts (a round reads the stream as it comes for "
-        "apply.max_group_seconds, or until it is quiet for 20 ms, then commits; the next at once after a round "
+        "last question of the same busy spell (or closer by so little that at that pace the loop would need "
+        "over 0.5 s to catch up), and no transaction is open, the backlog is caught up in ranges, as at the "
+        "start, round after round while the load lasts (a round reads the stream as it comes for "
+        "apply.max_group_seconds, or until no message came for 20 ms, then commits; the next at once after a round "
         "that ran its time, else once 64 kB more arrived); with folds on the driver at any size, on executors "
         "only from min_backlog_mb (auto). 0: never")
     backlog_folds: Literal["auto", "executors", "driver"] = Field(
