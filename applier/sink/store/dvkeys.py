@@ -43,7 +43,8 @@ class KeyIndex:
             return None
         values = np.asarray(column.to_numpy())
         if values.size < 2 or bool(np.all(values[1:] > values[:-1])):  # compared, not subtracted: no overflow
-            return cls(values, None, values.size > 0 and int(values[-1]) - int(values[0]) == values.size - 1)
+            dense = values.dtype.kind == "i" and values.size > 0 and int(values[-1]) - int(values[0]) == values.size - 1
+            return cls(values, None, dense)  # (signed: PostgreSQL's integers; their rows are found as int64)
         order = np.argsort(values, kind="stable")
         ordered = values[order]
         if bool(np.any(ordered[1:] == ordered[:-1])):
