@@ -331,10 +331,12 @@ def test_a_round_ends_once_no_message_comes_though_keepalives_do(pg):
     writer.start()
     try:
         time.sleep(0.2)
+        before = written
         ranges, survey, seconds = _ranges_of_a_round(pg.dsn, "g_keepalives", until_in=6.0, target=0)
+        during = written - before
     finally:
         stop.set()
         writer.join()
     assert len(_commits(ranges)) == 50 and survey.tail is None
-    assert written > 100  # the other table's WAL went on while the round read
+    assert during >= 5  # the other table's WAL went on while the round read
     assert seconds < 3.0  # the quiet after the last message, not the round's 6 s
