@@ -86,6 +86,22 @@ class TableCache:
             self.keys[(file, names)] = held
             self.rows += rows
 
+    def deleted_rows(self, root: Path, file: LiveFile) -> np.ndarray:
+        """The rows ``file``'s deletion vector marks, as kept (a vector is never changed once written), else
+        read and kept."""
+        import numpy as np
+
+        from applier.sink.store.dvformat import descriptor_id, read_dv
+
+        dv = file.deletion_vector
+        if not dv:
+            return np.empty(0, dtype=np.uint64)
+        dv_id = descriptor_id(dv)
+        rows = self.vectors.get(dv_id)
+        if rows is None:
+            rows = self.vectors[dv_id] = read_dv(root, dv)
+        return rows
+
     def keep_only(self, files: list[LiveFile]) -> None:
         from applier.sink.store.dvformat import descriptor_id
 
@@ -335,7 +351,6 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from applier.sink.store.dvformat import descriptor_id, read_dv
 
     names = keys.column_names
     if not keys.num_rows:
@@ -367,13 +382,7 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
                     return None
             held = _key_values(read)
             cached.keep(file.path, tuple(names), held, tables)
-        dv = file.deletion_vector
-        old = np.empty(0, dtype=np.uint64)
-        if dv:
-            dv_id = descriptor_id(dv)
-            old = cached.vectors.get(dv_id)  # type: ignore[assignment]
-            if old is None:
-                old = cached.vectors[dv_id] = read_dv(root, dv)
+        old = cached.deleted_rows(root, file)
         if isinstance(held, KeyIndex):
             assert wanted is not None
             rows, their_keys = held.find(wanted)
@@ -422,7 +431,6 @@ def _carried(root: Path, files: list[LiveFile], touched: _Touched, schema: pa.Sc
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from applier.sink.store.dvformat import descriptor_id, read_dv
 
     if len(files) < KEEP_FILES:
         return [], None
@@ -455,12 +463,7 @@ def _carried(root: Path, files: list[LiveFile], touched: _Touched, schema: pa.Sc
         if f.path in marked:
             old, hits = marked[f.path]
         else:
-            old, hits = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
-            if f.deletion_vector:
-                dv_id = descriptor_id(f.deletion_vector)
-                old = cached.vectors.get(dv_id)  # type: ignore[assignment]
-                if old is None:
-                    old = cached.vectors[dv_id] = read_dv(root, f.deletion_vector)
+            old, hits = cached.deleted_rows(root, f), np.empty(0, dtype=np.uint64)
         keep = np.ones(read.num_rows, dtype=bool)
         keep[old.astype(np.int64)] = False
         keep[hits.astype(np.int64)] = False
