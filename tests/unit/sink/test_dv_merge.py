@@ -412,3 +412,46 @@ def test_a_checkpoint_is_taken_after_its_commit_and_waited_for_by_the_next(tmp_p
     checkpoints = sorted(p.name for p in Path(path, "_delta_log").glob("*.checkpoint.parquet"))
     assert checkpoints[-1].startswith(f"{4:020d}")  # versions 2 and 4 (5 is not at the interval)
     assert store.applied_version(path, "app") == 5
+
+
+def test_a_commit_at_the_interval_does_not_wait_for_its_checkpoint(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With delta-rs's checkpoint held back, the commit at the interval returns anyway, with no checkpoint
+    written yet; the table's next commit waits until the checkpoint is done."""
+    import threading
+
+    from deltalake import DeltaTable
+
+    from applier.sink.store.dvmerge import local_root
+
+    release = threading.Event()
+    real = DeltaTable.create_checkpoint
+
+    def held_back(table: DeltaTable) -> None:
+        release.wait(10)
+        real(table)
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", held_back)
+    store = DeletionVectorStore()
+    path = str(tmp_path / "t")
+    create_dv_table(path, **{"delta.checkpointInterval": "2"})
+    live: dict[int, str] = {}
+    rng = random.Random(11)
+    plans = [fold_changes(_group(rng, live, 30, 200), SPEC.column_names, (0,), unchanged_marker=UNCHANGED_TOAST)
+             for _ in range(3)]
+    for version in (1, 2):
+        assert store.merge(path, SCHEMA, plans[version - 1], app_id="app", version=version, description="")
+    assert not list(Path(path, "_delta_log").glob("*.checkpoint.parquet"))  # held back, and not waited for
+    third = threading.Thread(target=store.merge, args=(path, SCHEMA, plans[2]),
+                             kwargs={"app_id": "app", "version": 3, "description": ""})
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # the next commit waits for the checkpoint
+    release.set()
+    third.join(10)
+    assert not third.is_alive() and store.applied_version(path, "app") == 3
+    root = local_root(path)
+    assert root is not None
+    store.cache.settle(root)
+    assert [p.name[:20] for p in Path(path, "_delta_log").glob("*.checkpoint.parquet")] == [f"{2:020d}"]
+    assert dv_rows(path) == sorted(live.items(), key=repr)
