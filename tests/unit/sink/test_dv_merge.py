@@ -455,3 +455,41 @@ def test_a_commit_at_the_interval_does_not_wait_for_its_checkpoint(tmp_path: Pat
     store.cache.settle(root)
     assert [p.name[:20] for p in Path(path, "_delta_log").glob("*.checkpoint.parquet")] == [f"{2:020d}"]
     assert dv_rows(path) == sorted(live.items(), key=repr)
+
+
+def test_files_from_before_a_column_was_added_are_not_carried(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``KEEP_FILES``, a file written before a column was added does not have the table's columns: it
+    stays where it is (its rows read back with NULL there), and only files of the new shape are carried."""
+    from deltalake import DeltaTable, Field
+    from deltalake.schema import PrimitiveType
+
+    from applier.sink.store import dvmerge
+
+    monkeypatch.setattr(dvmerge, "KEEP_FILES", 3)
+    monkeypatch.setattr(dvmerge, "TIER_FILES", 2)
+    path = str(tmp_path / "t")
+    create_dv_table(path)
+    store = DeletionVectorStore()
+    expected: dict[int, tuple[Any, ...]] = {}
+    version = 0
+    for i in range(4):  # four narrow files, one row each
+        version += 1
+        change = TableChange(OP_INSERT, None, None, (i, f"n{i}"))
+        assert store.merge(path, SCHEMA, fold_changes([change], SPEC.column_names, (0,),
+                                                      unchanged_marker=UNCHANGED_TOAST),
+                           app_id="app", version=version, description="") is not None
+        expected[i] = (i, f"n{i}", None)
+    narrow = {f.path for f in live_files(Path(path), store.version(path))}
+    DeltaTable(path).alter.add_columns([Field("b", PrimitiveType("long"), nullable=True)])
+    wider = pa.schema([*SCHEMA, pa.field("b", pa.int64())])
+    for i in range(10, 16):
+        version += 1
+        change = TableChange(OP_INSERT, None, None, (i, f"w{i}", i * 10))
+        assert store.merge(path, wider, fold_changes([change], wider.names, (0,), unchanged_marker=UNCHANGED_TOAST),
+                           app_id="app", version=version, description="") is not None
+        expected[i] = (i, f"w{i}", i * 10)
+    assert dv_rows(path, ("id", "a", "b")) == sorted(expected.values(), key=repr)
+    files = {f.path for f in live_files(Path(path), store.version(path))}
+    assert narrow <= files  # none carried
+    assert len(files) < len(narrow) + 6  # files of the new shape were (one written by each of 6 commits)
