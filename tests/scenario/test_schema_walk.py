@@ -2,12 +2,15 @@
 mirrors at once, each cutting the same stream into groups differently, with ``mirror --once`` run
 every k steps (k drawn from 1..30). The property: a group cut never changes a result. After every
 run, every mirror's every table is equal to Postgres; a stop must be one of the documented ones, and
-its documented remedy (``applier resync --table``) must let the next run go on.
+its documented remedy (``applier resync --table``) must let the next run go on. One mirror's tables have
+deletion vectors: applier's own MERGE writes them where it can, Spark's where it declines (key-less
+tables, unchanged TOAST values).
 
 ``APPLIER_WALK_SEEDS=11,12,...`` and ``APPLIER_WALK_STEPS=N`` run longer walks by hand (a soak)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -45,7 +48,13 @@ CUTS: dict[str, tuple[dict[str, object], int]] = {
     "one": ({"max_group_transactions": 1}, 1),
     "three": ({"max_group_transactions": 3, "max_group_rows": 7, "piece_rows": 8}, 2),  # big ones in pieces
     "default": ({}, 3),
+    "dv": ({"max_group_transactions": 7}, 2),  # deletion-vector tables (below), groups of 7
 }
+
+#: the followers whose tables are created with deletion vectors: their MERGEs are applier's own writer
+#: (applier.sink.store.dvmerge), which past a few live files carries small files into each commit's new
+#: one; the walk's limits are small so that carrying happens across its renames, added columns and truncates
+DV_FOLLOWERS = {"dv"}
 
 
 @dataclass
@@ -67,8 +76,10 @@ def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: i
         source["streaming"] = "parallel" if proto >= 4 else "on"
     if proto >= 3:
         source["two_phase"] = True
-    raw = {"source": source, "target": {"path": str(tmp / name / "delta")},
-           "apply": {"special_values": "clamp", **apply}}
+    raw: dict[str, object] = {"source": source, "target": {"path": str(tmp / name / "delta")},
+                              "apply": {"special_values": "clamp", **apply}}
+    if name in DV_FOLLOWERS:
+        raw["tables"] = {"rules": [{"match": "*", "table_properties": {"delta.enableDeletionVectors": "true"}}]}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return Follower(name, path, MirrorConfig.model_validate(raw))
@@ -113,6 +124,19 @@ def _check(spark, f: Follower, walk: SchemaWalk, conn) -> None:
             (f.name, result.source_name, result.only_in_source[:3], result.only_in_target[:3], result.problems)
 
 
+def _dv_commits(target: Path) -> tuple[int, int]:
+    """How many commits under ``target`` applier's deletion-vector writer made, and how many of those
+    carried rows of small files into their new one."""
+    commits = carrying = 0
+    for log in target.rglob("_delta_log/*.json"):
+        for line in log.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info.get("engineInfo") == "applier (deletion vectors)":
+                commits += 1
+                carrying += int(info.get("operationMetrics", {}).get("numTargetRowsCopied", 0)) > 0
+    return commits, carrying
+
+
 @pytest.fixture
 def walk_pg(pg_pool, request) -> Iterator[PgDatabase]:
     """A fresh database on the walk's PostgreSQL major (``request.param``)."""
@@ -121,7 +145,11 @@ def walk_pg(pg_pool, request) -> Iterator[PgDatabase]:
 
 @pytest.mark.parametrize("seed,walk_pg,steps", WALKS, ids=[f"seed{s}-pg{m}" for s, m, _n in WALKS],
                          indirect=["walk_pg"])
-def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_path, seed, steps):
+def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_path, seed, steps, monkeypatch):
+    from applier.sink.store import dvmerge
+
+    monkeypatch.setattr(dvmerge, "KEEP_FILES", 2)  # carry small files from the third live file on
+    monkeypatch.setattr(dvmerge, "TIER_FILES", 2)
     rng = random.Random(seed)
     started = time.monotonic()
     pg, major = walk_pg, walk_pg.major
@@ -141,5 +169,10 @@ def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_pa
                 for f in followers:
                     _run(spark, f, walk)
                     _check(spark, f, walk, conn)
+    for f in followers:
+        if f.name in DV_FOLLOWERS:
+            commits, carrying = _dv_commits(Path(str(f.config.target.path)))
+            print(f"{f.name}: {commits} commits of deletion vectors, {carrying} of them carrying files")
+            assert commits >= 5 and carrying >= 2, (f.name, commits, carrying)  # else it tested Spark's MERGE
     print(f"seed {seed}: {walk.steps} steps in {time.monotonic() - started:.0f} s; " + "; ".join(
         f"{f.name}: {f.runs} runs, {len(f.resyncs)} resyncs {f.resyncs}" for f in followers))
