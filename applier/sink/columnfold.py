@@ -32,8 +32,53 @@ if TYPE_CHECKING:
 
 
 def last_of_each_key(keys: Sequence[pa.Array], position: np.ndarray) -> np.ndarray:
-    """Indices of every key's last event (the highest ``position``; positions are distinct), in the
-    order of every key's first event."""
+    """Indices of every key's last event (the highest ``position``; positions are distinct and not
+    negative), in the order of every key's first event."""
+    if len(keys) == 1:
+        final = _last_by_numbers(keys[0], position)
+        if final is not None:
+            return final
+    return _last_by_sort(keys, position)
+
+
+def _last_by_numbers(key: pa.Array, position: np.ndarray) -> np.ndarray | None:
+    """:func:`last_of_each_key` for one integer key, as one sort of numbers: an event is
+    ``(key - lowest) * P + position`` (P above every position), so sorting those sorts by key and then
+    by position, and a number gives both back. Half the time of Arrow's sort by two columns on random
+    keys (bench/RESULTS.md, thirty-seventh session). None when the numbers would not fit in 63 bits."""
+    import numpy as np
+    import pyarrow as pa
+
+    count = len(position)
+    if not count or key.null_count or not pa.types.is_integer(key.type) or pa.types.is_uint64(key.type):
+        return None
+    values = key.to_numpy().astype(np.int64, copy=False)
+    lowest = int(values.min())
+    span = int(values.max()) - lowest + 1
+    places = int(position.max()) + 1
+    if span * places >= 1 << 62 or int(position.min()) < 0:
+        return None
+    # (stable: numpy's merge of runs, twice as fast as the quicksort when keys come mostly in order,
+    # as serial keys do; as fast on random keys)
+    events = np.sort((values - lowest) * places + position, kind="stable")
+    sorted_key = events // places
+    sorted_position = events - sorted_key * places
+    boundary = sorted_key[1:] != sorted_key[:-1]
+    first_position = sorted_position[np.insert(boundary, 0, True)]
+    index_of = np.empty(places, dtype=np.int64)
+    index_of[position] = np.arange(count)
+    last_index = index_of[sorted_position[np.append(boundary, True)]]
+    # the keys in the order of their first events: by position, with no second sort (positions < places)
+    met = np.zeros(places, dtype=bool)
+    met[first_position] = True
+    last_by_first = np.empty(places, dtype=np.int64)
+    last_by_first[first_position] = last_index
+    final: np.ndarray = last_by_first[np.flatnonzero(met)]
+    return final
+
+
+def _last_by_sort(keys: Sequence[pa.Array], position: np.ndarray) -> np.ndarray:
+    """:func:`last_of_each_key` for any keys: Arrow sorts the events by key columns and position."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -139,3 +139,49 @@ def _compare_groups(fast_group: FoldGroup, reference_group: FoldGroup) -> int:
         assert comparable(ours) == comparable(theirs.plan)
         assert list(ours.keyed) == list(theirs.plan.keyed)
     return merged
+
+
+def test_one_integer_key_sorted_as_numbers_finds_what_the_sort_by_columns_finds():
+    """last_of_each_key sorts one integer key as numbers (key and position in one int64); the general
+    sort by Arrow's columns is the reference. Random events with repeated keys, negative and extreme
+    keys, positions with gaps (a fold's 2i and 2i + 1) or a permutation (a combine's), every integer
+    type, and the cases that must fall back (spans past 63 bits, uint64)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from applier.sink.columnfold import _last_by_numbers, _last_by_sort, last_of_each_key
+
+    rng = np.random.default_rng(37)
+    types = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
+    numbered = 0
+    for trial in range(400):
+        count = int(rng.integers(1, 300))
+        kind = types[trial % len(types)]
+        info = np.iinfo(kind.to_pandas_dtype())
+        distinct = int(rng.integers(1, count + 1))
+        if trial % 5 == 0:  # the type's extremes among the keys
+            pool = np.array([info.min, info.max, 0, 1][:distinct] if info.min < 0 else [info.max, 0, 1][:distinct])
+            values = rng.choice(pool, count)
+        else:
+            low = max(int(info.min), -1000) if trial % 2 else int(info.min) // 2
+            values = rng.integers(low, min(int(info.max), low + distinct * 3) + 1, count)
+        key = pa.array(values, type=kind)
+        if trial % 3 == 0:
+            position = rng.permutation(count)
+        else:  # a fold's: removals at 2i, writes at 2i + 1, some changes doing both or neither
+            position = np.sort(rng.choice(2 * count + 8, count, replace=False))
+            rng.shuffle(position[: count // 2])
+        expected = _last_by_sort([key], position)
+        numbers = _last_by_numbers(key, position)
+        if (int(values.max()) - int(values.min()) + 1) * (int(position.max()) + 1) >= 1 << 62:
+            assert numbers is None  # (int64's extremes)
+            continue
+        assert numbers is not None and np.array_equal(numbers, expected), \
+            (trial, kind, values.tolist(), position.tolist())
+        numbered += 1
+    assert numbered > 350
+    wide = pa.array([-(1 << 62), 1 << 62, 0], pa.int64())  # the span times the positions past 63 bits
+    assert _last_by_numbers(wide, np.arange(3)) is None
+    assert np.array_equal(last_of_each_key([wide], np.arange(3)), _last_by_sort([wide], np.arange(3)))
+    assert _last_by_numbers(pa.array([1, 2], pa.uint64()), np.arange(2)) is None
+    assert _last_by_numbers(pa.array(["a", "b"]), np.arange(2)) is None
