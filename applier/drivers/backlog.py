@@ -179,6 +179,7 @@ class StreamRanges:
                 lsn, data = lsns[k - 1], datas[k - 1]
                 if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
+                    last_message = time.monotonic()  # a wait for room (slow folds) is not the stream's quiet
                     index += 1
                     # what was read past the cut starts the next range (past the target: the tail)
                     lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k

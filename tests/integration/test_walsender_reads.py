@@ -139,6 +139,35 @@ def test_a_confirm_made_after_the_catch_up_reader_stopped_reaches_the_slot(pg, c
     assert confirmed == format_lsn(target)
 
 
+def test_a_catch_up_whose_folds_are_slow_still_reads_its_whole_backlog(pg):
+    """The reader waits for room when the folds are behind (at most ``queued`` ranges wait for them); that
+    wait is not the stream's quiet. It was counted as quiet (from the last message) once the quiet
+    stopped counting keepalives, and a catch-up whose folds took longer than the quiet ended after
+    the wait: the rest went to the driver path (a scenario test's flake under load)."""
+    import time
+
+    from applier.drivers.backlog import StreamRanges
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        conn.execute("SELECT pg_create_logical_replication_slot('g_slow', 'pgoutput')")
+        conn.execute("CALL g_run()")
+        target = current_flush_lsn(conn)
+    stream = WalSenderStream(pg.dsn)
+    try:
+        stream.start("g_slow", OPTIONS)
+        source = StreamRanges(stream, None, partition_messages=4_000, target=target, queued=1, quiet_seconds=0.2)
+        taken = 0
+        for cut in source.ranges():
+            taken += cut.messages
+            time.sleep(0.5)  # a slow fold: longer than the quiet
+        survey = source.result()
+    finally:
+        stream.close()
+    assert survey.tail is None and taken == 2000 * 12 + 1, (taken, survey.tail)
+
+
 def test_a_stream_the_server_ended_says_at_close_that_the_last_confirm_may_be_lost(pg, caplog):
     """The control of the test above: nothing answers the walsender, it ends the connection, and a
     confirm sent after that is lost. Nothing fails in Delta, but close() must not stay silent."""
