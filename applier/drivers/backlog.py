@@ -61,6 +61,9 @@ READ_AT_ONCE = 4096
 #: A position no message reaches: the survey's runs need not stop for a cut once the target is reached.
 _NO_TARGET = 1 << 64
 
+#: A catch-up's last ranges are no shorter than ``distributed.partition_messages`` over this
+TAIL_DIVISOR = 16
+
 #: Messages read past the target to finish a transaction open there (StreamRanges._read)
 FINISH_AT_MOST = 10_000
 
@@ -136,6 +139,12 @@ class StreamRanges:
         open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
         nothing_open = surveyor.nothing_open
         reached = False
+        # A catch-up's last ranges shrink: each range from the second on ends at half the way left to the
+        # target (at least ``smallest`` messages), so that the fold of the last one, which nothing overlaps,
+        # is short. With full ranges the last one's fold began when the reading ended: a quarter of the
+        # 1M catch-up's time after it (bench/RESULTS.md, thirty-seventh session).
+        smallest = max(1, self.partition_messages // TAIL_DIVISOR)
+        halfway = _NO_TARGET  # the current range's cut, past ``smallest`` messages (the first range: none)
         # Quiet is counted from the last message, not the last frame: keepalives keep coming while nothing
         # of ours does. The walsender sends one each time it waits for WAL while our confirmed position is
         # behind what it sent (a round confirms only after its commits), so any WAL written meanwhile (an
@@ -169,15 +178,18 @@ class StreamRanges:
                 # message at the target; past the size, one at a time to the end of its transaction
                 if reached:
                     after = add_run(lsns, datas, k, end, _NO_TARGET)
+                elif k + 1 < smallest:
+                    after = add_run(lsns, datas, k, min(end, smallest), target)
                 elif k + 1 < self.partition_messages:
-                    after = add_run(lsns, datas, k, min(end, self.partition_messages), target)
+                    after = add_run(lsns, datas, k, min(end, self.partition_messages), min(target, halfway))
                 else:
                     after = k + 1
                     add(lsns[k], datas[k])
                 messages += after - k
                 k = after
                 lsn, data = lsns[k - 1], datas[k - 1]
-                if not reached and (k >= self.partition_messages or lsn >= target) and may_cut_after(data):
+                due = k >= self.partition_messages or lsn >= target or (k >= smallest and lsn >= halfway)
+                if not reached and due and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
                     last_message = time.monotonic()  # a wait for room (slow folds) is not the stream's quiet
                     index += 1
@@ -185,6 +197,8 @@ class StreamRanges:
                     lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
                     start_catalog = survey.catalog.to_json()
                     reached = lsn >= target
+                    if self.until is None:  # (a catch-up's)
+                        halfway = lsn + (target - lsn) // 2
             if keepalive is not None and keepalive.wal_end >= target \
                     and (self.until is None or nothing_open()):  # (a round: not in a transaction)
                 break

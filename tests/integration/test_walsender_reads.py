@@ -139,6 +139,41 @@ def test_a_confirm_made_after_the_catch_up_reader_stopped_reaches_the_slot(pg, c
     assert confirmed == format_lsn(target)
 
 
+def test_a_catch_ups_last_ranges_shrink_toward_its_target(pg):
+    """A catch-up's ranges from the second on end halfway to the target (none shorter than a sixteenth of
+    ``partition_messages``), so that the last fold, which no reading overlaps, is short; the ranges hold
+    every message of the backlog once, in order."""
+    from applier.drivers.backlog import TAIL_DIVISOR, StreamRanges
+    from applier.drivers.executors.ranges import range_messages
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        conn.execute("SELECT pg_create_logical_replication_slot('g_tail', 'pgoutput')")
+        conn.execute("CALL g_run()")
+        target = current_flush_lsn(conn)
+    partition = 4_800
+    stream = WalSenderStream(pg.dsn)
+    try:
+        stream.start("g_tail", OPTIONS)
+        source = StreamRanges(stream, None, partition_messages=partition, target=target)
+        ranges = list(source.ranges())
+        source.result()
+    finally:
+        stream.close()
+    lsns = [m.lsn for r in ranges for m in range_messages(r)]
+    assert len(lsns) == 2000 * 12 + 1 and sum(r.messages for r in ranges) == len(lsns)
+    assert [m.data[:1] for m in range_messages(ranges[-1])][-1] == b"C"
+    sizes = [r.messages for r in ranges]
+    left = len(lsns) - sizes[0]
+    for size in sizes[1:-1]:  # (the last is what is left)
+        expected = max(partition // TAIL_DIVISOR, min(partition, left // 2))
+        assert size <= expected * 1.1 + 12, sizes  # (a range ends at a commit: 12 messages a transaction)
+        left -= size
+    assert sizes[-1] <= partition // TAIL_DIVISOR * 2 + 12, sizes
+    assert len(sizes) <= 12, sizes
+
+
 def test_a_catch_up_whose_folds_are_slow_still_reads_its_whole_backlog(pg):
     """The reader waits for room when the folds are behind (at most ``queued`` ranges wait for them); that
     wait is not the stream's quiet. It was counted as quiet (from the last message) once the quiet
