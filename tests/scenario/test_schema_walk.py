@@ -2,9 +2,9 @@
 mirrors at once, each cutting the same stream into groups differently, with ``mirror --once`` run
 every k steps (k drawn from 1..30). The property: a group cut never changes a result. After every
 run, every mirror's every table is equal to Postgres; a stop must be one of the documented ones, and
-its documented remedy (``applier resync --table``) must let the next run go on. One mirror's tables have
-deletion vectors: applier's own MERGE writes them where it can, Spark's where it declines (key-less
-tables, unchanged TOAST values).
+its documented remedy (``applier resync --table``) must let the next run go on. In one walk a fourth
+mirror's tables have deletion vectors: applier's own MERGE writes them where it can, Spark's where it
+declines (key-less tables, unchanged TOAST values).
 
 ``APPLIER_WALK_SEEDS=11,12,...`` and ``APPLIER_WALK_STEPS=N`` run longer walks by hand (a soak)."""
 
@@ -55,6 +55,10 @@ CUTS: dict[str, tuple[dict[str, object], int]] = {
 #: (applier.sink.store.dvmerge), which past a few live files carries small files into each commit's new
 #: one; the walk's limits are small so that carrying happens across its renames, added columns and truncates
 DV_FOLLOWERS = {"dv"}
+#: the walks (seeds) that have them: such tables take Spark for what the writer declines (key-less tables,
+#: unchanged TOAST values, DDL) and for verify, 80 s of seed 2's 111 on two cores against 3-13 s for each
+#: other mirror; APPLIER_WALK_DV=1 gives every walk one (a soak by hand)
+DV_SEEDS = {2}
 
 
 @dataclass
@@ -125,13 +129,13 @@ def _check(spark, f: Follower, walk: SchemaWalk, conn) -> None:
 
 
 def _dv_commits(target: Path) -> tuple[int, int]:
-    """How many commits under ``target`` applier's deletion-vector writer made, and how many of those
+    """How many MERGEs under ``target`` applier's deletion-vector writer committed, and how many of those
     carried rows of small files into their new one."""
     commits = carrying = 0
     for log in target.rglob("_delta_log/*.json"):
         for line in log.read_text().splitlines():
             info = json.loads(line).get("commitInfo")
-            if info and info.get("engineInfo") == "applier (deletion vectors)":
+            if info and info.get("engineInfo") == "applier (deletion vectors)" and info.get("operation") == "MERGE":
                 commits += 1
                 carrying += int(info.get("operationMetrics", {}).get("numTargetRowsCopied", 0)) > 0
     return commits, carrying
@@ -158,7 +162,8 @@ def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_pa
         walk.create()
         forced = int(os.environ.get("APPLIER_WALK_PROTO", "0"))  # by hand: every follower on one protocol
         followers = [_follower(tmp_path, pg.dsn, name, apply, forced or proto, major)
-                     for name, (apply, proto) in CUTS.items()]
+                     for name, (apply, proto) in CUTS.items()
+                     if name not in DV_FOLLOWERS or seed in DV_SEEDS or os.environ.get("APPLIER_WALK_DV") == "1"]
         for f in followers:
             _run(spark, f, walk)
         next_run = rng.randint(1, 30)
@@ -172,7 +177,7 @@ def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_pa
     for f in followers:
         if f.name in DV_FOLLOWERS:
             commits, carrying = _dv_commits(Path(str(f.config.target.path)))
-            print(f"{f.name}: {commits} commits of deletion vectors, {carrying} of them carrying files")
-            assert commits >= 5 and carrying >= 2, (f.name, commits, carrying)  # else it tested Spark's MERGE
+            print(f"{f.name}: {commits} MERGEs of deletion vectors, {carrying} of them carrying files")
+            assert commits >= 4 and carrying >= 2, (f.name, commits, carrying)  # else it tested Spark's MERGE
     print(f"seed {seed}: {walk.steps} steps in {time.monotonic() - started:.0f} s; " + "; ".join(
         f"{f.name}: {f.runs} runs, {len(f.resyncs)} resyncs {f.resyncs}" for f in followers))
