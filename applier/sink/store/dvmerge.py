@@ -351,7 +351,6 @@ def _matching_rows(root: Path, files: list[LiveFile], keys: pa.Table, cached: Ta
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-
     names = keys.column_names
     if not keys.num_rows:
         return []
@@ -430,7 +429,6 @@ def _carried(root: Path, files: list[LiveFile], touched: _Touched, schema: pa.Sc
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-
 
     if len(files) < KEEP_FILES:
         return [], None
