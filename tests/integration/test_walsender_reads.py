@@ -139,19 +139,26 @@ def test_a_confirm_made_after_the_catch_up_reader_stopped_reaches_the_slot(pg, c
     assert confirmed == format_lsn(target)
 
 
+def _backlog_behind(pg, slot: str) -> int:
+    """BACKLOG's 2,000 transactions (24,001 messages) behind a new slot; the server's flush position after
+    them (a catch-up's target)."""
+    from applier.sources.sql_slot import current_flush_lsn
+
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute("CALL g_run()")  # on its own: its COMMITs cannot run inside a multi-statement query
+        return current_flush_lsn(conn)
+
+
 def test_a_catch_ups_last_ranges_shrink_toward_its_target(pg):
     """A catch-up's ranges from the second on end halfway to the target (none shorter than a sixteenth of
     ``partition_messages``), so that the last fold, which no reading overlaps, is short; the ranges hold
     every message of the backlog once, in order."""
     from applier.drivers.backlog import TAIL_DIVISOR, StreamRanges
     from applier.drivers.executors.ranges import range_messages
-    from applier.sources.sql_slot import current_flush_lsn
 
-    with pg.connect() as conn:
-        conn.execute(BACKLOG)
-        conn.execute("SELECT pg_create_logical_replication_slot('g_tail', 'pgoutput')")
-        conn.execute("CALL g_run()")
-        target = current_flush_lsn(conn)
+    target = _backlog_behind(pg, "g_tail")
     partition = 4_800
     stream = WalSenderStream(pg.dsn)
     try:
@@ -182,13 +189,8 @@ def test_a_catch_up_whose_folds_are_slow_still_reads_its_whole_backlog(pg):
     import time
 
     from applier.drivers.backlog import StreamRanges
-    from applier.sources.sql_slot import current_flush_lsn
 
-    with pg.connect() as conn:
-        conn.execute(BACKLOG)
-        conn.execute("SELECT pg_create_logical_replication_slot('g_slow', 'pgoutput')")
-        conn.execute("CALL g_run()")
-        target = current_flush_lsn(conn)
+    target = _backlog_behind(pg, "g_slow")
     stream = WalSenderStream(pg.dsn)
     try:
         stream.start("g_slow", OPTIONS)
