@@ -1,0 +1,305 @@
+"""A backlog read through SQL from a temporary copy of the slot, in pieces, for a catch-up.
+
+Why: a walsender sends each message on its own (a send and a receive system call per message, and a
+look at the clock and at the client's replies), about 3 µs of the server's CPU a change on the standard
+machine, and a catch-up reads at that pace; ``pg_logical_slot_get_binary_changes`` decodes the same
+WAL into the same pgoutput messages in well under 1 µs a change and hands them over as one result
+(bench/RESULTS.md, thirty-eighth session). PostgreSQL's own subscription reads a walsender, so a
+backlog read this way is caught up faster than it can be there, and the server spends less CPU on it.
+
+Why a copy, read with ``get``: ``peek`` always starts at the slot's confirmed position, so reading a
+backlog in pieces with it would decode it again for every piece, and one peek of all of it is held
+by the server until the last message is decoded (nothing overlaps). ``get`` moves its slot, and the
+mirror's slot must only move once the Delta commits exist. A temporary copy
+(``pg_copy_logical_replication_slot``) starts where the slot is, moves piece by piece, and is dropped
+with its session, a crash included; the caller advances the slot itself after its commits
+(``sql_slot.advance``), before a walsender reads it.
+
+Why without streaming: a get that stops inside a streamed transaction would have the next one
+stream it again from its start (a new decoding session), so every transaction comes whole, at its
+commit; a piece then always ends where no transaction is open. Prepared transactions (``two_phase``)
+are not read this way at all: their Prepare belongs to the slot's own decoding (the caller checks).
+
+The pieces grow (``FIRST_PIECE_CHANGES`` doubling up to ``LARGEST_PIECE_CHANGES``): the first arrives
+soon, and a backlog whose ``restart_lsn`` does not move between pieces (no ``xl_running_xacts`` record
+in it: one written in a few seconds) is decoded again from its start a few times, not once a piece.
+A thread of its own fetches them, so the server decodes the next piece while the caller works on this
+one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import pq, sql
+
+from applier.errors import SourceError
+from applier.lsn import format_lsn
+from applier.protocol.replication import PrimaryKeepalive
+from applier.sources.failures import stream_error
+from applier.sources.sql_slot import pin_session
+
+log = logging.getLogger(__name__)
+
+#: the changes the first piece asks for (``upto_nchanges``); each next piece asks for twice as many
+FIRST_PIECE_CHANGES = 65_536
+
+#: no piece asks for more (its messages are held in memory once fetched: about 100 bytes each)
+LARGEST_PIECE_CHANGES = 1 << 20
+
+#: messages handed over at a time (a run for the catch-up's survey)
+CHUNK_MESSAGES = 4096
+
+#: chunks fetched and not yet taken: bounds the memory while the caller is behind
+QUEUED_CHUNKS = 128
+
+#: COPY's binary format: the signature, flags and header extension length, then rows; the end is -1
+_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_HEADER = struct.Struct(">11sii")
+#: a row of two fields: their count, then the LSN (int8) and the message (bytea), each with its length
+_ROW = struct.Struct(">hiqi")
+_TRAILER = b"\xff\xff"
+
+#: what the server holds of a piece before it spills to a temporary file
+WORK_MEM = "256MB"
+
+
+class SlotCopyUnavailable(Exception):
+    """The slot could not be copied (no free slot, an invalidated slot, no privilege): the caller reads
+    the walsender instead."""
+
+
+def copy_slot_name(slot: str) -> str:
+    """The temporary copy's name: the slot's, this process's id (two catch-ups of one slot would not
+    clash), within PostgreSQL's 63 characters."""
+    suffix = f"_copy_{os.getpid()}"
+    return slot[:63 - len(suffix)] + suffix
+
+
+class SlotCopyReader:
+    """The messages of ``slot`` from its confirmed position up to ``target``, in order, as a catch-up's
+    stream (applier.drivers.backlog.StreamRanges reads it as it reads a walsender): ``read_buffered``
+    hands over what was fetched, and the stream ends when the copy has nothing more before ``target``.
+    ``exhausted`` then says that every transaction committed before ``target`` was read."""
+
+    def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int) -> None:
+        self.slot = slot
+        self.target = target
+        self.options = {k: v for k, v in options.items() if k != "streaming"}  # (see the module)
+        self.copy = copy_slot_name(slot)
+        self.messages = 0  # fetched
+        self.pieces = 0  # fetched (each a get: a decoding session of its own)
+        self.exhausted = False
+        try:
+            self.conn = psycopg.connect(dsn, autocommit=True)
+        except psycopg.Error as e:
+            raise SlotCopyUnavailable(f"cannot connect: {e}") from None
+        try:
+            pin_session(self.conn)
+            self.conn.execute(sql.SQL("SET work_mem = {}").format(sql.Literal(WORK_MEM)))
+            self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.copy))
+        except psycopg.Error as e:
+            self.conn.close()
+            raise SlotCopyUnavailable(f"copying slot {slot!r} failed: {e.diag.message_primary or e}") from None
+        self._chunks: queue.Queue[tuple[list[int], list[bytes]] | BaseException | None] = \
+            queue.Queue(maxsize=QUEUED_CHUNKS)
+        self._closing = threading.Event()
+        self._ended = False
+        self._lsns: list[int] = []  # the chunk being handed over, from ``_at``
+        self._datas: list[bytes] = []
+        self._at = 0
+        self._thread = threading.Thread(target=self._fetch, name="applier-slot-copy", daemon=True)
+        self._thread.start()
+
+    # --- the fetching thread ----------------------------------------------------------------------
+
+    def _fetch(self) -> None:
+        try:
+            wanted = FIRST_PIECE_CHANGES
+            while not self._closing.is_set():
+                got = self._piece(wanted)
+                self.pieces += 1
+                if got < wanted:  # stopped at the target (or the server's end of WAL): nothing more before it
+                    self.exhausted = True
+                    break
+                wanted = min(wanted * 2, LARGEST_PIECE_CHANGES)
+        except BaseException as e:  # noqa: BLE001  # handed to the reading thread
+            self._put(e)
+        finally:
+            self._put(None)
+
+    def _put(self, item: tuple[list[int], list[bytes]] | BaseException | None) -> None:
+        while not self._closing.is_set():
+            try:
+                self._chunks.put(item, timeout=0.25)
+                return
+            except queue.Full:
+                continue
+
+    def _piece(self, wanted: int) -> int:
+        """One get of up to ``wanted`` changes (more: it ends at a commit), handed over in chunks."""
+        flat: list[str] = []
+        for key, value in self.options.items():
+            flat += [key, value]
+        query = sql.SQL(
+            "COPY (SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_get_binary_changes("
+            "{}, {}::pg_lsn, {}, VARIADIC {}::text[])) TO STDOUT (FORMAT binary)").format(
+            sql.Literal(self.copy), sql.Literal(format_lsn(self.target)), sql.Literal(wanted), sql.Literal(flat))
+        pgconn = self.conn.pgconn
+        pgconn.send_query(query.as_bytes(self.conn))
+        res = self._result()
+        if res is None or res.status != pq.ExecStatus.COPY_OUT:
+            self._fail(res)
+        get, unpack, row_size = pgconn.get_copy_data, _ROW.unpack_from, _ROW.size
+        lsns: list[int] = []
+        datas: list[bytes] = []
+        got = 0
+        header = True
+        while True:
+            n, data = get(1)
+            if n > 0:
+                at = 0
+                if header:
+                    signature, _flags, extension = _HEADER.unpack_from(data, 0)
+                    if signature != _SIGNATURE:
+                        raise SourceError(f"reading the copy of slot {self.slot!r}: not COPY's binary format "
+                                          f"(starts {bytes(data[:11])!r})", slot=self.slot)
+                    at, header = _HEADER.size + extension, False
+                while at < n:
+                    if n - at < row_size:  # the end: a field count of -1 (two bytes)
+                        if bytes(data[at:n]) != _TRAILER:
+                            raise SourceError(f"reading the copy of slot {self.slot!r}: {n - at} bytes of a "
+                                              f"row at byte {at} of a message", slot=self.slot)
+                        break
+                    fields, _, lsn, size = unpack(data, at)
+                    if fields != 2:
+                        raise SourceError(f"reading the copy of slot {self.slot!r}: a row of {fields} fields at "
+                                          f"byte {at} of a message, expected 2", slot=self.slot)
+                    start = at + row_size
+                    lsns.append(lsn)
+                    datas.append(bytes(data[start:start + size]))
+                    at = start + size
+                    if len(lsns) >= CHUNK_MESSAGES:
+                        got += len(lsns)
+                        self._put((lsns, datas))
+                        lsns, datas = [], []
+                continue
+            if n == 0:
+                self._wait()
+                continue
+            if n == -1:
+                break
+            raise stream_error(f"reading the copy of slot {self.slot!r} failed: "
+                               + pgconn.error_message.decode("utf-8", "replace").strip(), None, True, slot=self.slot)
+        res = pgconn.get_result()
+        if res is None or res.status != pq.ExecStatus.COMMAND_OK:
+            self._fail(res)
+        while pgconn.get_result() is not None:
+            pass
+        if lsns:
+            got += len(lsns)
+            self._put((lsns, datas))
+        self.messages += got
+        return got
+
+    def _result(self) -> pq.abc.PGresult | None:
+        """The first result of the query sent, waited for without holding the GIL (the server decodes
+        the whole piece before it answers)."""
+        pgconn = self.conn.pgconn
+        while True:
+            pgconn.flush()
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                return pgconn.get_result()
+            self._wait()
+
+    def _wait(self) -> None:
+        pgconn = self.conn.pgconn
+        while not select.select([pgconn.socket], [], [], 0.25)[0]:
+            if self._closing.is_set():
+                raise SourceError(f"reading the copy of slot {self.slot!r}: stopped", slot=self.slot)
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError as e:
+            raise stream_error(f"reading the copy of slot {self.slot!r}: connection lost: {e}", None, True,
+                               slot=self.slot) from None
+
+    def _fail(self, res: pq.abc.PGresult | None) -> None:
+        message = res.error_message.decode("utf-8", "replace").strip() if res is not None else "no result"
+        state = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
+        while res is not None:
+            res = self.conn.pgconn.get_result()
+        raise stream_error(f"reading the copy of slot {self.slot!r} failed: {message}",
+                           state.decode() if state else None, self.conn.pgconn.status == pq.ConnStatus.BAD,
+                           slot=self.slot)
+
+    # --- what the catch-up's reader calls (as on applier.sources.walsender.WalSenderStream) --------
+
+    def read_buffered(self, lsns: list[int], datas: list[bytes], limit: int) -> PrimaryKeepalive | None:
+        """What was fetched and not taken, appended to ``lsns`` and ``datas`` (a chunk, at most ``limit``
+        messages of it): waits for it (the server may be decoding a piece), so nothing is appended only
+        at the end."""
+        if self._at >= len(self._lsns):
+            chunk = self._next_chunk()
+            if chunk is None:
+                return None
+            (self._lsns, self._datas), self._at = chunk, 0
+        at, end = self._at, min(self._at + limit, len(self._lsns))
+        lsns += self._lsns[at:end]
+        datas += self._datas[at:end]
+        self._at = end
+        return None
+
+    def _next_chunk(self) -> tuple[list[int], list[bytes]] | None:
+        while not self._ended:
+            try:
+                item = self._chunks.get(timeout=0.25)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return None
+                continue
+            if item is None:
+                self._ended = True
+            elif isinstance(item, BaseException):
+                self._ended = True
+                raise item
+            else:
+                return item
+        return None
+
+    def read_message(self, timeout: float, *, gather: float = 0.0) -> tuple[int, bytes] | PrimaryKeepalive | None:
+        """The next message, or None at the end (``timeout`` and ``gather`` are the walsender's)."""
+        lsns: list[int] = []
+        datas: list[bytes] = []
+        self.read_buffered(lsns, datas, 1)
+        return (lsns[0], datas[0]) if lsns else None
+
+    @contextmanager
+    def hot_reader(self) -> Iterator[None]:
+        yield
+
+    def keep_alive(self) -> None:
+        """Nothing to answer: the server waits for the next query."""
+
+    def reading_note(self) -> str:
+        return f"in {self.pieces} pieces from a copy of the slot"
+
+    def close(self) -> None:
+        """Stop fetching, and drop the copy (the server drops a temporary slot with its session anyway)."""
+        self._closing.set()
+        self._thread.join()
+        try:
+            if not self.conn.closed and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.copy,))
+        except psycopg.Error as e:
+            log.debug("dropping the temporary copy %s of slot %s: %s", self.copy, self.slot, e)
+        finally:
+            self.conn.close()
