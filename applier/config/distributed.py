@@ -41,6 +41,15 @@ class DistributedSettings(SettingsModel):
         "it), or auto, the default: executors when Spark's master is a cluster, the driver when it is local. On one "
         "machine the driver is cheaper: shipping a range to a Spark Python worker and its fold back costs more CPU "
         "than folding it column by column (bench/RESULTS.md)")
+    backlog_reader: Literal["auto", "walsender"] = Field(
+        "auto", description="mirror: how a backlog caught up in ranges when the mirror starts is read. auto, the "
+        "default: through SQL, from a temporary copy of the slot (pg_copy_logical_replication_slot, then "
+        "pg_logical_slot_get_binary_changes in growing pieces, without streaming), which costs the server a "
+        "fraction of a walsender's CPU per message and reads the backlog about twice as fast; the slot is advanced "
+        "after the commits, and the walsender follows on from there. It needs one free replication slot "
+        "(max_replication_slots) while it reads; without one, and for a slot with two_phase, the walsender reads "
+        "it, with a log line. walsender: the walsender always (as PostgreSQL's own subscription). A mirror that "
+        "falls behind while following reads its rounds from its walsender either way")
     partition_messages: int = Field(
         250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
         "is open, so a range may be longer)")

@@ -31,7 +31,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from applier.catalog import RelationCache
 from applier.catalog.relations import ColumnsChanged
@@ -44,7 +45,6 @@ from applier.infra.progress import Progress
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
-from applier.sources.walsender import WalSenderStream
 from applier.spark.session import SparkLike, session_of
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,24 @@ FOLLOW_QUIET_SECONDS = 0.02
 OPEN_QUIET_SECONDS = 0.5
 
 
+class BacklogStream(Protocol):
+    """What a catch-up reads: a started walsender (applier.sources.walsender.WalSenderStream) or, before the
+    walsender starts, a temporary copy of the slot read through SQL (applier.sources.slotcopy)."""
+
+    def read_message(self, timeout: float, *, gather: float = 0.0) -> tuple[int, bytes] | PrimaryKeepalive | None:
+        ...
+
+    def read_buffered(self, lsns: list[int], datas: list[bytes], limit: int) -> PrimaryKeepalive | None: ...
+
+    def hot_reader(self) -> AbstractContextManager[None]: ...
+
+    def keep_alive(self) -> None: ...
+
+    def reading_note(self) -> str:
+        """How the reading went, for the catch-up's line."""
+        ...
+
+
 class StreamRanges:
     """The backlog of a started stream, surveyed and cut into ranges on a thread of its own (a
     ``RangeSource`` for fold_and_commit). It ends at the first cut at or past ``target``, when a
@@ -93,7 +111,7 @@ class StreamRanges:
     a pace step, a reading and a commit after the load stopped (bench/follow.py's drain). Read as it
     arrives, it is folded and committed once the stream goes quiet."""
 
-    def __init__(self, stream: WalSenderStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
+    def __init__(self, stream: BacklogStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
                  target: int, queued: int = 3, quiet_seconds: float = OPEN_QUIET_SECONDS,
                  until: float | None = None,
                  columns_changed: ColumnsChanged | None = None) -> None:
@@ -300,7 +318,7 @@ def folds_on_driver(config: MirrorConfig) -> bool:
     return master_is_local(config.spark.master)
 
 
-def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: WalSenderStream,
+def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoop, stream: BacklogStream,
                           target: int, *, feed: Callable[[int, bytes], None], may_commit: MayCommit,
                           progress: Progress, progress_every: float, backlog: int | None = None,
                           until: float | None = None) -> None:
@@ -357,5 +375,4 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     progress(f"catch-up {where}: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "
              f"in {time.monotonic() - started:.1f}s (reading {source.seconds:.1f}s, "
-             f"{source.cpu_seconds:.1f}s of it CPU, {stream.frames_read / max(stream.socket_reads, 1):.0f} "
-             f"frames per socket read)")
+             f"{source.cpu_seconds:.1f}s of it CPU, {stream.reading_note()})")

@@ -47,6 +47,14 @@ class CatchUp(Protocol):
                  following: bool = False, until: float | None = None) -> bool: ...
 
 
+class CopyCatchUp(Protocol):
+    """The backlog at the start caught up before the walsender starts (``ReplicationFollower``'s
+    ``copy_catch_up``): the server's flush position, the backlog's bytes of WAL and the feed into the loop.
+    Returns the slot's new confirmed position, or None when the backlog was not read this way."""
+
+    def __call__(self, flush: int, backlog: int, feed: Callable[[int, bytes], None]) -> int | None: ...
+
+
 #: once rounds run, a round that ended quiet (or left an open transaction to the loop) is followed by
 #: another when this much more WAL arrived: the load goes on (one that ran its time is followed at once)
 ONGOING_LOAD_BYTES = 64 << 10
@@ -228,13 +236,17 @@ class ReplicationFollower(SlotFollower):
     ``catch_up``: called once the stream has started, with it, the server's flush position, the backlog
     (bytes of WAL from the slot's confirmed position to it) and the feed into the loop: the mirror
     catches a large backlog up on Spark's executors there (applier.drivers.backlog) before following on.
+    ``copy_catch_up``: called before, without the stream: the mirror may catch the backlog up from a
+    copy of the slot and advance the slot (applier.sources.slotcopy); the stream then starts from there.
     """
 
     def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
                  stop: threading.Event, progress: Progress, progress_every: float, *,
-                 catch_up: CatchUp | None = None, follow_backlog_bytes: int = 0) -> None:
+                 catch_up: CatchUp | None = None, copy_catch_up: CopyCatchUp | None = None,
+                 follow_backlog_bytes: int = 0) -> None:
         super().__init__(dsn, source, loop, stats, stop, progress, progress_every)
         self.catch_up = catch_up
+        self.copy_catch_up = copy_catch_up
         self.follow_backlog_bytes = follow_backlog_bytes if catch_up is not None else 0
 
     def _catch_up_again(self, stream: WalSenderStream, behind: FallingBehind, read: int,
@@ -293,6 +305,14 @@ class ReplicationFollower(SlotFollower):
             info = slot_info(conn, src.slot)
         target = flush if once else None
         confirmed = info.confirmed_flush_lsn if info is not None else None
+        if self.copy_catch_up is not None and confirmed and flush > confirmed:
+            advanced = self.copy_catch_up(flush, flush - confirmed, self._feed)
+            self._sync_stats()
+            if advanced is not None:
+                confirmed = advanced
+                if target is not None and advanced >= target:
+                    self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
+                    return
         self._session_start(confirmed)
         stream = WalSenderStream(self.dsn)
 

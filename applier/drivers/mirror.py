@@ -39,9 +39,11 @@ from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.fold import FoldedTable
 from applier.sink.parking import ParkedTables
+from applier.sources import sql_slot
 from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable, published_tables
+from applier.sources.slotcopy import SlotCopyReader, SlotCopyUnavailable
 from applier.sources.slothealth import read_slot_health
 from applier.sources.slots import check_usable, open_phrase, prepared_phrase, slot_creation_blockers, slot_info
 from applier.sources.syncslot import SyncSlot
@@ -374,6 +376,7 @@ class Mirror:
                     behind_bytes = round(self.config.distributed.follow_backlog_mb * (1 << 20))
                     follower = ReplicationFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
                                                    self.progress, self.progress_every, catch_up=self._catch_up,
+                                                   copy_catch_up=self._catch_up_from_copy,
                                                    follow_backlog_bytes=behind_bytes)
                 else:
                     follower = SqlFollower(self.dsn, self.config.source, self.loop, self.stats, self.stop,
@@ -439,6 +442,51 @@ class Mirror:
                               may_commit=self._may_commit, progress=self.progress,
                               progress_every=self.progress_every, backlog=backlog, until=until)
         return True
+
+    def _catch_up_from_copy(self, flush: int, backlog: int, feed: Callable[[int, bytes], None]) -> int | None:
+        """The backlog at the start, before the walsender starts: read from a temporary copy of the slot
+        (applier.sources.slotcopy; ``distributed.backlog_reader``) and caught up in ranges, then the slot
+        advanced. Returns the slot's new position (every transaction committed before it is in Delta), or
+        None when this backlog is not read this way (the walsender then reads it).
+
+        The commits' confirmations are only recorded while it reads: the slot is not being read, and is
+        advanced once, at the end (a crash before re-reads the backlog, and each table recognises what it
+        applied by the end LSN its commits record). What the driver path was fed is applied first; a
+        copy read to ``flush`` has left nothing open (no streaming: applier.sources.slotcopy), so the slot
+        goes to ``flush`` itself, and a drain (``--once``) is done."""
+        src = self.config.source
+        if self.config.distributed.backlog_reader != "auto" or src.two_phase:
+            return None
+        why_not = catch_up_eligibility(self.spark, self.config, self.loop, backlog)
+        if why_not is not None:
+            return None  # (the walsender's catch-up says why, when it is asked)
+        try:
+            reader = SlotCopyReader(self.dsn, src.slot, sql_slot.options_for(src), target=flush)
+        except SlotCopyUnavailable as e:
+            self.progress(f"reading the backlog from the walsender: {e}")
+            return None
+        where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
+        size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"
+        self.progress(f"backlog of {size}: catching up to {format_lsn(flush)} {where}, read from a temporary "
+                      f"copy of slot {src.slot}")
+        committed: list[int] = []
+        self.loop.confirm = committed.append
+        try:
+            catch_up_on_executors(self.spark, self.config, self.loop, reader, flush, feed=feed,
+                                  may_commit=self._may_commit, progress=self.progress,
+                                  progress_every=self.progress_every, backlog=backlog)
+            self.loop.flush()  # what the driver path was fed
+            exhausted = reader.exhausted and self.loop.idle()
+        finally:
+            reader.close()
+            self.loop.abandon_session()
+        end = flush if exhausted else max(committed, default=None)
+        if end is None:
+            return None
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            sql_slot.advance(conn, src.slot, end)
+        self.loop.confirmed_lsn = max(self.loop.confirmed_lsn or 0, end)
+        return end
 
     def _may_commit(self, tables: list[FoldedTable]) -> str | None:
         return self.tablesync.must_sync([(t.schema.namespace, t.schema.relation.name, t.schema.relation.oid,

@@ -303,6 +303,10 @@ class WalSenderStream:
             elif remaining <= 0:
                 return None
 
+    def reading_note(self) -> str:
+        """How the reading went, for a catch-up's line (applier.drivers.backlog)."""
+        return f"{self.frames_read / max(self.socket_reads, 1):.0f} frames per socket read"
+
     def keep_alive(self) -> None:
         """While not reading (waiting for something else): the status update the walsender expects every
         ``status_interval`` seconds, so that it does not time the connection out."""

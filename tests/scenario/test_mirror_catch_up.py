@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 from workloads import SCHEMA, TABLES, random_workload
@@ -34,11 +35,17 @@ CASES = {
 }
 
 
-def _config(pg, target: Path, publication: str, folds: str = "executors", **source: object) -> MirrorConfig:
+def _config(pg, target: Path, publication: str, folds: str = "executors", reader: str = "auto",
+            **source: object) -> MirrorConfig:
     return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="m", publication=publication, **source),
                         target=TargetSettings(path=str(target)),
                         apply=ApplySettings(max_group_transactions=9, max_group_seconds=1.0),
-                        distributed=DistributedSettings(mode="on", partition_messages=37, backlog_folds=folds))
+                        distributed=DistributedSettings(mode="on", partition_messages=37, backlog_folds=folds,
+                                                        backlog_reader=reader))
+
+
+#: the line of a catch-up that reads a copy of the slot (applier.sources.slotcopy), not the walsender
+FROM_A_COPY = "read from a temporary copy of slot"
 
 
 def _assert_equal(spark, conn, target: Path, tables: list[tuple[str, str]]) -> None:
@@ -51,13 +58,17 @@ def _executor_lines(lines: list[str], folds: str = "executors") -> list[str]:
     return [line for line in lines if line.startswith(f"catch-up {where}:")]
 
 
-@pytest.mark.parametrize(("case", "folds"), [(c, f) for f in ("executors", "driver") for c in sorted(CASES)])
-def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, case, folds):
+@pytest.mark.parametrize(("case", "folds", "reader"), [*((c, f, "auto") for f in ("executors", "driver")
+                                                           for c in sorted(CASES)),
+                                                         ("proto2-streaming", "driver", "walsender")])
+def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, case, folds, reader):
     """Folded on Spark's executors, or in the mirror's process (``distributed.backlog_folds: driver``, the
-    default on a local Spark): the same ranges, combined and committed alike."""
+    default on a local Spark): the same ranges, combined and committed alike. Read from a temporary copy
+    of the slot (``distributed.backlog_reader: auto``; a two-phase slot's backlog from the walsender), or
+    from the walsender."""
     two_phase = bool(CASES[case].get("two_phase"))
     target = tmp_path / "delta"
-    config = _config(pg, target, "rw_pub", folds, **CASES[case])
+    config = _config(pg, target, "rw_pub", folds, reader, **CASES[case])
     with pg.connect() as conn:
         conn.execute(SCHEMA)
         random_workload(conn, 21, transactions=15)
@@ -69,6 +80,7 @@ def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, c
         summary = mirror(spark, config, once=True, progress=lines.append)
         done = _executor_lines(lines, folds)
         assert len(done) == 1 and " 0 ranges" not in done[0], lines
+        assert any(FROM_A_COPY in line for line in lines) == (reader == "auto" and not two_phase), lines
         print("\n".join(lines))
         assert summary.transactions >= 40
         if two_phase:  # one prepared transaction is left open: the apply loop holds it, and the rest
@@ -85,6 +97,39 @@ def test_a_backlog_caught_up_on_executors_equals_postgres(pg, spark, tmp_path, c
         assert _executor_lines(lines, folds), lines
         _assert_equal(spark, conn, target, TABLES)
         assert mirror(spark, config, once=True).transactions == 0  # everything confirmed, nothing re-applied
+
+
+def test_a_transaction_open_at_the_end_of_a_backlog_read_from_a_copy_comes_whole_afterwards(pg, spark, tmp_path):
+    """The copy of the slot is read without streaming (applier.sources.slotcopy): a big transaction still
+    open when the mirror starts is not in what it reads, though a walsender would have streamed part of
+    it (64kB logical_decoding_work_mem), and the slot is advanced past where it began, to the server's
+    flush position. Once it commits, the next run gets it whole. The copy is gone after each run."""
+    target = tmp_path / "delta"
+    config = _config(pg, target, "rw_pub", "driver", proto_version=2, streaming="on")
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        conn.execute("CREATE TABLE rw_open (id int PRIMARY KEY, v text)")  # (the workload truncates its own)
+        conn.execute("ALTER PUBLICATION rw_pub ADD TABLE rw_open")
+        random_workload(conn, 41, transactions=10)
+        mirror(spark, config, once=True)
+        random_workload(conn, 42, transactions=30)
+        with psycopg.connect(pg.dsn) as opened:
+            opened.execute("INSERT INTO rw_open SELECT g, 'open ' || g FROM generate_series(1, 3000) g")
+            random_workload(conn, 43, transactions=20)
+            lines: list[str] = []
+            summary = mirror(spark, config, once=True, progress=lines.append)
+            assert any(FROM_A_COPY in line for line in lines), lines
+            assert summary.transactions >= 40, lines
+            slots = conn.execute("SELECT slot_name, confirmed_flush_lsn, pg_current_wal_flush_lsn() "
+                                 "FROM pg_replication_slots").fetchall()
+            assert [name for name, _, _ in slots] == ["m"], slots  # the temporary copy is gone
+            _assert_equal(spark, conn, target, [*TABLES, ("public", "rw_open")])  # without the open transaction
+            opened.commit()
+        summary = mirror(spark, config, once=True)
+        assert summary.transactions >= 1
+        _assert_equal(spark, conn, target, [*TABLES, ("public", "rw_open")])
+        assert conn.execute("SELECT count(*) FROM rw_open").fetchone() == (3000,)
+        assert mirror(spark, config, once=True).transactions == 0
 
 
 def test_a_column_with_a_default_added_inside_the_backlog_hands_over_to_the_driver_path(pg, spark, tmp_path,
