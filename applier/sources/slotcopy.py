@@ -35,6 +35,7 @@ import queue
 import select
 import struct
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -97,6 +98,7 @@ class SlotCopyReader:
         self.copy = copy_slot_name(slot)
         self.messages = 0  # fetched
         self.pieces = 0  # fetched (each a get: a decoding session of its own)
+        self.cpu_seconds = 0.0  # of the fetching thread (taking the rows apart), once it ended
         self.exhausted = False
         try:
             self.conn = psycopg.connect(dsn, autocommit=True)
@@ -134,6 +136,7 @@ class SlotCopyReader:
         except BaseException as e:  # noqa: BLE001  # handed to the reading thread
             self._put(e)
         finally:
+            self.cpu_seconds = time.thread_time()
             self._put(None)
 
     def _put(self, item: tuple[list[int], list[bytes]] | BaseException | None) -> None:
@@ -290,7 +293,7 @@ class SlotCopyReader:
         """Nothing to answer: the server waits for the next query."""
 
     def reading_note(self) -> str:
-        return f"in {self.pieces} pieces from a copy of the slot"
+        return f"in {self.pieces} pieces from a copy of the slot, {self.cpu_seconds:.1f} CPU-s taking them apart"
 
     def close(self) -> None:
         """Stop fetching, and drop the copy (the server drops a temporary slot with its session anyway)."""
