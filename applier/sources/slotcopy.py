@@ -105,6 +105,11 @@ class SlotCopyReader:
         except psycopg.Error as e:
             raise SlotCopyUnavailable(f"cannot connect: {e}") from None
         try:
+            row = self.conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                    (slot,)).fetchone()
+            if row is not None and row[0] is not None:  # (its walsender refuses a second reader; so must this)
+                self.conn.close()
+                raise SlotCopyUnavailable(f"slot {slot!r} is in use by the process with PID {row[0]}")
             pin_session(self.conn)
             self.conn.execute(sql.SQL("SET work_mem = {}").format(sql.Literal(WORK_MEM)))
             self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.copy))

@@ -12,6 +12,7 @@ import pytest
 from applier.sources import slotcopy
 from applier.sources.slotcopy import SlotCopyReader, SlotCopyUnavailable
 from applier.sources.sql_slot import current_flush_lsn, peek, pgoutput_options
+from applier.sources.walsender import WalSenderStream
 
 pytestmark = pytest.mark.postgres
 
@@ -106,3 +107,19 @@ def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatc
 def test_a_slot_that_cannot_be_copied_is_said_so(pg):
     with pytest.raises(SlotCopyUnavailable, match="no_such_slot"):
         SlotCopyReader(pg.dsn, "no_such_slot", pgoutput_options("sc_pub", proto_version=2), target=1 << 40)
+
+
+def test_a_slot_in_use_is_not_copied(pg):
+    """Another reader holds the slot (a mirror already following it): its walsender would refuse a second
+    one, so the copy is refused too, and the caller's walsender then says who holds it."""
+    with pg.connect() as conn:
+        conn.execute(BACKLOG)
+        conn.execute("SELECT pg_create_logical_replication_slot('sc_busy', 'pgoutput')")
+        holder = WalSenderStream(pg.dsn)
+        try:
+            holder.start("sc_busy", pgoutput_options("sc_pub", proto_version=2))
+            with pytest.raises(SlotCopyUnavailable, match="in use by the process with PID"):
+                SlotCopyReader(pg.dsn, "sc_busy", pgoutput_options("sc_pub", proto_version=2), target=1 << 40)
+        finally:
+            holder.close()
+        assert [name for (name,) in conn.execute("SELECT slot_name FROM pg_replication_slots")] == ["sc_busy"]
