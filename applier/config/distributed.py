@@ -45,10 +45,11 @@ class DistributedSettings(SettingsModel):
         "auto", description="mirror: how a backlog caught up in ranges when the mirror starts is read. auto, the "
         "default: through SQL, from a temporary copy of the slot (pg_copy_logical_replication_slot, then "
         "pg_logical_slot_get_binary_changes in growing pieces, without streaming), which costs the server a "
-        "fraction of a walsender's CPU per message and reads the backlog about twice as fast; the slot is advanced "
-        "after the commits, and the walsender follows on from there. It needs one free replication slot "
-        "(max_replication_slots) while it reads; without one, and for a slot with two_phase, the walsender reads "
-        "it, with a log line. walsender: the walsender always (as PostgreSQL's own subscription). A mirror that "
+        "fraction of a walsender's CPU per message (the 1M and 10M catch-ups read in about 0.7 of the time: "
+        "bench/RESULTS.md); the slot is advanced after the commits, and the walsender follows on from there. It "
+        "needs one free replication slot (max_replication_slots) while it reads; without one, for a slot with "
+        "two_phase, and for a slot another process reads, the walsender reads it, with a log line. walsender: "
+        "the walsender always (as PostgreSQL's own subscription). A mirror that "
         "falls behind while following reads its rounds from its walsender either way")
     partition_messages: int = Field(
         250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
