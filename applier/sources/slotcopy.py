@@ -32,12 +32,12 @@ catch-up surveys and folds what the last one brought.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import select
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -81,9 +81,10 @@ class SlotCopyUnavailable(Exception):
 
 
 def copy_slot_name(slot: str) -> str:
-    """The temporary copy's name: the slot's, this process's id (two catch-ups of one slot would not
-    clash), within PostgreSQL's 63 characters."""
-    suffix = f"_copy_{os.getpid()}"
+    """A temporary copy's name: the slot's and a random part, within PostgreSQL's 63 characters. Not the
+    process's id alone: a catch-up retried at once after a lost connection could meet the copy of the
+    attempt before, which the server drops only once that session's backend has ended."""
+    suffix = f"_copy_{uuid.uuid4().hex[:12]}"
     return slot[:63 - len(suffix)] + suffix
 
 
