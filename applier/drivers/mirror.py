@@ -430,8 +430,7 @@ class Mirror:
             if self.config.distributed.mode == "on":
                 log.warning("catching up on the driver, not on executors: %s", why_not)
             return False
-        where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
-        size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"  # rounds go on from 64 kB
+        where, size = self._catch_up_phrases(backlog)
         what = f"{size} behind while following" if following else f"backlog of {size}"
         if until is None:
             self.progress(f"{what}: catching up to {format_lsn(flush)} {where}")
@@ -442,6 +441,12 @@ class Mirror:
                               may_commit=self._may_commit, progress=self.progress,
                               progress_every=self.progress_every, backlog=backlog, until=until)
         return True
+
+    def _catch_up_phrases(self, backlog: int) -> tuple[str, str]:
+        """Where a catch-up folds, and the backlog's size, for its first line (rounds go on from 64 kB)."""
+        where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
+        size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"
+        return where, size
 
     def _catch_up_from_copy(self, flush: int, backlog: int, feed: Callable[[int, bytes], None]) -> int | None:
         """The backlog at the start, before the walsender starts: read from a temporary copy of the slot
@@ -465,8 +470,7 @@ class Mirror:
         except SlotCopyUnavailable as e:
             self.progress(f"reading the backlog from the walsender: {e}")
             return None
-        where = "in ranges folded on the driver" if folds_on_driver(self.config) else "on Spark's executors"
-        size = f"{backlog >> 20} MiB" if backlog >= 1 << 20 else f"{backlog >> 10} kB"
+        where, size = self._catch_up_phrases(backlog)
         self.progress(f"backlog of {size}: catching up to {format_lsn(flush)} {where}, read from a temporary "
                       f"copy of slot {src.slot}")
         committed: list[int] = []

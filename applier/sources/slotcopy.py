@@ -48,7 +48,7 @@ from applier.errors import SourceError
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.failures import stream_error
-from applier.sources.sql_slot import pin_session
+from applier.sources.sql_slot import flat_options, pin_session
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ class SlotCopyReader:
     def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int) -> None:
         self.slot = slot
         self.target = target
-        self.options = {k: v for k, v in options.items() if k != "streaming"}  # (see the module)
+        # every piece's get asks with these (no streaming: see the module)
+        self.flat_options = flat_options({k: v for k, v in options.items() if k != "streaming"})
         self.copy = copy_slot_name(slot)
         self.messages = 0  # fetched
         self.pieces = 0  # fetched (each a get: a decoding session of its own)
@@ -157,13 +158,11 @@ class SlotCopyReader:
 
     def _piece(self, wanted: int) -> int:
         """One get of up to ``wanted`` changes (more: it ends at a commit), handed over in chunks."""
-        flat: list[str] = []
-        for key, value in self.options.items():
-            flat += [key, value]
         query = sql.SQL(
             "COPY (SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_get_binary_changes("
             "{}, {}::pg_lsn, {}, VARIADIC {}::text[])) TO STDOUT (FORMAT binary)").format(
-            sql.Literal(self.copy), sql.Literal(format_lsn(self.target)), sql.Literal(wanted), sql.Literal(flat))
+            sql.Literal(self.copy), sql.Literal(format_lsn(self.target)), sql.Literal(wanted),
+            sql.Literal(self.flat_options))
         pgconn = self.conn.pgconn
         pgconn.send_query(query.as_bytes(self.conn))
         res = self._result()

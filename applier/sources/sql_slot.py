@@ -77,13 +77,16 @@ def options_for(source: SourceSettings) -> dict[str, str]:
     return opts
 
 
+def flat_options(options: Mapping[str, str]) -> list[str]:
+    """pgoutput's options as the SQL functions take them (``VARIADIC text[]``: name, value, name, ...)."""
+    return [item for pair in options.items() for item in pair]
+
+
 def peek(conn: psycopg.Connection, slot: str, options: Mapping[str, str], *,
          upto_lsn: int | None = None, upto_nchanges: int | None = None) -> Iterator[PeekedMessage]:
     """Every message the slot would send now (from its confirmed position), in order; nothing is confirmed."""
     pin_session(conn)
-    flat: list[str] = []
-    for key, value in options.items():
-        flat += [key, value]
+    flat = flat_options(options)
     try:
         cur = conn.execute(
             "SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_peek_binary_changes("
