@@ -133,20 +133,15 @@ class TableSync:
     # --- when to sync ---------------------------------------------------------------------------
 
     def check_publication(self) -> None:
-        """Copy every published (and selected) table the mirror does not know yet."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            published = published_selection(conn, self.config.source.publication, self.config.tables)
-            known = self.known(published)
-            self._follow_identities(published, known)
-            names = {t.qualified_name for t in published}
-            gone = [name for name in known if name not in names]
-            if gone:  # no longer published: if it comes back, its rows must be copied again
-                for name in gone:
-                    del known[name]
-                self.state.save(STATE_KEY, known)
-                for name in gone:
-                    self._mark_unpublished(name)
-            reshaped = self._reshaped(conn, published, known)
+        """Copy every published (and selected) table the mirror does not know yet. Asked before every
+        group, on ``must_sync``'s kept connection: one made each time was a tenth of an idle follower's
+        time to apply a one-row transaction (bench/RESULTS.md, thirty-ninth session)."""
+        try:
+            published, reshaped = self._ask_publication(self._asking_connection())
+        except psycopg.OperationalError:
+            self._drop_asking()  # closed by the server since (a restart, idle_session_timeout): once more, anew
+            published, reshaped = self._ask_publication(self._asking_connection())
+        known = self.known(published)
         for name, (_table, what) in reshaped.items():
             self.progress(f"table sync: {name}: {'; '.join(what)}; copying the table again so that it holds what "
                           "is published now")
@@ -306,6 +301,26 @@ class TableSync:
             self._drop_asking()  # closed by the server since (a restart, idle_session_timeout): once more, anew
             return self._must_sync(self._asking_connection(), touched)
 
+    def _published(self, conn: psycopg.Connection[Any]) -> list[PublishedTable]:
+        return published_selection(conn, self.config.source.publication, self.config.tables)
+
+    def _ask_publication(self, conn: psycopg.Connection[Any]) \
+            -> tuple[list[PublishedTable], dict[str, tuple[PublishedTable, list[str]]]]:
+        """What is published now, and the copied tables it sends other rows or columns of (``_reshaped``);
+        tables no longer published are forgotten first."""
+        published = self._published(conn)
+        known = self.known(published)
+        self._follow_identities(published, known)
+        names = {t.qualified_name for t in published}
+        gone = [name for name in known if name not in names]
+        if gone:  # no longer published: if it comes back, its rows must be copied again
+            for name in gone:
+                del known[name]
+            self.state.save(STATE_KEY, known)
+            for name in gone:
+                self._mark_unpublished(name)
+        return published, self._reshaped(conn, published, known)
+
     def _asking_connection(self) -> psycopg.Connection[Any]:
         """``must_sync``'s connection, kept between groups: it is asked before every group a round
         commits, and a connection made each time cost 20-50 ms of the round (a backend started, beside
@@ -321,7 +336,7 @@ class TableSync:
 
     def _must_sync(self, conn: psycopg.Connection[Any], touched: list[tuple[str, str, int, tuple[str, ...]]]) \
             -> str | None:
-        published = published_selection(conn, self.config.source.publication, self.config.tables)
+        published = self._published(conn)
         known = self.known(published)
         missing = [t.qualified_name for t in published
                    if t.qualified_name not in known and not self.waiting(t.qualified_name)]
