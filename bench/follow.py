@@ -115,6 +115,21 @@ def drains_after_stops(conn, binary: str, dsn_args: list[str], args, caught_up, 
     return drains
 
 
+def idle_markers(conn, args, caught_up, first: int) -> list[float]:
+    """The floor of any drain: ``args.idle_markers`` marker rows, each committed after a second without
+    load, and the time until the follower holds it (one transaction of one row, nothing else pending)."""
+    seconds = []
+    for i in range(args.idle_markers):
+        time.sleep(1.0)
+        started = time.monotonic()
+        lsn = marker(conn, first + i)
+        wait_until(f"idle marker {i + 1}", lambda i=i, lsn=lsn: caught_up(first + i, lsn), poll=DRAIN_POLL / 10)
+        seconds.append(round(time.monotonic() - started, 3))
+    if seconds:
+        log(f"{len(seconds)} markers on an idle stream: {seconds}")
+    return seconds
+
+
 def table_digests(conn) -> dict[str, tuple[int, str]]:
     """Row count and md5 of the ordered rows of each pgbench table."""
     out = {}
@@ -156,6 +171,8 @@ def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) 
         log(f"beside PostgreSQL's subscription: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended")
         stops = drains_after_stops(conn, binary, dsn_args, args, lambda n, _lsn: one(
             rep, "SELECT EXISTS (SELECT 1 FROM follow_marker WHERE id = %s)", (n,)), 100)
+        idle = idle_markers(conn, args, lambda n, _lsn: one(
+            rep, "SELECT EXISTS (SELECT 1 FROM follow_marker WHERE id = %s)", (n,)), 300)
         equal = table_digests(rep) == table_digests(conn)
         rep.execute("ALTER SUBSCRIPTION pgsub DISABLE")
         rep.execute("ALTER SUBSCRIPTION pgsub SET (slot_name = NONE)")
@@ -168,7 +185,7 @@ def follow_with_postgres(conn, cluster, binary: str, dsn_args: list[str], args) 
         raise SystemExit("bench/follow: PostgreSQL's replica differs from the primary")
     return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "drains_after_stops": stops,
             "drain_median_seconds": statistics.median([round(drain, 2), *stops]), "copy_seconds": round(copied, 1),
-            "verified_equal": equal}
+            "idle_marker_seconds": idle, "verified_equal": equal}
 
 
 def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
@@ -221,6 +238,8 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
         log(f"beside applier mirror: {tps:.0f} TPS; drained {drain:.2f} s after pgbench ended; {cpu:.1f} CPU-s")
         stops = drains_after_stops(conn, binary, dsn_args, args, lambda _n, lsn: mirror.poll() is not None
                                    or one(conn, confirmed, (lsn,)), 200)
+        idle = idle_markers(conn, args, lambda _n, lsn: mirror.poll() is not None
+                            or one(conn, confirmed, (lsn,)), 400)
         if mirror.poll() is not None:
             raise SystemExit(f"bench/follow: the mirror stopped:\n{(work / 'mirror.log').read_text()[-3000:]}")
     finally:
@@ -243,7 +262,7 @@ def follow_with_applier(conn, cluster, binary: str, dsn_args: list[str], args,
                          f"{[(r.source_name, r.source_rows, r.target_rows) for r in results if not r.equal]}")
     return {"tps": round(tps, 1), "drain_seconds": round(drain, 2), "drains_after_stops": stops,
             "drain_median_seconds": statistics.median([round(drain, 2), *stops]), "copy_seconds": round(copied, 1),
-            "cpu_seconds_during_load_and_drain": round(cpu, 1), "verified_equal": equal,
+            "cpu_seconds_during_load_and_drain": round(cpu, 1), "idle_marker_seconds": idle, "verified_equal": equal,
             "memory": {"python_peak_rss_mb": python_rss, "jvm_peak_rss_mb": jvm_rss}}
 
 
@@ -264,6 +283,9 @@ def main() -> None:
     p.add_argument("--stops", type=int, default=0,
                    help="after the run's drain, this many more loads of 2-5 s, each followed by a drain: the "
                         "drain's median over them all is reported too (default 0)")
+    p.add_argument("--idle-markers", type=int, default=0,
+                   help="at the end, this many marker rows committed a second apart without load: the time "
+                        "until the follower holds each is the floor of any drain (default 0)")
     args = p.parse_args()
 
     import psycopg
