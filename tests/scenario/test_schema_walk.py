@@ -49,7 +49,14 @@ CUTS: dict[str, tuple[dict[str, object], int]] = {
     "three": ({"max_group_transactions": 3, "max_group_rows": 7, "piece_rows": 8}, 2),  # big ones in pieces
     "default": ({}, 3),
     "dv": ({"max_group_transactions": 7}, 2),  # deletion-vector tables (below), groups of 7
+    "ranges": ({}, 2),  # every run's backlog caught up in ranges, read from a copy of the slot (below)
 }
+
+#: the followers that catch every run's backlog up in ranges (applier.drivers.backlog), folded on the driver
+#: and read from a temporary copy of the slot through SQL (applier.sources.slotcopy), then advance the slot:
+#: the path a mirror takes at the start for a backlog of ``distributed.min_backlog_mb`` and more, which a
+#: walk's few kB never reach by themselves
+RANGE_FOLLOWERS = {"ranges": {"mode": "on", "min_backlog_mb": 0, "backlog_folds": "driver"}}
 
 #: the followers whose tables are created with deletion vectors: their MERGEs are applier's own writer
 #: (applier.sink.store.dvmerge), which past a few live files carries small files into each commit's new
@@ -70,6 +77,7 @@ class Follower:
     config: MirrorConfig
     runs: int = 0
     resyncs: list[str] = field(default_factory=list)
+    copy_reads: int = 0  # runs whose backlog was read from a temporary copy of the slot
 
 
 def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: int, major: int) -> Follower:
@@ -82,6 +90,8 @@ def _follower(tmp: Path, dsn: str, name: str, apply: dict[str, object], proto: i
         source["two_phase"] = True
     raw: dict[str, object] = {"source": source, "target": {"path": str(tmp / name / "delta")},
                               "apply": {"special_values": "clamp", **apply}}
+    if name in RANGE_FOLLOWERS:
+        raw["distributed"] = RANGE_FOLLOWERS[name]
     if name in DV_FOLLOWERS:
         raw["tables"] = {"rules": [{"match": "*", "table_properties": {"delta.enableDeletionVectors": "true"}}]}
     path = tmp / f"{name}.yaml"
@@ -94,7 +104,11 @@ def _run(spark, f: Follower, walk: SchemaWalk) -> None:
     for _attempt in range(8):
         f.runs += 1
         try:
-            mirror(spark, f.config, once=True, progress=print if os.environ.get("APPLIER_WALK_VERBOSE") else None)
+            lines: list[str] = []
+            mirror(spark, f.config, once=True, progress=lambda line: lines.append(str(line)))
+            if os.environ.get("APPLIER_WALK_VERBOSE"):
+                print("\n".join(lines))
+            f.copy_reads += any("read from a temporary copy of slot" in line for line in lines)
             return
         except ApplierError as e:
             code = for_exception(e)
@@ -175,9 +189,12 @@ def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_pa
                     _run(spark, f, walk)
                     _check(spark, f, walk, conn)
     for f in followers:
+        if f.name in RANGE_FOLLOWERS:  # else it tested the walsender's reading
+            assert f.copy_reads >= 3, (f.name, f.runs, f.copy_reads)
         if f.name in DV_FOLLOWERS:
             commits, carrying = _dv_commits(Path(str(f.config.target.path)))
             print(f"{f.name}: {commits} MERGEs of deletion vectors, {carrying} of them carrying files")
             assert commits >= 4 and carrying >= 2, (f.name, commits, carrying)  # else it tested Spark's MERGE
     print(f"seed {seed}: {walk.steps} steps in {time.monotonic() - started:.0f} s; " + "; ".join(
-        f"{f.name}: {f.runs} runs, {len(f.resyncs)} resyncs {f.resyncs}" for f in followers))
+        f"{f.name}: {f.runs} runs ({f.copy_reads} read from a copy), {len(f.resyncs)} resyncs {f.resyncs}"
+        for f in followers))
