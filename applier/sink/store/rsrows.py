@@ -9,6 +9,10 @@ from typing import Any
 
 #: reader features delta-rs reads and writes as Spark does (a table with any other is read through Spark)
 READER_FEATURES = {"timestampNtz"}
+#: reader features whose rows delta-rs's DataFusion scan gives as Spark does (``DeltaRsStore.scan``): it
+#: applies deletion vectors, where a pyarrow dataset of the files (the commits that read the target first)
+#: would read the rows they delete too
+SCAN_FEATURES = READER_FEATURES | {"deletionVectors"}
 
 
 def reads_rows(table: Any) -> bool:
@@ -18,6 +22,14 @@ def reads_rows(table: Any) -> bool:
     protocol = table.protocol()
     version = int(protocol.min_reader_version)
     return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= READER_FEATURES)
+
+
+def scans_rows(table: Any) -> bool:
+    """Whether ``DeltaRsStore.scan`` reads the rows of this opened ``deltalake.DeltaTable`` as Spark
+    reads them: what ``reads_rows`` accepts, and deletion vectors (applied by DataFusion's scan)."""
+    protocol = table.protocol()
+    version = int(protocol.min_reader_version)
+    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= SCAN_FEATURES)
 
 
 def spark_like(column: Any) -> list[Any]:
