@@ -126,6 +126,11 @@ class DeltaApplier:
                 return bound.path
         return self.targets.path_for(namespace, name)
 
+    def relation_at(self, path: str) -> int | None:
+        """The OID of the relation bound to the Delta table at ``path`` (None: none bound, or a dry run)."""
+        holder = self.identities.holder_of(path) if self.identities is not None else None
+        return holder.oid if holder is not None else None
+
     def path_of(self, oid: int, namespace: str, name: str) -> str:
         """The Delta path of relation ``oid``, following a rename (its table moves) and never handing a
         new table the Delta table of an older one that had its name."""

@@ -175,9 +175,11 @@ def test_a_schema_walk_ends_equal_whatever_the_group_cuts(walk_pg, spark, tmp_pa
         walk = SchemaWalk(work, rng, pg.dsn)
         walk.create()
         forced = int(os.environ.get("APPLIER_WALK_PROTO", "0"))  # by hand: every follower on one protocol
+        only = os.environ.get("APPLIER_WALK_FOLLOWERS")  # by hand: these followers alone (the walk is the same)
         followers = [_follower(tmp_path, pg.dsn, name, apply, forced or proto, major)
                      for name, (apply, proto) in CUTS.items()
-                     if name not in DV_FOLLOWERS or seed in DV_SEEDS or os.environ.get("APPLIER_WALK_DV") == "1"]
+                     if (name not in DV_FOLLOWERS or seed in DV_SEEDS or os.environ.get("APPLIER_WALK_DV") == "1")
+                     and (not only or name in only.split(","))]
         for f in followers:
             _run(spark, f, walk)
         next_run = rng.randint(1, 30)

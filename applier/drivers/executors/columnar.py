@@ -200,8 +200,8 @@ def _fold_table(job: FoldJob, feeder: TransactionFeeder, block: Any, oid: int, i
     if not job.tables.selected(f"{schema.namespace}.{rel.name}"):
         return _UNSELECTED
     path = job.paths.get((schema.namespace, rel.name))
-    if path is None:
-        return None
+    if path is None or job.misbound(path, oid, f"{schema.namespace}.{rel.name}") is not None:
+        return None  # (the reference fold says why)
     done = job.done.get(path)
     if done is not None:
         keep = end_lsns[txn_of] > np.uint64(done)

@@ -59,6 +59,7 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
     settings = apply.model_copy(update={"skip_transactions": skip})
     paths: dict[tuple[str, str], str] = {}
     done: dict[str, int] = {}
+    owners: dict[str, int] = {}  # path -> the relation OID bound to it
     given: dict[int, LogRange] = {}  # ranges handed to the executors and not back yet
 
     def jobs() -> Iterator[FoldJob]:
@@ -70,8 +71,12 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
                 version = applier.snapshot_version(*rel)
                 if version is not None:
                     done[path] = version
+                owner = applier.relation_at(path)
+                if owner is not None:
+                    owners[path] = owner
             given[cut.index] = cut
-            yield FoldJob(cut, settings, tables, dict(paths), dict(done), options_in_force())
+            yield FoldJob(cut, settings, tables, dict(paths), dict(done), options_in_force(),
+                          owners=tuple(owners.items()))
 
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)

@@ -47,6 +47,21 @@ class FoldJob:
     done: dict[str, int]  # table path -> end LSN it has applied
     #: the driver's explicit storage options (target.storage_options): the executor's process loaded no config
     storage: tuple[StorageOptions, ...] = ()
+    #: table path -> the relation OID bound to it (applier.sink.identity): ranges are folded by name, and a
+    #: name may lead to another relation's table (the fold then refuses it: ``misbound``)
+    owners: tuple[tuple[str, int], ...] = ()
+
+    def misbound(self, path: str, oid: int, qualified: str) -> str | None:
+        """Why relation ``oid``'s changes, described as ``qualified``, cannot be folded for ``path``, or None.
+        A table sync at the start of a run follows a rename, and gives a reused name to its new relation,
+        from the catalog before the stream has described them (applier.drivers.tablesync): the changes
+        from before the rename, under the old name, would meet the new table's copy position and be left
+        out as applied. The driver path follows relations, not names."""
+        owner = dict(self.owners).get(path)
+        if owner is None or owner == oid:
+            return None
+        return (f"{qualified} (relation OID {oid}) is a name the mirror has given to relation {owner} since (a "
+                "rename, the name reused): folded on the driver, which follows relations")
 
 
 @dataclass

@@ -58,6 +58,9 @@ def fold_range(job: FoldJob) -> RangeFold:
                     raise SinkError("TRUNCATE received and apply.truncate is 'error'", table=qualified,
                                     end_lsn=txn.end_lsn)
                 path = job.paths[(batch.namespace, batch.name)]
+                misbound = job.misbound(path, batch.relation_oid, qualified)
+                if misbound is not None:
+                    raise SinkError(misbound, table=qualified, end_lsn=txn.end_lsn)
                 done = job.done.get(path)
                 if done is None or txn.end_lsn > done:
                     per_path.setdefault(path, []).append(batch)
