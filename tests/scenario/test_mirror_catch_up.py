@@ -8,6 +8,7 @@ driver path takes over from that group), and a table that joined the publication
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -164,6 +165,33 @@ def test_changes_before_a_rename_whose_name_is_reused_reach_the_renamed_tables_d
         conn.execute("UPDATE items_old SET v = 'later' WHERE id < 10; UPDATE items SET w = -w")
         mirror(spark, config, once=True)
         _assert_equal(spark, conn, target, [("public", "items_old"), ("public", "items")])
+
+
+@pytest.mark.parametrize(("reader", "in_one_transaction"), [("auto", False), ("walsender", True)])
+def test_a_row_last_changed_before_a_column_rename_in_the_backlog_keeps_its_value(pg, spark, tmp_path, reader,
+                                                                                  in_one_transaction):
+    """A column renamed inside the backlog, with rows whose last change came before it. A range's fold sees
+    a column dropped and another added (only the driver's catalog proves a rename), and such a row came out
+    NULL in the renamed column (found by the schema walks, seed 5 at 150 steps). The survey now ends the
+    ranges at the rename: the driver path takes it and the rest."""
+    target = tmp_path / "delta"
+    config = _config(pg, target, "cr_pub", "driver", reader=reader, proto_version=2, streaming="on")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE cr (id int PRIMARY KEY, c5 numeric)")
+        conn.execute("INSERT INTO cr SELECT g, g FROM generate_series(1, 60) g")
+        conn.execute("CREATE PUBLICATION cr_pub FOR TABLE cr")
+        mirror(spark, config, once=True)
+        for i in range(1, 40):  # transactions of their own: ranges (of 37 messages) are cut between them
+            conn.execute("UPDATE cr SET c5 = c5 + 1000 WHERE id = %s", (i,))
+        with conn.transaction() if in_one_transaction else contextlib.nullcontext():
+            conn.execute("UPDATE cr SET c5 = -1 WHERE id = 12")  # its last change
+            conn.execute("ALTER TABLE cr RENAME COLUMN c5 TO r27")
+            conn.execute("UPDATE cr SET id = 112, r27 = -3 WHERE id = 13")
+        for i in range(16, 55):
+            conn.execute("UPDATE cr SET r27 = r27 + 1 WHERE id = %s", (i,))
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "cr")])
+        assert conn.execute("SELECT r27 FROM cr WHERE id = 12").fetchone() == (-1,)
 
 
 def test_a_column_with_a_default_added_inside_the_backlog_hands_over_to_the_driver_path(pg, spark, tmp_path,

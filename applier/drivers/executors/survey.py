@@ -169,7 +169,12 @@ def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool, lsn: int) -
         if (renamed or survey.oids_by_name.get(name, msg.oid) != msg.oid) and survey.identity_change_lsn is None:
             survey.identity_change_lsn = lsn
         survey.oids_by_name[name] = msg.oid
-        survey.catalog.update(msg)
+        version = survey.catalog.update(msg)
+        # A column renamed: executors see a column dropped and one added (only the driver's catalog proves
+        # a rename), and rows last changed before it would come out NULL in the new column. The driver
+        # path takes it, and everything after it.
+        if version.change is not None and version.change.renamed and survey.identity_change_lsn is None:
+            survey.identity_change_lsn = lsn
         survey.relations.add(name)
     elif isinstance(msg, Type):
         survey.catalog.update_type(msg)
