@@ -54,6 +54,16 @@ def _assert_equal(spark, conn, target: Path, tables: list[tuple[str, str]]) -> N
         assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
 
 
+def _sixty_rows_copied(spark, conn, config: MirrorConfig, table: str, columns: str, value: str,
+                       publication: str) -> None:
+    """``table (id int PRIMARY KEY, <columns>)`` with 60 rows (``value``, an expression of ``g``), published
+    by ``publication`` and copied by the mirror's first run."""
+    conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, {columns})")
+    conn.execute(f"INSERT INTO {table} SELECT g, {value} FROM generate_series(1, 60) g")
+    conn.execute(publication)
+    mirror(spark, config, once=True)
+
+
 def _executor_lines(lines: list[str], folds: str = "executors") -> list[str]:
     where = "on executors" if folds == "executors" else "on the driver"
     return [line for line in lines if line.startswith(f"catch-up {where}:")]
@@ -145,10 +155,8 @@ def test_changes_before_a_rename_whose_name_is_reused_reach_the_renamed_tables_d
     target = tmp_path / "delta"
     config = _config(pg, target, "reuse_pub", "driver", reader=reader, proto_version=2, streaming="on")
     with pg.connect() as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 60) g")
-        conn.execute("CREATE PUBLICATION reuse_pub FOR TABLES IN SCHEMA public")
-        mirror(spark, config, once=True)
+        _sixty_rows_copied(spark, conn, config, "items", "v text", "'v' || g",
+                           "CREATE PUBLICATION reuse_pub FOR TABLES IN SCHEMA public")
         for i in range(1, 61):  # transactions of their own: ranges (of 37 messages) are cut between them
             if i % 7 == 0:
                 conn.execute("DELETE FROM items WHERE id = %s", (i,))
@@ -177,10 +185,7 @@ def test_a_row_last_changed_before_a_column_rename_in_the_backlog_keeps_its_valu
     target = tmp_path / "delta"
     config = _config(pg, target, "cr_pub", "driver", reader=reader, proto_version=2, streaming="on")
     with pg.connect() as conn:
-        conn.execute("CREATE TABLE cr (id int PRIMARY KEY, c5 numeric)")
-        conn.execute("INSERT INTO cr SELECT g, g FROM generate_series(1, 60) g")
-        conn.execute("CREATE PUBLICATION cr_pub FOR TABLE cr")
-        mirror(spark, config, once=True)
+        _sixty_rows_copied(spark, conn, config, "cr", "c5 numeric", "g", "CREATE PUBLICATION cr_pub FOR TABLE cr")
         for i in range(1, 40):  # transactions of their own: ranges (of 37 messages) are cut between them
             conn.execute("UPDATE cr SET c5 = c5 + 1000 WHERE id = %s", (i,))
         with conn.transaction() if in_one_transaction else contextlib.nullcontext():
