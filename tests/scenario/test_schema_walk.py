@@ -105,7 +105,7 @@ def _run(spark, f: Follower, walk: SchemaWalk) -> None:
         f.runs += 1
         try:
             lines: list[str] = []
-            mirror(spark, f.config, once=True, progress=lambda line: lines.append(str(line)))
+            mirror(spark, f.config, once=True, progress=lines.append)
             if os.environ.get("APPLIER_WALK_VERBOSE"):
                 print("\n".join(lines))
             f.copy_reads += any("read from a temporary copy of slot" in line for line in lines)
