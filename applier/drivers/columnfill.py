@@ -145,10 +145,16 @@ class ColumnFills:
             done = self.applier.relation_version(oid, first[key].namespace, first[key].name)
             fills = [Fill(column, text, parse_lsn(before)) for column, (text, before)
                      in self._pending[key].items() if done is None or parse_lsn(before) > done]
-            fills = [f for f in fills if f.column in last.schema.column_names]  # dropped again: nothing to fill
+            # A column the group's newest schema lacks was dropped again (nothing to fill), unless the group
+            # ends before it exists: a restart may cut the stream so that a group ends before the ALTER
+            # (the fill was recorded, and written, by a run that was killed). The fill waits for the group
+            # that reaches it, whose _fill_delta fills every row written until then.
+            waiting = any(f.column not in last.schema.column_names and last.end_lsn <= f.before for f in fills)
+            fills = [f for f in fills if f.column in last.schema.column_names]
             if not fills:
-                del self._pending[key]
-                changed = True
+                if not waiting:
+                    del self._pending[key]
+                    changed = True
                 continue
             if self.config.apply.schema_changes == "stop":
                 continue  # the sink stops at this schema change; nothing is written before it
