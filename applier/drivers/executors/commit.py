@@ -76,7 +76,7 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
                     owners[path] = owner
             given[cut.index] = cut
             yield FoldJob(cut, settings, tables, dict(paths), dict(done), options_in_force(),
-                          owners=tuple(owners.items()))
+                          owners=dict(owners))
 
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)

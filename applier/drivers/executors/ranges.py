@@ -49,7 +49,7 @@ class FoldJob:
     storage: tuple[StorageOptions, ...] = ()
     #: table path -> the relation OID bound to it (applier.sink.identity): ranges are folded by name, and a
     #: name may lead to another relation's table (the fold then refuses it: ``misbound``)
-    owners: tuple[tuple[str, int], ...] = ()
+    owners: dict[str, int] = field(default_factory=dict)
 
     def misbound(self, path: str, oid: int, qualified: str) -> str | None:
         """Why relation ``oid``'s changes, described as ``qualified``, cannot be folded for ``path``, or None.
@@ -57,7 +57,7 @@ class FoldJob:
         from the catalog before the stream has described them (applier.drivers.tablesync): the changes
         from before the rename, under the old name, would meet the new table's copy position and be left
         out as applied. The driver path follows relations, not names."""
-        owner = dict(self.owners).get(path)
+        owner = self.owners.get(path)
         if owner is None or owner == oid:
             return None
         return (f"{qualified} (relation OID {oid}) is a name the mirror has given to relation {owner} since (a "

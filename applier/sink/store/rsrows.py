@@ -19,17 +19,20 @@ def reads_rows(table: Any) -> bool:
     """Whether delta-rs reads the rows of this opened ``deltalake.DeltaTable`` as Spark reads them (see
     ``DeltaRsStore.can_scan``); a commit that must read the target first (applier.sink.store.rsmerge)
     asks it too."""
-    protocol = table.protocol()
-    version = int(protocol.min_reader_version)
-    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= READER_FEATURES)
+    return _reads_within(table, READER_FEATURES)
 
 
 def scans_rows(table: Any) -> bool:
     """Whether ``DeltaRsStore.scan`` reads the rows of this opened ``deltalake.DeltaTable`` as Spark
     reads them: what ``reads_rows`` accepts, and deletion vectors (applied by DataFusion's scan)."""
+    return _reads_within(table, SCAN_FEATURES)
+
+
+def _reads_within(table: Any, features: set[str]) -> bool:
+    """The table's reader protocol asks for nothing beyond ``features``."""
     protocol = table.protocol()
     version = int(protocol.min_reader_version)
-    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= SCAN_FEATURES)
+    return version == 1 or (version == 3 and set(protocol.reader_features or ()) <= features)
 
 
 def spark_like(column: Any) -> list[Any]:
