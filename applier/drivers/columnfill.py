@@ -23,6 +23,15 @@ after a crash for as long as the table's applied version is below B (the stream 
 its old-schema changes are filled again from the saved record). Once a group commit at or past B
 exists, the record is dropped and nothing is filled again.
 
+A transaction applied in pieces (applier.loop) keeps the table's applied version below B until its last
+piece, while its pieces commit its own changes, values of ``c`` included. Filling again before each
+piece would set ``c`` back to the missing value in the rows the earlier pieces wrote (the everyday
+``ALTER TABLE ... ADD COLUMN c ... DEFAULT 0; UPDATE ... SET c = ...`` in one transaction, issue 77).
+So the fill records the ordinal of B's first change to the table that carries ``c`` before it writes,
+and is not made again once the table's piece marker for B has reached that ordinal: from then on the
+table holds changes made after the ALTER. Before that, the pieces it holds are changes made before the
+ALTER, which the fill is right to overwrite.
+
 Only a default PostgreSQL stored as a missing value is filled. A volatile default (``random()``,
 ``clock_timestamp()``), an identity or a generated column rewrote the table: no missing value, and
 the values exist only in the rewritten rows, so the table is copied again (``tablesync``). A column
@@ -65,6 +74,17 @@ class Fill:
     column: str
     text: str  # attmissingval as the type's output text: what a 't' column of the stream carries
     before: int
+    #: the ordinal of the first change of transaction ``before`` to the table that carries the column, once
+    #: a fill was made for a piece of it (None: not yet)
+    carried_from: int | None = None
+
+    def saved(self) -> list[str | int]:
+        return [self.text, format_lsn(self.before)] + ([] if self.carried_from is None else [self.carried_from])
+
+    @classmethod
+    def load(cls, column: str, saved: list[str | int]) -> Fill:
+        text, before, *rest = saved
+        return cls(column, str(text), parse_lsn(str(before)), int(rest[0]) if rest else None)
 
 
 def missing_values(conn: psycopg.Connection, oid: int, names: set[str]) -> dict[str, str]:
@@ -89,6 +109,18 @@ def first_carrying(transactions: GroupedTransactions, oid: int, column: str) -> 
     return None
 
 
+def first_carrying_ordinal(transactions: GroupedTransactions, oid: int, fill: Fill) -> int | None:
+    """The ordinal of the first change to relation ``oid`` of the fill's own transaction that carries its
+    column, in this group (None: the group holds none)."""
+    for end_lsn, batches in transactions:
+        if end_lsn != fill.before:
+            continue
+        for batch in batches:
+            if batch.relation_oid == oid and fill.column in batch.schema.column_names and batch.changes:
+                return min(c.ordinal for c in batch.changes)
+    return None
+
+
 class ColumnFills:
     """The fills not yet behind a group commit, kept in the state (``filled_columns``), by relation OID:
     a group may rename the table, or give its name to another one, between the fill's changes (a state
@@ -102,13 +134,13 @@ class ColumnFills:
         self.state = state
         self.progress = progress
         saved = state.load(STATE_KEY) or {}
-        self._pending: dict[str, dict[str, list[str]]] = {table: dict(cols) for table, cols in saved.items()}
+        self._pending: dict[str, dict[str, list[str | int]]] = {table: dict(cols) for table, cols in saved.items()}
 
     def record(self, oid: int, fills: Sequence[Fill]) -> None:
         """Save ``fills`` for relation ``oid`` before anything is written for them."""
         entry = self._pending.setdefault(str(oid), {})
         for fill in fills:
-            entry[fill.column] = [fill.text, format_lsn(fill.before)]
+            entry[fill.column] = fill.saved()
         self.state.save(STATE_KEY, self._pending)
 
     def forget(self, oid: int, qualified: str) -> None:
@@ -143,8 +175,8 @@ class ColumnFills:
         for key, last in newest.items():
             oid = last.relation_oid
             done = self.applier.relation_version(oid, first[key].namespace, first[key].name)
-            fills = [Fill(column, text, parse_lsn(before)) for column, (text, before)
-                     in self._pending[key].items() if done is None or parse_lsn(before) > done]
+            fills = [fill for fill in (Fill.load(column, saved) for column, saved in self._pending[key].items())
+                     if done is None or fill.before > done]
             # A column the group's newest schema lacks was dropped again (nothing to fill), unless the group
             # ends before it exists: a restart may cut the stream so that a group ends before the ALTER
             # (the fill was recorded, and written, by a run that was killed). The fill waits for the group
@@ -159,10 +191,36 @@ class ColumnFills:
             if self.config.apply.schema_changes == "stop":
                 continue  # the sink stops at this schema change; nothing is written before it
             values = {f.column: self._value(last.schema, f) for f in fills}
-            self._fill_delta(first[key], last, values)
+            todo = self._not_in_pieces(key, first[key], fills, transactions)
+            if todo:
+                self._fill_delta(first[key], last, {f.column: values[f.column] for f in todo})
             _rewrite_batches(transactions, oid, fills, values, last.schema)
         if changed:
             self.state.save(STATE_KEY, self._pending)
+
+    def _not_in_pieces(self, key: str, first: TableBatch, fills: list[Fill],
+                       transactions: GroupedTransactions) -> list[Fill]:
+        """Of ``fills``, those the Delta table still needs: all but the ones whose transaction is applied
+        in pieces and whose table has committed a piece holding a change made after the ALTER (see the
+        module docstring). For a fill made for a piece, where its transaction's changes start to carry the
+        column is saved first (a crash between the fill and the piece's commit fills again)."""
+        out: list[Fill] = []
+        noted = False
+        for fill in fills:
+            if fill.before not in self.applier.pieced_ends:
+                out.append(fill)
+                continue
+            mark = self.applier.piece_mark(first.relation_oid, first.namespace, first.name, fill.before)
+            if fill.carried_from is not None and mark is not None and mark >= fill.carried_from:
+                continue
+            carried = first_carrying_ordinal(transactions, first.relation_oid, fill)
+            if carried is not None and carried != fill.carried_from:
+                self._pending[key][fill.column] = replace(fill, carried_from=carried).saved()
+                noted = True
+            out.append(fill)
+        if noted:
+            self.state.save(STATE_KEY, self._pending)
+        return out
 
     def _value(self, schema: SchemaVersion, fill: Fill) -> object:
         """The missing value through the stream's own value conversion (and special-value policy)."""

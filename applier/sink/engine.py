@@ -551,6 +551,16 @@ class DeltaApplier:
         where = self.relation_table(oid, namespace, name)
         return None if where is None else self._applied_version(*where)
 
+    def piece_mark(self, oid: int, namespace: str, name: str, end_lsn: int) -> int | None:
+        """The ordinal of the last change of the transaction ending at ``end_lsn`` that relation ``oid``'s
+        Delta table has committed in pieces (its piece marker; see ``apply_group``), or None: none of that
+        transaction's changes are in the table yet. Read from the table's log, not from what this run
+        remembers: a run after a crash meets the marks of the one before."""
+        where = self.relation_table(oid, namespace, name)
+        if where is None or end_lsn not in self.pieced_ends or not self._exists(where[0]):
+            return None
+        return self.stores.reader(where[0]).applied_version(where[0], piece_app_id(app_id_for(where[1]), end_lsn))
+
     def snapshot_version(self, namespace: str, name: str) -> int | None:
         """The applied version a finished copy (or a later commit) recorded on the table; None when the
         table has none (never copied, or a copy that did not finish)."""
