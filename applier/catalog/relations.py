@@ -8,9 +8,9 @@ says what changed so the sink can evolve the target table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from applier.errors import CatalogError
 from applier.protocol.messages import Relation, RelationColumn, Type
@@ -111,9 +111,24 @@ def rename_candidates(old: Sequence[str], new: Sequence[str]) -> dict[str, tuple
             if any(s == slot for s in new_slots.values())}
 
 
-#: Decides which columns a Relation renamed: (relation OID, schema.table, columns gone, columns new,
-#: rename candidates) -> {old: new}; raises (exit 4) when it cannot tell (applier.sink.identity).
-ColumnsChanged = Callable[[int, str, tuple[str, ...], tuple[str, ...], dict[str, tuple[str, ...]]], dict[str, str]]
+class ColumnsChanged(Protocol):
+    """Decides which columns a Relation renamed: (relation OID, schema.table, columns gone, columns new,
+    rename candidates) -> {old: new} (applier.sink.identity). Also told of every other Relation of a
+    relation seen before, with nothing gone or new, its ``columns`` and whether they are ``same`` as the
+    current version's: a column dropped and added again under its name, or names swapped, looks like
+    nothing or a new order in the stream, and only the catalog's attnums tell."""
+
+    def __call__(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
+                 candidates: dict[str, tuple[str, ...]], *, columns: tuple[str, ...] = (),
+                 same: bool = False) -> dict[str, str]: ...
+
+
+def _qualified(rel: Relation) -> str:
+    return f"{rel.namespace or 'pg_catalog'}.{rel.name}"
+
+
+def _names(rel: Relation) -> tuple[str, ...]:
+    return tuple(c.name for c in rel.columns)
 
 
 def _same_shape(a: Relation, b: Relation) -> bool:
@@ -157,6 +172,8 @@ class RelationCache:
     def update(self, rel: Relation) -> SchemaVersion:
         current = self._current.get(rel.oid)
         if current is not None and _same_shape(current.relation, rel):
+            if self.columns_changed is not None:
+                self.columns_changed(rel.oid, _qualified(rel), (), (), {}, columns=_names(rel), same=True)
             return current
         keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
         if current is None:
@@ -165,11 +182,13 @@ class RelationCache:
             self._next_column_id[rel.oid] = len(ids) + 1
         else:
             change = _diff(current.relation, rel)
+            if not change.dropped and self.columns_changed is not None:
+                self.columns_changed(rel.oid, _qualified(rel), (), (), {}, columns=_names(rel))
             if change.dropped and self.columns_changed is not None:
                 old = tuple(c.name for c in current.relation.columns)
                 candidates = rename_candidates(old, tuple(c.name for c in rel.columns))
-                renamed = self.columns_changed(rel.oid, f"{rel.namespace or 'pg_catalog'}.{rel.name}", change.dropped,
-                                               change.added, candidates)
+                renamed = self.columns_changed(rel.oid, _qualified(rel), change.dropped, change.added, candidates,
+                                               columns=_names(rel))
                 if renamed:
                     change = SchemaChange(tuple(n for n in change.added if n not in renamed.values()),
                                           tuple(n for n in change.dropped if n not in renamed), change.retyped,

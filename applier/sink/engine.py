@@ -43,7 +43,7 @@ from applier.sink.fold import (
     table_spec,
 )
 from applier.sink.idempotence import carry_applied_version
-from applier.sink.identity import Mover, TableIdentities
+from applier.sink.identity import ColumnIdentityError, Mover, TableIdentities
 from applier.sink.parallel import SessionPool
 from applier.sink.plan import TablePlan
 from applier.sink.schema import create_table, ensure_table, table_options
@@ -275,6 +275,8 @@ class DeltaApplier:
         todo = [(lsn, b) for lsn, b in parts if applied_to is None or lsn > applied_to]
         if self.pieced_ends and todo:
             todo = self._past_pieces(path, spec.source_name, todo)
+        if todo:
+            self._check_columns(path, spec.source_name, last_batch.relation_oid, group_end)
         if self._dry_run is None and self.derived.kinds(spec.source_name):
             if todo:  # the mirror table's evolution first: its column renames reach its derived tables
                 self._ensure(path, spec, last_batch.schema)
@@ -290,6 +292,7 @@ class DeltaApplier:
             return False
         if self._dry_run is None:
             self._ensure(path, spec, last_batch.schema)
+            self._check_columns(path, spec.source_name, last_batch.relation_oid, group_end)  # as the catalog is now
         for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
             self._commit_run(path, spec, run, last_batch.schema)
         todo = runs[-1]
@@ -315,6 +318,17 @@ class DeltaApplier:
         commits.append(PlannedCommit(path, spec, plan, description, tag))
         oid_of[spec.source_name] = last_batch.relation_oid
         return True
+
+    def _check_columns(self, path: str, source_name: str, oid: int, group_end: int) -> None:
+        """ColumnIdentityError when the identity map found that relation ``oid``'s columns are no longer
+        the ones its Delta table holds (TableIdentities.recopy_reason): raised before any row is written."""
+        if self.identities is None or (why := self.identities.recopy_reason(oid)) is None:
+            return
+        raise ColumnIdentityError(
+            f"{source_name} (relation OID {oid}): {why}; no row of it was written to its Delta table at {path}. "
+            f"To go on: copy the table again (`applier resync --config FILE --table {source_name}`, or by its "
+            "relation OID; or set apply.schema_changes: resync to do this by itself)", table=source_name,
+            relation_oid=oid, end_lsn=format_lsn(group_end))
 
     def _past_pieces(self, path: str, source_name: str,
                      todo: list[tuple[int, TableBatch]]) -> list[tuple[int, TableBatch]]:
@@ -397,6 +411,8 @@ class DeltaApplier:
             holder = self.identities.holder_of(table.path)
             if holder is not None and holder.oid != oid:
                 return f"{name} is a new relation where relation {holder.oid} was (a reused name)"
+            if self.identities.recopy_reason(oid) is not None:
+                return f"{name} must be copied again (its columns are not the ones its Delta table holds)"
         return None
 
     def _run_commits(self, commits: list[PlannedCommit], group_end: int, transactions: int,

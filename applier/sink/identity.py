@@ -62,6 +62,13 @@ class UnprovenRenameError(IdentityError, ResyncNeededError):
     ``apply.schema_changes: resync``) goes on; ``table`` is the source's ``schema.table``."""
 
 
+class ColumnIdentityError(IdentityError, ResyncNeededError):
+    """A column of the table is no longer the column of that name the Delta table holds (dropped and added
+    again under the same name, or names swapped): the live catalog's attnums say so, but not where in the
+    stream it happened, so the table is copied again (raised when its changes are applied, as
+    UnprovenRenameError is)."""
+
+
 class CatalogLookup(Protocol):
     """The source catalog, asked when a name alone cannot say which table is which: the live one, or
     what ``applier capture`` recorded of it (either may raise NotRecorded: no answer)."""
@@ -71,6 +78,9 @@ class CatalogLookup(Protocol):
 
     def attnums(self, oid: int) -> dict[str, int]:
         """Column name -> attnum of relation ``oid``'s live columns now (empty when it is gone)."""
+
+    def dropped_attnums(self, oid: int) -> set[int]:
+        """The attnums of relation ``oid``'s dropped columns (PostgreSQL keeps them in pg_attribute)."""
 
 
 @dataclass
@@ -412,21 +422,49 @@ class TableIdentities:
     def observe(self, oid: int, columns: tuple[str, ...]) -> None:
         """Record relation ``oid``'s attnums when the live catalog has exactly ``columns`` (the stream's
         current Relation): then no DDL is pending between the two and the names are the same columns."""
-        if self.lookup is None or oid not in self._bound:
+        entry = self._bound.get(oid)
+        if self.lookup is None or entry is None:
             return
         try:
             now = self.lookup.attnums(oid)
         except NotRecorded:
             return
-        if set(now) == set(columns):
-            self.record_attnums(oid, now)
+        if set(now) != set(columns):
+            return
+        table = entry.name
+        if self._moved_columns(entry, table, now, columns, False):
+            return  # never recorded as the baseline: the next Relation would look as if nothing happened
+        known = set(entry.attnums.values()) | set(entry.former.values())
+        if known and any(n not in entry.attnums for n in now):
+            # Columns added since the baseline take their attnums from the catalog now; when a column newer
+            # than every recorded one has been dropped since, an added name may have been dropped and added
+            # again after the change that added it, and the catalog's attnum for it is not that column's.
+            try:
+                dropped = self.lookup.dropped_attnums(oid)
+            except NotRecorded:
+                dropped = set()
+            late = sorted(d for d in dropped if d > max(known))
+            if late:
+                self.needs_copy(oid, table, f"a column of {table} added since the mirror last recorded its columns "
+                                "was dropped again (attnum " + ", ".join(map(str, late)) + "), so the catalog cannot "
+                                "say which column each new name is")
+                return
+        self.record_attnums(oid, now)
 
     def columns_changed(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
-                        candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
+                        candidates: dict[str, tuple[str, ...]], *, columns: tuple[str, ...] = (),
+                        same: bool = False) -> dict[str, str]:
         """A Relation of ``oid`` lost the columns ``gone`` and gained ``new`` (catalog.RelationCache):
         which were renamed, proven by equal attnums where the column order leaves a doubt
         (``candidates``), noted for the sink (``renames_for``); raises IdentityError when it cannot be
-        told. Called as the stream is decoded, so the note is there before the sink evolves the table."""
+        told. Called as the stream is decoded, so the note is there before the sink evolves the table.
+
+        Called with nothing gone and nothing new for every other Relation of a relation seen before (one
+        re-sent as it was, or with its columns in another order): the columns that kept their names are
+        checked against their recorded attnums (``_check_identity``)."""
+        if not gone and not new:
+            self._check_identity(oid, table, columns, same)
+            return {}
         renamed: dict[str, str] = {}
         undecided: dict[str, str] = {}
         if candidates:
@@ -437,7 +475,64 @@ class TableIdentities:
         if undecided:  # told to the sink, which stops only if it applies changes past this point
             log_.setdefault("undecided", {}).update(undecided)
         self._save()
+        if columns and not undecided:  # a kept name may have been given to another column meanwhile
+            self._check_identity(oid, table, columns, False)
         return renamed
+
+    def _check_identity(self, oid: int, table: str, columns: tuple[str, ...], same: bool) -> None:
+        """Every column the catalog has under a name the relation's recorded columns had must have the
+        attnum recorded for it: one that has another is another column (the recorded one was dropped, or
+        renamed away, and the name given to a new column or to another renamed one). The Delta table
+        holds the old column's values under that name; the stream never says when the name moved (a
+        Relation re-sent with the same names and types looks as it did), so the table must be copied
+        again (``recopy_reason``). ``columns``: the Relation's; ``same``: as the current version's."""
+        entry = self._bound.get(oid)
+        if entry is None or entry.retired or not entry.attnums or self.lookup is None:
+            return
+        try:
+            now = self.lookup.attnums(oid)
+        except NotRecorded:
+            return
+        self._moved_columns(entry, table, now, columns, same)
+
+    def _moved_columns(self, entry: Bound, table: str, now: dict[str, int], columns: tuple[str, ...],
+                       same: bool) -> bool:
+        """Flag ``entry``'s table for a copy when a column of ``now`` has a recorded name but another attnum
+        (see ``_check_identity``); True when it did. A name whose recorded column is still there under a
+        name the Relation does not show yet (or under any name, when the Relation is the current version
+        re-sent) waits: that column is renamed later in the stream, which will show the rename, and the
+        name's new column after it."""
+        by_attnum = {a: n for n, a in now.items()}
+
+        def renamed_later(name: str) -> bool:
+            other = by_attnum.get(entry.attnums[name])
+            return other is not None and other != name and (same or other not in columns)
+
+        moved = sorted(n for n, a in now.items()
+                       if n in entry.attnums and entry.attnums[n] != a and not renamed_later(n))
+        if not moved:
+            return False
+        self.needs_copy(entry.oid, table, f"column(s) {', '.join(moved)} of {table} are not the columns of that name "
+                        "the Delta table holds (the catalog gives them other attnums: dropped and added again under "
+                        "the same name, or names swapped by renames), and the stream does not say at which change "
+                        "that happened")
+        return True
+
+    def needs_copy(self, oid: int, table: str, why: str) -> None:
+        """Note that relation ``oid``'s Delta table must be copied again before any more of its changes are
+        applied (``recopy_reason``), for ``why``; ``copied_anew`` clears it."""
+        log_ = self._columns.setdefault(oid, {"renamed": {}, "dropped": []})
+        if log_.get("recopy") == why:
+            return
+        log.warning("%s (relation OID %d): %s; its Delta table will be copied again", table, oid, why)
+        log_["recopy"] = why
+        self._save()
+
+    def recopy_reason(self, oid: int) -> str | None:
+        """Why relation ``oid``'s Delta table must be copied again before more of its changes are applied
+        (see ``needs_copy``), or None."""
+        log_ = self._columns.get(oid)
+        return None if log_ is None else log_.get("recopy")
 
     def _prove_renames(self, oid: int, table: str,
                        candidates: dict[str, tuple[str, ...]]) -> tuple[dict[str, str], dict[str, str]]:

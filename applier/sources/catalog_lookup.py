@@ -4,8 +4,9 @@ The sink binds each source relation to its Delta table by OID (applier.sink.iden
 relation takes a name another one had, or a column disappears while another appears, it asks here
 what the older relation or column is now:
 
-- ``LiveCatalog``: the live catalog (``mirror``). One short connection per question: these are schema
-  events, rare next to row changes.
+- ``LiveCatalog``: the live catalog (``mirror``). One connection, opened at the first question and kept
+  (opened again after a failure): every Relation message of a run asks whether its columns are still
+  the columns they were (``attnums``), and a run may read hundreds of them at its start.
 - ``RecordedCatalog``: what ``applier capture`` read of the live catalog as it stored each Relation
   message (a ``CatalogNote`` in the log's ``catalog`` column), answered in log order (``replay``). It
   answers only what was recorded: any other question raises NotRecorded, which the sink treats as no
@@ -15,9 +16,10 @@ what the older relation or column is now:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -27,6 +29,7 @@ from applier.errors import NotRecorded, SourceError
 NOTE_VERSION = 1
 
 Name = tuple[str, str]
+T = TypeVar("T")
 
 
 class LiveCatalog:
@@ -34,16 +37,43 @@ class LiveCatalog:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()  # the catch-up's survey may ask from a thread of its own
+
+    def _ask(self, query: Callable[[psycopg.Connection], T]) -> T:
+        with self._lock:
+            for attempt in (1, 2):
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self.dsn, autocommit=True)
+                try:
+                    return query(self._conn)
+                except psycopg.OperationalError:  # a connection the server closed since: once more, anew
+                    self._conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def relation(self, oid: int) -> tuple[str, str] | None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
-                               "c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
+        row = self._ask(lambda conn: conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = %s", (oid,)).fetchone())
         return (str(row[0]), str(row[1])) if row is not None else None
 
     def attnums(self, oid: int) -> dict[str, int]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            return column_attnums(conn, oid)
+        return self._ask(lambda conn: column_attnums(conn, oid))
+
+    def dropped_attnums(self, oid: int) -> set[int]:
+        rows = self._ask(lambda conn: conn.execute(
+            "SELECT attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND attisdropped",
+            (oid,)).fetchall())
+        return {int(r[0]) for r in rows}
 
 
 def column_attnums(conn: psycopg.Connection, oid: int) -> dict[str, int]:
@@ -128,6 +158,9 @@ class RecordedCatalog:
         if found is None:
             raise NotRecorded(oid)
         return dict(found)
+
+    def dropped_attnums(self, oid: int) -> set[int]:
+        raise NotRecorded(oid)  # a capture records no dropped columns
 
 
 class CatalogRecorder:

@@ -88,3 +88,55 @@ def test_a_backfill_in_pieces_killed_and_restarted_ends_equal(pg, spark, tmp_pat
         mirror(spark, config, once=True)
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "bfk")], "bfk_pub")
 
+
+def _resync(spark, config: MirrorConfig, table: str) -> None:
+    from applier.drivers.resync_mirror import resync
+
+    resync(spark, config, [table])
+
+
+@pytest.mark.parametrize("schema_changes", ["evolve", "resync"])
+@pytest.mark.parametrize("case", ["swap", "drop_add", "drop_add_in_run", "drop_rename"])
+def test_a_name_given_to_another_column_is_never_applied_as_the_old_column(pg, spark, tmp_path, case,
+                                                                           schema_changes):
+    """Case 2: a column is known by its attnum, not its name. Names swapped by three renames in one
+    transaction, or a column dropped and added again under its name (between runs, or within one run
+    after the mirror recorded the column), or a column dropped and another renamed to its name: the stream
+    shows the same names (or a new order) and the Delta table kept the old columns' values under them,
+    exit 0. Now the mirror stops before writing the table (exit 4, resync remedy), or copies it again by
+    itself under ``apply.schema_changes: resync``, and ends equal."""
+    from applier.sink.identity import ColumnIdentityError
+
+    config = _config(pg, tmp_path, "sw", schema_changes=schema_changes)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE sw (id int PRIMARY KEY, a int, b int, c text)")
+        conn.execute("INSERT INTO sw SELECT g, g, -g, 'c' || g FROM generate_series(1, 10) g")
+        conn.execute("CREATE PUBLICATION sw_pub FOR TABLE sw")
+        mirror(spark, config, once=True)
+        if case == "swap":
+            with conn.transaction():
+                conn.execute("ALTER TABLE sw RENAME COLUMN a TO tmp")
+                conn.execute("ALTER TABLE sw RENAME COLUMN b TO a")
+                conn.execute("ALTER TABLE sw RENAME COLUMN tmp TO b")
+        elif case == "drop_add_in_run":
+            conn.execute("ALTER TABLE sw ADD COLUMN d int")  # a version the run applies, then records
+            conn.execute("UPDATE sw SET d = id WHERE id <= 5")
+            conn.execute("ALTER TABLE sw DROP COLUMN d")
+            conn.execute("ALTER TABLE sw ADD COLUMN d int")
+        elif case == "drop_rename":
+            conn.execute("ALTER TABLE sw DROP COLUMN a")
+            conn.execute("ALTER TABLE sw RENAME COLUMN b TO a")
+        else:  # the last column: the stream's Relation is the same as before
+            conn.execute("ALTER TABLE sw DROP COLUMN c")
+            conn.execute("ALTER TABLE sw ADD COLUMN c text")
+        conn.execute("UPDATE sw SET a = -a WHERE id = 1")
+        if schema_changes == "evolve":
+            with pytest.raises(ColumnIdentityError) as stop:
+                mirror(spark, config, once=True)
+            assert "applier resync --config FILE --table public.sw" in str(stop.value), stop.value
+            _resync(spark, config, "public.sw")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "sw")], "sw_pub")
+        conn.execute("UPDATE sw SET a = 0, c = 'v' WHERE id = 2")
+        mirror(spark, config, once=True)  # no stop again: the copy is the new baseline
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "sw")], "sw_pub")

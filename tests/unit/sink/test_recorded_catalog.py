@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from applier.catalog.relations import rename_candidates
+from applier.catalog.relations import RelationCache, rename_candidates
 from applier.config import TablesSettings
+from applier.protocol.messages import Relation, RelationColumn
 from applier.sink.identity import IdentityError, TableIdentities
 from applier.sink.targets import TableTargets
 from applier.sources.catalog_lookup import CatalogNote, RecordedCatalog
@@ -73,3 +74,61 @@ def test_a_column_rename_is_proven_against_the_notes_in_log_order(tmp_path: Path
     assert ids.columns_changed(1, "public.t", ("c",), ("e",), {"c": ("e",)}) == {}
     with pytest.raises(IdentityError, match="no catalog to ask"):
         ids.renames_for(1, "public.t", ("c",), ("e",), {"c": ("e",)})
+
+
+def _relation(*names: str) -> Relation:
+    return Relation(None, 1, "public", "t", "d", tuple(RelationColumn(1 if n == "id" else 0, n, 23, -1) for n in names))
+
+
+def _followed(tmp_path: Path, attnums: dict[str, int]) -> tuple[TableIdentities, RecordedCatalog, RelationCache]:
+    """Relation 1 (public.t) bound, its columns recorded as ``attnums``, and a RelationCache telling the map."""
+    recorded = RecordedCatalog()
+    ids, _moves = _identities(tmp_path, recorded)
+    recorded.record(CatalogNote(1, ("public", "t"), tuple(attnums), ("public", "t"), attnums))
+    _bind(ids, 1, "public", "t")
+    ids.record_attnums(1, attnums)
+    cache = RelationCache(columns_changed=ids.columns_changed)
+    cache.update(_relation(*attnums))
+    return ids, recorded, cache
+
+
+def test_a_column_dropped_and_added_again_under_its_name_needs_a_copy_though_the_relation_looks_the_same(
+        tmp_path: Path) -> None:
+    """Issue 77, case 2b: the stream's Relation after ``DROP COLUMN c; ADD COLUMN c`` is the one before;
+    only the catalog's attnum for c tells that the column is another one."""
+    ids, recorded, cache = _followed(tmp_path, {"id": 1, "a": 2, "c": 3})
+    cache.update(_relation("id", "a", "c"))  # re-sent as it was
+    assert ids.recopy_reason(1) is None
+    recorded.record(CatalogNote(1, ("public", "t"), ("id", "a", "c"), ("public", "t"), {"id": 1, "a": 2, "c": 4}))
+    version = cache.update(_relation("id", "a", "c"))
+    assert version.version == 1  # nothing in the stream says so
+    reason = ids.recopy_reason(1)
+    assert reason is not None and "column(s) c of public.t" in reason
+    ids.copied_anew(1)  # a resync: the copy is the new baseline
+    assert ids.recopy_reason(1) is None and ids.bound(1).attnums == {"id": 1, "a": 2, "c": 4}  # type: ignore[union-attr]
+
+
+def test_names_swapped_wait_for_the_relation_that_shows_them_and_a_rename_then_an_add_needs_no_copy(
+        tmp_path: Path) -> None:
+    """A Relation re-sent before the swap (its names as they were) does not flag the table: the swap is
+    later in the stream. The Relation with the swapped order does. A rename and an add of the old name
+    that the stream shows apart are applied as what they are, with no copy."""
+    ids, recorded, cache = _followed(tmp_path, {"id": 1, "a": 2, "b": 3})
+    recorded.record(CatalogNote(1, ("public", "t"), ("id", "b", "a"), ("public", "t"), {"id": 1, "b": 2, "a": 3}))
+    cache.update(_relation("id", "a", "b"))
+    assert ids.recopy_reason(1) is None
+    cache.update(_relation("id", "b", "a"))
+    assert ids.recopy_reason(1) is not None
+
+    other = tmp_path / "other"
+    ids, recorded, cache = _followed(other, {"id": 1, "a": 2})
+    recorded.record(CatalogNote(1, ("public", "t"), ("id", "b", "a"), ("public", "t"), {"id": 1, "b": 2, "a": 3}))
+    cache.update(_relation("id", "a"))  # before the rename
+    assert cache.update(_relation("id", "b")).change.renamed == (("a", "b"),)  # type: ignore[union-attr]
+    cache.update(_relation("id", "b", "a"))  # the add
+    assert ids.recopy_reason(1) is None
+    # both at once, in one Relation: the name a is another column, and the stream cannot say since when
+    ids, recorded, cache = _followed(tmp_path / "third", {"id": 1, "a": 2})
+    recorded.record(CatalogNote(1, ("public", "t"), ("id", "b", "a"), ("public", "t"), {"id": 1, "b": 2, "a": 3}))
+    cache.update(_relation("id", "b", "a"))
+    assert ids.recopy_reason(1) is not None
