@@ -54,7 +54,7 @@ def postgres_column_name(delta_name: str) -> str:
 #: Directory names a schema or table must not take as they are: ``_delta_log`` would make the
 #: directory above it look like a Delta table (every later run fails on it), and the default state
 #: directory ``_applier`` (its ``spill``, ``prepared``, ``skipped_transactions``) sits beside the
-#: schema directories. Such a name is stored with its leading underscore escaped (``%5F``), which
+#: schema directories. Such a name is stored with its leading underscore escaped (``%u5F``), which
 #: no other name produces because every literal ``%`` is escaped too.
 RESERVED_SCHEMA_DIRS = frozenset({"_applier", "_delta_log", "_history", "_changes", "_retired"})
 #: where the Delta table of a source table that was dropped while its name went to a new table is kept
@@ -64,10 +64,36 @@ RETIRED_DIR = "_retired"
 HISTORY_DIR, CHANGES_DIR = "_history", "_changes"
 RESERVED_TABLE_DIRS = frozenset({"_delta_log"})
 
+#: What a directory name never holds as it is: '/' (a separator), a backslash (delta-rs reads a local
+#: path as a file: URL, where a backslash is a separator too), control characters (delta-rs refuses
+#: them in any path: "illegal character sequence") and '%', the escape itself.
+_ESCAPED_IN_PATHS = re.compile(r"[%/\\\x00-\x1f\x7f]")
+#: ``%u`` and two hex digits (what :func:`_path_component` writes), or ``%`` and two hex digits (what
+#: releases before it wrote: a directory they made still decodes to its name)
+_PATH_ESCAPE = re.compile(r"%u([0-9A-Fa-f]{2})|(?:%[0-9A-Fa-f]{2})+")
+
 
 def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
-    """A schema or table name as one path component: kept exactly, except '/' and NUL which cannot
-    be, '.' and '..', and the reserved names above. :func:`decode_path_component` undoes it."""
+    """A schema or table name as one path component: kept exactly, except '/', backslash, control
+    characters and '%' (each written ``%u`` and its two hex digits: ``a/b`` -> ``a%u2Fb``, ``100%`` ->
+    ``100%u25``, a newline -> ``%u0A``), '.' and '..' (``%u2E``, ``%u2E.``) and the reserved names above
+    (``%u5Fapplier``). :func:`decode_path_component` undoes it.
+
+    Why ``%u`` and not the URL escape ``%XX``: delta-rs (and Polars, which reads through it) percent-decodes
+    a local path before it reads the table's log, so ``DeltaTable("T/%2E./%2E.")`` read the log of
+    ``T/../..``, ``T/%5Fapplier/cuts`` applier's own cuts table, and ``T/s/%252E.`` the table ``..``'s
+    ``T/s/%2E.``: another table's version, schema and history, without an error. ``%u`` followed by hex
+    digits is no percent escape: no reader decodes it, and the names this writes hold no other '%'
+    (docs/delta-tables.md, "Directory names")."""
+    if name in (".", ".."):
+        return "%u2E" + name[1:]
+    out = _ESCAPED_IN_PATHS.sub(lambda m: f"%u{ord(m.group()):02X}", name)
+    return "%u5F" + out[1:] if name in reserved else out
+
+
+def _legacy_path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
+    """How releases before the ``%u`` escape wrote a name (URL escapes, see :func:`_path_component`):
+    a target they wrote keeps its tables there, and :func:`table_location` still finds them."""
     if name in (".", ".."):
         return f"%2E{name[1:]}"
     out = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
@@ -75,31 +101,42 @@ def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -
 
 
 def decode_path_component(component: str) -> str:
-    """The schema or table name a directory name stands for (the inverse of the escaping above)."""
+    """The schema or table name a directory name stands for (the inverse of :func:`_path_component`,
+    and of the URL escapes of earlier releases)."""
     from urllib.parse import unquote
 
-    return unquote(component)
+    return _PATH_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if m.group(1) else unquote(m.group()), component)
 
 
 def table_location(target_dir: str | Path, namespace: str, table: str) -> str:
     """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends ''),
     except the escapes of :func:`_path_component`; a URI target (``s3://...``) joined as a URI.
 
-    On an object store a name that needs an escape (``%``, ``/``, ``.``/``..``, a reserved name) is
-    refused: delta-rs reads ``%XX`` in a URI as the character it encodes and Hadoop's S3A does not,
-    so the two engines would write the same table at two different keys."""
-    schema_dir = _path_component(namespace or "pg_catalog", RESERVED_SCHEMA_DIRS)
-    table_dir = _path_component(table)
+    A local table an earlier release wrote under its URL-escaped name (``%2E.``, ``%5Fapplier``,
+    ``100%25``) is found there: the mirror, ``status`` and ``verify`` go on with it where it is.
+
+    On an object store a name that needs an escape (``%``, ``/``, a backslash, a control character,
+    ``.``/``..``, a reserved name) is refused: delta-rs reads ``%XX`` in a URI as the character it
+    encodes and Hadoop's S3A does not, so the two engines would write the same table at two different
+    keys, and delta-rs cannot write a backslash or a control character there at all."""
+    schema = namespace or "pg_catalog"
+    schema_dir, table_dir = _path_component(schema, RESERVED_SCHEMA_DIRS), _path_component(table)
     if "%" in schema_dir + table_dir and is_object_store(target_dir):
         from applier.errors import ConfigError
 
         raise ConfigError(
-            f"{namespace}.{table}: its name needs an escape in a path (a '%', '/', '.' or '..', or a reserved "
-            f"name such as _delta_log), which object-store paths do not carry the same way in delta-rs and "
-            "Spark; nothing was written for it. Give the table a plain path of its own (tables.rules: "
-            f"- match: \"{namespace}.{table}\", target: \"{join(target_dir, 'some_plain_name')}\") or leave "
-            "it out (tables.exclude)", table=f"{namespace}.{table}", target=str(target_dir))
-    return join(target_dir, schema_dir, table_dir)
+            f"{namespace}.{table}: its name needs an escape in a path (a '%', '/', backslash or control "
+            "character, '.' or '..', or a reserved name such as _delta_log), which object-store paths do not "
+            "carry the same way in delta-rs and Spark; nothing was written for it. Give the table a plain path "
+            f"of its own (tables.rules: - match: \"{namespace}.{table}\", target: "
+            f"\"{join(target_dir, 'some_plain_name')}\") or leave it out (tables.exclude)",
+            table=f"{namespace}.{table}", target=str(target_dir))
+    path = join(target_dir, schema_dir, table_dir)
+    if "%" in schema_dir + table_dir and not is_object_store(target_dir):  # (no escape on a store ever was)
+        legacy = join(target_dir, _legacy_path_component(schema, RESERVED_SCHEMA_DIRS), _legacy_path_component(table))
+        if legacy != path and (Path(legacy) / "_delta_log").is_dir() and not (Path(path) / "_delta_log").is_dir():
+            return legacy
+    return path
 
 
 def sql_string_literal(value: str) -> str:

@@ -159,7 +159,7 @@ def test_hostile_names_meet_the_added_and_derived_tables(pg, spark, tmp_path):
         tables = [("_history", "public"), ("public", "h")]
         results = verify_against_postgres(spark, conn, str(tmp_path / "delta"), tables, config.tables)
         assert all(r.equal for r in results), [(r.source_name, r.only_in_source, r.only_in_target) for r in results]
-        assert (tmp_path / "delta" / "%5Fhistory" / "public" / "_delta_log").is_dir()
+        assert (tmp_path / "delta" / "%u5Fhistory" / "public" / "_delta_log").is_dir()
         versions = _rows(tmp_path / "delta" / "_history" / "public" / "h")
         assert {r["id"] for r in versions.values()} == {1, 2}
 

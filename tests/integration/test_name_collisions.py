@@ -71,10 +71,10 @@ def test_reserved_names_do_not_collide_and_every_later_run_works(pg, spark, tmp_
         # Nothing of the source landed in the state directory; the reserved names were escaped.
         state = target / "_applier"
         assert not any((state / n / "_delta_log").exists() for n in ("spill", "prepared", "skipped_transactions"))
-        assert (target / "%5Fapplier" / "spill" / "_delta_log").is_dir()
-        assert (target / "public" / "%5Fdelta_log" / "_delta_log").is_dir()
+        assert (target / "%u5Fapplier" / "spill" / "_delta_log").is_dir()
+        assert (target / "public" / "%u5Fdelta_log" / "_delta_log").is_dir()
         assert not (target / "public" / "_delta_log").exists()
-        assert table_location(target, "public", "..") == str(target / "public" / "%2E.")
+        assert table_location(target, "public", "..") == str(target / "public" / "%u2E.")
         assert sorted(source_name_of(d) for d in mirrored_table_dirs(target)) == sorted(TABLES)
 
         for result in verify_against_postgres(spark, conn, str(target), TABLES):

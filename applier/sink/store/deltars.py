@@ -4,9 +4,10 @@ This is the only module of applier that imports ``deltalake`` for target tables 
 ``sources/`` reads logs, not targets), and the only one that knows what delta-rs can do.
 
 Which paths: delta-rs treats a local path as a URL and decodes percent escapes in it (after checking
-that the literal path exists, and differently when it writes), so it cannot open a table whose local
-path holds ``%``: applier's escape for names such as ``..`` or a schema ``_applier`` (``%2E%2E``,
-``%5Fapplier``). Characters a URL may not hold unescaped (``[ ] ^ | \\``) make its writer panic
+that the literal path exists, and differently when it writes), so applier does not give it a local
+path that holds ``%``: applier's escape for names such as ``..`` or a schema ``_applier`` (``%u2E.``,
+``%u5Fapplier``; ``%2E.``, ``%5Fapplier`` in targets of earlier releases, which delta-rs decodes).
+Characters a URL may not hold unescaped (``[ ] ^ | \\``) make its writer panic
 ("Invalid object store url"), wherever they are in the path, the target directory's own name
 included. Those tables are read and written through Spark instead.
 
@@ -38,7 +39,9 @@ if TYPE_CHECKING:
     from applier.sink.plan import TablePlan
     from applier.sink.spec import Renames, RewritePolicy, SchemaEvolution, TableOptions, TableSpec
 
-_NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\")
+#: ... and control characters, which delta-rs refuses in any path ("illegal character sequence"): applier
+#: escapes them in names now, but a table bound to its path by an earlier release keeps it
+_NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\" + "".join(map(chr, range(0x20))) + "\x7f")
 
 #: writer features delta-rs writes (a table with any other takes the Spark path)
 _WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
