@@ -152,14 +152,21 @@ def _failed(args: argparse.Namespace, error: Exception) -> int:
 
 
 def _report(args: argparse.Namespace, message: str, *, detail: str | None = None) -> None:
-    """One line on stderr (a JSON object with --log-format json), secrets masked."""
+    """One line on stderr (a JSON object with --log-format json), secrets masked. In text, control
+    characters are escaped (applier.commands.logsetup.one_line) but for the line breaks of a config
+    error's list of problems (each indented by two spaces), and the traceback of ``detail`` is indented
+    under it: a name from the source that holds a newline cannot start a line that reads as a record
+    of the log."""
+    from applier.commands.logsetup import indented_traceback, one_line
+
     if getattr(args, "log_format", "text") == "json":
         log = logging.getLogger(f"applier.{args.command}")
         log.error("%s", message if detail is None else f"{message}\n{detail}")
         return
-    print(scrub(f"applier {args.command}: {message}"), file=sys.stderr, flush=True)
+    text = scrub(f"applier {args.command}: {message}")
+    print("\n  ".join(one_line(part) for part in text.split("\n  ")), file=sys.stderr, flush=True)
     if detail:
-        print(scrub(detail), file=sys.stderr, end="", flush=True)
+        print(indented_traceback(scrub(detail).rstrip("\n")), file=sys.stderr, flush=True)
 
 
 def _stdout_to_devnull() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any, TextIO
@@ -125,9 +126,10 @@ def bar_text(fields: dict[str, Any], width: int | None = None) -> str:
     from tqdm import tqdm
 
     in_bytes = fields.get("unit") == "bytes"
+    task = one_line(str(fields.get("task", "")))  # (a table's name, on the terminal's one line)
     return str(tqdm.format_meter(
         min(fields.get("done") or 0, fields["total"]), fields["total"], float(fields.get("elapsed_seconds") or 0.0),
-        ncols=width or min(shutil.get_terminal_size((100, 20)).columns, 120), prefix=str(fields.get("task", "")),
+        ncols=width or min(shutil.get_terminal_size((100, 20)).columns, 120), prefix=task,
         unit="B" if in_bytes else f" {fields.get('unit', 'it')}", unit_scale=in_bytes, unit_divisor=1024))
 
 
@@ -135,14 +137,40 @@ def _utc(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
+#: What a text line never holds as it is: C0 and C1 control characters, DEL, and the characters other
+#: programs break lines at (``str.splitlines`` does at all of these)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with each control character written as an escape (``\\n``, ``\\r``, ``\\t``, ``\\x1b``,
+    ``\\u2028``). Why: messages carry names the source chose (a table named ``x\\n2026-... ERROR ...: ...``),
+    and a raw newline in one would start a line that reads as a record of its own."""
+    return _CONTROL.sub(lambda m: _escape(m.group()), text)
+
+
+def indented_traceback(text: str) -> str:
+    """A traceback under the line of its record: every line indented by four spaces and escaped as
+    :func:`one_line`, so that none of it (an exception's message with a newline included) starts at
+    the left margin, where records start."""
+    return "\n".join("    " + one_line(line) for line in text.split("\n"))
+
+
 class TextFormatter(logging.Formatter):
-    """``2026-11-23T21:09:08.123Z INFO applier.mirror: message``."""
+    """``2026-11-23T21:09:08.123Z INFO applier.mirror: message``: one line per record, whatever the
+    message holds (:func:`one_line`); a traceback follows on lines of its own, indented."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = f"{_utc(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        text = one_line(scrub(f"{_utc(record)} {record.levelname} {record.name}: {record.getMessage()}"))
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        return scrub(text)
+            text += "\n" + indented_traceback(scrub(self.formatException(record.exc_info)))
+        return text
 
 
 class JsonFormatter(logging.Formatter):
