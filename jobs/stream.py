@@ -39,8 +39,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--once", action="store_true", help="process what is available now, then stop")
     p.add_argument("--interval", default="10 seconds", help="trigger interval when running continuously")
     p.add_argument("--metrics-port", type=int, metavar="PORT", default=None,
-                   help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (transactions, rows per table, "
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (transactions, rows per table, "
                         "batch apply time, lag seconds) and /healthz while the query runs; 0: a free port, logged")
+    p.add_argument("--metrics-host", metavar="HOST", default="127.0.0.1",
+                   help="the address the metrics server listens on (default 127.0.0.1, this machine only: the "
+                        "endpoints have no authentication; 0.0.0.0 opens them to every interface)")
     add_logging_arguments(p)  # -v, -q, --log-level, --log-format: the same as `applier`
     return p.parse_args(argv)
 
@@ -77,7 +80,8 @@ def run(spark, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     if getattr(args, "metrics_port", None) is not None:
         from applier.infra.metrics import serve_metrics
 
-        server = serve_metrics(args.metrics_port, "0.0.0.0", logging.getLogger("applier.stream").info)
+        server = serve_metrics(args.metrics_port, getattr(args, "metrics_host", "127.0.0.1"),
+                               logging.getLogger("applier.stream").info)
     query = build_query(spark, args, server.metrics if server is not None else None).start()
     try:
         if args.once:

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (messages stored, lag, the slot's WAL "
                    "state) and a health check at /healthz while capture runs (metrics.port)")
+    p.add_argument("--metrics-host", metavar="HOST",
+                   help="the address the metrics server listens on (metrics.host; default 127.0.0.1, this "
+                   "machine only: the endpoints have no authentication; 0.0.0.0 opens them to every interface)")
     p.set_defaults(func=run)
 
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         "source.slot": (args.slot, "--slot"),
         "log_path": (args.log, "--log"),
         "metrics.port": (args.metrics_port, "--metrics-port"),
+        "metrics.host": (args.metrics_host, "--metrics-host"),
     })
     check_writable_directory(cfg.log_path, "log_path (--log)")  # exit 2 before the server and Spark
     # The raw log's own lock file (a name starting with '_': Delta readers and the raw-log reader skip it)

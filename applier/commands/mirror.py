@@ -58,6 +58,9 @@ Flags override the config file (and APPLIER_* variables) and may supply what it 
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics and a health check at /healthz "
                    "(200 while the mirror makes progress or is caught up, 503 when stalled) (metrics.port)")
+    p.add_argument("--metrics-host", metavar="HOST",
+                   help="the address the metrics server listens on (metrics.host; default 127.0.0.1, this "
+                   "machine only: the endpoints have no authentication; 0.0.0.0 opens them to every interface)")
     add_skip_argument(p)
     p.set_defaults(func=run)
 
@@ -71,6 +74,7 @@ def config_from_args(args: argparse.Namespace) -> MirrorConfig:
         "source.read_mode": ("sql" if args.sql else None, "--sql"),
         "target.path": (args.target, "--target"),
         "metrics.port": (args.metrics_port, "--metrics-port"),
+        "metrics.host": (args.metrics_host, "--metrics-host"),
         "apply.skip_transactions+": (args.skip_transaction, "--skip-transaction"),
     })
     return cfg

@@ -162,7 +162,7 @@ class MirrorMetrics:
 class MetricsServer:
     """``/metrics`` and ``/healthz`` on ``port`` (0: a free one; ``port`` says which), on a daemon thread."""
 
-    def __init__(self, metrics: MirrorMetrics, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, metrics: MirrorMetrics, port: int, host: str = "127.0.0.1") -> None:
         from wsgiref.simple_server import WSGIRequestHandler, make_server
 
         class _Quiet(WSGIRequestHandler):
