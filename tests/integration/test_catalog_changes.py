@@ -62,6 +62,7 @@ def _cli_mirror(tmp_path: Path, config: MirrorConfig, crash_at: str) -> subproce
     apply = config.apply.model_dump(mode="json", exclude_unset=True)
     path.write_text(yaml.safe_dump({"source": {"slot": config.source.slot, "publication": config.source.publication},
                                     "target": {"path": config.target.path}, "apply": apply}))
+    assert config.source.dsn is not None
     env = {**os.environ, "APPLIER_DSN": config.source.dsn.get_secret_value(), "PYTHONPATH": str(REPO),
            "APPLIER_CRASH_AT": crash_at}
     return subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(path), "--once"],

@@ -195,6 +195,9 @@ def test_identity_lookups_by_name_and_path_follow_every_change_of_the_bindings(t
         def attnums(self, oid: int) -> dict[str, int]:
             return {}
 
+        def dropped_attnums(self, oid: int) -> set[int]:
+            return set()
+
     target = tmp_path / "delta"
     state = StateDir.for_target(target)
     catalog = Catalog()
