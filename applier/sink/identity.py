@@ -435,20 +435,24 @@ class TableIdentities:
         if self._moved_columns(entry, table, now, columns, False):
             return  # never recorded as the baseline: the next Relation would look as if nothing happened
         known = set(entry.attnums.values()) | set(entry.former.values())
+        log_ = self._columns.get(oid, {})
         if known and any(n not in entry.attnums for n in now):
-            # Columns added since the baseline take their attnums from the catalog now; when a column newer
-            # than every recorded one has been dropped since, an added name may have been dropped and added
-            # again after the change that added it, and the catalog's attnum for it is not that column's.
+            # Columns added since the baseline take their attnums from the catalog now. Each column newer
+            # than every recorded one that has been dropped since must be one the stream showed dropped:
+            # one more, and an added name may have been dropped and added again after the Relation that
+            # added it (the Relations around that look alike), so the catalog's attnum may not be its.
             try:
-                dropped = self.lookup.dropped_attnums(oid)
+                late = sorted(d for d in self.lookup.dropped_attnums(oid) if d > max(known))
             except NotRecorded:
-                dropped = set()
-            late = sorted(d for d in dropped if d > max(known))
-            if late:
+                late = []
+            if len(late) > int(log_.get("new_dropped", 0)):
                 self.needs_copy(oid, table, f"a column of {table} added since the mirror last recorded its columns "
-                                "was dropped again (attnum " + ", ".join(map(str, late)) + "), so the catalog cannot "
-                                "say which column each new name is")
+                                "was dropped again where the stream does not show it (attnum "
+                                + ", ".join(map(str, late)) + "), so the catalog cannot say which column each new "
+                                "name is")
                 return
+        if oid in self._columns and self._columns[oid].pop("new_dropped", None) is not None:
+            self._save()
         self.record_attnums(oid, now)
 
     def columns_changed(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
@@ -470,6 +474,11 @@ class TableIdentities:
         if candidates:
             renamed, undecided = self._prove_renames(oid, table, candidates)
         log_ = self._columns.setdefault(oid, {"renamed": {}, "dropped": []})
+        entry = self._bound.get(oid)
+        if entry is not None:  # columns added since the baseline that the stream shows dropped again
+            known = {**entry.former, **entry.attnums}
+            log_["new_dropped"] = log_.get("new_dropped", 0) + len(
+                [g for g in gone if g not in renamed and g not in undecided and g not in known])
         log_["renamed"].update(renamed)
         log_["dropped"] = sorted(set(log_["dropped"]) | (set(gone) - set(renamed) - set(undecided)))
         if undecided:  # told to the sink, which stops only if it applies changes past this point
