@@ -92,7 +92,8 @@ def mirror(spark: SparkSession, config: MirrorConfig | str | Path | Mapping[str,
     cfg = as_config(config, MirrorConfig)
     from applier.drivers.writer import target_writer
 
-    with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):  # as the CLI: one writer etc.
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror",  # as the CLI: one writer etc.
+                       config_file=str(config) if isinstance(config, str | Path) else None):
         check_connection(cfg.source.resolved_dsn())
         return run_mirror(spark, cfg, once=once, progress=progress or log_progress("mirror"), stop=stop)
 

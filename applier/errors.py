@@ -113,6 +113,15 @@ class InputError(ApplierError):
     that is ahead of the log replayed into it."""
 
 
+class TableBehindError(InputError):
+    """A table's Delta history went backwards: its log ends before the version, or holds transactions only
+    up to before the applied LSN, that this target recorded for it (its newest commit files deleted, its
+    directory restored from an older copy). The transactions in between are gone from it and the runs went
+    on past them (the slot confirmed, a log replayed), so no run brings them back by itself: a person
+    re-copies the table (``applier resync --table``) or accepts the loss (exit 2). ``table`` is the source's
+    ``schema.table``."""
+
+
 class EnvironmentSetupError(ApplierError):
     """Something the engine needs on this machine (Java, Delta jars, PostgreSQL binaries) is missing."""
 

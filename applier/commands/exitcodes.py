@@ -29,7 +29,8 @@ MEANING: dict[ExitCode, str] = {
     ExitCode.DIFFERENCES: "`verify` (or `demo`) ran and found tables that differ from Postgres",
     ExitCode.USAGE: "usage or config error: a flag, the config file or the DSN is wrong or missing (also "
     "an invalid sslmode), Java / the Delta jars are missing, the raw log is not one, or the target's tables are "
-    "not the ones applier wrote (gone, replaced, ahead of the log), or the slot cannot serve the mirror (lost: its WAL "
+    "not the ones applier wrote (gone, replaced, ahead of the log, or behind what earlier runs recorded: "
+    "`applier resync --table`), or the slot cannot serve the mirror (lost: its WAL "
     "was removed; physical, or another plugin than pgoutput); fix it, a restart will not help",
     ExitCode.UNAVAILABLE: "source or target unavailable: no connection or login refused, the connection "
     "lost for longer than the retries, Delta refused a commit, the disk full, another "

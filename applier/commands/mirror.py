@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # One writer per target first (a local check), then the server; Spark only when an operation
         # needs it (a table delta-rs does not write, executors...): the provider starts it then.
-        with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror"):
+        with target_writer(cfg.target.path, cfg.target.state_dir, command="mirror", config_file=args.config):
             # Before Spark (and maybe a jar download) starts: a DSN that does not parse, a bad sslmode, a
             # wrong password or a server that is not there fails here, once, with exit 2 or 3.
             # Reconnecting with backoff is for outages after this first connection succeeded.

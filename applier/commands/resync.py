@@ -24,7 +24,9 @@ applied version, as for a table that joined the publication).
 When to use it: the mirror stopped with exit 4 because a column changed type in a way Delta cannot
 widen (ALTER TABLE ... ALTER COLUMN c TYPE text, or DROP COLUMN c; ADD COLUMN c text), because a
 Delta table diverged from Postgres (a row to delete or to read unchanged TOAST values from is not
-there), or because a rename could not be proven; or a table should be rebuilt from Postgres for any
+there), or because a rename could not be proven; when it stopped with exit 2 because a table's Delta
+history went backwards (its newest commit files deleted, or its directory restored from an older copy:
+the transactions it lost are gone from the stream); or a table should be rebuilt from Postgres for any
 other reason. The Delta table is emptied with the columns
 Postgres has now (one commit; its history and table id stay: time travel still reaches the old
 rows) and filled again. apply.schema_changes: resync makes the mirror do this by itself.

@@ -17,6 +17,7 @@ from pathlib import Path
 from applier.checks.writable import check_writable_directory
 from applier.infra.lock import LOCK_FILE, clear_stale_spill, writer_lock
 from applier.sink.registry import TargetRegistry
+from applier.sink.tableversions import TableVersions
 from applier.state import StateDir
 from applier.storage.lease import store_lease
 from applier.storage.location import is_object_store
@@ -39,11 +40,14 @@ def location_lock(location: str | Path, what: str, *, lock_name: str = LOCK_FILE
 
 @contextmanager
 def target_writer(target_path: str | Path, state_dir: str | None = None, *, command: str,
-                  dry_run: bool = False) -> Iterator[None]:
+                  dry_run: bool = False, config_file: str | None = None) -> Iterator[None]:
     """Be the only writer of a target (``replay``, ``mirror``): hold the lock in its state
     directory, remove the spill files a killed run left there, and check that every table earlier
-    runs wrote is still there and still the same Delta table (sink/registry.py); the tables are
-    remembered again when the body ends, even by an error. A dry run writes nothing and takes no lock.
+    runs wrote is still there, still the same Delta table (sink/registry.py) and not behind the
+    version and applied LSN they recorded for it (sink/tableversions.py: its Delta history went
+    backwards); the tables are remembered again when the body ends, even by an error. A dry run writes
+    nothing and takes no lock. ``resync`` is told of a table behind but not stopped: it is the way to
+    copy one anew. ``config_file``: the config the command was given (the remedy a stop prints names it).
 
     Every entry point that writes a target opens this first: the commands (and so the spark-submit
     jobs), the Python API (``applier.replay``, ``applier.mirror``) and the foreachBatch sink
@@ -64,8 +68,15 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
             print(f"applier: removed {removed} spill file(s) left by a killed run", file=sys.stderr, flush=True)
         registry = TargetRegistry(state, target_path)
         registry.check(command)
+        versions = TableVersions(state, str(target_path))
+        if behind := versions.behind(registry.entries):
+            error = versions.error(behind, command, config_file)
+            if command != "resync":
+                raise error
+            print(f"applier: {error}", file=sys.stderr, flush=True)
         registry.record()
         try:
             yield
         finally:
             registry.record()
+            versions.record(registry.entries)

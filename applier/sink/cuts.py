@@ -243,6 +243,25 @@ class CutLog:
         dataset = DELTARS.open(self.path).to_pyarrow_dataset()
         return cuts_from_rows([row for batch in dataset.to_batches() for row in batch.to_pylist()])
 
+    def newest(self) -> Cut | None:
+        """The newest cut (None: none recorded), read alone: its LSN is the ``txn`` version of its append,
+        and only the rows at that LSN are read (``cuts`` reads every cut kept, a week's by default)."""
+        import pyarrow.dataset as ds
+
+        if not self.exists():
+            return None
+        table = DELTARS.open(self.path)
+        lsn = table.transaction_version(CUTS_APP_ID)
+        if lsn is None:
+            return None
+        dataset = table.to_pyarrow_dataset()
+        rows = [row for batch in dataset.to_batches(filter=ds.field("lsn_value") == lsn) for row in batch.to_pylist()]
+        found = cuts_from_rows(rows)
+        if not found:  # (a cut table written otherwise than by CutLog: every row read)
+            every = self.cuts()
+            return every[-1] if every else None
+        return found[-1]
+
     def prune(self, retention_hours: float, *, dry_run: bool = False, now: datetime | None = None) -> int:
         """Delete the cuts recorded more than ``retention_hours`` ago (their tables' versions are what a
         VACUUM with that retention may delete), but never the newest one; returns how many."""
