@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from applier.lsn import format_lsn, parse_lsn
 
@@ -28,3 +28,16 @@ class SettingsModel(BaseModel):
     and a loaded config cannot change under the run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _path_not_blank(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty path setting is refused, not taken for the config file's folder (or the working
+        directory), where it would silently put Delta tables or state beside the config."""
+        if isinstance(value, str) and not value.strip() and info.field_name is not None:
+            field = cls.model_fields[info.field_name]
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("config_path"):
+                raise ValueError("is empty: give the directory or URI meant (\".\" for the config file's own "
+                                 "folder)" + ("" if field.is_required() else ", or leave the setting out for its "
+                                              "default"))
+        return value

@@ -184,8 +184,9 @@ def _resolve_paths(model: type[BaseModel], data: dict[str, Any], base: Path) -> 
 
 
 def resolve_path(value: str, base: Path) -> str:
-    """``value`` from the config's folder ``base``, unless it is absolute, ``~/...`` or a URI."""
-    if _URI.match(value):
+    """``value`` from the config's folder ``base``, unless it is absolute, ``~/...`` or a URI. An empty
+    value is left empty, for the model to refuse (it would otherwise mean the config's folder)."""
+    if _URI.match(value) or not value.strip():
         return value
     expanded = os.path.expanduser(value)
     return expanded if os.path.isabs(expanded) else str(base / expanded)

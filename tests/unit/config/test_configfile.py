@@ -88,3 +88,25 @@ def test_not_yaml_and_not_a_mapping(tmp_path):
     assert "not valid YAML" in str(e.value) and e.value.line == 2
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(write(tmp_path, "- 1\n- 2\n"), MirrorConfig)
+
+
+@pytest.mark.parametrize("key", ["path", "state_dir"])
+def test_an_empty_path_is_a_config_error_naming_the_setting(tmp_path, key):
+    """Issue 77: ``target.path: ""`` was resolved to the config file's folder, and the mirror wrote there."""
+    body = "target:\n  path: ''\n" if key == "path" else "target:\n  path: out\n  state_dir: ' '\n"
+    f = write(tmp_path, "source_log: raw\n" + body)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, ReplayConfig)
+    line = 3 if key == "path" else 4
+    assert f"target.{key}: is empty" in str(e.value) and e.value.line == line, str(e.value)
+    with pytest.raises(ConfigError, match="--target: is empty"):  # a flag's empty path too
+        load_config(f, ReplayConfig, overrides={"target.path": ("", "--target")})
+
+
+def test_an_empty_target_path_exits_2(tmp_path, capsys):
+    from applier.cli import main
+
+    f = write(tmp_path, "source_log: raw\ntarget:\n  path: ''\n")
+    assert main(["replay", "--config", str(f)]) == 2
+    assert "target.path: is empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # nothing written beside the config
