@@ -64,7 +64,7 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
     copied on Spark's executors (applier.drivers.executor_copy), the others meanwhile on the driver.
     Returns the rows copied per table."""
     from applier.catalog import RelationCache
-    from applier.sources.catalog_lookup import column_attnums
+    from applier.sources.catalog_lookup import column_attnums, rewrite_witness
     from applier.sources.snapshot import describe_relation
 
     jobs: list[CopyJob] = []
@@ -81,8 +81,10 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
                 applier.replace_table(schema)
             jobs.append(copy_job(snap, table, relation, schema, applier=applier, types=catalog.types, lsn=lsn,
                                  settings=settings, special_values=special_values))
-            if applier.identities is not None:  # the columns' attnums as of the copy
+            if applier.identities is not None:  # the columns' attnums and the table's file as of the copy
                 applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
+                witness = rewrite_witness(snap, relation.oid, ())
+                applier.identities.record_relfilenode(relation.oid, witness.relfilenode if witness else None)
         snap.execute("COMMIT")
     copier = InitialCopy(dsn, snapshot_name, workers=settings.workers(), progress=progress,
                          progress_every=progress_every, on_rows=on_rows)

@@ -610,6 +610,7 @@ class DeltaApplier:
                 "the source table's schema changed and apply.schema_changes is 'stop'; to go on, set it to "
                 f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
                 table=spec.source_name)
+        self._check_retype(path, spec, schema_version)
         options = table_options(self.tables.rule_for(spec.source_name))
         renames = None
         if self.identities is not None:
@@ -643,6 +644,38 @@ class DeltaApplier:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
         self.stores.forget(path)  # a new schema may have brought a feature delta-rs cannot write
+
+    def _check_retype(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+        """TypeRewriteError when the version changes a column's Postgres type and the values of the table's
+        existing rows cannot be proven kept (applier.sink.retypes: ``ALTER ... TYPE ... USING``), before
+        the Delta table is touched."""
+        from applier.protocol.messages import COL_TEXT
+        from applier.sink.retypes import TypeRewriteError, retyped_columns, unproven_retype
+        from applier.values import convert_value
+
+        if self.identities is None or not retyped_columns(schema_version) or not self._exists(path):
+            return
+        columns = {c.name: c for c in schema_version.relation.columns}
+
+        def convert(name: str, text: bytes) -> object:
+            column = columns[name]
+            return convert_value(COL_TEXT, text, column.type_oid, column.type_modifier, self.types,
+                                 self.settings.special_values, name)
+
+        def delta_rows(key: Sequence[str], values: Sequence[str]) -> dict[tuple[object, ...], tuple[object, ...]]:
+            names = [spec.delta_name(c) for c in (*key, *values)]
+            reader = self.stores.reader(path)
+            if not set(names) <= set(reader.columns(path)):
+                return {}  # a column renamed in the same change: no row can be matched, nothing is proven
+            return {row[:len(key)]: row[len(key):] for row in reader.scan(path, names)}
+
+        why = unproven_retype(self.identities, schema_version, convert, delta_rows)
+        if why is not None:
+            oid = schema_version.relation.oid
+            raise TypeRewriteError(
+                f"{why}. Nothing was written to its Delta table at {path}. To go on: copy the table again "
+                f"(`applier resync --config FILE --table {spec.source_name}`, or by its relation OID {oid}; or set "
+                "apply.schema_changes: resync to do this by itself)", table=spec.source_name, relation_oid=oid)
 
     def _type_change_of_a_dropped_table(self, error: TypeChangeError, oid: int, path: str) -> None:
         """DroppedTypeChangeError when the relation of ``error`` no longer exists in Postgres (asked of the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,6 +69,19 @@ class ColumnIdentityError(IdentityError, ResyncNeededError):
     UnprovenRenameError is)."""
 
 
+class RewriteWitness(Protocol):
+    """What the catalog keeps of a table's last rewrite (applier.sources.catalog_lookup.RewriteWitness)."""
+
+    @property
+    def relfilenode(self) -> int: ...
+
+    @property
+    def class_xmin(self) -> str: ...
+
+    @property
+    def column_xmins(self) -> dict[str, str]: ...
+
+
 class CatalogLookup(Protocol):
     """The source catalog, asked when a name alone cannot say which table is which: the live one, or
     what ``applier capture`` recorded of it (either may raise NotRecorded: no answer)."""
@@ -81,6 +94,13 @@ class CatalogLookup(Protocol):
 
     def dropped_attnums(self, oid: int) -> set[int]:
         """The attnums of relation ``oid``'s dropped columns (PostgreSQL keeps them in pg_attribute)."""
+
+    def rewrite_witness(self, oid: int, columns: Sequence[str]) -> RewriteWitness | None:
+        """What the catalog keeps of relation ``oid``'s last rewrite (None: it is gone)."""
+
+    def rewritten_rows(self, oid: int, key: Sequence[str], columns: Sequence[str],
+                       xid: str) -> Iterator[tuple[str | None, ...]]:
+        """``key`` and ``columns`` as text of the rows transaction ``xid`` wrote and nobody changed since."""
 
 
 @dataclass
@@ -99,6 +119,9 @@ class Bound:
     #: again after a crash may show a column under a name the table has renamed since, and the rename
     #: is proven from these (attnums are never reused within a relation)
     former: dict[str, int] = field(default_factory=dict)
+    #: the table's relfilenode when its copy was taken, or when a type change was last proven to keep its
+    #: values (applier.sink.retypes): a type change that finds it so rewrote nothing (None: not recorded)
+    relfilenode: int | None = None
 
     def set_attnums(self, attnums: dict[str, int]) -> None:
         """The columns' attnums now; the names they replace are kept in ``former``."""
@@ -116,7 +139,7 @@ Mover = Callable[[str, str, str, str | None], None]
 def saved_bindings(data: dict[str, Any]) -> list[Bound]:
     """The bindings of a target's saved identities (its state's ``relations``), in binding order."""
     return [Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")), v.get("was"),
-                  dict(v.get("former") or {}))
+                  dict(v.get("former") or {}), v.get("relfilenode"))
             for k, v in (data.get("tables") or {}).items()]
 
 
@@ -167,7 +190,8 @@ class TableIdentities:
 
     def _save(self) -> None:
         self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
-                                                        "retired": b.retired, "was": b.was, "former": b.former}
+                                                        "retired": b.retired, "was": b.was, "former": b.former,
+                                                        "relfilenode": b.relfilenode}
                                            for b in self._bound.values()},
                                 "moving": self._moving,
                                 "columns": {str(k): v for k, v in self._columns.items()}})
@@ -407,6 +431,13 @@ class TableIdentities:
         entry = self._bound.get(oid)
         if entry is not None and entry.attnums != attnums:
             entry.set_attnums(attnums)
+            self._save()
+
+    def record_relfilenode(self, oid: int, relfilenode: int | None) -> None:
+        """Relation ``oid``'s relfilenode as of its copy, or of a type change proven to keep its values."""
+        entry = self._bound.get(oid)
+        if entry is not None and entry.relfilenode != relfilenode:
+            entry.relfilenode = relfilenode
             self._save()
 
     def described(self, oid: int, attnums: dict[str, int]) -> None:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from applier.errors import NotRecorded, SourceError
+from applier.sources.sql_slot import pin_session
 
 #: the ``catalog`` column's format; a note of another version is not read (as if absent)
 NOTE_VERSION = 1
@@ -69,11 +71,59 @@ class LiveCatalog:
     def attnums(self, oid: int) -> dict[str, int]:
         return self._ask(lambda conn: column_attnums(conn, oid))
 
+    def rewrite_witness(self, oid: int, columns: Sequence[str]) -> RewriteWitness | None:
+        return self._ask(lambda conn: rewrite_witness(conn, oid, columns))
+
+    def rewritten_rows(self, oid: int, key: Sequence[str], columns: Sequence[str],
+                       xid: str) -> Iterator[tuple[str | None, ...]]:
+        """As text, ``key`` and ``columns`` of the rows of relation ``oid`` that transaction ``xid`` wrote
+        with its first command that wrote any (the ALTER's rewrite) and nobody changed since (their xmin
+        and cmin), in batches from a cursor of its own connection."""
+        with psycopg.connect(self.dsn) as conn:
+            pin_session(conn)
+            row = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                               "c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
+            if row is None:
+                return
+            # the ALTER's rewrite writes every row with one command id; a change later in the same transaction
+            # (an UPDATE after the ALTER) has a higher one, and its row is in the stream
+            text = [sql.SQL("{}::text").format(sql.Identifier(c)) for c in (*key, *columns)]
+            query = sql.SQL("WITH w AS (SELECT {}, cmin::text::bigint AS applier_cid FROM ONLY {}.{} WHERE xmin = "
+                            "%s::xid) SELECT * FROM w WHERE applier_cid = (SELECT min(applier_cid) FROM w)").format(
+                sql.SQL(", ").join(text), sql.Identifier(str(row[0])), sql.Identifier(str(row[1])))
+            with conn.cursor(name="applier_rewritten_rows") as cursor:
+                cursor.itersize = 10_000
+                cursor.execute(query, (xid,))
+                for found in cursor:
+                    yield found[:-1]
+
     def dropped_attnums(self, oid: int) -> set[int]:
         rows = self._ask(lambda conn: conn.execute(
             "SELECT attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND attisdropped",
             (oid,)).fetchall())
         return {int(r[0]) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteWitness:
+    """What the catalog keeps of the last rewrite of a table: its file (``relfilenode``, new at every
+    rewrite), the transaction that last updated its pg_class row (``class_xmin``: a rewrite does), and
+    the transaction that last updated each of some columns' pg_attribute rows (``column_xmins``: an
+    ALTER COLUMN ... TYPE does; a column missing from it is no longer there by that name)."""
+
+    relfilenode: int
+    class_xmin: str
+    column_xmins: dict[str, str]
+
+
+def rewrite_witness(conn: psycopg.Connection, oid: int, columns: Sequence[str]) -> RewriteWitness | None:
+    """Relation ``oid``'s RewriteWitness for ``columns`` (None: no such relation)."""
+    row = conn.execute("SELECT relfilenode, xmin::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+    if row is None:
+        return None
+    attrs = conn.execute("SELECT attname, xmin::text FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
+                         "AND attnum > 0 AND NOT attisdropped", (oid, list(columns))).fetchall()
+    return RewriteWitness(int(row[0]), str(row[1]), {str(n): str(x) for n, x in attrs})
 
 
 def column_attnums(conn: psycopg.Connection, oid: int) -> dict[str, int]:
@@ -161,6 +211,13 @@ class RecordedCatalog:
 
     def dropped_attnums(self, oid: int) -> set[int]:
         raise NotRecorded(oid)  # a capture records no dropped columns
+
+    def rewrite_witness(self, oid: int, columns: Sequence[str]) -> RewriteWitness | None:
+        raise NotRecorded(oid)  # nor what rewrote the table
+
+    def rewritten_rows(self, oid: int, key: Sequence[str], columns: Sequence[str],
+                       xid: str) -> Iterator[tuple[str | None, ...]]:
+        raise NotRecorded(oid)
 
 
 class CatalogRecorder:

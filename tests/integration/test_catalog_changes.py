@@ -141,3 +141,59 @@ def test_a_name_given_to_another_column_is_never_applied_as_the_old_column(pg, s
         conn.execute("UPDATE sw SET a = 0, c = 'v' WHERE id = 2")
         mirror(spark, config, once=True)  # no stop again: the copy is the new baseline
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "sw")], "sw_pub")
+
+
+@pytest.mark.parametrize("schema_changes", ["evolve", "resync"])
+@pytest.mark.parametrize("alter", [
+    "ALTER TABLE u ALTER COLUMN v TYPE bigint USING v * 2",
+    "ALTER TABLE u ALTER COLUMN s TYPE text USING upper(s)",
+    "ALTER TABLE u ALTER COLUMN v TYPE bigint USING v * 2, ALTER COLUMN s TYPE varchar(40) USING upper(s)",
+])
+def test_a_type_change_using_an_expression_is_copied_not_widened(pg, spark, tmp_path, alter, schema_changes):
+    """Case 3: a type change ``USING`` an expression rewrote every row in Postgres and sent none; it was
+    taken for a widening whose values are kept (or, varchar to text, for no change at all), exit 0 with
+    every row but the updated one wrong. Now the rows the ALTER wrote are compared with the Delta table's,
+    and a difference copies the table again (exit 4 with the resync remedy, or by itself)."""
+    from applier.sink.retypes import TypeRewriteError
+
+    config = _config(pg, tmp_path, "ru", schema_changes=schema_changes)
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE u (id int PRIMARY KEY, v int, s varchar(10))")
+        conn.execute("INSERT INTO u SELECT g, g, 's' || g FROM generate_series(1, 50) g")
+        conn.execute("CREATE PUBLICATION ru_pub FOR TABLE u")
+        mirror(spark, config, once=True)
+        conn.execute(alter)
+        conn.execute("UPDATE u SET v = v + 1 WHERE id = 1")
+        if schema_changes == "evolve":
+            with pytest.raises(TypeRewriteError) as stop:
+                mirror(spark, config, once=True)
+            assert "USING" in str(stop.value) and "applier resync --config FILE --table public.u" in str(stop.value)
+            _resync(spark, config, "public.u")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "u")], "ru_pub")
+        conn.execute("UPDATE u SET v = 0 WHERE id = 2")
+        mirror(spark, config, once=True)  # the copy is the new baseline: no stop again
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "u")], "ru_pub")
+
+
+@pytest.mark.parametrize("alter", [
+    "ALTER TABLE w ALTER COLUMN v TYPE bigint",  # a rewrite that keeps every value: compared, no copy
+    "ALTER TABLE w ALTER COLUMN s TYPE varchar(40)",  # no rewrite at all: the same relfilenode
+    "ALTER TABLE w ALTER COLUMN s TYPE text USING s::text",  # a USING that changes nothing, no rewrite
+    # one transaction: the rows the UPDATE wrote after the rewrite are in the stream, not compared
+    "ALTER TABLE w ALTER COLUMN v TYPE bigint; UPDATE w SET v = v * 10 WHERE id > 40",
+])
+def test_a_type_change_that_kept_the_values_is_widened_without_a_copy(pg, spark, tmp_path, alter):
+    config = _config(pg, tmp_path, "rw")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE w (id int PRIMARY KEY, v int, s varchar(10))")
+        conn.execute("INSERT INTO w SELECT g, g, 's' || g FROM generate_series(1, 50) g")
+        conn.execute("UPDATE w SET v = NULL WHERE id = 3")
+        conn.execute("CREATE PUBLICATION rw_pub FOR TABLE w")
+        mirror(spark, config, once=True)
+        conn.execute("UPDATE w SET s = 'before' WHERE id = 4")  # in the Delta table only once this run applies it
+        conn.execute(alter)
+        conn.execute("UPDATE w SET v = v + 1 WHERE id = 1")
+        summary = mirror(spark, config, once=True)
+        assert summary.synced_rows == {}, summary.synced_rows
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "w")], "rw_pub")

@@ -6,6 +6,7 @@ follow a change must stop (exit 4), never end with a difference."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import deltalake
@@ -197,6 +198,13 @@ def test_identity_lookups_by_name_and_path_follow_every_change_of_the_bindings(t
 
         def dropped_attnums(self, oid: int) -> set[int]:
             return set()
+
+        def rewrite_witness(self, oid: int, columns: Sequence[str]) -> None:
+            return None
+
+        def rewritten_rows(self, oid: int, key: Sequence[str], columns: Sequence[str],
+                           xid: str) -> Iterator[tuple[str | None, ...]]:
+            return iter(())
 
     target = tmp_path / "delta"
     state = StateDir.for_target(target)
