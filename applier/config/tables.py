@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -122,6 +124,12 @@ class TablesSettings(SettingsModel):
         return any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include) and not any(
             fnmatch.fnmatchcase(qualified_name, p) for p in self.exclude)
 
+    def unmatched_includes(self, published: Sequence[str]) -> list[tuple[str, list[str]]]:
+        """Each ``include`` glob that matches none of the ``published`` tables (``schema.table``), with up
+        to three it could have meant: a typo there mirrors nothing, and says nothing otherwise."""
+        return [(p, _could_mean(p, published)) for p in self.include
+                if not any(fnmatch.fnmatchcase(name, p) for name in published)]
+
     def rule_for(self, qualified_name: str) -> TableRule | None:
         return next((r for r in self.rules if fnmatch.fnmatchcase(qualified_name, r.match)), None)
 
@@ -139,3 +147,17 @@ class TablesSettings(SettingsModel):
         soft = rule.soft_delete if rule is not None and rule.soft_delete is not None else self.soft_delete
         return metadata, soft
 
+
+
+def _could_mean(pattern: str, names: Sequence[str]) -> list[str]:
+    """Published names a glob that matches none of them was likely meant for: the same glob without
+    regard to case (globs are case-sensitive), a glob without a schema taken for the table name, or
+    names close to it as text."""
+    folded = [n for n in names if fnmatch.fnmatchcase(n.lower(), pattern.lower())]
+    if folded:
+        return folded[:3]
+    if "." not in pattern:
+        bare = [n for n in names if fnmatch.fnmatchcase(n.partition(".")[2], pattern)]
+        if bare:
+            return bare[:3]
+    return difflib.get_close_matches(pattern, list(names), n=3, cutoff=0.6)

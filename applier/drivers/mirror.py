@@ -42,7 +42,11 @@ from applier.sink.parking import ParkedTables
 from applier.sources import sql_slot
 from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
-from applier.sources.publication import PublishedTable, published_tables
+from applier.sources.publication import (
+    PublishedTable,
+    published_tables,
+    warn_unmatched_includes,
+)
 from applier.sources.slotcopy import SlotCopyReader, SlotCopyUnavailable
 from applier.sources.slothealth import read_slot_health
 from applier.sources.slots import check_usable, open_phrase, prepared_phrase, slot_creation_blockers, slot_info
@@ -132,6 +136,7 @@ class Mirror:
                                                                    progress=self.progress),
                                                    config.target.path, config.maintenance.every_minutes * 60)
         self._snapshot_recorded = False
+        self._includes_checked = False  # tables.include globs that match nothing: warned once per run
         self._snapshot_tables: list[str] = []  # what the initial copy covered (kept or copied)
         self.metrics_port: int | None = None  # where /metrics is served (metrics.port 0: the free port taken)
 
@@ -159,8 +164,11 @@ class Mirror:
         saved = self.state.load("mirror") or {}
         resume_at: int | None = None
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            tables = [t for t in published_tables(conn, src.publication)
-                      if self.config.tables.selected(t.qualified_name)]
+            published = published_tables(conn, src.publication)
+            if not self._includes_checked:  # once per run, not once per reconnection
+                warn_unmatched_includes(published, src.publication, self.config.tables, log.warning)
+                self._includes_checked = True
+            tables = [t for t in published if self.config.tables.selected(t.qualified_name)]
             slot = slot_info(conn, src.slot)
             if slot is not None:
                 check_usable(src.slot, slot)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,11 +41,44 @@ def require_publication(conn: psycopg.Connection, publication: str) -> None:
     names = publication_names(publication)
     found = {r[0] for r in conn.execute("SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
                                         (names,)).fetchall()}
-    for name in names:
-        if name not in found:
-            raise ConfigError(f"publication {name!r} does not exist in this database; create it first, e.g. "
-                              f"CREATE PUBLICATION {quote_ident(name)} FOR TABLE ... (or FOR ALL TABLES), or "
-                              "fix source.publication (--publication)")
+    missing = [name for name in names if name not in found]
+    if missing:
+        existing = [r[0] for r in conn.execute("SELECT pubname::text FROM pg_publication ORDER BY 1").fetchall()]
+        raise ConfigError(missing_publication_hint(missing[0], publication, existing))
+
+
+def missing_publication_hint(name: str, written: str, existing: list[str]) -> str:
+    """What to say when publication ``name`` (as pgoutput reads ``written``, the setting) is missing. An
+    unquoted name folds to lower case, so ``MyPub`` means ``mypub``: when that folding is why (a
+    ``"MyPub"`` exists, or the setting has capitals) the hint says so and gives the setting quoted; the
+    SQL it prints quotes each name exactly (``quote_ident``), so it creates the publication named."""
+    text = f"publication {quote_ident(name)} does not exist in this database"
+    meant = _as_written(name, written)
+    if meant != name:
+        text += (f" (source.publication {meant} is read as {name}: an unquoted name folds to lower case, as "
+                 "pgoutput reads it)")
+    same = [p for p in existing if p != name and p.lower() == name.lower()]
+    if same:
+        quoted = quote_ident(same[0])
+        return (f"{text}; {quoted} does: to use it, write its name in double quotes, publication: '{quoted}' "
+                f"(--publication '{quoted}')")
+    text += f"; create it first, e.g. CREATE PUBLICATION {quote_ident(name)} FOR TABLE ... (or FOR ALL TABLES)"
+    if meant != name:
+        text += (f", or to keep the capitals CREATE PUBLICATION {quote_ident(meant)} ... and write publication: "
+                 f"'{quote_ident(meant)}' (--publication '{quote_ident(meant)}')")
+    close = difflib.get_close_matches(name, existing, n=3, cutoff=0.6)
+    if close:
+        text += f"; or name one that exists: {', '.join(quote_ident(p) for p in close)}"
+    return text + "; or fix source.publication (--publication)"
+
+
+def _as_written(name: str, written: str) -> str:
+    """The unquoted word of ``written`` that folds to ``name`` (``MyPub`` for ``mypub``), else ``name``."""
+    for word in written.split(","):
+        word = word.strip()
+        if not word.startswith('"') and word != name and word.lower() == name:
+            return word
+    return name
 
 
 def check_publication(dsn: str, publication: str) -> None:
@@ -107,6 +142,21 @@ def published_selection(conn: psycopg.Connection, publication: str, tables: Tabl
     return [t for t in published_tables(conn, publication) if tables.selected(t.qualified_name)]
 
 
+def warn_unmatched_includes(published: list[PublishedTable], publication: str, tables: TablesSettings,
+                            warn: Callable[[str], None]) -> None:
+    """Say which ``tables.include`` globs match no published table (a typo there silently mirrors
+    nothing), with the tables each could have meant, or some the publication has. No query of its own:
+    ``published`` is what the caller read anyway."""
+    names = [t.qualified_name for t in published]
+    if not names:
+        return
+    for pattern, could_mean in tables.unmatched_includes(names):
+        hint = (f"did you mean {', '.join(could_mean)}?" if could_mean else
+                f"it publishes {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
+        warn(f"tables.include pattern {pattern!r} matches no table of publication {publication} (globs over "
+             f"'schema.table', case-sensitive): {hint} Fix the pattern, or add the table to the publication")
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedShape:
     """What decides which rows and columns of a published table the publication sends, beyond the row
@@ -114,9 +164,13 @@ class PublishedShape:
     the publication sends every column (attnums, not names: a rename does not change the list); and,
     for a partitioned table published through its root (``publish_via_partition_root``), its leaf
     partitions as (relation OID, name) pairs, None otherwise. An attached partition's rows and a
-    detached one's reach no stream: only a copy brings them in, or takes them out."""
+    detached one's reach no stream: only a copy brings them in, or takes them out. ``enum_labels``: the
+    labels of the enum types its columns use (directly, as arrays or through a domain), as (pg_enum
+    OID, label) pairs: ``ALTER TYPE ... RENAME VALUE`` keeps the OID and sends nothing, and the rows
+    that hold the label keep the old one in Delta until each is changed."""
     columns: tuple[tuple[int, str], ...] | None
     leaves: tuple[tuple[int, str], ...] | None
+    enum_labels: tuple[tuple[int, str], ...] = ()
 
 
 def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]) -> dict[int, PublishedShape]:
@@ -127,7 +181,7 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
               if conn.info.server_version >= 150000 else "SELECT NULL::int2 WHERE false")
     rows = conn.execute(
         "SELECT c.oid::int8, cl.nums, cl.names, CASE WHEN c.relkind = 'p' THEN coalesce(lv.oids, '{}') END, "
-        "coalesce(lv.names, '{}') FROM pg_class c "
+        "coalesce(lv.names, '{}'), coalesce(en.oids, '{}'), coalesce(en.labels, '{}') FROM pg_class c "
         "LEFT JOIN LATERAL (SELECT array_agg(a.attnum::int ORDER BY a.attnum) AS nums, "
         "array_agg(a.attname::text ORDER BY a.attnum) AS names FROM pg_attribute a "
         f"WHERE a.attrelid = c.oid AND a.attnum IN ({listed})) cl ON true "
@@ -135,7 +189,13 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
         "array_agg(format('%%I.%%I', n.nspname, r.relname) ORDER BY t.relid::oid) AS names "
         "FROM pg_partition_tree(c.oid) t JOIN pg_class r ON r.oid = t.relid "
         "JOIN pg_namespace n ON n.oid = r.relnamespace WHERE t.isleaf AND c.relkind = 'p') lv ON true "
+        "LEFT JOIN LATERAL (SELECT array_agg(e.oid::int8 ORDER BY e.oid) AS oids, "
+        "array_agg(e.enumlabel::text ORDER BY e.oid) AS labels FROM pg_enum e WHERE e.enumtypid IN ("
+        "SELECT x.oid FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "CROSS JOIN LATERAL (VALUES (t.oid), (t.typelem), (t.typbasetype)) x(oid) "
+        "WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)) en ON true "
         "WHERE c.oid = ANY(%(oids)s)", {"pubs": publication_names(publication), "oids": oids}).fetchall()
     return {int(oid): PublishedShape(None if nums is None else tuple(zip(nums, cnames, strict=True)),
-                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)))
-            for oid, nums, cnames, leaves, lnames in rows}
+                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)),
+                                     tuple(zip(eoids, labels, strict=True)))
+            for oid, nums, cnames, leaves, lnames, eoids, labels in rows}

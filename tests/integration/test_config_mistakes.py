@@ -1,0 +1,48 @@
+"""Mistakes in a mirror's config that the server shows (issue 77): each ends in a clear message, the
+documented exit code and a remedy that works, before any slot is made where it can be."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from applier.cli import main as cli_main
+from applier.commands.exitcodes import ExitCode
+from applier.config import MirrorConfig, SourceSettings, TablesSettings, TargetSettings
+from applier.drivers.mirror import mirror
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+
+def _slots(conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT slot_name::text FROM pg_replication_slots")]
+
+
+def test_a_mixed_case_publication_hint_names_it_quoted_and_its_sql_works(pg, tmp_path, capsys):
+    target = str(tmp_path / "delta")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        args = ["mirror", "--dsn", pg.dsn, "--slot", "s", "--target", target, "--once"]
+        assert cli_main([*args, "--publication", "MyPub"]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert 'CREATE PUBLICATION "MyPub" ...' in err and """'"MyPub"'""" in err, err
+        conn.execute('CREATE PUBLICATION "MyPub" FOR TABLE t')  # the printed SQL, as printed
+        assert cli_main([*args, "--publication", "MyPub"]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert """"MyPub" does: to use it, write its name in double quotes""" in err, err
+        assert _slots(conn) == []
+
+
+def test_an_include_glob_matching_nothing_is_warned_once(pg, spark, tmp_path, caplog):
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="s", publication="pub"),
+                          target=TargetSettings(path=str(tmp_path / "delta")),
+                          tables=TablesSettings(include=["public.t", "public.order"]))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t, orders")
+        with caplog.at_level(logging.WARNING):
+            mirror(spark, config, once=True)
+    warned = [r.getMessage() for r in caplog.records if "matches no table" in r.getMessage()]
+    assert len(warned) == 1 and "'public.order'" in warned[0] and "public.orders" in warned[0], warned
