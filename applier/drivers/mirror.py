@@ -44,6 +44,7 @@ from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import (
     PublishedTable,
+    check_rule_columns,
     published_tables,
     warn_unmatched_includes,
 )
@@ -208,6 +209,7 @@ class Mirror:
                     f"(SELECT pg_drop_replication_slot('{src.slot}')) to let mirror create it and copy the "
                     "tables, or use another slot name", slot=src.slot, target=self.config.target.path,
                     state_dir=str(self.state.root))
+            check_rule_columns(conn, tables, self.config.tables)  # before any slot: a wrong rule is exit 2
             if src.two_phase and conn.info.server_version < 150000:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
         if resume_at is None:

@@ -45,7 +45,7 @@ from applier.sink.engine import DeltaApplier
 from applier.sink.fold import merge_keys
 from applier.sink.idempotence import is_delta_table
 from applier.sink.spec import PROP_PUBLICATION
-from applier.sources.publication import PublishedTable, published_selection, published_shapes
+from applier.sources.publication import PublishedTable, check_rule_columns, published_selection, published_shapes
 from applier.sources.slots import open_phrase, prepared_phrase, slot_creation_blockers, sync_slot_prefix
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot
@@ -470,6 +470,7 @@ class TableSync:
         self.finish_pending(None if wait else QUICK_WAIT_SECONDS)
 
     def _begin(self, tables: list[PublishedTable], reason: str, replace: set[str] | frozenset[str]) -> None:
+        check_rule_columns(self._asking_connection(), tables, self.config.tables)  # before its slot: exit 2
         known = self.known([])
         left = [t.qualified_name for t in tables if t.qualified_name in known]
         for name in left:  # first: from here on a stop or a crash leaves them to the next run's table sync

@@ -157,6 +157,51 @@ def warn_unmatched_includes(published: list[PublishedTable], publication: str, t
              f"'schema.table', case-sensitive): {hint} Fix the pattern, or add the table to the publication")
 
 
+def check_rule_columns(conn: psycopg.Connection, tables: list[PublishedTable], settings: TablesSettings) -> None:
+    """ConfigError (exit 2) when a table rule's ``partition_by`` or ``cluster_by`` names a column the
+    table's Delta table will not have (not in the table, not sent by the publication, or excluded).
+    The mirror calls it before it creates its slot, and table sync before it copies a table that joined
+    the publication: found when the Delta table is created, the same mistake stopped the run after the
+    slot was made, with exit 3 (a restart meets it again), and the slot kept WAL for a run that never began."""
+    rules = {t.qualified_name: rule for t in tables
+             if (rule := settings.rule_for(t.qualified_name)) is not None and (rule.partition_by or rule.cluster_by)}
+    if not rules:
+        return
+    sent = _sent_columns(conn, [t for t in tables if t.qualified_name in rules])
+    problems: list[str] = []
+    for name, rule in rules.items():
+        have = [c for c in sent.get(name, ()) if c not in rule.exclude_columns]
+        metadata, soft = settings.extra_columns_for(name)
+        extra = settings.metadata_names
+        allowed = {*have, *((extra.commit_lsn, extra.commit_time, extra.op) if metadata else ()),
+                   *((extra.deleted,) if soft else ())}
+        where = f"tables.rules.{settings.rules.index(rule)} (match {rule.match!r})"
+        for setting in ("partition_by", "cluster_by"):
+            for column in getattr(rule, setting):
+                if column in allowed:
+                    continue
+                why = ("is in its exclude_columns" if column in sent.get(name, ()) else
+                       f"is not a column {name} has or its publication sends (it has: {', '.join(have) or 'none'})")
+                problems.append(f"{where}: {setting} names {column!r}, which {why}")
+    if problems:
+        raise ConfigError("a table rule's partition or clustering column is not a column of its table; fix the "
+                          "rule (source column names, as Postgres spells them) and run again", problems=problems)
+
+
+def _sent_columns(conn: psycopg.Connection, tables: list[PublishedTable]) -> dict[str, tuple[str, ...]]:
+    """The columns pgoutput sends of each table: the publication's list (PostgreSQL 15+ always gives it),
+    else the table's columns that are not generated (what servers before 15 send)."""
+    out = {t.qualified_name: t.columns for t in tables if t.columns is not None}
+    rest = [t.oid for t in tables if t.columns is None and t.oid is not None]
+    if rest:
+        rows = conn.execute("SELECT format('%%s.%%s', n.nspname, c.relname), array_agg(a.attname::text ORDER BY "
+                            "a.attnum) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n "
+                            "ON n.oid = c.relnamespace WHERE a.attrelid = ANY(%s) AND a.attnum > 0 AND NOT "
+                            "a.attisdropped AND a.attgenerated = '' GROUP BY 1", (rest,)).fetchall()
+        out |= {name: tuple(cols) for name, cols in rows}
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class PublishedShape:
     """What decides which rows and columns of a published table the publication sends, beyond the row
@@ -164,13 +209,9 @@ class PublishedShape:
     the publication sends every column (attnums, not names: a rename does not change the list); and,
     for a partitioned table published through its root (``publish_via_partition_root``), its leaf
     partitions as (relation OID, name) pairs, None otherwise. An attached partition's rows and a
-    detached one's reach no stream: only a copy brings them in, or takes them out. ``enum_labels``: the
-    labels of the enum types its columns use (directly, as arrays or through a domain), as (pg_enum
-    OID, label) pairs: ``ALTER TYPE ... RENAME VALUE`` keeps the OID and sends nothing, and the rows
-    that hold the label keep the old one in Delta until each is changed."""
+    detached one's reach no stream: only a copy brings them in, or takes them out."""
     columns: tuple[tuple[int, str], ...] | None
     leaves: tuple[tuple[int, str], ...] | None
-    enum_labels: tuple[tuple[int, str], ...] = ()
 
 
 def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]) -> dict[int, PublishedShape]:
@@ -181,7 +222,7 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
               if conn.info.server_version >= 150000 else "SELECT NULL::int2 WHERE false")
     rows = conn.execute(
         "SELECT c.oid::int8, cl.nums, cl.names, CASE WHEN c.relkind = 'p' THEN coalesce(lv.oids, '{}') END, "
-        "coalesce(lv.names, '{}'), coalesce(en.oids, '{}'), coalesce(en.labels, '{}') FROM pg_class c "
+        "coalesce(lv.names, '{}') FROM pg_class c "
         "LEFT JOIN LATERAL (SELECT array_agg(a.attnum::int ORDER BY a.attnum) AS nums, "
         "array_agg(a.attname::text ORDER BY a.attnum) AS names FROM pg_attribute a "
         f"WHERE a.attrelid = c.oid AND a.attnum IN ({listed})) cl ON true "
@@ -189,13 +230,7 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
         "array_agg(format('%%I.%%I', n.nspname, r.relname) ORDER BY t.relid::oid) AS names "
         "FROM pg_partition_tree(c.oid) t JOIN pg_class r ON r.oid = t.relid "
         "JOIN pg_namespace n ON n.oid = r.relnamespace WHERE t.isleaf AND c.relkind = 'p') lv ON true "
-        "LEFT JOIN LATERAL (SELECT array_agg(e.oid::int8 ORDER BY e.oid) AS oids, "
-        "array_agg(e.enumlabel::text ORDER BY e.oid) AS labels FROM pg_enum e WHERE e.enumtypid IN ("
-        "SELECT x.oid FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-        "CROSS JOIN LATERAL (VALUES (t.oid), (t.typelem), (t.typbasetype)) x(oid) "
-        "WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)) en ON true "
         "WHERE c.oid = ANY(%(oids)s)", {"pubs": publication_names(publication), "oids": oids}).fetchall()
     return {int(oid): PublishedShape(None if nums is None else tuple(zip(nums, cnames, strict=True)),
-                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)),
-                                     tuple(zip(eoids, labels, strict=True)))
-            for oid, nums, cnames, leaves, lnames, eoids, labels in rows}
+                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)))
+            for oid, nums, cnames, leaves, lnames in rows}

@@ -34,6 +34,37 @@ def test_a_mixed_case_publication_hint_names_it_quoted_and_its_sql_works(pg, tmp
         assert _slots(conn) == []
 
 
+def test_a_partition_column_the_table_lacks_is_exit_2_before_any_slot(pg, tmp_path, capsys):
+    config = tmp_path / "m.yaml"
+    config.write_text(f"source: {{dsn: '{pg.dsn}', slot: s, publication: pub}}\ntarget: {{path: delta}}\n"
+                      "tables:\n  rules:\n    - {match: 'public.t', partition_by: [region]}\n")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, day date)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        assert cli_main(["mirror", "--config", str(config), "--once"]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert "tables.rules.0 (match 'public.t'): partition_by names 'region'" in err, err
+        assert "it has: id, day" in err and "fix the rule" in err, err
+        assert _slots(conn) == []
+
+
+def test_a_partition_column_a_table_joining_later_lacks_is_exit_2(pg, spark, tmp_path, capsys):
+    config = tmp_path / "m.yaml"
+    config.write_text(f"source: {{dsn: '{pg.dsn}', slot: s, publication: pub}}\ntarget: {{path: delta}}\n"
+                      "tables:\n  rules:\n    - {match: 'public.late', partition_by: [region]}\n")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE late (id int PRIMARY KEY, day date)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+        assert cli_main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+        conn.execute("ALTER PUBLICATION pub ADD TABLE late")
+        conn.execute("INSERT INTO late VALUES (1, now())")
+        capsys.readouterr()
+        assert cli_main(["mirror", "--config", str(config), "--once"]) == ExitCode.USAGE
+        assert "tables.rules.0 (match 'public.late'): partition_by names 'region'" in capsys.readouterr().err
+        assert _slots(conn) == ["s"]  # no copy's slot left behind
+
+
 def test_an_include_glob_matching_nothing_is_warned_once(pg, spark, tmp_path, caplog):
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="s", publication="pub"),
                           target=TargetSettings(path=str(tmp_path / "delta")),
