@@ -114,8 +114,7 @@ def set_aside(tablesync: TableSync, gone: dict[str, int], why: str) -> None:
         message = (f"{name} (relation OID {oid}) {what}, and its changes still in the stream are left out "
                    f"({why}); nothing is left to copy")
         parked.park(name, oid, message)
-        log.warning("resync: %s", message)
-        tablesync.progress(f"resync: {message}")
+        log.warning("resync: %s", message)  # once: the progress line beside it printed it a second time
 
 
 def _known_relations(config: MirrorConfig) -> dict[str, int]:

@@ -77,3 +77,26 @@ def test_an_include_glob_matching_nothing_is_warned_once(pg, spark, tmp_path, ca
             mirror(spark, config, once=True)
     warned = [r.getMessage() for r in caplog.records if "matches no table" in r.getMessage()]
     assert len(warned) == 1 and "'public.order'" in warned[0] and "public.orders" in warned[0], warned
+
+
+def test_a_table_taken_out_of_the_publication_is_warned_once_per_run(pg, tmp_path, capsys):
+    """The mirror says so once (not again in the next run), and ``applier resync --table`` of it once: it
+    printed its line twice, as a warning and again as a progress line."""
+    config = tmp_path / "m.yaml"
+    config.write_text(f"source: {{dsn: '{pg.dsn}', slot: s, publication: pub}}\ntarget: {{path: delta}}\n")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE gone (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO gone VALUES (1)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE gone, other")
+        assert cli_main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+        conn.execute("ALTER PUBLICATION pub DROP TABLE gone")
+        conn.execute("INSERT INTO other VALUES (1)")
+        capsys.readouterr()
+        for _ in range(2):
+            assert cli_main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+        err = capsys.readouterr().err
+        assert err.count("public.gone is no longer in publication pub") == 1, err
+        assert cli_main(["resync", "--config", str(config), "--table", "public.gone"]) == ExitCode.OK
+        err = capsys.readouterr().err
+        assert err.count("public.gone (relation OID") == 1 and "is no longer published" in err, err
