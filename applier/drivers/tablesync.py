@@ -199,9 +199,10 @@ class TableSync:
         changed: dict[str, tuple[PublishedTable, list[str]]] = {}
         for t in copied:
             got = found.get(t.oid) if t.oid is not None else None
-            shape = [t.row_filter, *((None, None) if got is None else
+            shape = [t.row_filter, *((None, None, []) if got is None else
                                      ([list(c) for c in got.columns] if got.columns is not None else None,
-                                      [list(p) for p in got.leaves] if got.leaves is not None else None))]
+                                      [list(p) for p in got.leaves] if got.leaves is not None else None,
+                                      [list(e) for e in got.enum_labels]))]
             was = shapes.get(t.qualified_name)
             what = shape_changes(was, shape, lambda t=t: self.applier.relation_columns(  # type: ignore[misc]
                 t.oid, t.namespace, t.name) or ()) if was is not None else []
@@ -621,10 +622,12 @@ def _filled_columns(conn: psycopg.Connection, oid: int, added: set[str]) -> tupl
 
 def shape_changes(was: list[Any], now: list[Any], delta_columns: Callable[[], Sequence[str]]) -> list[str]:
     """What differs between two recorded shapes of a published table, ``[row filter, column list, leaf
-    partitions]`` (see ``TableSync._reshaped``), each said as a user would: a row filter changed, columns
-    no longer (or newly) published, partitions attached or detached. Columns and partitions are compared by
-    attnum and relation OID (a rename changes neither); a part an older state did not record is not
-    compared. ``delta_columns``: the Delta table's columns, to name those a new column list leaves out."""
+    partitions, enum labels]`` (see ``TableSync._reshaped``), each said as a user would: a row filter
+    changed, columns no longer (or newly) published, partitions attached or detached, an enum label its
+    columns use renamed. Columns, partitions and labels are compared by attnum, relation OID and pg_enum
+    OID (a rename changes none; a label added is no change: no row holds it yet); a part an older state
+    did not record is not compared. ``delta_columns``: the Delta table's columns, to name those a new
+    column list leaves out."""
     what: list[str] = []
     if was[0] != now[0]:
         what.append(f"the publication's row filter changed ({was[0]!r} -> {now[0]!r})")
@@ -654,4 +657,11 @@ def shape_changes(was: list[Any], now: list[Any], delta_columns: Callable[[], Se
         what.append("it is published through its root and " + " and ".join(
             part for part in (attached and f"partitions {', '.join(attached)} were attached",
                               detached and f"partitions {', '.join(detached)} were detached") if part))
+    if len(was) >= 4 and len(now) >= 4:
+        before_labels = {int(oid): str(label) for oid, label in was[3]}
+        renamed = [f"{before_labels[int(oid)]!r} -> {label!r}" for oid, label in now[3]
+                   if int(oid) in before_labels and before_labels[int(oid)] != label]
+        if renamed:
+            what.append(f"an enum label its columns use was renamed ({', '.join(renamed)}: ALTER TYPE ... RENAME "
+                        "VALUE sends no rows, and the rows holding it keep the old label otherwise)")
     return what

@@ -209,9 +209,13 @@ class PublishedShape:
     the publication sends every column (attnums, not names: a rename does not change the list); and,
     for a partitioned table published through its root (``publish_via_partition_root``), its leaf
     partitions as (relation OID, name) pairs, None otherwise. An attached partition's rows and a
-    detached one's reach no stream: only a copy brings them in, or takes them out."""
+    detached one's reach no stream: only a copy brings them in, or takes them out. ``enum_labels``: the
+    labels of the enum types its columns use (directly, as arrays or through a domain), as (pg_enum
+    OID, label) pairs: ``ALTER TYPE ... RENAME VALUE`` keeps the OID and sends nothing, and the rows
+    that hold the label keep the old one in Delta until each is changed."""
     columns: tuple[tuple[int, str], ...] | None
     leaves: tuple[tuple[int, str], ...] | None
+    enum_labels: tuple[tuple[int, str], ...] = ()
 
 
 def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]) -> dict[int, PublishedShape]:
@@ -222,7 +226,7 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
               if conn.info.server_version >= 150000 else "SELECT NULL::int2 WHERE false")
     rows = conn.execute(
         "SELECT c.oid::int8, cl.nums, cl.names, CASE WHEN c.relkind = 'p' THEN coalesce(lv.oids, '{}') END, "
-        "coalesce(lv.names, '{}') FROM pg_class c "
+        "coalesce(lv.names, '{}'), coalesce(en.oids, '{}'), coalesce(en.labels, '{}') FROM pg_class c "
         "LEFT JOIN LATERAL (SELECT array_agg(a.attnum::int ORDER BY a.attnum) AS nums, "
         "array_agg(a.attname::text ORDER BY a.attnum) AS names FROM pg_attribute a "
         f"WHERE a.attrelid = c.oid AND a.attnum IN ({listed})) cl ON true "
@@ -230,7 +234,13 @@ def published_shapes(conn: psycopg.Connection, publication: str, oids: list[int]
         "array_agg(format('%%I.%%I', n.nspname, r.relname) ORDER BY t.relid::oid) AS names "
         "FROM pg_partition_tree(c.oid) t JOIN pg_class r ON r.oid = t.relid "
         "JOIN pg_namespace n ON n.oid = r.relnamespace WHERE t.isleaf AND c.relkind = 'p') lv ON true "
+        "LEFT JOIN LATERAL (SELECT array_agg(e.oid::int8 ORDER BY e.oid) AS oids, "
+        "array_agg(e.enumlabel::text ORDER BY e.oid) AS labels FROM pg_enum e WHERE e.enumtypid IN ("
+        "SELECT x.oid FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "CROSS JOIN LATERAL (VALUES (t.oid), (t.typelem), (t.typbasetype)) x(oid) "
+        "WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)) en ON true "
         "WHERE c.oid = ANY(%(oids)s)", {"pubs": publication_names(publication), "oids": oids}).fetchall()
     return {int(oid): PublishedShape(None if nums is None else tuple(zip(nums, cnames, strict=True)),
-                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)))
-            for oid, nums, cnames, leaves, lnames in rows}
+                                     None if leaves is None else tuple(zip(leaves, lnames, strict=True)),
+                                     tuple(zip(eoids, labels, strict=True)))
+            for oid, nums, cnames, leaves, lnames, eoids, labels in rows}

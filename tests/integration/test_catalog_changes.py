@@ -197,3 +197,32 @@ def test_a_type_change_that_kept_the_values_is_widened_without_a_copy(pg, spark,
         summary = mirror(spark, config, once=True)
         assert summary.synced_rows == {}, summary.synced_rows
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "w")], "rw_pub")
+
+
+def test_an_enum_label_renamed_copies_the_tables_that_use_it_again(pg, spark, tmp_path):
+    """Case 5: ``ALTER TYPE ... RENAME VALUE`` sends nothing, and every row holding the label kept the old
+    one in Delta, exit 0. The catalog's pg_enum keeps the label's OID through the rename, so the mirror,
+    which asks the publication's tables' shape before each group, sees it and copies the tables whose
+    columns use the type again (directly, as an array, or through a domain). A label added is no change."""
+    config = _config(pg, tmp_path, "en")
+    with pg.connect() as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
+        conn.execute("CREATE DOMAIN dmood AS mood")
+        conn.execute("CREATE TABLE en (id int PRIMARY KEY, m mood, ms mood[], d dmood)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY, t text)")
+        conn.execute("INSERT INTO en SELECT g, 'ok', ARRAY['ok', 'sad']::mood[], 'ok' FROM generate_series(1, 20) g")
+        conn.execute("INSERT INTO other SELECT g, 't' FROM generate_series(1, 5) g")
+        conn.execute("CREATE PUBLICATION en_pub FOR TABLE en, other")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TYPE mood ADD VALUE 'meh'")
+        conn.execute("UPDATE other SET t = 'u' WHERE id = 1")
+        assert mirror(spark, config, once=True).synced_rows == {}  # an added label changes no row
+        conn.execute("ALTER TYPE mood RENAME VALUE 'ok' TO 'fine'")
+        conn.execute("UPDATE en SET m = 'happy' WHERE id = 1")
+        lines: list[str] = []
+        summary = Mirror(spark, config, progress=lines.append).run(once=True)
+        assert summary.synced_rows == {"public.en": 20}, (summary.synced_rows, lines)
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "en"), ("public", "other")], "en_pub")
+        conn.execute("UPDATE en SET m = 'sad' WHERE id = 2")
+        assert mirror(spark, config, once=True).synced_rows == {}
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", "en"), ("public", "other")], "en_pub")
