@@ -19,9 +19,18 @@ import logging
 import os
 import sys
 
-from applier.commands.exitcodes import ExitCode, for_exception
-from applier.commands.logsetup import add_logging_arguments, configure_from
-from applier.errors import ApplierError, ConfigError
+try:
+    from applier.commands.exitcodes import ExitCode, for_exception
+    from applier.commands.logsetup import add_logging_arguments, configure_from
+    from applier.errors import ApplierError, ConfigError
+except ModuleNotFoundError as missing:  # spark-submit started the driver with a Python that lacks applier
+    if missing.name is None or missing.name.split(".")[0] != "applier":
+        raise
+    print(f"jobs/stream.py: {sys.executable} has no applier (No module named {missing.name!r}). spark-submit runs "
+          "the driver with $PYSPARK_DRIVER_PYTHON, else $PYSPARK_PYTHON, else python3 from PATH: set PYSPARK_PYTHON "
+          "to the Python applier is installed in (PYSPARK_PYTHON=/path/to/.venv/bin/python spark-submit ...), or "
+          "activate that venv first", file=sys.stderr)
+    sys.exit(2)  # as for Java or the Delta jars missing: this machine's setup, not the data
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -105,6 +114,8 @@ def main(argv: list[str]) -> int:
     # Under spark-submit the Delta jars come from --packages or the cluster. Set here, not at import:
     # importing this module (the tests do) must not change how other Spark sessions find their jars.
     os.environ.setdefault("APPLIER_DELTA_JARS", "provided")
+    # The pgoutput source runs in Spark's Python workers, which must import applier too: build_spark_session
+    # sets PYSPARK_PYTHON to this interpreter when the caller has not chosen one, before the session starts.
     from applier.spark.session import build_spark_session
 
     args = parse_args(argv)
