@@ -190,8 +190,17 @@ class RelationCache:
                 renamed = self.columns_changed(rel.oid, _qualified(rel), change.dropped, change.added, candidates,
                                                columns=_names(rel))
                 if renamed:
+                    # a column renamed may have changed type too (ALTER ... TYPE ... USING, then RENAME): its
+                    # retype is the sink's to prove (applier.sink.retypes) under its new name
+                    before = {c.name: c for c in current.relation.columns}
+                    after = {c.name: c for c in rel.columns}
+                    retyped = change.retyped + tuple(
+                        (new, before[old].type_oid, before[old].type_modifier, after[new].type_oid,
+                         after[new].type_modifier) for old, new in renamed.items()
+                        if (before[old].type_oid, before[old].type_modifier)
+                        != (after[new].type_oid, after[new].type_modifier))
                     change = SchemaChange(tuple(n for n in change.added if n not in renamed.values()),
-                                          tuple(n for n in change.dropped if n not in renamed), change.retyped,
+                                          tuple(n for n in change.dropped if n not in renamed), retyped,
                                           change.renamed_relation, change.key_changed,
                                           change.replica_identity_changed, tuple(renamed.items()))
             version = SchemaVersion(rel, current.version + 1, keys, change, self._carry_ids(current, rel, change))

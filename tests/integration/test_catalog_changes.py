@@ -226,3 +226,48 @@ def test_an_enum_label_renamed_copies_the_tables_that_use_it_again(pg, spark, tm
         conn.execute("UPDATE en SET m = 'sad' WHERE id = 2")
         assert mirror(spark, config, once=True).synced_rows == {}
         _assert_equal(spark, conn, tmp_path / "delta", [("public", "en"), ("public", "other")], "en_pub")
+
+
+#: Item 5 of issue 77: more ways a real database changes under a mirror, each between two runs and
+#: followed by a row change, each ending equal (a stop must name a resync that works)
+_MORE_CHANGES = {
+    "vacuum_full_then_widen": ["VACUUM FULL m", "ALTER TABLE m ALTER COLUMN v TYPE bigint"],
+    "cluster_then_varchar": ["CLUSTER m USING m_pkey", "ALTER TABLE m ALTER COLUMN s TYPE varchar(80)"],
+    "truncate_then_widen": ["TRUNCATE m", "INSERT INTO m SELECT g, g, 'x' || g, g FROM generate_series(1, 5) g",
+                            "ALTER TABLE m ALTER COLUMN v TYPE bigint"],
+    "widen_then_rename": ["ALTER TABLE m ALTER COLUMN v TYPE bigint USING v + 1", "ALTER TABLE m RENAME COLUMN v TO w"],
+    "drop_add_other_type": ["ALTER TABLE m DROP COLUMN n", "ALTER TABLE m ADD COLUMN n text DEFAULT 'd'"],
+    "rename_and_add_old_name": ["ALTER TABLE m RENAME COLUMN s TO s2", "ALTER TABLE m ADD COLUMN s int"],
+    "set_default_only": ["ALTER TABLE m ALTER COLUMN n SET DEFAULT 42"],
+    "identity_full": ["ALTER TABLE m REPLICA IDENTITY FULL"],
+    "collation": ['ALTER TABLE m ALTER COLUMN s TYPE varchar(20) COLLATE "C"'],
+    "numeric_using_round": ["ALTER TABLE m ALTER COLUMN n TYPE numeric(10, 0) USING round(n / 3.0)"],
+    "rename_table_and_swap": ["ALTER TABLE m RENAME TO m2", "ALTER TABLE m2 RENAME COLUMN v TO t",
+                              "ALTER TABLE m2 RENAME COLUMN n TO v", "ALTER TABLE m2 RENAME COLUMN t TO n"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MORE_CHANGES))
+def test_more_catalog_changes_end_equal_or_stop_with_a_working_remedy(pg, spark, tmp_path, case):
+    from applier.errors import ResyncNeededError
+
+    config = _config(pg, tmp_path, "mc")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE m (id int PRIMARY KEY, v int, s varchar(20), n numeric)")
+        conn.execute("INSERT INTO m SELECT g, g, 's' || g, g FROM generate_series(1, 30) g")
+        conn.execute("CREATE PUBLICATION mc_pub FOR ALL TABLES")
+        mirror(spark, config, once=True)
+        for statement in _MORE_CHANGES[case]:
+            conn.execute(statement)
+        table = "m2" if case == "rename_table_and_swap" else "m"
+        conn.execute(f"UPDATE {table} SET id = id + 100 WHERE id = 2")
+        try:
+            mirror(spark, config, once=True)
+        except ResyncNeededError as stop:
+            assert f"applier resync --config FILE --table public.{table}" in str(stop), stop
+            _resync(spark, config, f"public.{table}")
+            mirror(spark, config, once=True)
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", table)], "mc_pub")
+        conn.execute(f"DELETE FROM {table} WHERE id = 3")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, tmp_path / "delta", [("public", table)], "mc_pub")
