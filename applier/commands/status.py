@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         from applier.sink.idempotence import is_delta_table
         from applier.sink.schema import table_options
         from applier.sink.targets import TableTargets
-        from applier.sources.publication import published_selection
+        from applier.sources.publication import partial_publication_note, published_selection
 
         # A catalog name (a rule's `table:`) is resolved in Spark's catalog; everything else needs no JVM.
         needs_catalog = any(rule.table for rule in cfg.tables.rules)
@@ -87,9 +87,12 @@ def run(args: argparse.Namespace) -> int:
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:
             selected = published_selection(conn, cfg.source.publication, cfg.tables)
+            partial = partial_publication_note(conn, cfg.source.publication)
         located = {location(targets.path_for(t.namespace, t.name)): f"{t.namespace}.{t.name}" for t in selected}
         options = {p: table_options(cfg.tables.rule_for(name)) for p, name in located.items()}
         paths = sorted(set(paths) | {p for p in located if is_delta_table(str(p))})
+    else:
+        partial = None
     warn_below = cfg.source.wal_warning_bytes if args.config else SourceSettings().wal_warning_bytes
     slot_name = slot or "applier"
 
@@ -118,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         line = stops_line(stops)
         if line is not None:
             print(line)
+        if partial is not None:
+            print(f"PUBLICATION: {partial}")
 
     if not args.watch:
         report()

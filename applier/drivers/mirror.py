@@ -45,6 +45,7 @@ from applier.sources.failures import is_transient
 from applier.sources.publication import (
     PublishedTable,
     check_rule_columns,
+    partial_publication_note,
     published_tables,
     warn_unmatched_includes,
 )
@@ -168,6 +169,8 @@ class Mirror:
             published = published_tables(conn, src.publication)
             if not self._includes_checked:  # once per run, not once per reconnection
                 warn_unmatched_includes(published, src.publication, self.config.tables, log.warning)
+                if (partial := partial_publication_note(conn, src.publication)) is not None:
+                    log.warning("%s", partial)
                 self._includes_checked = True
             tables = [t for t in published if self.config.tables.selected(t.qualified_name)]
             slot = slot_info(conn, src.slot)

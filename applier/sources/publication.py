@@ -52,7 +52,7 @@ def missing_publication_hint(name: str, written: str, existing: list[str]) -> st
     unquoted name folds to lower case, so ``MyPub`` means ``mypub``: when that folding is why (a
     ``"MyPub"`` exists, or the setting has capitals) the hint says so and gives the setting quoted; the
     SQL it prints quotes each name exactly (``quote_ident``), so it creates the publication named."""
-    text = f"publication {quote_ident(name)} does not exist in this database"
+    text = f"publication {name!r} does not exist in this database"
     meant = _as_written(name, written)
     if meant != name:
         text += (f" (source.publication {meant} is read as {name}: an unquoted name folds to lower case, as "
@@ -79,6 +79,30 @@ def _as_written(name: str, written: str) -> str:
         if not word.startswith('"') and word != name and word.lower() == name:
             return word
     return name
+
+
+#: what a publication can publish (``publish = '...'``), in pg_publication's order
+PUBLISHED_ACTIONS = ("insert", "update", "delete", "truncate")
+
+
+def partial_publication_note(conn: psycopg.Connection, publication: str) -> str | None:
+    """What a publication that does not publish every kind of change (``publish = 'insert'``, say) means
+    for a mirror, or None when each of ``publication`` publishes all four: the changes it leaves out never
+    reach the stream, so the Delta tables cannot stay equal to Postgres, and ``verify`` reports the rows
+    that differ. Said at every mirror start, by ``status`` and by ``verify``: nothing else would."""
+    rows = conn.execute("SELECT pubname::text, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication "
+                        "WHERE pubname = ANY(%s) ORDER BY 1", (publication_names(publication),)).fetchall()
+    parts = []
+    for name, *flags in rows:
+        left = [action for action, on in zip(PUBLISHED_ACTIONS, flags, strict=True) if not on]
+        if left:
+            parts.append(f"publication {quote_ident(name)} does not publish {', '.join(left)} (publish = "
+                         f"'{', '.join(a for a, on in zip(PUBLISHED_ACTIONS, flags, strict=True) if on)}')")
+    if not parts:
+        return None
+    return ("; ".join(parts) + ": those changes never reach the stream, so the Delta tables cannot stay equal to "
+            "Postgres (applier verify reports the rows that differ). To mirror exactly: ALTER PUBLICATION ... SET "
+            f"(publish = '{', '.join(PUBLISHED_ACTIONS)}'), then `applier resync --table` the tables that changed")
 
 
 def check_publication(dsn: str, publication: str) -> None:

@@ -271,3 +271,29 @@ def test_more_catalog_changes_end_equal_or_stop_with_a_working_remedy(pg, spark,
         conn.execute(f"DELETE FROM {table} WHERE id = 3")
         mirror(spark, config, once=True)
         _assert_equal(spark, conn, tmp_path / "delta", [("public", table)], "mc_pub")
+
+
+def test_a_publication_that_leaves_out_updates_and_deletes_is_said_at_start_and_by_status(pg, spark, tmp_path,
+                                                                                           caplog, capsys):
+    """Weak case: a ``publish = 'insert'`` publication ran silently while verify reported DIFFERENT. The
+    mirror says at every start what the publication leaves out and how to mirror exactly; so does status."""
+    import logging
+
+    from applier.cli import main as cli_main
+
+    target = tmp_path / "delta"
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE ins (id int PRIMARY KEY, v int)")
+        conn.execute("INSERT INTO ins SELECT g, g FROM generate_series(1, 5) g")
+        conn.execute("CREATE PUBLICATION ins_pub FOR TABLE ins WITH (publish = 'insert')")
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"source:\n  dsn: '{pg.dsn}'\n  publication: ins_pub\n  slot: ins\ntarget:\n  path: {target}\n")
+    with caplog.at_level(logging.WARNING):
+        assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
+    said = [r.getMessage() for r in caplog.records if "does not publish" in r.getMessage()]
+    assert said and "does not publish update, delete, truncate (publish = 'insert')" in said[0], said
+    assert "ALTER PUBLICATION ... SET (publish = 'insert, update, delete, truncate')" in said[0], said
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "PUBLICATION: publication \"ins_pub\" does not publish update, delete, truncate" in out, out
