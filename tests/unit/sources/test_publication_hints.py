@@ -11,7 +11,7 @@ from applier.sources.publication import PublishedTable, missing_publication_hint
 
 def test_an_unquoted_mixed_case_name_points_at_the_quoted_publication_that_exists():
     text = missing_publication_hint("mypub", "MyPub", ["MyPub", "other"])
-    assert 'publication "mypub" does not exist' in text
+    assert "publication 'mypub' does not exist" in text
     assert "MyPub is read as mypub" in text
     assert """publication: '"MyPub"'""" in text and "CREATE PUBLICATION" not in text
 
