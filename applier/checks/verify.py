@@ -5,24 +5,28 @@ through the values layer exactly like pgoutput 't' columns do; Delta rows come f
 reads the table (``applier.sink.store.picker.scanner``: delta-rs without a JVM where it reads the table
 as Spark does, else Spark), as a Spark row holds them. Each row becomes a canonical string; a table
 matches when the row counts and an order-independent checksum (sum of 64-bit row digests) are equal.
-On a mismatch, the rows present on one side only are listed (by key when there is one), limited to a few.
+Both sides are streamed, and no row text is kept (issue 77): each row leaves a 16-byte digest of its
+text (applier.checks.rowdigests, bounded memory, spilled to disk past a budget). On a mismatch the two
+multisets of digests are compared, and a second pass over each side (or over the texts spooled to disk,
+for a stream that cannot be read twice) finds the first few rows present on one side only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 
+from applier.checks.rowdigests import DEFAULT_BUDGET, DIGEST_BYTES, DigestSpool, Excess, TextSpool, first_differences
 from applier.sink.int96 import int96_advice, int96_files_at
 from applier.sink.naming import safe_column_name
 from applier.sink.spec import PROP_COLUMN_NAMES
@@ -64,9 +68,17 @@ def canonical(value: Any) -> str:
     return str(value).replace("\\", "\\\\")
 
 
-def row_digest(row: Iterable[Any]) -> tuple[str, int]:
-    text = "\x1f".join(canonical(v) for v in row)
-    return text, int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+def row_text(row: Iterable[Any]) -> str:
+    """A row's canonical text: its values' canonical texts joined by the unit separator."""
+    return "\x1f".join(canonical(v) for v in row)
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=DIGEST_BYTES).digest()
+
+
+Rows = Iterator[tuple[Any, ...]] | Iterable[tuple[Any, ...]] | Callable[[], Iterator[tuple[Any, ...]]]
+"""Rows to compare: a one-pass iterator, a collection, or a function that reads them afresh each call."""
 
 
 @dataclass
@@ -86,15 +98,68 @@ class TableComparison:
                 and self.source_checksum == self.target_checksum)
 
 
-def _checksum(rows: Iterator[tuple[Any, ...]], keep: Counter[str] | None) -> tuple[int, int]:
-    total, count = 0, 0
-    for row in rows:
-        text, digest = row_digest(row)
-        total = (total + digest) % (1 << 64)
-        count += 1
-        if keep is not None:
-            keep[text] += 1
-    return count, total
+class _Side:
+    """One side of a comparison: its rows for the first pass, and a way to read their texts again for
+    the second (the function called again, the collection iterated again, else the texts spooled to a
+    temporary file as the one-pass iterator went by)."""
+
+    def __init__(self, rows: Rows, detail: bool, budget: int) -> None:
+        self.again: Callable[[], Iterator[tuple[Any, ...]]] | None
+        if callable(rows):
+            self.again = rows
+        elif iter(rows) is not rows:  # a collection: read again as it is
+            self.again = lambda: iter(rows)
+        else:
+            self.again = None
+        self.given = rows
+        self.digests = DigestSpool(budget) if detail else None
+        self.texts = TextSpool() if detail and self.again is None else None
+
+    def first_pass(self) -> tuple[int, int]:
+        """The row count and the checksum (sum of the digests' first 8 bytes, mod 2**64)."""
+        total, count = 0, 0
+        digests, texts = self.digests, self.texts
+        for row in self.given() if callable(self.given) else self.given:
+            encoded = row_text(row).encode("utf-8", "surrogatepass")
+            digest = _digest(encoded)
+            total += int.from_bytes(digest[:8], "big")
+            count += 1
+            if digests is not None:
+                digests.add(digest)
+            if texts is not None:
+                texts.add(encoded)
+        return count, total % (1 << 64)
+
+    def examples(self, wanted: list[Excess], show: int) -> list[str]:
+        """The texts of the ``wanted`` digests' rows, each as many times as it is in excess, in the order
+        of their first rows, at most ``show``."""
+        need = {e.digest for e in wanted}
+        found: dict[bytes, str] = {}
+        if need:
+            if self.texts is not None:
+                encoded: Iterator[bytes] = self.texts.texts()
+            else:
+                assert self.again is not None
+                encoded = (row_text(r).encode("utf-8", "surrogatepass") for r in self.again())
+            try:
+                for text in encoded:
+                    digest = _digest(text)
+                    if digest in need and digest not in found:
+                        found[digest] = text.decode("utf-8", "surrogatepass")
+                        if len(found) == len(need):
+                            break
+            finally:
+                close = getattr(encoded, "close", None)
+                if close is not None:
+                    close()  # a Postgres cursor stops here
+        out = [text for e in wanted if e.digest in found for text in [found[e.digest]] * e.count]
+        return out[:show]
+
+    def close(self) -> None:
+        if self.digests is not None:
+            self.digests.close()
+        if self.texts is not None:
+            self.texts.close()
 
 
 class _RawText(Loader):
@@ -126,6 +191,7 @@ def postgres_rows(conn: psycopg.Connection, namespace: str, table: str, columns:
         for oid in _result_type_oids(conn, [c[1] for c in columns]):
             cur.adapters.register_loader(oid, _RawText)
         where = f" WHERE {row_filter}" if row_filter else ""  # the server's own text of the filter
+        cur.itersize = 2000  # rows per FETCH: few round trips, little memory
         cur.execute(f"SELECT {cols} FROM {rel}{where}")  # identifiers quoted; no values in the SQL
         for raw in cur:
             yield tuple(None if v is None else conv(v) for v, conv in zip(raw, converters, strict=True))
@@ -149,17 +215,27 @@ def _pg_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def compare(source_name: str, pg_rows: Iterator[tuple[Any, ...]], delta: Iterator[tuple[Any, ...]],
-            *, show: int = 10, detail: bool = True) -> TableComparison:
-    """Compare two row streams as multisets; with ``detail`` keep row texts to list differences."""
+def compare(source_name: str, pg_rows: Rows, delta: Rows, *, show: int = 10, detail: bool = True,
+            budget: int = DEFAULT_BUDGET) -> TableComparison:
+    """Compare two row streams as multisets; with ``detail`` list (up to ``show``) rows on one side only.
+
+    Memory stays bounded: each row leaves only its digest (24 bytes with its ordinal, on disk past
+    ``budget`` bytes per side). A side given as a function (or a collection) is read a second time for
+    the rows to list, on a mismatch only; a one-pass iterator's row texts are spooled to disk instead."""
     result = TableComparison(source_name)
-    src_texts: Counter[str] | None = Counter() if detail else None
-    tgt_texts: Counter[str] | None = Counter() if detail else None
-    result.source_rows, result.source_checksum = _checksum(pg_rows, src_texts)
-    result.target_rows, result.target_checksum = _checksum(delta, tgt_texts)
-    if not result.equal and src_texts is not None and tgt_texts is not None:
-        result.only_in_source = list((src_texts - tgt_texts).elements())[:show]
-        result.only_in_target = list((tgt_texts - src_texts).elements())[:show]
+    src, tgt = _Side(pg_rows, detail, budget), _Side(delta, detail, budget)
+    try:
+        result.source_rows, result.source_checksum = src.first_pass()
+        result.target_rows, result.target_checksum = tgt.first_pass()
+        if not result.equal and src.digests is not None and tgt.digests is not None:
+            only_source, only_target = first_differences(src.digests, tgt.digests, show)
+            src.digests.close()
+            tgt.digests.close()
+            result.only_in_source = src.examples(only_source, show)
+            result.only_in_target = tgt.examples(only_target, show)
+    finally:
+        src.close()
+        tgt.close()
     return result
 
 
@@ -204,8 +280,16 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
     """Column names and rows of a Postgres table as the mirror's Python values (through the values
     layer, under the mirror's special-value ``policy``); ``keep`` chooses the columns (default: all
     live ones), ``row_filter`` the rows (a publication's row filter)."""
-    from functools import partial
+    names, read = postgres_table_reader(conn, namespace, table, keep, policy, row_filter)
+    return names, read()
 
+
+def postgres_table_reader(conn: psycopg.Connection, namespace: str, table: str,
+                          keep: Callable[[str], bool] | None = None,
+                          policy: SpecialValuePolicy = "error", row_filter: str | None = None,
+                          ) -> tuple[list[str], Callable[[], Iterator[tuple[Any, ...]]]]:
+    """As ``postgres_table_rows``, with a function that reads the rows afresh (a query of its own,
+    streamed through a server-side cursor) each time it is called."""
     from applier.protocol.messages import COL_TEXT
     from applier.values import convert_value
 
@@ -213,7 +297,11 @@ def postgres_table_rows(conn: psycopg.Connection, namespace: str, table: str,
     types = _type_cache_from_postgres(conn)
     converters = [partial(convert_value, COL_TEXT, type_oid=oid, typmod=typmod, types=types, column=name,
                           policy=policy) for name, oid, typmod in cols]
-    return [c[0] for c in cols], postgres_rows(conn, namespace, table, cols, converters, row_filter)
+    return [c[0] for c in cols], partial(postgres_rows, conn, namespace, table, cols, converters, row_filter)
+
+
+def _projected(read: Callable[[], Iterator[tuple[Any, ...]]], keep_at: list[int]) -> Iterator[tuple[Any, ...]]:
+    return (tuple(row[i] for i in keep_at) for row in read())
 
 
 def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, namespace: str, table: str,
@@ -231,9 +319,9 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     written under ``safe`` says so itself too (its ``applier.columnNames`` property), which is enough for
     ``applier verify`` without a config."""
     excluded, kept = set(exclude), None if only is None else set(only)
-    names, rows = postgres_table_rows(conn, namespace, table,
-                                      lambda c: c not in excluded and (kept is None or c in kept), policy,
-                                      row_filter)
+    names, rows = postgres_table_reader(conn, namespace, table,
+                                        lambda c: c not in excluded and (kept is None or c in kept), policy,
+                                        row_filter)
     store = scanner(path, spark, spark_only=reader == "spark")
     int96 = [] if store.uses_spark else (int96_files_at(path) or [])
     if int96:  # delta-rs misreads them (or stops): compared as Spark reads them, and reported
@@ -256,8 +344,10 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     if missing:
         keep_at = [i for i, n in enumerate(names) if n not in missing]
         names = [names[i] for i in keep_at]
-        rows = (tuple(row[i] for i in keep_at) for row in rows)
-    result = compare(f"{namespace}.{table}", rows, store.scan(path, names, unless=soft_deleted), detail=detail)
+        rows = partial(_projected, rows, keep_at)
+    # both sides as functions: read a second time, on a mismatch, for the rows to list (issue 77)
+    result = compare(f"{namespace}.{table}", rows, lambda: store.scan(path, names, unless=soft_deleted),
+                     detail=detail)
     result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
     if int96:
         result.problems.append(int96_advice(int96) + "; compared as Spark reads them")
