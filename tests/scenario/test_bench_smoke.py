@@ -95,6 +95,9 @@ SMOKES: dict[str, Smoke] = {
     "stream_read.py": Smoke(("--transactions", "20", "--rows-per-transaction", "10", "--runs", "1"),
                             ("plain.messages", "plain.reader_cpu_s", "gathered.messages", "gathered.wall_s"),
                             equal=None),
+    "verify_memory.py": Smoke(("--rows", "2000", "--runs", "1"),
+                              ("rows", "codes.*.median_seconds", "codes.*.median_peak_rss_mb",
+                               "codes.*.changed_peak_rss_mb")),
 }
 
 #: Modules in bench/ that are not scripts: the scripts import them, so their smoke runs run them.
