@@ -32,7 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import psycopg
+
     from applier.api import plan_verify, verify_plan
+    from applier.errors import ConfigError
     from applier.spark.session import SparkProvider, SparkSettings, build_spark_session
 
     # DSN parsed and connected before Spark starts: unreachable or unparsable -> exit 3 or 2, one line.
@@ -40,7 +43,15 @@ def run(args: argparse.Namespace) -> int:
                        special_values=args.special_values)
     # Spark only for a table delta-rs cannot read (or a catalog name): most runs start no JVM
     spark = SparkProvider(lambda: build_spark_session(SparkSettings(locations=(plan.target,))))
-    results = verify_plan(spark, plan)
+    try:
+        results = verify_plan(spark, plan)
+    except psycopg.errors.InsufficientPrivilege as e:  # a restart cures nothing, and it is no bug: exit 2
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        table = message.rpartition(" for table ")[2] if " for table " in message else "the table"
+        raise ConfigError(
+            f"the role verify connects as cannot read a mirrored table ({message}): verify reads every mirrored "
+            f"table from Postgres. Grant it as the table's owner (GRANT SELECT ON {table} TO <role>), connect as a "
+            "role that can read it, or verify the other tables only (--table)", sqlstate=e.sqlstate) from None
     bad = 0
     for r in results:
         state = "equal" if r.equal else "DIFFERENT"

@@ -44,6 +44,7 @@ from applier.sources.catalog_lookup import LiveCatalog
 from applier.sources.failures import is_transient
 from applier.sources.publication import (
     PublishedTable,
+    check_readable,
     check_rule_columns,
     partial_publication_note,
     published_tables,
@@ -213,6 +214,7 @@ class Mirror:
                     "tables, or use another slot name", slot=src.slot, target=self.config.target.path,
                     state_dir=str(self.state.root))
             check_rule_columns(conn, tables, self.config.tables)  # before any slot: a wrong rule is exit 2
+            check_readable(conn, tables)  # and so is a table this role cannot read
             if src.two_phase and conn.info.server_version < 150000:
                 raise SourceError("two_phase needs PostgreSQL 15 or later", slot=src.slot)
         if resume_at is None:

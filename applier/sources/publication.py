@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,6 +180,32 @@ def warn_unmatched_includes(published: list[PublishedTable], publication: str, t
                 f"it publishes {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
         warn(f"tables.include pattern {pattern!r} matches no table of publication {publication} (globs over "
              f"'schema.table', case-sensitive): {hint} Fix the pattern, or add the table to the publication")
+
+
+def check_readable(conn: psycopg.Connection, tables: list[PublishedTable]) -> None:
+    """ConfigError (exit 2) naming the published tables this role cannot read, with the GRANT that fixes
+    it: the mirror calls it before it creates its slot. Found by the copy instead, the run stopped with
+    exit 3 (a restart meets it again) and its new slot kept WAL on the server while nobody read it. A
+    column-level grant of every published column is enough, as it is for the copy's SELECT."""
+    oids = [t.oid for t in tables if t.oid is not None]
+    if not oids:
+        return
+    rows = conn.execute(
+        "SELECT c.oid::int8, format('%%I.%%I', n.nspname, c.relname), current_user::text, coalesce(("
+        "SELECT bool_and(has_column_privilege(c.oid, a.attnum, 'SELECT')) FROM pg_attribute a WHERE a.attrelid = "
+        "c.oid AND a.attnum > 0 AND NOT a.attisdropped AND (%(cols)s::jsonb -> c.oid::text IS NULL OR "
+        "%(cols)s::jsonb -> c.oid::text ? a.attname)), true) FROM pg_class c JOIN pg_namespace n ON n.oid = "
+        "c.relnamespace WHERE c.oid = ANY(%(oids)s)",
+        {"oids": oids, "cols": json.dumps({str(t.oid): list(t.columns) for t in tables
+                                           if t.oid is not None and t.columns is not None})}).fetchall()
+    denied = [(str(name), str(role)) for _oid, name, role, readable in rows if not readable]
+    if denied:
+        role = denied[0][1]
+        names = ", ".join(name for name, _role in denied)
+        raise ConfigError(
+            f"role {role} cannot read published table(s) {names}, which the mirror copies with SELECT; nothing was "
+            f"created (no slot). Grant it as the tables' owner: GRANT SELECT ON {names} TO {quote_ident(role)}; "
+            "or leave the tables out (tables.exclude), then run again", tables=names, role=role)
 
 
 def check_rule_columns(conn: psycopg.Connection, tables: list[PublishedTable], settings: TablesSettings) -> None:

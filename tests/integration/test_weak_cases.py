@@ -1,0 +1,58 @@
+"""Issue 77's weak cases that touch a real server: each ends in a clear message, the right exit code and
+a remedy that works, and a run that stops before its first commit leaves no slot behind."""
+
+from __future__ import annotations
+
+import pytest
+from pgroles import role_with_password
+from psycopg import sql
+
+from applier.cli import main as cli_main
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+PASSWORD = "weak-cases-pw"
+
+
+def _slots(pg, name: str) -> int:
+    with pg.connect() as conn:
+        row = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (name,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_role_that_cannot_read_a_published_table_is_told_so_and_leaves_no_slot(pg, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """A role without SELECT on one published table: the first run exited 3 (a restart cures nothing) and
+    left its slot behind; verify by that role exited 5 with a traceback."""
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE readable (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE secret (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO readable VALUES (1)")
+        conn.execute("INSERT INTO secret VALUES (1)")
+        conn.execute("CREATE PUBLICATION wk FOR TABLE readable, secret")
+    with role_with_password(pg, f"wk_{pg.name}", PASSWORD, replication=True) as role:
+        with pg.connect() as conn:
+            conn.execute(sql.SQL("GRANT SELECT ON readable TO {}").format(sql.Identifier(role)))
+        try:
+            monkeypatch.setenv("APPLIER_DSN", pg.cluster.dsn(pg.name, user=role, password=PASSWORD))
+            target = tmp_path / "delta"
+            code = cli_main(["mirror", "--publication", "wk", "--slot", "wk", "--target", str(target), "--once"])
+            err = capsys.readouterr().err
+            print(err)
+            assert code == 2, err
+            assert "public.secret" in err and "GRANT SELECT" in err and "Traceback" not in err, err
+            assert _slots(pg, "wk") == 0 and not (target / "public" / "readable").exists()
+            # verify by that role, of a target the owner mirrored: a clear stop, no traceback
+            monkeypatch.setenv("APPLIER_DSN", pg.dsn)
+            assert cli_main(["mirror", "--publication", "wk", "--slot", "wk", "--target", str(target), "--once"]) == 0
+            monkeypatch.setenv("APPLIER_DSN", pg.cluster.dsn(pg.name, user=role, password=PASSWORD))
+            capsys.readouterr()
+            code = cli_main(["verify", "--target", str(target)])
+            err = capsys.readouterr().err
+            assert code == 2 and "Traceback" not in err and "table secret" in err and "GRANT SELECT" in err, (code,
+                                                                                                           err)
+        finally:
+            with pg.connect() as conn:
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = 'wk' AND NOT active")
+                conn.execute(sql.SQL("REVOKE ALL ON readable FROM {}").format(sql.Identifier(role)))
