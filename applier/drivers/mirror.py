@@ -98,6 +98,12 @@ class MirrorSummary:
         return out
 
 
+class UnrecordedSlotError(ConfigError, SourceError):
+    """The configured slot exists but this target's state never snapshotted with it (another state
+    directory, an old one restored, or a slot made by hand): exit 2, since a restart meets the same
+    state and the same slot; the message says which setting or drop fixes it."""
+
+
 class Mirror:
     """One mirror run: the snapshot when the target has none, then the stream."""
 
@@ -204,7 +210,7 @@ class Mirror:
                                   "slot and starting over")
                     conn.execute("SELECT pg_drop_replication_slot(%s)", (src.slot,))
             elif slot is not None:
-                raise SourceError(
+                raise UnrecordedSlotError(
                     f"slot {src.slot!r} exists, but the state directory this run uses ({self.state.root}) has no "
                     "record of a snapshot taken with it, so the Delta tables could miss the rows written before "
                     "the slot's position. If this target was mirrored with another state directory (target."

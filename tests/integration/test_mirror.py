@@ -128,6 +128,9 @@ def test_mirror_refuses_a_slot_it_did_not_snapshot_with(pg, spark, tmp_path):
             mirror(spark, _config(pg, tmp_path / "delta"), once=True)
         # it names the state directory it looked in, and the setting that points at another one
         assert str(tmp_path / "delta" / "_applier") in str(refused.value) and "target.state_dir" in str(refused.value)
+        from applier.commands.exitcodes import ExitCode, for_exception
+
+        assert for_exception(refused.value) == ExitCode.USAGE  # a restart meets the same state: exit 2, not 3
         with pytest.raises(ConfigError, match="publication 'nope' does not exist"):
             cfg = _config(pg, tmp_path / "delta2")
             mirror(spark, cfg.model_copy(update={"source": cfg.source.model_copy(update={"publication": "nope"})}),
