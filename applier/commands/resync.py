@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from applier.spark.session import build_spark_session_for
 
     cfg = config_from_args(args)
-    with target_writer(cfg.target.path, cfg.target.state_dir, command="resync"):
+    with target_writer(cfg.target.path, cfg.target.state_dir, command="resync",
+                       mended=[t for t in args.table if not t.isdigit()]):
         dsn = cfg.source.resolved_dsn()
         check_connection(dsn)  # before Spark starts, as for mirror: a wrong DSN, publication or table is exit 2/3
         check_publication(dsn, cfg.source.publication)

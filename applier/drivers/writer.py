@@ -10,7 +10,7 @@ is orchestration over storage, state and the sink, so it lives here, above all o
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -40,14 +40,16 @@ def location_lock(location: str | Path, what: str, *, lock_name: str = LOCK_FILE
 
 @contextmanager
 def target_writer(target_path: str | Path, state_dir: str | None = None, *, command: str,
-                  dry_run: bool = False, config_file: str | None = None) -> Iterator[None]:
+                  dry_run: bool = False, config_file: str | None = None,
+                  mended: Collection[str] = ()) -> Iterator[None]:
     """Be the only writer of a target (``replay``, ``mirror``): hold the lock in its state
     directory, remove the spill files a killed run left there, and check that every table earlier
     runs wrote is still there, still the same Delta table (sink/registry.py) and not behind the
     version and applied LSN they recorded for it (sink/tableversions.py: its Delta history went
     backwards); the tables are remembered again when the body ends, even by an error. A dry run writes
     nothing and takes no lock. ``resync`` is told of a table behind but not stopped: it is the way to
-    copy one anew. ``config_file``: the config the command was given (the remedy a stop prints names it).
+    copy one anew, nor by a gone or replaced table it names (``mended``: it copies them anew). ``config_file``:
+    the config the command was given (the remedy a stop prints names it).
 
     Every entry point that writes a target opens this first: the commands (and so the spark-submit
     jobs), the Python API (``applier.replay``, ``applier.mirror``) and the foreachBatch sink
@@ -67,7 +69,7 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
         if removed := clear_stale_spill(state.spill_dir):
             print(f"applier: removed {removed} spill file(s) left by a killed run", file=sys.stderr, flush=True)
         registry = TargetRegistry(state, target_path)
-        registry.check(command)
+        registry.check(command, mended=mended)  # a resync's own tables may be gone: it copies them anew
         versions = TableVersions(state, str(target_path))
         if behind := versions.behind(registry.entries):
             error = versions.error(behind, command, config_file)

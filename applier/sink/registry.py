@@ -11,6 +11,7 @@ log alone, without Spark.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from applier.errors import InputError
@@ -38,10 +39,10 @@ def delta_table_id(path: TablePath) -> str | None:
 
 def _rebuild_advice(command: str, state: StateDir, name: str) -> str:
     if command in ("mirror", "resync"):
-        how = ("re-copy just this table: delete its directory, remove its entries from this file and from "
-               f"{state.root / 'copied_tables.json'}, and run `applier mirror` again (it copies the table alone "
-               "under a snapshot of its own and follows it from the stream); or re-copy every table: stop the "
-               "mirror, drop its slot (SELECT pg_drop_replication_slot('<slot>')) and run `applier mirror` again")
+        how = (f"re-copy just this table: `applier resync --config FILE --table {name}` (it copies the table alone "
+               "under a snapshot of its own; `applier mirror` then follows it from the stream); or re-copy every "
+               "table: stop the mirror, drop its slot (SELECT pg_drop_replication_slot('<slot>')) and run "
+               "`applier mirror` again")
     else:
         how = ("rebuild it: delete this table's directory and run `applier replay` with a log that starts "
                "before the table's first change (the other tables skip what they have)")
@@ -57,13 +58,20 @@ class TargetRegistry:
         self.target_dir = str(target_dir)  # a local directory or an object-store URI (a Path folds s3://)
         self.entries: dict[str, dict[str, str | None]] = state.load(_FILE) or {}
 
-    def check(self, command: str) -> None:
-        """Raise TargetMissingError for the first remembered table that is gone or was replaced."""
+    def check(self, command: str, *, mended: Collection[str] = ()) -> None:
+        """Raise TargetMissingError for the first remembered table that is gone or was replaced. ``mended``:
+        the tables (schema.table) this run copies anew (``applier resync --table``), which the stop names
+        as the remedy: a gone or replaced one is forgotten here, and its copy is remembered when it ends."""
         moving_from = interrupted_move(self.state)
         for path, entry in sorted(self.entries.items()):
             name = str(entry.get("table"))
             if path == moving_from:
                 continue  # gone or half moved by a move a run began: the sink finishes and records it
+            if name in mended and (not (location(path) / "_delta_log").is_dir()
+                                   or delta_table_id(location(path)) != entry.get("id")):
+                del self.entries[path]
+                self.state.save(_FILE, self.entries)
+                continue
             if not (location(path) / "_delta_log").is_dir():
                 raise TargetMissingError(
                     f"table {name} was written by an earlier run but its directory is gone; its rows "
