@@ -64,7 +64,7 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
     copied on Spark's executors (applier.drivers.executor_copy), the others meanwhile on the driver.
     Returns the rows copied per table."""
     from applier.catalog import RelationCache
-    from applier.sources.catalog_lookup import column_attnums, rewrite_witness
+    from applier.sources.catalog_lookup import column_attnums, dropped_attnums, rewrite_witness
     from applier.sources.snapshot import describe_relation
 
     jobs: list[CopyJob] = []
@@ -85,6 +85,7 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
                 applier.identities.record_attnums(relation.oid, column_attnums(snap, relation.oid))
                 witness = rewrite_witness(snap, relation.oid, ())
                 applier.identities.record_relfilenode(relation.oid, witness.relfilenode if witness else None)
+                applier.identities.record_dropped(relation.oid, dropped_attnums(snap, relation.oid))
         snap.execute("COMMIT")
     copier = InitialCopy(dsn, snapshot_name, workers=settings.workers(), progress=progress,
                          progress_every=progress_every, on_rows=on_rows)

@@ -291,7 +291,7 @@ class DeltaApplier:
         if piece and len(runs) > 1:
             return False
         if self._dry_run is None:
-            self._ensure(path, spec, last_batch.schema)
+            self._ensure(path, spec, last_batch.schema, touched=lambda: _touched_keys(todo))
             self._check_columns(path, spec.source_name, last_batch.relation_oid, group_end)  # as the catalog is now
         for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
             self._commit_run(path, spec, run, last_batch.schema)
@@ -601,7 +601,8 @@ class DeltaApplier:
         a group's commit does first, and what a column fill does before it writes (columnfill)."""
         self._ensure(path, spec, schema_version)
 
-    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+    def _ensure(self, path: str, spec: TableSpec, schema_version: SchemaVersion, *,
+                touched: Callable[[], set[tuple[object, ...]]] | None = None) -> None:
         seen = self._schema_seen.get(path)
         if seen is schema_version or seen == schema_version:  # equal: a catalog rebuilt from its JSON (ranges)
             return
@@ -610,7 +611,7 @@ class DeltaApplier:
                 "the source table's schema changed and apply.schema_changes is 'stop'; to go on, set it to "
                 f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
                 table=spec.source_name)
-        self._check_retype(path, spec, schema_version)
+        self._check_retype(path, spec, schema_version, touched)
         options = table_options(self.tables.rule_for(spec.source_name))
         renames = None
         if self.identities is not None:
@@ -645,7 +646,8 @@ class DeltaApplier:
         self._schema_seen[path] = schema_version
         self.stores.forget(path)  # a new schema may have brought a feature delta-rs cannot write
 
-    def _check_retype(self, path: str, spec: TableSpec, schema_version: SchemaVersion) -> None:
+    def _check_retype(self, path: str, spec: TableSpec, schema_version: SchemaVersion,
+                      touched: Callable[[], set[tuple[object, ...]]] | None) -> None:
         """TypeRewriteError when the version changes a column's Postgres type and the values of the table's
         existing rows cannot be proven kept (applier.sink.retypes: ``ALTER ... TYPE ... USING``), before
         the Delta table is touched."""
@@ -662,14 +664,16 @@ class DeltaApplier:
             return convert_value(COL_TEXT, text, column.type_oid, column.type_modifier, self.types,
                                  self.settings.special_values, name)
 
-        def delta_rows(key: Sequence[str], values: Sequence[str]) -> dict[tuple[object, ...], tuple[object, ...]]:
+        def delta_rows(key: Sequence[str],
+                       values: Sequence[str]) -> dict[tuple[object, ...], tuple[object, ...]] | None:
             names = [spec.delta_name(c) for c in (*key, *values)]
             reader = self.stores.reader(path)
             if not set(names) <= set(reader.columns(path)):
-                return {}  # a column renamed in the same change: no row can be matched, nothing is proven
+                return None  # a column renamed in the same change: no row can be matched, nothing is proven
             return {row[:len(key)]: row[len(key):] for row in reader.scan(path, names)}
 
-        why = unproven_retype(self.identities, schema_version, convert, delta_rows)
+        why = unproven_retype(self.identities, schema_version, convert, delta_rows,
+                              touched() if touched is not None else None)
         if why is not None:
             oid = schema_version.relation.oid
             raise TypeRewriteError(
@@ -752,6 +756,19 @@ class PlannedCommit:
     plan: TablePlan
     description: str
     tag: tuple[str, int] | None = None
+
+
+def _touched_keys(todo: list[tuple[int, TableBatch]]) -> set[tuple[object, ...]]:
+    """The keys (old and new) of every row the group's changes to a table touch: the Delta table does not hold
+    their state as of a type change inside the group yet (applier.sink.retypes leaves them out)."""
+    out: set[tuple[object, ...]] = set()
+    for _lsn, batch in todo:
+        positions = batch.schema.key_indexes
+        for change in batch.changes:
+            for row in (change.old_row, change.new_row):
+                if row is not None and positions and len(row) > max(positions):
+                    out.add(tuple(row[i] for i in positions))
+    return out
 
 
 def piece_app_id(app_id: str, end_lsn: int) -> str:

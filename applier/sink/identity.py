@@ -433,6 +433,13 @@ class TableIdentities:
             entry.set_attnums(attnums)
             self._save()
 
+    def record_dropped(self, oid: int, dropped: set[int]) -> None:
+        """The attnums of relation ``oid``'s columns dropped as of its copy: the baseline's, which the
+        stream never shows dropped (``observe`` counts only newer ones)."""
+        if oid in self._bound:
+            self._columns.setdefault(oid, {"renamed": {}, "dropped": []})["dropped_upto"] = max(dropped, default=0)
+            self._save()
+
     def record_relfilenode(self, oid: int, relfilenode: int | None) -> None:
         """Relation ``oid``'s relfilenode as of its copy, or of a type change proven to keep its values."""
         entry = self._bound.get(oid)
@@ -466,23 +473,28 @@ class TableIdentities:
         if self._moved_columns(entry, table, now, columns, False):
             return  # never recorded as the baseline: the next Relation would look as if nothing happened
         known = set(entry.attnums.values()) | set(entry.former.values())
-        log_ = self._columns.get(oid, {})
-        if known and any(n not in entry.attnums for n in now):
+        log_ = self._columns.setdefault(oid, {"renamed": {}, "dropped": []})
+        try:
+            dropped = self.lookup.dropped_attnums(oid)
+        except NotRecorded:
+            dropped = set()
+        if known and "dropped_upto" in log_ and any(n not in entry.attnums for n in now):
             # Columns added since the baseline take their attnums from the catalog now. Each column newer
-            # than every recorded one that has been dropped since must be one the stream showed dropped:
-            # one more, and an added name may have been dropped and added again after the Relation that
-            # added it (the Relations around that look alike), so the catalog's attnum may not be its.
-            try:
-                late = sorted(d for d in self.lookup.dropped_attnums(oid) if d > max(known))
-            except NotRecorded:
-                late = []
+            # than every recorded one (and than every one dropped at the last record) that has been dropped
+            # since must be one the stream showed dropped: one more, and an added name may have been dropped
+            # and added again after the Relation that added it (the Relations around that look alike), so the
+            # catalog's attnum may not be its.
+            floor = max(max(known), int(log_.get("dropped_upto", 0)))
+            late = sorted(d for d in dropped if d > floor)
             if len(late) > int(log_.get("new_dropped", 0)):
                 self.needs_copy(oid, table, f"a column of {table} added since the mirror last recorded its columns "
                                 "was dropped again where the stream does not show it (attnum "
                                 + ", ".join(map(str, late)) + "), so the catalog cannot say which column each new "
                                 "name is")
                 return
-        if oid in self._columns and self._columns[oid].pop("new_dropped", None) is not None:
+        upto = max(dropped, default=int(log_.get("dropped_upto", 0)))
+        if log_.pop("new_dropped", None) is not None or log_.get("dropped_upto") != upto:
+            log_["dropped_upto"] = upto  # drops the stream showed ahead of this record are behind it now
             self._save()
         self.record_attnums(oid, now)
 

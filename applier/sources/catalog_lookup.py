@@ -98,10 +98,7 @@ class LiveCatalog:
                     yield found[:-1]
 
     def dropped_attnums(self, oid: int) -> set[int]:
-        rows = self._ask(lambda conn: conn.execute(
-            "SELECT attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND attisdropped",
-            (oid,)).fetchall())
-        return {int(r[0]) for r in rows}
+        return self._ask(lambda conn: dropped_attnums(conn, oid))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +121,13 @@ def rewrite_witness(conn: psycopg.Connection, oid: int, columns: Sequence[str]) 
     attrs = conn.execute("SELECT attname, xmin::text FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s) "
                          "AND attnum > 0 AND NOT attisdropped", (oid, list(columns))).fetchall()
     return RewriteWitness(int(row[0]), str(row[1]), {str(n): str(x) for n, x in attrs})
+
+
+def dropped_attnums(conn: psycopg.Connection, oid: int) -> set[int]:
+    """The attnums of relation ``oid``'s dropped columns (PostgreSQL keeps them in pg_attribute)."""
+    rows = conn.execute("SELECT attnum FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND attisdropped",
+                        (oid,)).fetchall()
+    return {int(r[0]) for r in rows}
 
 
 def column_attnums(conn: psycopg.Connection, oid: int) -> dict[str, int]:

@@ -235,7 +235,9 @@ _MORE_CHANGES = {
     "cluster_then_varchar": ["CLUSTER m USING m_pkey", "ALTER TABLE m ALTER COLUMN s TYPE varchar(80)"],
     "truncate_then_widen": ["TRUNCATE m", "INSERT INTO m SELECT g, g, 'x' || g, g FROM generate_series(1, 5) g",
                             "ALTER TABLE m ALTER COLUMN v TYPE bigint"],
-    "widen_then_rename": ["ALTER TABLE m ALTER COLUMN v TYPE bigint USING v + 1", "ALTER TABLE m RENAME COLUMN v TO w"],
+    # one transaction (one statement string): the rename's Relation carries the retype (a later transaction's
+    # rename hides which rows the ALTER wrote: kept with a warning, docs/schema-changes.md)
+    "widen_then_rename": ["ALTER TABLE m ALTER COLUMN v TYPE bigint USING v + 1; ALTER TABLE m RENAME COLUMN v TO w"],
     "drop_add_other_type": ["ALTER TABLE m DROP COLUMN n", "ALTER TABLE m ADD COLUMN n text DEFAULT 'd'"],
     "rename_and_add_old_name": ["ALTER TABLE m RENAME COLUMN s TO s2", "ALTER TABLE m ADD COLUMN s int"],
     "set_default_only": ["ALTER TABLE m ALTER COLUMN n SET DEFAULT 42"],
