@@ -66,5 +66,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  only in delta:    {row.replace(chr(31), ' | ') or '(a row without columns)'}")
     if bad:
         logging.getLogger("applier.verify").warning("%d of %d tables differ", bad, len(results))
+        if plan.publication is not None:  # a publication that leaves changes out explains every difference
+            from applier.sources.publication import partial_publication_note
+
+            with psycopg.connect(plan.dsn, autocommit=True) as conn:
+                partial = partial_publication_note(conn, plan.publication)
+            if partial is not None:
+                print(f"why: {partial}")
         return ExitCode.DIFFERENCES
     return ExitCode.OK

@@ -299,3 +299,11 @@ def test_a_publication_that_leaves_out_updates_and_deletes_is_said_at_start_and_
     assert cli_main(["status", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "PUBLICATION: publication \"ins_pub\" does not publish update, delete, truncate" in out, out
+    with pg.connect() as conn:
+        conn.execute("UPDATE ins SET v = 0 WHERE id = 1")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
+    capsys.readouterr()
+    assert cli_main(["verify", "--config", str(cfg)]) == 1  # the update never reached the stream
+    out = capsys.readouterr().out
+    assert "public.ins" in out and "DIFFERENT" in out and "why: publication \"ins_pub\" does not publish update" \
+        in out, out
