@@ -408,7 +408,13 @@ def _batches(table: Any, columns: list[str]) -> Iterator[Any]:
     import pyarrow as pa
 
     if "deletionVectors" not in set(table.protocol().reader_features or ()):
-        yield from table.to_pyarrow_dataset().to_batches(columns=columns)
+        import pyarrow.dataset as ds
+
+        # pre_buffer off: the scan reads a row group's pages as it decodes them, instead of the whole row group
+        # at once (a 1M-row group held ~450 MB in verify; measured in bench/verify_memory.py)
+        options = ds.ParquetFragmentScanOptions(pre_buffer=False)
+        yield from table.to_pyarrow_dataset().to_batches(columns=columns, fragment_scan_options=options,
+                                                         batch_readahead=2, fragment_readahead=1)
         return
     from deltalake import QueryBuilder
 
