@@ -184,9 +184,8 @@ class RelationCache:
             change = _diff(current.relation, rel)
             if not change.dropped and self.columns_changed is not None:
                 self.columns_changed(rel.oid, _qualified(rel), (), (), {}, columns=_names(rel))
-            if change.dropped and self.columns_changed is not None:
-                old = tuple(c.name for c in current.relation.columns)
-                candidates = rename_candidates(old, tuple(c.name for c in rel.columns))
+            elif change.dropped and self.columns_changed is not None:
+                candidates = rename_candidates(_names(current.relation), _names(rel))
                 renamed = self.columns_changed(rel.oid, _qualified(rel), change.dropped, change.added, candidates,
                                                columns=_names(rel))
                 if renamed:

@@ -292,7 +292,6 @@ class DeltaApplier:
             return False
         if self._dry_run is None:
             self._ensure(path, spec, last_batch.schema, touched=lambda: _touched_keys(todo))
-            self._check_columns(path, spec.source_name, last_batch.relation_oid, group_end)  # as the catalog is now
         for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
             self._commit_run(path, spec, run, last_batch.schema)
         todo = runs[-1]
@@ -319,7 +318,7 @@ class DeltaApplier:
         oid_of[spec.source_name] = last_batch.relation_oid
         return True
 
-    def _check_columns(self, path: str, source_name: str, oid: int, group_end: int) -> None:
+    def _check_columns(self, path: str, source_name: str, oid: int, group_end: int | None = None) -> None:
         """ColumnIdentityError when the identity map found that relation ``oid``'s columns are no longer
         the ones its Delta table holds (TableIdentities.recopy_reason): raised before any row is written."""
         if self.identities is None or (why := self.identities.recopy_reason(oid)) is None:
@@ -328,7 +327,7 @@ class DeltaApplier:
             f"{source_name} (relation OID {oid}): {why}; no row of it was written to its Delta table at {path}. "
             f"To go on: copy the table again (`applier resync --config FILE --table {source_name}`, or by its "
             "relation OID; or set apply.schema_changes: resync to do this by itself)", table=source_name,
-            relation_oid=oid, end_lsn=format_lsn(group_end))
+            relation_oid=oid, **({} if group_end is None else {"end_lsn": format_lsn(group_end)}))
 
     def _past_pieces(self, path: str, source_name: str,
                      todo: list[tuple[int, TableBatch]]) -> list[tuple[int, TableBatch]]:
@@ -639,6 +638,9 @@ class DeltaApplier:
                                             tuple(map(spec.postgres_name, spec.column_names)))
             # after the evolution: the renames were proven with the attnums recorded before
             self.identities.observe(schema_version.relation.oid, schema_version.column_names)
+            # the catalog as it is now may show a column that is another one (whoever evolves: a group, a fold
+            # of ranges, a column fill): stop before any row is written
+            self._check_columns(path, spec.source_name, schema_version.relation.oid)
         self.targets.created(path)
         self.versions.pop(path, None)
         if path in self._schema_seen and self._on_schema_change is not None:

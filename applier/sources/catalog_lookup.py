@@ -79,18 +79,17 @@ class LiveCatalog:
         """As text, ``key`` and ``columns`` of the rows of relation ``oid`` that transaction ``xid`` wrote
         with its first command that wrote any (the ALTER's rewrite) and nobody changed since (their xmin
         and cmin), in batches from a cursor of its own connection."""
+        name = self.relation(oid)
+        if name is None:
+            return
         with psycopg.connect(self.dsn) as conn:
             pin_session(conn)
-            row = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
-                               "c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
-            if row is None:
-                return
             # the ALTER's rewrite writes every row with one command id; a change later in the same transaction
             # (an UPDATE after the ALTER) has a higher one, and its row is in the stream
             text = [sql.SQL("{}::text").format(sql.Identifier(c)) for c in (*key, *columns)]
             query = sql.SQL("WITH w AS (SELECT {}, cmin::text::bigint AS applier_cid FROM ONLY {}.{} WHERE xmin = "
                             "%s::xid) SELECT * FROM w WHERE applier_cid = (SELECT min(applier_cid) FROM w)").format(
-                sql.SQL(", ").join(text), sql.Identifier(str(row[0])), sql.Identifier(str(row[1])))
+                sql.SQL(", ").join(text), sql.Identifier(name[0]), sql.Identifier(name[1]))
             with conn.cursor(name="applier_rewritten_rows") as cursor:
                 cursor.itersize = 10_000
                 cursor.execute(query, (xid,))
