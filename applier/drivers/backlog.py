@@ -67,6 +67,14 @@ TAIL_DIVISOR = 16
 #: Messages read past the target to finish a transaction open there (StreamRanges._read)
 FINISH_AT_MOST = 10_000
 
+#: What a message read and held costs beyond its bytes (the bytes object, its LSN, two list slots), for
+#: StreamRanges' ``range_bytes``
+MESSAGE_OVERHEAD = 80
+
+#: The share of ``apply.memory_budget_mb`` one range may hold (StreamRanges ``range_bytes``): the reader,
+#: the ranges waiting (``queued``) and the one being folded then hold about the budget together.
+RANGE_BUDGET_DIVISOR = 6
+
 #: A round of a follower (StreamRanges ``until``) ends once the stream has been quiet this long with no
 #: transaction open: the load has stopped, and what was read is committed at once. Under pgbench's load a
 #: frame comes every fraction of a millisecond, but on a busy machine the walsender can be off a core for
@@ -109,15 +117,25 @@ class StreamRanges:
     with one open). A round that read to the server's position when it began, and then waited out its
     pace, left what arrived meanwhile to the next round: after a busy period the last of it was applied
     a pace step, a reading and a commit after the load stopped (bench/follow.py's drain). Read as it
-    arrives, it is folded and committed once the stream goes quiet."""
+    arrives, it is folded and committed once the stream goes quiet.
+
+    ``range_bytes`` bounds what one range holds (its messages' bytes, ``MESSAGE_OVERHEAD`` each more): a
+    range that reaches it is cut at the next end of a transaction, like one of ``partition_messages``; and
+    when twice that is read with the transaction still open, the reading ends there and what was read
+    becomes the tail (``handed_over``). Such a transaction is larger than a range may be: the apply loop
+    takes it, and applies it in pieces within ``apply.memory_budget_mb`` (applier.assembly) as it goes on
+    reading the same stream, where a range would have held it whole (a 3M-row UPDATE in a catch-up at the
+    start: 2.3 GB, issue 77)."""
 
     def __init__(self, stream: BacklogStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
                  target: int, queued: int = 3, quiet_seconds: float = OPEN_QUIET_SECONDS,
                  until: float | None = None,
-                 columns_changed: ColumnsChanged | None = None) -> None:
+                 columns_changed: ColumnsChanged | None = None, range_bytes: int | None = None) -> None:
         self.stream = stream
         self.surveyor = Surveyor(catalog_json, columns_changed)
         self.partition_messages = partition_messages
+        self.range_bytes = range_bytes if range_bytes is not None else _NO_TARGET
+        self.handed_over: int | None = None  # the bytes held when an open transaction ended the reading
         self.target = target
         self.until = until
         self.quiet_seconds = quiet_seconds
@@ -157,6 +175,8 @@ class StreamRanges:
         open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
         nothing_open = surveyor.nothing_open
         reached = False
+        range_bytes = self.range_bytes
+        held = 0  # what the messages read and not yet cut hold (``range_bytes``)
         # A catch-up's last ranges shrink: each range from the second on ends at half the way left to the
         # target (at least ``smallest`` messages), so that the fold of the last one, which nothing overlaps,
         # is short. With full ranges the last one's fold began when the reading ended: a quarter of the
@@ -190,12 +210,16 @@ class StreamRanges:
                         datas.append(frame[1])
             if len(lsns) > new:
                 last_message = time.monotonic()
+                held += sum(map(len, datas[new:])) + MESSAGE_OVERHEAD * (len(lsns) - new)
             k, end = new, len(lsns)
             while k < end:  # each new message: its place checked, the catalog followed, a cut after it?
                 # in runs (Surveyor.add_run) up to where a cut may come: the range's size reached, or a
                 # message at the target; past the size, one at a time to the end of its transaction
                 if reached:
                     after = add_run(lsns, datas, k, end, _NO_TARGET)
+                elif held >= range_bytes:
+                    after = k + 1
+                    add(lsns[k], datas[k])
                 elif k + 1 < smallest:
                     after = add_run(lsns, datas, k, min(end, smallest), target)
                 elif k + 1 < self.partition_messages:
@@ -206,13 +230,15 @@ class StreamRanges:
                 messages += after - k
                 k = after
                 lsn, data = lsns[k - 1], datas[k - 1]
-                due = k >= self.partition_messages or lsn >= target or (k >= smallest and lsn >= halfway)
+                due = k >= self.partition_messages or lsn >= target or (k >= smallest and lsn >= halfway) \
+                    or held >= range_bytes
                 if not reached and due and may_cut_after(data):
                     self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
                     last_message = time.monotonic()  # a wait for room (slow folds) is not the stream's quiet
                     index += 1
                     # what was read past the cut starts the next range (past the target: the tail)
                     lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
+                    held = sum(map(len, datas)) + MESSAGE_OVERHEAD * len(datas)
                     start_catalog = survey.catalog.to_json()
                     reached = lsn >= target
                     if self.until is None:  # (a catch-up's)
@@ -220,11 +246,15 @@ class StreamRanges:
             if keepalive is not None and keepalive.wal_end >= target \
                     and (self.until is None or nothing_open()):  # (a round: not in a transaction)
                 break
+            if held >= 2 * range_bytes and not nothing_open():
+                self.handed_over = held  # a transaction too large for a range: the apply loop's (above)
+                break
         # Past the target, a transaction open at the end of what was read is read to its end when it
         # comes at once (its frames are usually already sent; at most FINISH_AT_MOST of them): a tail fed
         # to the apply loop becomes a group of its own, and costs a commit as large as a range's.
         extra = 0
-        while reached and lsns and extra < FINISH_AT_MOST and not nothing_open() and not stopped():
+        while reached and self.handed_over is None and lsns and extra < FINISH_AT_MOST and not nothing_open() \
+                and not stopped():
             frame = read(open_quiet)
             if frame is None:
                 break
@@ -332,7 +362,8 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
                           target=target, until=until,
                           quiet_seconds=FOLLOW_QUIET_SECONDS if until is not None else OPEN_QUIET_SECONDS,
-                          columns_changed=ids.columns_changed if ids is not None else None)
+                          columns_changed=ids.columns_changed if ids is not None else None,
+                          range_bytes=(config.apply.memory_budget_mb << 20) // RANGE_BUDGET_DIVISOR)
     fed = 0
     executors_end: int | None = None
     applied_before = loop.applier.stats.transactions
@@ -372,7 +403,15 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
         executors_part()  # the catalog as at the end of the backlog is the loop's (fold_and_commit)
     loop.messages += survey.messages - fed
     where = "on the driver" if on_driver else "on executors"
+    if source.handed_over is not None:
+        progress(f"catch-up: a transaction holds over {_kib(source.handed_over)} where a range may hold "
+                 f"{_kib(source.range_bytes)} (apply.memory_budget_mb / {RANGE_BUDGET_DIVISOR}); it is applied "
+                 "on the driver, in pieces within apply.memory_budget_mb, and the stream followed from there")
     progress(f"catch-up {where}: {survey.messages - fed} messages in {summary.ranges} ranges, "
              f"{transactions} transactions, up to {format_lsn(executors_end) if executors_end else '-'} "
              f"in {time.monotonic() - started:.1f}s (reading {source.seconds:.1f}s, "
              f"{source.cpu_seconds:.1f}s of it CPU, {stream.reading_note()})")
+
+
+def _kib(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} kB"

@@ -117,3 +117,36 @@ def test_a_crash_between_pieces_then_other_pieces_apply_each_change_once(pg, tmp
         conn.execute("INSERT INTO bag VALUES (-1, 'after')")  # and the mirror goes on from there
         mirror(no_spark, _config(pg, target, 2), once=True)
         _assert_equal(conn, target)
+
+
+@pytest.mark.parametrize("reader", ["auto", "walsender"])
+def test_a_catch_up_at_the_start_hands_a_transaction_over_the_budget_to_the_pieces(pg, tmp_path, reader):
+    """Issue 77: a backlog caught up in ranges held a whole huge transaction in one range (a 3M-row UPDATE:
+    2.3 GB at a budget of 256 MB), since a range is cut only where no transaction is open. A range now
+    holds at most a sixth of the budget; a transaction larger than twice that ends the ranges, and the
+    apply loop takes it and applies it in pieces. Small transactions before and after it go through
+    ranges and the driver; all of it once, whichever reader reads the backlog (a temporary copy of the
+    slot, then the walsender from where the copy's commits ended; or the walsender alone)."""
+    target = tmp_path / "delta"
+    config = MirrorConfig(
+        source=SourceSettings(dsn=pg.dsn, slot="huge", publication="huge"), target=TargetSettings(path=str(target)),
+        apply=ApplySettings(memory_budget_mb=1),
+        distributed=DistributedSettings(mode="on", min_backlog_mb=0, backlog_reader=reader))
+    no_spark = SparkProvider(lambda: pytest.fail("Spark started"))
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        mirror(no_spark, config, once=True)
+        for i in range(40):  # about 400 kB of small transactions: ranges of their own before the big one
+            conn.execute("UPDATE h SET v = v + 1 WHERE id BETWEEN %s AND %s", (i * 100 + 1, i * 100 + 60))
+        conn.execute(BIG)
+        conn.execute("INSERT INTO bag VALUES (-2, 'after the big one')")
+        lines: list[str] = []
+        mirror(no_spark, config, once=True, progress=lines.append)
+        handed = [line for line in lines if "catch-up: a transaction holds over" in line]
+        assert handed and "applied on the driver, in pieces" in handed[0], lines
+        assert any(": applying piece " in line for line in lines), lines
+        assert any("catch-up on the driver:" in line and " 0 ranges" not in line for line in lines), lines
+        _assert_equal(conn, target)
+        conn.execute("UPDATE bag SET b = 'later' WHERE a = -2")
+        mirror(no_spark, config, once=True)
+        _assert_equal(conn, target)
