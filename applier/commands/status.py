@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.checks.cuts import cut_status, newest_cut
     from applier.checks.status import slot_status, status_json, stops_line, table_status
     from applier.config import SourceSettings, libpq_env_given
+    from applier.infra.stateformat import check_readable
     from applier.infra.stops import last_stops
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         dsn = os.environ.get("APPLIER_DSN") or ("" if libpq_env_given() else None)
     if not target:
         raise ConfigError("no target: pass --target or --config")
+    check_readable(StateDir.for_target(target, cfg.target.state_dir if args.config else None), "status")  # newer: 2
     if dsn is not None:
         check_connection(dsn)  # a bad DSN or an unreachable server exits 2 or 3, one line
     paths = mirrored_table_dirs(target)

@@ -34,6 +34,7 @@ from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_ch
 from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
 from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
 from applier.infra.progress import Progress
+from applier.infra.stateformat import upgrade as upgrade_state
 from applier.infra.stops import clear_stops, last_stops, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
@@ -116,6 +117,7 @@ class Mirror:
         self.stop = stop or threading.Event()
         self.progress_every = progress_every
         self.state = StateDir.for_target(config.target.path, config.target.state_dir)
+        upgrade_state(self.state, "mirror")  # a no-op under target_writer; a newer state: exit 2 (stateformat.py)
         self.parked = ParkedTables(self.state)
         #: the numbers /metrics serves (metrics.port), made here and served by ``run``; None: not served
         self.metrics: MirrorMetrics | None = None

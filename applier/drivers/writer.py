@@ -16,6 +16,7 @@ from pathlib import Path
 
 from applier.checks.writable import check_writable_directory
 from applier.infra.lock import LOCK_FILE, clear_stale_spill, writer_lock
+from applier.infra.stateformat import refuse_newer, upgrade
 from applier.sink.registry import TargetRegistry
 from applier.sink.tableversions import TableVersions
 from applier.state import StateDir
@@ -54,18 +55,20 @@ def target_writer(target_path: str | Path, state_dir: str | None = None, *, comm
     Every entry point that writes a target opens this first: the commands (and so the spark-submit
     jobs), the Python API (``applier.replay``, ``applier.mirror``) and the foreachBatch sink
     (``DeltaApplySink``, for the streaming query's life), so that their guarantees are the same."""
+    state = StateDir.for_target(target_path, state_dir)
+    refuse_newer(state, command)  # a state a newer release wrote: exit 2 before anything is touched
     if dry_run:
         yield
         return
     # a file or a read-only mount is a mistake to fix (exit 2), found before the lock, the server and Spark
     check_writable_directory(target_path, "target.path (--target)")
-    state = StateDir.for_target(target_path, state_dir)
     if state_dir is not None or is_object_store(target_path):
         check_writable_directory(state.root, "target.state_dir")
     with ExitStack() as held:
         if is_object_store(target_path):  # one writer across machines: a lease object beside the tables
             held.enter_context(store_lease(ObjectStore(str(target_path)), "target"))
         held.enter_context(writer_lock(state.root, "target"))
+        upgrade(state, command)  # the state's format brought to this release's, under the lock (stateformat.py)
         if removed := clear_stale_spill(state.spill_dir):
             print(f"applier: removed {removed} spill file(s) left by a killed run", file=sys.stderr, flush=True)
         registry = TargetRegistry(state, target_path)
