@@ -173,12 +173,6 @@ class ResyncNeededError(SchemaDecisionError):
     itself): exit 4 otherwise. ``table`` is the source's ``schema.table``."""
 
 
-class KeyChangeError(ResyncNeededError):
-    """The columns a table's rows are merged on changed between two row changes of one transaction (DDL
-    and DML in one transaction): the two parts cannot be committed apart (the idempotence key is the
-    transaction's end LSN), so no fold of that transaction is exact; a copy taken after it is."""
-
-
 class TypeChangeError(ResyncNeededError):
     """A column's new type is not one Delta can widen the old one to (``ALTER COLUMN ... TYPE text``, or
     a column dropped and added again with another type). Not an outage (a restart meets it again) and

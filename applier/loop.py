@@ -341,6 +341,7 @@ class ApplyLoop:
         self.group = PendingGroup(self.settings)
         if self.parked is not None and self.dry_run is None:
             self.parked.leave_out(work.transactions)
+        self.applier.note_split_transactions(work.transactions)  # before the column fills: they look at it
         if self.before_apply is not None and self.dry_run is None:
             self.before_apply(work.transactions)
         if self._executor is None or wait:

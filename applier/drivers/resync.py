@@ -170,10 +170,9 @@ def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -
     elif isinstance(error, DivergenceError):
         why = "its Delta table has diverged from Postgres (" + str(error).split(":", 1)[0] + ")"
         reason = "diverged from Postgres"
-    else:
-        why = (f"its merge key changed between two row changes of one transaction (keys "
-               f"{c.get('keys_before')} -> {c.get('keys_after')})")
-        reason = "changed its key inside a transaction"
+    else:  # a column's identity or a rewrite (ColumnIdentityError, TypeRewriteError): its message says which
+        why = str(error).splitlines()[0].split("; ")[0][:300] if str(error) else type(error).__name__
+        reason = "changed in a way its stream cannot carry"
     tablesync.progress(f"resync: {name}: {why}; copying the table again (apply.schema_changes: resync)")
     oid = c.get("relation_oid")  # the relation, whatever its name is now (the stream may be behind a rename)
     gone: dict[str, int] = {}

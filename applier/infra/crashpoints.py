@@ -14,7 +14,8 @@ committed, their history tables not); with a column added with a constant defaul
 (the Delta table has the column and its filled rows, the group's commit is not done); on an object
 store, ``object_copied`` (an object of a table being moved copied to its new place, not all of them);
 ``table_moved`` (a renamed table's Delta table moved, its app id and the records of the move not updated);
-``piece_committed`` (a piece of a large transaction committed, its later pieces not); ``column_renamed``
+``piece_committed`` (a piece of a large transaction committed, its later pieces not); ``key_run_committed``
+(the part of a transaction before its table's merge key changed committed, the rest not); ``column_renamed``
 (a renamed column renamed in Delta, by a rewrite or with column mapping, the group's commit not done);
 ``column_widened`` (a table rewritten with a widened column's new type, the group's commit not done);
 ``before_cut`` (every Delta commit of a group done, its consistent cut not recorded: applier.sink.cuts).
@@ -32,10 +33,11 @@ DERIVED_POINTS = ("feed_committed", "before_history")  # reached only with histo
 FILL_POINTS = ("column_filled",)  # reached only when a column added with a constant default is filled
 MOVE_POINTS = ("object_copied", "table_moved")  # reached only when a table is moved (renamed, retired)
 PIECE_POINTS = ("piece_committed",)  # reached only when a large transaction is applied in pieces
+KEY_RUN_POINTS = ("key_run_committed",)  # reached only when a table's merge key changes inside a group
 REWRITE_POINTS = ("column_renamed", "column_widened")  # reached only when a column is renamed or widened
 CUT_POINTS = ("before_cut",)  # a group's cut (its own crash test: tests/integration/test_cuts.py)
-ALL_POINTS = (POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS + REWRITE_POINTS
-              + CUT_POINTS)
+ALL_POINTS = (POINTS + SNAPSHOT_POINTS + DERIVED_POINTS + FILL_POINTS + MOVE_POINTS + PIECE_POINTS + KEY_RUN_POINTS
+              + REWRITE_POINTS + CUT_POINTS)
 
 
 class _Counter:

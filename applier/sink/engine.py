@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import pairwise
 
 from applier.catalog import SchemaVersion, TypeCache
 from applier.catalog.batches import GroupedTransactions, TableBatch
@@ -40,6 +41,7 @@ from applier.sink.fold import (
     describe_plan,
     fold_table,
     key_runs,
+    split_ends,
     table_spec,
 )
 from applier.sink.idempotence import carry_applied_version
@@ -112,6 +114,8 @@ class DeltaApplier:
         self.pieced_ends: set[int] = set()
         self._piece_marks: dict[tuple[str, int], int | None] = {}  # (path, end LSN) -> last ordinal committed
         self._pieced_tables: dict[tuple[str, int], str] = {}  # (path, end LSN) -> source name, of those marks
+        #: (path, end LSN) of tables a piece of that transaction left for its last group: so do its later pieces
+        self._left_for_last: set[tuple[str, int]] = set()
         #: which Delta table each source relation (OID) writes; None: by name alone (a dry run)
         self.identities = identities(self.targets, self._move_table) if identities is not None else None
         if self.identities is not None:
@@ -198,6 +202,7 @@ class DeltaApplier:
         """
         if not transactions:
             return []
+        self.note_split_transactions(transactions)
         group_end = transactions[-1][0]
         per_relation: dict[int, tuple[TableBatch, list[tuple[int, TableBatch]]]] = {}
         for end_lsn, batches in transactions:
@@ -237,6 +242,14 @@ class DeltaApplier:
             self._finish_pieced(ends, {c.path for c in commits})
         return deferred
 
+    def note_split_transactions(self, transactions: GroupedTransactions) -> None:
+        """Transactions inside which a table's merge keys change between its row changes are committed in
+        runs, the earlier ones with piece markers (``key_runs``, ``_commit_run``): their end LSNs join
+        ``pieced_ends`` before anything of them is applied (the loop calls this before a group's column
+        fills), so that a re-delivery after a crash between two runs leaves out what the first committed."""
+        if self._dry_run is None:
+            self.pieced_ends |= split_ends(transactions, self.tables)
+
     def _finish_pieced(self, ends: set[int], committed: set[str]) -> None:
         """The last group of transactions applied in pieces is committed: a table whose changes all came in
         earlier pieces (its last commit holds a piece marker) records the transaction's end LSN as its
@@ -252,6 +265,7 @@ class DeltaApplier:
             retry_on_conflict(partial(self.stores.writer(path).set_properties, path, {}, carry=carry), table=name)
             self._applied[path] = lsn
         self._piece_marks = {k: v for k, v in self._piece_marks.items() if k[1] not in ends}
+        self._left_for_last = {k for k in self._left_for_last if k[1] not in ends}
         self.pieced_ends -= ends  # every table has them whole now
 
     def _plan_table(self, path: str, last_batch: TableBatch, parts: list[tuple[int, TableBatch]], group_end: int,
@@ -287,13 +301,16 @@ class DeltaApplier:
                 histories.append(history)
         if not todo:
             return True  # already applied: its schema may have moved on since, so touch nothing
-        runs = key_runs(todo, self.tables, spec.source_name)
-        if piece and len(runs) > 1:
+        runs = key_runs(todo, self.tables)
+        if piece and (len(runs) > 1 or (path, group_end) in self._left_for_last):
+            # the last group applies the rest of the table's changes in that transaction: a later piece's
+            # commit would put its marker past the changes left for it, and they would be left out then
+            self._left_for_last.add((path, group_end))
             return False
         if self._dry_run is None:
             self._ensure(path, spec, last_batch.schema, touched=lambda: _touched_keys(todo))
-        for run in runs[:-1]:  # the table's merge key changed inside the group (key_runs says why)
-            self._commit_run(path, spec, run, last_batch.schema)
+        for run, after in pairwise(runs):  # the table's merge key changed inside the group (key_runs)
+            self._commit_run(path, spec, run, last_batch.schema, inside=run[-1][0] == after[0][0])
         todo = runs[-1]
         changes = sum(len(b.changes) for _lsn, b in todo)
         if changes >= LARGE_FOLD_ROWS:  # seconds to minutes: say what the run is doing meanwhile
@@ -352,26 +369,36 @@ class DeltaApplier:
         return out
 
     def _commit_run(self, path: str, spec: TableSpec, run: list[tuple[int, TableBatch]],
-                    newest: SchemaVersion) -> None:
+                    newest: SchemaVersion, *, inside: bool) -> None:
         """Fold and commit, at once, one run of a table's batches that a later run with other merge
         keys follows in the same group (``key_runs``): in the columns of the group's newest schema
         (``spec``, the table is already evolved to it) but merged on the run's own keys, tagged with the
-        end LSN of the run's last transaction, so that a crash after it re-applies only what follows."""
+        end LSN of the run's last transaction, so that a crash after it re-applies only what follows.
+        ``inside``: the run ends inside its one transaction (the next run holds the transaction's rest):
+        it is tagged with a piece marker instead, the ordinal of its last change, which a re-delivery
+        of the transaction leaves out (``note_split_transactions``), as for a piece of a large one."""
         version = run[-1][0]
         own = self._spec(run[-1][1])  # raises what a commit per transaction would (metadata columns and no key)
         run_spec = replace(spec, key_columns=own.key_columns, replica_identity=own.replica_identity)
         plan = fold_table(run_spec, [b for _lsn, b in run], newest)
         if plan.empty:
-            self._applied[path] = version
+            if not inside:
+                self._applied[path] = version
             return
+        tag = None
+        if inside:
+            tag = (piece_app_id(app_id_for(spec.source_name), version),
+                   max(c.ordinal for _lsn, b in run for c in b.changes))
         description = commit_description(spec, version, len(run), plan,
-                                         f"keys={','.join(run_spec.key_columns) or '(whole row)'}",
+                                         f"keys={','.join(run_spec.key_columns) or '(whole row)'}"
+                                         + (f" piece=changes<={tag[1]}" if tag is not None else ""),
                                          commit_time=run[-1][1].commit_time)
         if self._dry_run is not None:
             self._dry_run(describe_plan(description, plan))
             return
         [result] = self._sessions.run([partial(self._commit, path=path, spec=run_spec, plan=plan, version=version,
-                                               description=description)])
+                                               description=description, tag=tag)])
+        crashpoint("key_run_committed")
         self.stats.rows[spec.source_name] += result.rows_upserted + result.rows_deleted
         self.stats.commits += 1
 

@@ -17,7 +17,7 @@ from applier.catalog import SchemaVersion, TypeCache
 from applier.catalog.batches import TableBatch
 from applier.changes import TableChange
 from applier.config import TablesSettings
-from applier.errors import KeyChangeError, SinkError
+from applier.errors import SinkError
 from applier.lsn import format_lsn
 from applier.protocol.messages import pg_time_to_datetime
 from applier.sink.extras import ExtraColumns, with_extra_values
@@ -104,8 +104,7 @@ def merge_keys(batch: TableBatch, tables: TablesSettings) -> tuple[str, ...]:
     return tuple(rel.columns[i].name for i in batch.schema.key_indexes)
 
 
-def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings,
-             table: str | None = None) -> list[list[tuple[int, TableBatch]]]:
+def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings) -> list[list[tuple[int, TableBatch]]]:
     """One table's batches of a group (``(end_lsn, batch)``, commit order) cut where the columns its
     rows are merged on change (``merge_keys``: a key added or dropped, REPLICA IDENTITY set to or
     from FULL).
@@ -114,11 +113,12 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings,
     a multiset fold of key images) is not what Postgres did: with duplicates, an update of one copy
     and a delete of the other fold to a deleted key. Each run is folded and committed on its own, as
     one commit per transaction would have. Nearly always there is one run (the keys are computed
-    once per schema version). A cut between two changes of ONE transaction cannot be given Delta
-    versions of its own (the idempotence key is the transaction's end LSN), so it stops the run with a
-    KeyChangeError: a copy of the table taken after that transaction is exact (``applier resync``, or
-    ``apply.schema_changes: resync``, which the mirror then does by itself). ``table``: the name the
-    table has now (the stream's name may be behind a rename); the error names that one."""
+    once per schema version). A cut between two changes of ONE transaction (``ALTER TABLE ... REPLICA
+    IDENTITY`` or ``ADD PRIMARY KEY`` between its row changes, which PostgreSQL's own subscriber
+    applies) makes a run of that transaction's part alone, the earlier transactions of the run before
+    it a run of their own: a run that ends inside a transaction is committed with a piece marker
+    (applier.sink.engine, ``split_ends``), not with the transaction's end LSN, as a piece of a large
+    transaction is."""
     keys_of: dict[int, tuple[str, ...]] = {}
     runs: list[list[tuple[int, TableBatch]]] = []
     current: tuple[str, ...] | None = None
@@ -127,23 +127,28 @@ def key_runs(parts: Sequence[tuple[int, TableBatch]], tables: TablesSettings,
         if keys is None:
             keys = keys_of[id(batch.schema)] = merge_keys(batch, tables)
         if not runs or keys != current:
-            if runs and runs[-1][-1][0] == end_lsn:
-                raise KeyChangeError(
-                    "the table's merge key changed inside one transaction, between its row changes (e.g. "
-                    "ALTER TABLE ... REPLICA IDENTITY or ADD PRIMARY KEY and DML in the same transaction); "
-                    "applier cannot apply the two parts exactly as separate commits. A copy taken after it is "
-                    f"exact: `applier resync --config FILE --table {table or batch.qualified_name}` (or --table and "
-                    "its relation OID, below, if the name is another table's now), then run the mirror again (or "
-                    "set apply.schema_changes: resync to do this automatically); a replay of a stored log cannot "
-                    "re-copy: rebuild the table from a new snapshot",
-                    table=table or batch.qualified_name, relation_oid=batch.relation_oid,
-                    commit_lsn=batch.commit_lsn, end_lsn=end_lsn,
-                    keys_before=", ".join(current or ()) or "(none: whole row)",
-                    keys_after=", ".join(keys) or "(none: whole row)")
+            if runs and runs[-1][-1][0] == end_lsn and runs[-1][0][0] != end_lsn:
+                run = runs.pop()  # the transaction's part before the cut: a run of its own
+                cut = next(i for i, (lsn, _b) in enumerate(run) if lsn == end_lsn)
+                runs += [run[:cut], run[cut:]]
             runs.append([])
             current = keys
         runs[-1].append((end_lsn, batch))
     return runs
+
+
+def split_ends(transactions: Sequence[tuple[int, Sequence[TableBatch]]], tables: TablesSettings) -> set[int]:
+    """The end LSNs of ``transactions`` inside which a table's merge keys change between its row changes
+    (``key_runs`` cuts them)."""
+    ends: set[int] = set()
+    for end_lsn, batches in transactions:
+        keys: dict[int, tuple[str, ...]] = {}
+        for batch in batches:
+            these = merge_keys(batch, tables)
+            if keys.setdefault(batch.relation_oid, these) != these:
+                ends.add(end_lsn)
+                break
+    return ends
 
 
 @dataclass

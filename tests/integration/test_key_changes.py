@@ -17,8 +17,7 @@ from applier.checks.verify import verify_against_postgres
 from applier.config import ApplySettings, MirrorConfig, ReplayConfig, SourceSettings, TablesSettings, TargetSettings
 from applier.drivers.mirror import mirror
 from applier.drivers.replay import replay_log
-from applier.errors import KeyChangeError
-from applier.sink.fold import key_runs
+from applier.sink.fold import key_runs, split_ends
 from applier.sources.rawlog_writer import write_raw_log
 from applier.sources.sql_slot import create_slot, peek, pgoutput_options
 
@@ -169,7 +168,9 @@ def test_random_key_and_replica_identity_changes_fold_like_one_commit_per_transa
         _assert_equal(spark, conn, target, KEY_TABLES)
 
 
-def test_a_key_change_between_the_changes_of_one_transaction_stops_instead_of_guessing():
+def test_a_key_change_between_the_changes_of_one_transaction_cuts_the_transaction_apart():
+    """A run ends where the merge key changes, inside a transaction too: that transaction's part before
+    the cut is a run of its own (committed with a piece marker), the transactions before it another."""
     from applier.catalog import RelationCache
     from applier.protocol.messages import Relation, RelationColumn
 
@@ -189,69 +190,150 @@ def test_a_key_change_between_the_changes_of_one_transaction_stops_instead_of_gu
                      (40, batch(keyed, 40))], tables)
     assert [[lsn for lsn, _b in run] for run in runs] == [[10, 20], [30, 40]]
     assert len(key_runs([(10, batch(keyed, 10)), (20, batch(keyed, 20))], tables)) == 1
-    with pytest.raises(KeyChangeError, match="inside one transaction"):
-        key_runs([(10, batch(full, 10)), (10, batch(keyed, 10))], tables)
+    inside = [(10, batch(full, 10)), (20, batch(full, 20)), (20, batch(keyed, 20)), (30, batch(keyed, 30))]
+    assert [[lsn for lsn, _b in run] for run in key_runs(inside, tables)] == [[10], [20], [20, 30]]
+    assert split_ends([(10, [batch(full, 10)]), (20, [batch(full, 20), batch(keyed, 20)])], tables) == {20}
 
 
-def test_a_key_added_between_the_changes_of_one_transaction_is_equal_or_stops(pg, spark, tmp_path):
-    """Never exit 0 with a difference: the transaction is either applied exactly or stops the run.
-    PostgreSQL 15 sends the new Relation (identity DEFAULT, key id) between the transaction's changes,
-    so a replay (no source to copy from) stops (KeyChangeError, exit 4) under either grouping."""
+def _key_added_mid_transaction(conn: psycopg.Connection) -> None:
+    """The issue's transaction: a multiset's duplicates updated and deleted, then a key, then a keyed update."""
+    with conn.transaction():
+        conn.execute("UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
+        conn.execute("DELETE FROM kt WHERE id = 1 AND v = 'a'")
+        conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
+        conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
+        conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
+
+
+def test_a_key_added_between_the_changes_of_one_transaction_replays_equal(pg, spark, tmp_path):
+    """PostgreSQL 15 sends the new Relation (identity DEFAULT, key id) between the transaction's changes;
+    a replay (no source to copy from) applies the two parts as PostgreSQL's subscriber does, under either
+    grouping (it stopped with exit 4 before: issue 73)."""
     with pg.connect() as conn:
         conn.execute("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL;"
                      "CREATE PUBLICATION ktp FOR TABLE kt")
         create_slot(conn, "s")
         conn.execute("INSERT INTO kt VALUES (1, 'a'), (1, 'a'), (2, 'b')")
-        with conn.transaction():
-            conn.execute("UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
-            conn.execute("DELETE FROM kt WHERE id = 1 AND v = 'a'")
-            conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
-            conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
-            conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
+        _key_added_mid_transaction(conn)
+        conn.execute("INSERT INTO kt VALUES (3, 'after')")
         raw = tmp_path / "raw.parquet"
         write_raw_log(raw, ((m.lsn, m.xid, m.data) for m in peek(conn, "s", pgoutput_options("ktp"))))
         for grouping in ("grouped", "transaction"):
             target = tmp_path / grouping
-            try:
-                replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
-                                               apply=ApplySettings(grouping=grouping)))
-            except KeyChangeError as e:
-                assert "inside one transaction" in str(e) and e.commit_lsn is not None
-                continue
+            replay_log(spark, ReplayConfig(source_log=str(raw), target=TargetSettings(path=str(target)),
+                                           apply=ApplySettings(grouping=grouping)))
             _assert_equal(spark, conn, target, [("public", "kt")])
 
 
-def test_a_mirror_meeting_a_key_change_inside_a_transaction_resyncs_the_table_and_ends_equal(pg, spark, tmp_path):
-    """The mirror has what a replay lacks: the source. With ``apply.schema_changes: resync`` the table is
-    copied again after that transaction (the stream's changes up to the copy's position are left out)
-    and the run goes on; without it the run stops with exit 4 naming ``applier resync``."""
-    from applier.commands.exitcodes import ExitCode, for_exception
+#: each: the table's first shape, then a transaction with a key change between its row changes
+MID_TRANSACTION_KEY_CHANGES = {
+    "add primary key": ("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL",
+                        ["UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)",
+                         "DELETE FROM kt WHERE id = 1 AND v = 'a'", "ALTER TABLE kt ADD PRIMARY KEY (id)",
+                         "ALTER TABLE kt REPLICA IDENTITY DEFAULT", "UPDATE kt SET v = 'y' WHERE id = 2",
+                         "INSERT INTO kt SELECT g, 'n' FROM generate_series(10, 400) g"]),
+    "drop primary key": ("CREATE TABLE kt (id int PRIMARY KEY, v text)",
+                         ["UPDATE kt SET v = 'x' WHERE id = 2", "ALTER TABLE kt DROP CONSTRAINT kt_pkey",
+                          "ALTER TABLE kt REPLICA IDENTITY FULL", "INSERT INTO kt VALUES (2, 'x'), (2, 'x')",
+                          "DELETE FROM kt WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 2)",
+                          "UPDATE kt SET v = 'z' WHERE id = 3"]),
+    "identity to full and back": ("CREATE TABLE kt (id int PRIMARY KEY, v text)",
+                                  ["UPDATE kt SET v = 'p' WHERE id = 1", "ALTER TABLE kt REPLICA IDENTITY FULL",
+                                   "UPDATE kt SET v = 'q' WHERE id = 2", "DELETE FROM kt WHERE id = 3",
+                                   "ALTER TABLE kt REPLICA IDENTITY DEFAULT", "UPDATE kt SET v = 'r' WHERE id = 2",
+                                   "INSERT INTO kt VALUES (3, 'back')"]),
+}
 
-    def config(schema_changes: str) -> MirrorConfig:
-        return MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="ktm", publication="ktm_pub"),
-                            target=TargetSettings(path=str(tmp_path / "delta")),
-                            apply=ApplySettings(schema_changes=schema_changes))
 
+@pytest.mark.parametrize("case", sorted(MID_TRANSACTION_KEY_CHANGES))
+@pytest.mark.parametrize("mode", ["plain", "streamed", "two-phase", "pieces"])
+def test_a_mirror_applies_a_key_change_inside_a_transaction_as_postgres_does(pg, spark, tmp_path, case, mode):
+    """Issue 73, item 3: REPLICA IDENTITY changes and ADD/DROP PRIMARY KEY between the row changes of one
+    transaction end equal without a stop, with the default config, whether the transaction is streamed
+    in progress (protocol 2, a small logical_decoding_work_mem), prepared and committed later (two-phase),
+    or applied in pieces (apply.memory_budget_mb: 1, over 1,000 row changes)."""
+    create, statements = MID_TRANSACTION_KEY_CHANGES[case]
+    slot = f"km_{abs(hash((case, mode))) % 100000}"
+    source: dict[str, object] = {"dsn": pg.dsn, "slot": slot, "publication": "km_pub"}
+    if mode == "streamed":
+        source |= {"proto_version": 2, "streaming": "on"}
+    elif mode == "two-phase":
+        source |= {"proto_version": 3, "two_phase": True}
+    apply = ApplySettings(memory_budget_mb=1) if mode == "pieces" else ApplySettings()
+    config = MirrorConfig(source=SourceSettings(**source), target=TargetSettings(path=str(tmp_path / "delta")),
+                          apply=apply)
+    tables = [("public", "kt"), ("public", "other")]
+    with pg.connect() as conn:
+        conn.execute(f"{create}; CREATE TABLE other (id int PRIMARY KEY, pad text);"
+                     "CREATE PUBLICATION km_pub FOR TABLE kt, other")
+        conn.execute("INSERT INTO kt VALUES (1, 'a'), (1, 'a'), (2, 'b'), (3, 'c')" if "NOT NULL" in create
+                     else "INSERT INTO kt VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        mirror(spark, config, once=True)
+        if mode == "streamed":
+            conn.execute("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
+            conn.execute("SELECT pg_reload_conf()")
+        big = "INSERT INTO other SELECT g, repeat('o', 200) FROM generate_series(1, 3000) g"
+        if mode == "two-phase":
+            conn.execute("BEGIN")
+            conn.execute(big)
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute("PREPARE TRANSACTION 'km'")
+            conn.execute("COMMIT PREPARED 'km'")
+        else:
+            with conn.transaction():
+                if mode in ("streamed", "pieces"):
+                    conn.execute(big)
+                for statement in statements:
+                    conn.execute(statement)
+                if mode in ("streamed", "pieces"):
+                    conn.execute("UPDATE other SET pad = 'u' WHERE id % 3 = 0")
+        conn.execute("INSERT INTO other VALUES (-1, 'after')")
+        lines: list[str] = []
+        mirror(spark, config, once=True, progress=lines.append)
+        if mode == "pieces":
+            assert any(": applying piece " in line for line in lines), lines
+        _assert_equal(spark, conn, tmp_path / "delta", tables)
+        if mode == "streamed":
+            conn.execute("ALTER SYSTEM RESET logical_decoding_work_mem")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def test_a_crash_between_the_parts_of_a_transaction_cut_by_a_key_change_applies_each_once(pg, spark, tmp_path):
+    """Killed once the part before the key change is committed (its piece marker written), the next run
+    gets the whole transaction again: the multiset part must not be applied twice (a duplicate row)."""
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    target = tmp_path / "delta"
+    config_file = tmp_path / "mirror.yaml"
+    config_file.write_text(yaml.safe_dump({"source": {"slot": "kc_crash", "publication": "kc_crash_pub"},
+                                           "target": {"path": str(target)}}))
+    config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="kc_crash", publication="kc_crash_pub"),
+                          target=TargetSettings(path=str(target)))
     with pg.connect() as conn:
         conn.execute("CREATE TABLE kt (id int NOT NULL, v text); ALTER TABLE kt REPLICA IDENTITY FULL;"
-                     "CREATE TABLE other (id int PRIMARY KEY); CREATE PUBLICATION ktm_pub FOR TABLE kt, other")
+                     "CREATE PUBLICATION kc_crash_pub FOR TABLE kt")
         conn.execute("INSERT INTO kt VALUES (1, 'a'), (1, 'a'), (2, 'b')")
-        mirror(spark, config("evolve"), once=True)
-
-        def key_added_mid_transaction() -> None:
-            with conn.transaction():
-                conn.execute("UPDATE kt SET v = 'x' WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
-                conn.execute("DELETE FROM kt WHERE id = 1 AND v = 'a'")
-                conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
-                conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
-                conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
-            conn.execute("INSERT INTO other VALUES (1)")
-            conn.execute("INSERT INTO kt VALUES (3, 'after')")
-
-        key_added_mid_transaction()
-        with pytest.raises(KeyChangeError, match="applier resync") as info:
-            mirror(spark, config("evolve"), once=True)
-        assert for_exception(info.value) == ExitCode.BAD_DATA
-        summary = mirror(spark, config("resync"), once=True)
-        assert summary.synced_rows == {"public.kt": 3}, summary
-        _assert_equal(spark, conn, tmp_path / "delta", [("public", "kt"), ("public", "other")])
+        mirror(spark, config, once=True)
+        with conn.transaction():
+            conn.execute("INSERT INTO kt VALUES (5, 'dup'), (5, 'dup')")
+            conn.execute("DELETE FROM kt WHERE id = 5")
+            conn.execute("INSERT INTO kt VALUES (4, 'once')")
+            conn.execute("DELETE FROM kt WHERE ctid = (SELECT min(ctid) FROM kt WHERE id = 1)")
+            conn.execute("ALTER TABLE kt ADD PRIMARY KEY (id)")
+            conn.execute("ALTER TABLE kt REPLICA IDENTITY DEFAULT")
+            conn.execute("UPDATE kt SET v = 'y' WHERE id = 2")
+        env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(repo), "APPLIER_CRASH_AT": "key_run_committed:1"}
+        done = subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(config_file), "--once"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "kt")])
+        conn.execute("UPDATE kt SET v = 'later' WHERE id = 4")
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, target, [("public", "kt")])
