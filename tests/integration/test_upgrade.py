@@ -1,15 +1,21 @@
-"""Upgrades (issue 73 item 9): a target and state directory written by the previous release go on under this
-one, and a state written by a newer release is refused (exit 2) before anything is touched.
+"""Upgrades (issue 73 item 9): targets, states and a raw log written by the previous release go on under
+this one, and a state written by a newer release is refused (exit 2) before anything is touched.
 
-The old target comes from tests/fixtures/upgrade/v1-5593802, made by scripts/make_upgrade_fixture.py with
-the release's own code (commit 5593802, the last before state formats) against a real PostgreSQL 15: its
-target and ``_applier`` state as its second ``mirror --once`` left them, the SQL that made the source, and a
-manifest. A slot cannot be packed, so the server side is made again: a fresh cluster, the same SQL in its
-``postgres`` database (the same relation OIDs and relfilenodes as the state records: checked, since the
-state names tables by OID), the WAL moved past what the release applied, and a new slot of the same
-name. What the new code meets is then the release's state as it was, before a slot that starts
-where it left off; more changes follow (a column added, another rename, an unchanged TOAST value, a key-less
-table's duplicates), and the mirror must go on (no table copied again) and end equal to Postgres.
+What the release wrote comes from tests/fixtures/upgrade/v1-5593802, made by scripts/make_upgrade_fixture.py
+with the release's own code (commit 5593802, the last before state formats) against a real PostgreSQL 15:
+a mirror's target and ``_applier`` state as its second ``mirror --once`` left them, the raw log its
+``capture`` wrote, a ``replay`` target that has applied the first half of that log, the SQL that made the
+source, and a manifest. A slot cannot be packed, so the server side is made again: a fresh cluster, the same
+SQL in its ``postgres`` database (the same relation OIDs and relfilenodes as the states record: checked,
+since they name tables by OID), the WAL moved past what the release confirmed, and new slots of the same
+names. What the new code meets is then the release's files as they were, before slots that start where it
+left off; more changes follow (a column added, another rename, a TOAST value left unchanged, a key-less
+table's duplicates), and the mirror and the replay must go on (no table copied again, the same Delta
+tables) and end equal to Postgres.
+
+The one thing that differs from an upgrade in place: the new slot was not made by the release, so the
+mirror warns that the slot is confirmed beyond what its state confirmed (which matters only for
+two-phase transactions, not used here).
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ import psycopg
 import pytest
 from conftest import unavailable
 
-from applier.api import mirror
+from applier.api import mirror, replay
 from applier.checks.verify import verify_against_postgres
 from applier.cli import main
-from applier.config import MirrorConfig, SourceSettings, TargetSettings
+from applier.config import ApplySettings, CaptureConfig, MirrorConfig, ReplayConfig, SourceSettings, TargetSettings
 from applier.devtools.pgcluster import PgCluster, find_installation
+from applier.drivers.capture import capture
 from applier.errors import EnvironmentSetupError
 from applier.infra.stateformat import CURRENT, found_format
 from applier.lsn import parse_lsn
@@ -40,6 +47,7 @@ pytestmark = [pytest.mark.postgres]
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade" / "v1-5593802"
 MANIFEST: dict[str, Any] = json.loads((FIXTURE / "manifest.json").read_text(encoding="utf-8"))
 TABLES = [tuple(name.split(".")) for name in sorted(MANIFEST["relation_oids"])]
+MIRROR, CAPTURE = MANIFEST["mirror"], MANIFEST["capture"]
 
 #: after the upgrade: a column added, a second rename (the first was the release's), the TOAST value the
 #: release wrote left unchanged again, duplicates of a key-less table inserted and deleted, a key deleted
@@ -60,15 +68,15 @@ UPDATE public.docs SET body = repeat(md5('new'), 300) WHERE id = 4;
 
 
 def unpack(into: Path) -> Path:
-    """The release's target at ``into/target``, its recorded root put back as this directory."""
-    with tarfile.open(FIXTURE / "target.tar.gz") as tar:
+    """The release's mirror target, log and replay target under ``into``, the directory they were made in
+    put back as this one."""
+    with tarfile.open(FIXTURE / MANIFEST["archive"]) as tar:
         tar.extractall(into, filter="data")
-    target = into / "target"
-    for path in target.rglob("*.json"):
+    for path in into.rglob("*.json"):
         text = path.read_text(encoding="utf-8")
-        if MANIFEST["target_placeholder"] in text:
-            path.write_text(text.replace(MANIFEST["target_placeholder"], str(target)), encoding="utf-8")
-    return target
+        if MANIFEST["placeholder"] in text:
+            path.write_text(text.replace(MANIFEST["placeholder"], str(into)), encoding="utf-8")
+    return into
 
 
 def _tree(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -79,18 +87,21 @@ def _tree(root: Path) -> dict[str, tuple[int, bytes]]:
 @dataclass
 class OldRelease:
     dsn: str
-    target: Path
+    root: Path
 
-    def config(self) -> MirrorConfig:
-        return MirrorConfig(source=SourceSettings(dsn=self.dsn, slot=MANIFEST["slot"],
-                                                  publication=MANIFEST["publication"]),
+    @property
+    def target(self) -> Path:
+        return self.root / MIRROR["target"]
+
+    def mirror_config(self) -> MirrorConfig:
+        return MirrorConfig(source=SourceSettings(dsn=self.dsn, slot=MIRROR["slot"], publication=MIRROR["publication"]),
                             target=TargetSettings(path=str(self.target)))
 
 
 @pytest.fixture
 def old_release(tmp_path: Path) -> Iterator[OldRelease]:
-    """The fixture's source made again in a fresh cluster of the same major, with a new slot after the
-    release's last applied LSN, and its target unpacked."""
+    """The fixture's source made again in a fresh cluster of the same major, with new slots after the
+    release's last confirmed LSNs, and its files unpacked."""
     try:
         installation = find_installation(MANIFEST["postgres_major"])
     except EnvironmentSetupError as e:
@@ -104,18 +115,20 @@ def old_release(tmp_path: Path) -> Iterator[OldRelease]:
             found = {name: list(conn.execute("SELECT %s::regclass::oid, pg_relation_filenode(%s::regclass)",
                                              (name, name)).fetchone() or ()) for name in MANIFEST["relation_oids"]}
             wanted = {name: [oid, MANIFEST["relfilenodes"][name]] for name, oid in MANIFEST["relation_oids"].items()}
-            assert found == wanted, ("the fixture's SQL no longer gives the relation OIDs its state records: "
+            assert found == wanted, ("the fixture's SQL no longer gives the relation OIDs its states record: "
                                      "remake it (scripts/make_upgrade_fixture.py)")
-            applied = parse_lsn(MANIFEST["slot_confirmed_lsn"])
-            while parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]) <= applied:  # type: ignore[index]
+            confirmed = max(parse_lsn(lsn) for lsn in MANIFEST["slots_confirmed"].values())
+            while parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]) <= confirmed:  # type: ignore[index]
                 conn.execute("SELECT pg_logical_emit_message(false, 'upgrade', 'x'), pg_switch_wal()")
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (MANIFEST["slot"],))
+            for slot in MANIFEST["slots_confirmed"]:
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
         yield OldRelease(dsn, unpack(tmp_path))
     finally:
         cluster.stop()
 
 
 def _table_ids(target: Path) -> dict[str, str]:
+    """Each table's Delta table id, as the state's registry holds it."""
     entries = json.loads((target / "_applier" / "tables.json").read_text())
     return {entry["table"]: entry["id"] for entry in entries.values()}
 
@@ -126,7 +139,7 @@ def test_a_target_of_the_previous_release_goes_on_under_this_one(old_release: Ol
     ids = _table_ids(old_release.target)
     with psycopg.connect(old_release.dsn, autocommit=True) as conn:
         conn.execute(AFTER)
-        summary = mirror(spark, old_release.config(), once=True)  # as the CLI: through target_writer
+        summary = mirror(spark, old_release.mirror_config(), once=True)  # as the CLI: through target_writer
         assert summary.snapshot_lsn is None and not summary.synced_rows, "a table was copied again"
         assert set(summary.rows) == {".".join(t) for t in TABLES}, summary.rows
         assert found_format(state) == CURRENT
@@ -135,11 +148,34 @@ def test_a_target_of_the_previous_release_goes_on_under_this_one(old_release: Ol
         for r in verify_against_postgres(spark, conn, str(old_release.target), TABLES):
             assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
         conn.execute("UPDATE public.docs SET title = 'third' WHERE id = 5")
-        assert mirror(spark, old_release.config(), once=True).transactions == 1  # and a later run as usual
+        assert mirror(spark, old_release.mirror_config(), once=True).transactions == 1  # and a later run as usual
     capsys.readouterr()
     assert main(["status", "--target", str(old_release.target), "--dsn", old_release.dsn,
-                 "--slot", MANIFEST["slot"]]) == 0
+                 "--slot", MIRROR["slot"]]) == 0
     assert "public.docs" in capsys.readouterr().out
+
+
+def test_a_log_and_a_replay_target_of_the_previous_release_go_on_under_this_one(old_release: OldRelease,
+                                                                                spark) -> None:
+    """This release's capture appends to the release's log, and its replay applies the rest of the log (the
+    release's half it had not replayed, then this release's) to the release's replay target."""
+    log, target = old_release.root / CAPTURE["log"], old_release.root / CAPTURE["replay_target"]
+    state = StateDir(target / "_applier")
+    assert not (state.root / "format.json").exists(), "the fixture is a state of the releases before formats"
+    ids = _table_ids(target)
+    with psycopg.connect(old_release.dsn, autocommit=True) as conn:
+        conn.execute(AFTER)
+        captured = capture(spark, CaptureConfig(source=SourceSettings(dsn=old_release.dsn, slot=CAPTURE["slot"],
+                                                                      publication=CAPTURE["publication"]),
+                                                log_path=str(log)), once=True)
+        assert captured.messages > 0
+        summary = replay(spark, ReplayConfig(source_log=str(log), target=TargetSettings(path=str(target)),
+                                             apply=ApplySettings(schema_changes="evolve")))  # a log's only choice
+        assert set(summary.rows) == {".".join(t) for t in TABLES}, summary.rows
+        assert found_format(state) == CURRENT and (state.root / "format.json").is_file()
+        assert _table_ids(target) == ids
+        for r in verify_against_postgres(spark, conn, str(target), TABLES):
+            assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
 
 
 @pytest.mark.parametrize("command", ["mirror", "resync", "status"])
@@ -147,16 +183,17 @@ def test_a_state_of_a_newer_release_is_refused_with_exit_2_and_nothing_written(p
                                                                                 command: str) -> None:
     """The release's target, since run by a release of a later state format: this one refuses it before
     the lock, the write probe, the server and Spark; no slot is made."""
-    target = unpack(tmp_path)
+    target = unpack(tmp_path) / MIRROR["target"]
     (target / "_applier" / "format.json").write_text(json.dumps({"format": CURRENT + 1,
                                                                  "written_by": "applier 99.0.0"}))
     with pg.connect() as conn:
-        conn.execute((FIXTURE / MANIFEST["sql"][0]).read_text(encoding="utf-8"))
+        for sql in MANIFEST["sql"]:
+            conn.execute((FIXTURE / sql).read_text(encoding="utf-8"))
     before = _tree(tmp_path)
-    flags = {"mirror": ["mirror", "--once", "--publication", MANIFEST["publication"], "--slot", MANIFEST["slot"]],
-             "resync": ["resync", "--table", "public.accounts", "--publication", MANIFEST["publication"],
-                        "--slot", MANIFEST["slot"]],
-             "status": ["status", "--slot", MANIFEST["slot"]]}[command]
+    flags = {"mirror": ["mirror", "--once", "--publication", MIRROR["publication"], "--slot", MIRROR["slot"]],
+             "resync": ["resync", "--table", "public.accounts", "--publication", MIRROR["publication"],
+                        "--slot", MIRROR["slot"]],
+             "status": ["status", "--slot", MIRROR["slot"]]}[command]
     capsys.readouterr()
     assert main([*flags, "--dsn", pg.dsn, "--target", str(target)]) == 2
     err = capsys.readouterr().err
