@@ -78,11 +78,11 @@ def old_applier(worktree: Path, *args: str) -> None:
 
 def _run_sql(dsn: str, name: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute((FIXTURE / name).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+        conn.execute((FIXTURE / name).read_text(encoding="utf-8"))
 
 
 def _one(conn: psycopg.Connection, sql: str, *params: object) -> Any:
-    row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+    row = conn.execute(sql, params).fetchone()
     assert row is not None, sql
     return row[0]
 
