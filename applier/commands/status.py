@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from applier.checks.status import slot_status, status_json, stops_line, table_status
     from applier.config import SourceSettings, libpq_env_given
     from applier.infra.stateformat import check_readable
-    from applier.infra.stops import last_stops
+    from applier.infra.stops import last_stops, mends
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sink.parking import ParkedTables
@@ -118,8 +118,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"consistent cut: LSN {cut['lsn']}, source commit {cut['commit_time'] or 'unknown'}{age}, "
                   f"{cut['tables']} tables (`applier cut` lists their versions)")
         for name, entry in sorted(parked.items()):
+            if "until" in entry:  # dropped in Postgres: nothing to bring back
+                print(f"{name}: SET ASIDE since {entry.get('since')}: {entry.get('message')}")
+                continue
             print(f"{name}: PARKED since {entry.get('since')} ({entry.get('error')}: {entry.get('message')}); its "
                   f"changes are left out: `applier resync --table {name}` copies it again and brings it back")
+        mended = mends(state)
+        if mended.get("count"):
+            last = mended["recent"][0]
+            print(f"MENDED BY ITSELF: {mended['count']} time(s) (apply.schema_changes); the last at {last['at']}: "
+                  f"{last['tables']} {last['how']} ({last['error']})")
         line = stops_line(stops)
         if line is not None:
             print(line)
@@ -182,12 +190,15 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
         else:
             print(f"slot {slot_info.slot}: {'active' if slot_info.active else 'idle'}, confirmed "
                   f"{format_lsn(slot_info.confirmed_lsn) if slot_info.confirmed_lsn else '-'}, server at "
-                  f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}, "
+                  f"{format_lsn(slot_info.server_lsn) if slot_info.server_lsn else '-'}"
+                  f"{' (a standby: replayed)' if slot_info.standby else ''}, "
                   f"lag {slot_info.lag_bytes} bytes; wal_status {slot_info.wal_status or '-'}, safe_wal_size "
                   f"{_safe_wal_size(slot_info)}"
                   f"{', failover' if slot_info.failover else ''}")
             if slot_info.risk:
                 print(f"  WARNING: the slot is at risk: {slot_info.risk}")
+            if slot_info.held_back:
+                print(f"  HELD BACK: {slot_info.held_back}")
         if slot_info.sync_waits:
             print(f"  table sync: creating its copy's slot waits for {'; '.join(slot_info.sync_waits)}")
 

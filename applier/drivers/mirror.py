@@ -30,15 +30,16 @@ from applier.config import MirrorConfig
 from applier.drivers.backlog import catch_up_eligibility, catch_up_on_executors, folds_on_driver
 from applier.drivers.follow import FollowStats, ReplicationFollower, SlotFollower, SqlFollower
 from applier.drivers.initial_copy import copy_tables, executor_chunks
-from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change
+from applier.drivers.resync import MAX_AUTOMATIC_RESYNCS, resync_after_schema_change, set_aside
 from applier.drivers.tablesync import REPORT_EVERY_SECONDS, TableSync
-from applier.errors import ConfigError, ResyncNeededError, SourceError, TransientSourceError
+from applier.errors import ApplierError, ConfigError, ResyncNeededError, SourceError, TransientSourceError
 from applier.infra.progress import Progress
 from applier.infra.stateformat import upgrade as upgrade_state
-from applier.infra.stops import clear_stops, last_stops, record_stop
+from applier.infra.stops import clear_stops, last_stops, record_mend, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.fold import FoldedTable
+from applier.sink.identity import IdentityError
 from applier.sink.parking import ParkedTables
 from applier.sources import sql_slot
 from applier.sources.catalog_lookup import LiveCatalog
@@ -256,7 +257,60 @@ class Mirror:
         self.summary.snapshot_lsn = point
         self._snapshot_tables = [t.qualified_name for t in tables]
 
-    def _park(self, table: str, error: ResyncNeededError) -> None:
+    def _mend(self, error: ResyncNeededError | IdentityError) -> bool:
+        """A table that cannot follow the stream past this point, mended without a person where that is exact;
+        False: the run stops on it. A relation Postgres has dropped since (the error's, or the one holding
+        its path) has nothing to copy and its changes still in the stream are moot: it is set aside for good
+        (its Delta table retired), whatever the policy but ``schema_changes: stop``, so that a gone table is
+        never what blocks the others. Else ``schema_changes: resync`` (the default) copies the table again at
+        a new position, and ``on_table_error: park`` parks it. Each is logged as a warning, counted in the
+        metrics, and recorded for ``applier status`` (applier.infra.stops.record_mend)."""
+        settings, context = self.config.apply, error.context
+        first_line = (str(error).splitlines()[0] if str(error) else type(error).__name__).split(". ")[0]
+        gone = self._gone_relations(error) if settings.schema_changes != "stop" else {}
+        if gone:
+            self.loop.abandon_session()
+            set_aside(self.tablesync, gone, first_line[:300], self.parked)
+            how = "set aside: dropped in Postgres"
+            kind = "set_aside"
+        elif settings.schema_changes == "resync" and (context.get("table") or context.get("relation_oid")):
+            self.loop.abandon_session()
+            resync_after_schema_change(self.tablesync, error)
+            self.parked.reload()  # (a copy un-parks its table through a record of its own)
+            how, kind = "copied again", "resync"
+        elif settings.on_table_error == "park" and context.get("table"):
+            self._park(str(context["table"]), error)
+            return True  # (counted and said by _park)
+        else:
+            return False
+        if self.loop.metrics is not None:
+            self.loop.metrics.error(kind)
+        names = ", ".join(f"{name} (relation OID {oid})" for name, oid in gone.items()) if gone \
+            else f"{context.get('table')} (relation OID {context.get('relation_oid')})"
+        record_mend(self.state, names, how, first_line)
+        return True
+
+    def _gone_relations(self, error: ApplierError) -> dict[str, int]:
+        """Of the relations ``error`` names (its own, and one holding the Delta path it wants), those Postgres
+        no longer has: name -> OID."""
+        context = error.context
+        oids: dict[int, str] = {}
+        for key, name_key in (("relation_oid", "table"), ("held_by_oid", None)):
+            oid = context.get(key)
+            if oid is None:
+                continue
+            bound = self.applier.identities.bound(int(oid)) if self.applier.identities is not None else None
+            name = (str(context.get(name_key)) if name_key and context.get(name_key) else None) \
+                or (bound.name if bound is not None else str(oid))
+            oids[int(oid)] = name
+        if not oids:
+            return {}
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            exists = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)",
+                                                      (sorted(oids),))}
+        return {name: oid for oid, name in oids.items() if oid not in exists}
+
+    def _park(self, table: str, error: ApplierError) -> None:
         """apply.on_table_error: park - set ``table`` aside and go on with the others from the slot (the
         group that failed was not confirmed: its other tables' commits are recognised by their end LSN)."""
         oid = error.context.get("relation_oid")  # the relation the error is about, whatever its name is now
@@ -408,18 +462,9 @@ class Mirror:
                 if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
                     self.tablesync.wait_for_copies(self.stop)
                 return
-            except ResyncNeededError as e:  # apply.schema_changes: resync; then on from the slot, as after a reconnect
+            except (ResyncNeededError, IdentityError) as e:  # mended, then on from the slot, as after a reconnect
                 resyncs += 1
-                if resyncs > MAX_AUTOMATIC_RESYNCS:
-                    raise
-                if self.config.apply.schema_changes == "resync":
-                    self.loop.abandon_session()
-                    if self.loop.metrics is not None:
-                        self.loop.metrics.error("resync")
-                    resync_after_schema_change(self.tablesync, e)
-                elif self.config.apply.on_table_error == "park" and e.context.get("table"):
-                    self._park(str(e.context["table"]), e)
-                else:
+                if resyncs > MAX_AUTOMATIC_RESYNCS or not self._mend(e):
                     raise
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(

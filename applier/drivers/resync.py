@@ -28,11 +28,12 @@ import psycopg
 
 from applier.catalog import RelationCache
 from applier.drivers.tablesync import STATE_KEY, TableSync
-from applier.errors import ConfigError, DivergenceError, InputError, ResyncNeededError, TypeChangeError
-from applier.sink.identity import UnprovenRenameError, known_names
+from applier.errors import ApplierError, ConfigError, DivergenceError, InputError, TypeChangeError
+from applier.sink.identity import UnprovenRenameError, known_names, retired_relations
 from applier.sink.parking import ParkedTables
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
+from applier.sources.sql_slot import current_flush_lsn
 from applier.state import StateDir
 
 if TYPE_CHECKING:
@@ -56,14 +57,18 @@ def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[st
     published = {t.qualified_name: t for t in selection}
     by_oid = {t.oid: t for t in selection if t.oid is not None}
     known = _known_relations(config)
+    retired = retired_relations(StateDir.for_target(config.target.path, config.target.state_dir))
     chosen: list[PublishedTable] = []
     unknown: list[str] = []
     for name in dict.fromkeys(names):
         table = published.get(name)
+        dropped = {was: oid for oid, was in retired.items() if was == name and oid not in by_oid}
+        if gone is not None:  # a name reused: relations dropped under it whose changes may still be in the stream
+            gone.update(dropped)
         if table is None and name.isdigit():
             table = by_oid.get(int(name))
-            if table is None and int(name) in known.values():
-                _gone(name, int(name), gone, unknown)
+            if table is None and (int(name) in known.values() or int(name) in retired):
+                _gone(retired.get(int(name), name), int(name), gone, unknown)
                 continue
         if table is None and name in known:
             table = by_oid.get(known[name])
@@ -72,7 +77,10 @@ def choose_tables(conn: psycopg.Connection, config: MirrorConfig, names: list[st
                 continue
             log.info("resync: %s is %s now (relation OID %s)", name, table.qualified_name, table.oid)
         if table is None:
-            unknown.append(name)
+            if not dropped:
+                unknown.append(name)
+            elif gone is None:
+                _gone(name, dropped[name], gone, unknown)
         elif table not in chosen:
             chosen.append(table)
     if unknown:
@@ -92,7 +100,7 @@ def _gone(name: str, oid: int, gone: dict[str, int] | None, unknown: list[str]) 
                        "the publication since)")
 
 
-def set_aside(tablesync: TableSync, gone: dict[str, int], why: str) -> None:
+def set_aside(tablesync: TableSync, gone: dict[str, int], why: str, parked: ParkedTables | None = None) -> None:
     """Relations the mirror follows that Postgres no longer publishes, named by a stop (``gone``: name ->
     OID): there is nothing to copy, and their changes still in the stream cannot be applied exactly
     (that is why the mirror stopped), so they are set aside for good: parked, so every later group
@@ -100,20 +108,26 @@ def set_aside(tablesync: TableSync, gone: dict[str, int], why: str) -> None:
     DIR/_retired (as when its name is taken). A table only taken out of the publication keeps its
     Delta table, which table sync marks as not published."""
     applier, state = tablesync.applier, tablesync.state
-    parked = ParkedTables(state)
+    parked = parked if parked is not None else ParkedTables(state)
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
         exists = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)",
                                                   (sorted(set(gone.values())),))}
+        position = current_flush_lsn(conn)  # past every drop the catalog shows
     for name, oid in gone.items():
+        until: int | None = None
         if oid in exists:
             what = "is no longer published (it still exists in Postgres): its Delta table stays as it is"
         else:
+            until = position
+            bound = applier.identities.bound(oid) if applier.identities is not None else None
             path = applier.identities.retire(oid) if applier.identities is not None else None
             what = "was dropped in Postgres: " + (f"its Delta table is retired to {path}" if path is not None
+                                                  else f"its Delta table was retired to {bound.path}"
+                                                  if bound is not None and bound.retired
                                                   else "it has no Delta table to keep")
         message = (f"{name} (relation OID {oid}) {what}, and its changes still in the stream are left out "
                    f"({why}); nothing is left to copy")
-        parked.park(name, oid, message)
+        parked.park(name, oid, message, until=until)
         log.warning("resync: %s", message)  # once: the progress line beside it printed it a second time
 
 
@@ -155,7 +169,7 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
     return {t.qualified_name: tablesync.synced[t.qualified_name] for t in tables}
 
 
-def resync_after_schema_change(tablesync: TableSync, error: ResyncNeededError) -> None:
+def resync_after_schema_change(tablesync: TableSync, error: ApplierError) -> None:
     """``apply.schema_changes: resync``: the table of ``error`` copied again; the caller then starts a new
     decoding session from the slot, whose transactions up to the copy's position the table leaves out."""
     name = str(error.context.get("table"))

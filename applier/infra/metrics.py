@@ -36,7 +36,7 @@ class SlotWalState(Protocol):
     def safe_wal_size(self) -> int | None: ...
 
 #: The exit code category (applier.commands.exitcodes) of each error kind the mirror recovers from.
-ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data", "park": "bad_data"}
+ERROR_CATEGORIES = {"reconnect": "unavailable", "resync": "bad_data", "park": "bad_data", "set_aside": "bad_data"}
 
 
 class MirrorMetrics:

@@ -155,6 +155,12 @@ def known_names(state: StateDir) -> dict[str, int]:
     return out
 
 
+def retired_relations(state: StateDir) -> dict[int, str]:
+    """Relations a target's mirror followed that were dropped and whose Delta tables it retired: OID -> the
+    name they had (``applier resync`` sets their changes still in the stream aside when it is named either)."""
+    return {bound.oid: bound.name for bound in saved_bindings(state.load(_FILE) or {}) if bound.retired}
+
+
 class TableIdentities:
     """OID -> Delta table bindings of one target, and the moves that follow renames.
 
@@ -297,8 +303,12 @@ class TableIdentities:
             self._make_way(holder, for_name=qualified, for_oid=oid)
             still = self.holder_of(desired)
             if still is not None and still.oid != oid:
-                raise IdentityError(f"{qualified} (relation OID {oid}) and relation OID {still.oid} both claim "
-                                    f"{desired}; nothing was written to it", relation=qualified, path=desired)
+                raise IdentityError(f"{qualified} (relation OID {oid}) and relation OID {still.oid} ({still.name}) "
+                                    f"both claim {desired}; nothing was written to it. To go on: `applier resync "
+                                    f"--config FILE --table {oid}` (and --table {still.oid}), or "
+                                    "apply.schema_changes: resync (the default), which copies or sets aside each by "
+                                    "itself", table=qualified,
+                                    relation_oid=oid, held_by_oid=still.oid, path=desired)
         if entry is None:
             self._put(Bound(oid, qualified, desired, self._described.pop(oid, {})))
             self._save()

@@ -40,11 +40,24 @@ class ParkedTables:
     def entries(self) -> dict[str, dict[str, Any]]:
         return dict(self._tables)
 
-    def park(self, table: str, oid: int | None, error: BaseException | str) -> None:
-        """Set ``table`` aside for ``error`` (or a reason, said as it is: a table set aside for good)."""
+    def reload(self) -> None:
+        """Read the record again (another part of the run parked or released a table through its own)."""
+        self._tables = dict(self.state.load(STATE_KEY) or {})
+
+    def park(self, table: str, oid: int | None, error: BaseException | str, *, until: int | None = None) -> None:
+        """Set ``table`` aside for ``error`` (or a reason, said as it is: a table set aside for good).
+
+        ``until``: a relation Postgres dropped (set aside for good): only its changes in transactions ending
+        at or before that LSN (the server's position when it was found gone, past its drop) are left out, and
+        it is recorded under its name and OID, so that a new table of the same name is not (nor, far later, a
+        relation that reuses the OID)."""
         kind, message = ("Gone", error) if isinstance(error, str) else (type(error).__name__, str(error))
-        self._tables[table] = {"oid": oid, "error": kind, "message": message.splitlines()[0][:500],
-                               "since": datetime.now(UTC).isoformat(timespec="seconds")}
+        entry: dict[str, Any] = {"oid": oid, "error": kind, "message": message.splitlines()[0][:500],
+                                 "since": datetime.now(UTC).isoformat(timespec="seconds")}
+        if until is not None:
+            entry["until"] = until
+            table = f"{table} (relation OID {oid}, dropped)"
+        self._tables[table] = entry
         self.state.save(STATE_KEY, self._tables)
 
     def release(self, table: str, oid: int | None = None) -> bool:
@@ -60,10 +73,12 @@ class ParkedTables:
         """Take the parked tables' changes out of a group, in place; returns how many batches were left out."""
         if not self._tables:
             return 0
-        oids = {e["oid"] for e in self._tables.values() if e.get("oid") is not None}
+        # by OID when it is known (a name may be a new table's since), by name otherwise
+        until = {int(e["oid"]): int(e.get("until", 1 << 64)) for e in self._tables.values() if e.get("oid") is not None}
+        names = {n for n, e in self._tables.items() if e.get("oid") is None}
         dropped = 0
         for end, batches in transactions:
-            keep = [b for b in batches if b.relation_oid not in oids and b.qualified_name not in self._tables]
+            keep = [b for b in batches if not (end <= until.get(b.relation_oid, -1) or b.qualified_name in names)]
             if len(keep) != len(batches):
                 if not isinstance(batches, MutableSequence):
                     raise SinkError("internal: a group's batches cannot be left out", end_lsn=end)
