@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from applier.errors import SinkError
+from applier.errors import InputError, SinkError
 from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog, WriteMode
 from applier.sink.store.rsrows import READER_FEATURES, scans_rows, spark_like
 from applier.storage.options import deltalake_options
@@ -46,6 +46,16 @@ _NOT_IN_LOCAL_PATHS = frozenset("%[]^|\\" + "".join(map(chr, range(0x20))) + "\x
 #: writer features delta-rs writes (a table with any other takes the Spark path)
 _WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
 
+
+
+#: what delta-rs says of a commit file it cannot parse (truncated, or not JSON): damage, not an outage
+DAMAGED_LOG_WORDS = ("Json error", "Truncated record", "Invalid JSON", "EOF while parsing", "expected value")
+
+
+class DamagedTableError(InputError):
+    """A target table's Delta log holds a commit file delta-rs cannot parse (a truncated write, a disk fault,
+    an edit by hand): exit 2 with the remedy, not exit 3 (a restart meets the same file) with a Rust
+    backtrace."""
 
 class DeltaRsStore:
     """Delta tables through delta-rs. Stateless: every call reads the log it needs."""
@@ -118,8 +128,14 @@ class DeltaRsStore:
         try:
             return DeltaTable(str(path), storage_options=deltalake_options(path))
         except Exception as e:  # noqa: BLE001 - delta-rs raises its own classes; the message is the detail
-            raise SinkError("cannot read the Delta log of a target table", path=path,
-                            error=f"{type(e).__name__}: {e}"[:500]) from e
+            detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]  # (not RUST_BACKTRACE's)
+            if any(word in detail for word in DAMAGED_LOG_WORDS):
+                raise DamagedTableError(
+                    f"the Delta log of {path} cannot be read: a commit file in its _delta_log is damaged ({detail}). "
+                    "A restart cannot mend it. Restore the table's _delta_log from a backup, or move the table's "
+                    "directory away and run `applier resync --config FILE --table schema.table` to copy it anew",
+                    path=path) from None
+            raise SinkError("cannot read the Delta log of a target table", path=path, error=detail) from e
 
     def exists(self, path: str) -> bool:
         from deltalake import DeltaTable
