@@ -75,11 +75,16 @@ class PolicySettings(SettingsModel):
         "applier takes it from the old image, an earlier image in the batch or the target row. When none "
         "exists the apply stops with an error ('error', the only choice: never a NULL or a placeholder)")
     schema_changes: Literal["evolve", "stop", "resync"] = Field(
-        "evolve", description="evolve: add columns, widen types, keep dropped ones, and stop (exit 4) on a type "
-        "change Delta cannot widen (e.g. int to text), a column rename no catalog can prove, or a Delta table "
-        "found diverged from Postgres, naming `applier resync`; resync (mirror only): the same, but such a table "
-        "is copied again from Postgres at a new position, automatically, as `applier resync --table` does; stop: "
-        "stop on any schema change")
+        "resync", description="resync, the default: add columns, widen types, keep dropped ones, follow proven "
+        "renames; a table that cannot follow the stream past a point (a type change Delta cannot widen, e.g. int "
+        "to text; a rewrite such as ALTER COLUMN ... TYPE ... USING; a column rename or drop-and-add no catalog "
+        "can prove; a Delta table found diverged from Postgres; two relations claiming one path) is copied again "
+        "from Postgres at a new position by the mirror itself, as `applier resync --table` does, while the other "
+        "tables go on, with a warning, a count in the metrics (applier_errors, kind resync) and a line in "
+        "`applier status`; a relation Postgres has dropped since is set aside (its Delta table retired, its "
+        "changes still in the stream left out). evolve: the same, but such a table stops the run (exit 4) naming "
+        "`applier resync` (a replay of a stored log always behaves so: it has nothing to copy from); stop: stop "
+        "on any schema change")
     column_renames: Literal["auto", "rewrite", "map"] = Field(
         "auto", description="how a proven column rename reaches a Delta table that is not column-mapped: rewrite "
         "(the table is rewritten under the new names in one overwrite commit; every reader opens it: Spark, "

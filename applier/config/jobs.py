@@ -57,7 +57,9 @@ class ReplayConfig(SettingsModel):
 
     @model_validator(mode="after")
     def _no_resync(self) -> ReplayConfig:
-        if self.apply.schema_changes == "resync":
+        """resync, the default, is the mirror's: a replay that was not told otherwise stops where a mirror would
+        copy a table again (as evolve does); only a config that asks for resync by name is refused."""
+        if self.apply.schema_changes == "resync" and "schema_changes" in self.apply.model_fields_set:
             raise ValueError("apply.schema_changes: resync needs a live source to copy from (applier mirror); "
                              "a replay of a stored log cannot re-copy a table: use evolve or stop")
         return self

@@ -131,7 +131,9 @@ def target_missing(rows: int, *, table: str, key_columns: Sequence[str]) -> Dive
     name = table.split(" end_lsn=", 1)[0]
     return DivergenceError(
         f"{rows} row(s) carry unchanged TOAST values but the target has no row to take them from: the Delta "
-        "table is missing rows Postgres has (it has diverged), and running the mirror again meets the same "
-        f"table. A fresh copy of it mends it: `applier resync --config FILE --table {name}`, then run the mirror "
-        "again (or set apply.schema_changes: resync to do this by itself)",
+        "table is missing rows Postgres has (it has diverged; or an UPDATE moved a row into a publication's row "
+        "filter, which PostgreSQL sends as an INSERT without its unchanged TOAST values unless the table has "
+        "REPLICA IDENTITY FULL), and running the mirror again meets the same table. A fresh copy of it mends it: "
+        f"`applier resync --config FILE --table {name}`, then run the mirror again (apply.schema_changes: resync, "
+        "the default, does this by itself)",
         table=name, key_columns=", ".join(key_columns))
