@@ -207,6 +207,14 @@ class SlotUnusableError(SourceError):
     with another plugin than pgoutput. Exit 2: a person decides (drop it, or name another slot)."""
 
 
+class HeldBackError(SourceError):
+    """The server holds the slot's changes back for a standby: the slot is a failover slot and a physical slot
+    named in ``synchronized_standby_slots`` is missing, has no standby connected, or is behind
+    (applier.sources.heldback). Nothing is wrong with the mirror or its data, and nothing reaches it until
+    that standby confirms the WAL or the setting drops its slot: a drain (``mirror --once``, ``capture``)
+    stops after ``source.standby_wait_seconds`` with exit 6 rather than wait for ever or say "caught up"."""
+
+
 class TransientSourceError(SourceError):
     """A source failure that a retry may fix (connection dropped, server restarting)."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 TIERS = ("unit", "integration", "scenario")
-SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server", "azurite_server", "gcs_server"}
+SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server", "azurite_server", "gcs_server",
+                   "standby_pairs"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -189,6 +191,96 @@ def pg_module(pg_pool: ClusterPool) -> Iterator[PgDatabase]:
 def pg_any(pg_pool: ClusterPool, pg_major: int) -> Iterator[PgDatabase]:
     """A fresh database on each installed PostgreSQL major in turn (parametrized by ``pg_major``)."""
     yield from _fresh_database(pg_pool.get(pg_major))
+
+
+@dataclass
+class StandbyPair:
+    """A primary and a hot standby streaming from it through the physical slot ``standby1``
+    (applier.devtools.pgcluster.start_standby), clusters of their own, and the database ``src`` on both."""
+
+    primary: PgCluster
+    standby: PgCluster
+    name: str = "src"
+
+    @property
+    def major(self) -> int:
+        return self.primary.major
+
+    @property
+    def primary_dsn(self) -> str:
+        return self.primary.dsn(self.name)
+
+    @property
+    def standby_dsn(self) -> str:
+        return self.standby.dsn(self.name)
+
+    def replayed(self, timeout: float = 30.0) -> None:
+        """Until the standby has replayed everything the primary has flushed now."""
+        import time
+
+        with psycopg.connect(self.primary_dsn, autocommit=True) as primary:
+            (wanted,) = primary.execute("SELECT pg_current_wal_flush_lsn()").fetchone()  # type: ignore[misc]
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.standby_dsn, autocommit=True) as standby:
+            while True:
+                (done,) = standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn",  # type: ignore[misc]
+                                          (wanted,)).fetchone()
+                if done:
+                    return
+                assert time.monotonic() < deadline, f"the standby did not replay up to {wanted} in {timeout}s"
+                time.sleep(0.05)
+
+    @contextmanager
+    def logging_snapshots(self, every: float = 0.5) -> Iterator[None]:
+        """``pg_log_standby_snapshot()`` on the primary every ``every`` seconds: a logical slot created on
+        the standby waits for such a record, which an idle primary logs only every 15 s, if at all."""
+        import threading
+
+        stop = threading.Event()
+
+        def log_snapshots() -> None:
+            try:
+                with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
+                    while not stop.wait(every):
+                        conn.execute("SELECT pg_log_standby_snapshot()")
+            except psycopg.Error:  # the primary was stopped (a failover): the promoted standby needs none
+                pass
+
+        thread = threading.Thread(target=log_snapshots, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(30)
+
+
+@pytest.fixture
+def standby_pairs() -> Iterator[Any]:
+    """``make(major, primary_settings={}, standby_settings={})``: a fresh StandbyPair (the database ``src``
+    exists before the standby is made, for its ``primary_conninfo``); each is stopped and removed at the
+    end. Missing binaries of ``major``: skipped locally, a failure in CI."""
+    from applier.devtools.pgcluster import start_standby
+
+    made: list[PgCluster] = []
+
+    def make(major: int, primary_settings: dict[str, str] | None = None,
+             standby_settings: dict[str, str] | None = None) -> StandbyPair:
+        try:
+            installation = find_installation(major)
+        except EnvironmentSetupError as e:
+            unavailable(str(e))
+        primary = PgCluster(installation, {**TEST_SETTINGS, **(primary_settings or {})}).start()
+        made.append(primary)
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            conn.execute('CREATE DATABASE "src"')
+        standby = start_standby(primary, dbname="src", settings=standby_settings)
+        made.append(standby)
+        return StandbyPair(primary, standby)
+
+    yield make
+    for cluster in reversed(made):
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,10 @@ class SlotStatus:
     failover: bool | None = None  # PostgreSQL 17+
     #: why the slot may lose WAL it still needs (source.wal_warning_bytes); None: safe
     risk: str | None = None
+    #: the server is holding the slot's changes back for a standby: which standby slots, and why; None: not
+    held_back: str | None = None
+    #: the source is a standby (PostgreSQL 16+): ``server_lsn`` is what it has replayed
+    standby: bool = False
 
     @property
     def lag_bytes(self) -> int | None:
@@ -80,7 +84,8 @@ class SlotStatus:
                 "confirmed_lsn": format_lsn(self.confirmed_lsn) if self.confirmed_lsn is not None else None,
                 "server_lsn": format_lsn(self.server_lsn) if self.server_lsn is not None else None,
                 "table_sync_waits_for": list(self.sync_waits), "wal_status": self.wal_status,
-                "safe_wal_size": self.safe_wal_size, "failover": self.failover, "risk": self.risk}
+                "safe_wal_size": self.safe_wal_size, "failover": self.failover, "risk": self.risk,
+                "held_back": self.held_back, "standby": self.standby}
 
 
 def _app_id(kind: str, source: str) -> str:
@@ -142,13 +147,17 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
     """The slot's position, lag and WAL state (at risk when ``safe_wal_size`` is under ``warn_below``);
     and, while a table sync of this mirror creates its temporary slot (one with no confirmed position
     yet), the prepared and open transactions that creation waits for."""
+    from applier.sources.heldback import holding_back
     from applier.sources.slothealth import read_slot_health
     from applier.sources.slots import slot_creation_blockers, sync_slot_prefix
+    from applier.sources.sql_slot import SERVER_POSITION_SQL
 
     waits: tuple[str, ...] = ()
+    held = None
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT active, confirmed_flush_lsn::text, pg_current_wal_lsn()::text "
-                           "FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        # the server's position: on a standby what it has replayed (pg_current_wal_lsn() is an error there)
+        row = conn.execute(f"SELECT active, confirmed_flush_lsn::text, ({SERVER_POSITION_SQL})::text, "
+                           "pg_is_in_recovery() FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
         creating = [str(r[0]) for r in conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE confirmed_flush_lsn IS NULL AND slot_type = 'logical'")
             if str(r[0]).startswith(sync_slot_prefix(slot))]
@@ -156,11 +165,14 @@ def slot_status(dsn: str, slot: str, *, warn_below: int = 1 << 30) -> SlotStatus
             gids, running = slot_creation_blockers(conn)
             waits = tuple([f"prepared transaction {g}" for g in gids] + running)
         health = read_slot_health(conn, slot)
+        if row is not None and row[2]:
+            held = holding_back(conn, slot, parse_lsn(row[2]))
     if row is None or health is None:
         return SlotStatus(slot, False, sync_waits=waits)
-    return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None, parse_lsn(row[2]),
-                      sync_waits=waits, wal_status=health.wal_status, safe_wal_size=health.safe_wal_size,
-                      failover=health.failover, risk=health.risk(warn_below))
+    return SlotStatus(slot, True, bool(row[0]), parse_lsn(row[1]) if row[1] else None,
+                      parse_lsn(row[2]) if row[2] else None, sync_waits=waits, wal_status=health.wal_status,
+                      safe_wal_size=health.safe_wal_size, failover=health.failover, risk=health.risk(warn_below),
+                      held_back=held.phrase() if held is not None else None, standby=bool(row[3]))
 
 
 def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mapping[str, Any] | None = None,

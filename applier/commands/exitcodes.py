@@ -2,7 +2,8 @@
 
 A service manager or a scheduler decides what to do from the code alone: 2 needs a person to fix a
 flag or a config (restarting will not help), 3 may cure itself (restart later), 4 needs the data
-looked at (fix the source, or ``--skip-transaction``). 1 is kept for "the check ran and found
+looked at (fix the source, or ``--skip-transaction``), 6 says the server is holding the slot's changes
+back for a standby (start that standby; a restart once it is back goes on). 1 is kept for "the check ran and found
 differences", as ``diff`` and ``cmp`` use it, so no failure of the tool itself ever exits 1.
 """
 
@@ -20,6 +21,7 @@ class ExitCode(IntEnum):
     UNAVAILABLE = 3
     BAD_DATA = 4
     INTERNAL = 5
+    HELD_BACK = 6
     INTERRUPTED = 130
     BROKEN_PIPE = 141
 
@@ -41,6 +43,11 @@ MEANING: dict[ExitCode, str] = {
     "widen, a Delta table diverged from Postgres or a column rename could not be proven (re-copy that table: "
     "`applier resync --table`; apply.schema_changes: resync does it by itself)",
     ExitCode.INTERNAL: "internal error (a bug): the traceback is printed, with secrets removed",
+    ExitCode.HELD_BACK: "the server is holding the slot's changes back for a standby (PostgreSQL 17+: the slot "
+    "is a failover slot and a physical slot named in synchronized_standby_slots is missing, has no standby "
+    "connected, or is behind): `mirror --once` or `capture` waited source.standby_wait_seconds and stopped, "
+    "not caught up; the log names the standby slot. Start that standby or remove its slot from "
+    "synchronized_standby_slots, then run again (restarting before that meets the same wait)",
     ExitCode.INTERRUPTED: "stopped by a second Ctrl-C (128 + SIGINT)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (`applier inspect --json | head`): 128 + SIGPIPE, "
     "as for any Unix tool; nothing is printed",
@@ -54,6 +61,7 @@ def for_exception(error: BaseException) -> ExitCode:
         ConfigError,
         DataError,
         EnvironmentSetupError,
+        HeldBackError,
         InputError,
         SchemaDecisionError,
         SlotUnusableError,
@@ -62,6 +70,8 @@ def for_exception(error: BaseException) -> ExitCode:
 
     if disk_full(error) is not None:  # whatever layer it surfaced in
         return ExitCode.UNAVAILABLE
+    if isinstance(error, HeldBackError):
+        return ExitCode.HELD_BACK
     if isinstance(error, ConfigError | EnvironmentSetupError | InputError | SlotUnusableError):
         return ExitCode.USAGE
     if isinstance(error, DataError | LogOrderError | SchemaDecisionError):

@@ -104,7 +104,17 @@ class SourceSettings(SettingsModel):
     failover: bool = Field(
         False, description="PostgreSQL 17+: create the slot with FAILOVER (an existing slot is altered), so that "
         "standbys with sync_replication_slots keep a copy and the mirror can follow the new primary after a "
-        "failover (docs/operations.md)")
+        "failover; the primary and the standby need the settings in docs/operations.md ('Failover'). Off by "
+        "default, also on 17+: a failover slot alone is no protection (a standby keeps a copy only with "
+        "sync_replication_slots, hot_standby_feedback, primary_slot_name and a dbname in primary_conninfo), "
+        "and with synchronized_standby_slots set the server holds its changes back while that standby is down "
+        "(exit 6 on a drain); turn it on where the standby is set up for it. Refused on a standby (only a "
+        "primary's slots are synchronized)")
+    standby_wait_seconds: float = Field(
+        60.0, ge=0, description="mirror --once, capture: how long a drain waits while the server is holding the "
+        "slot's changes back for a standby (a failover slot, and a physical slot named in "
+        "synchronized_standby_slots missing, with no standby connected, or behind) before it stops with exit 6; "
+        "following (without --once) waits as long as it takes, logging which standby slot it waits for")
     wal_warning_bytes: int = Field(
         1 << 30, ge=0, description="mirror: warn (log, applier status) when the slot's safe_wal_size, the WAL the "
         "server may still write before the slot exceeds max_slot_wal_keep_size, falls under this; a slot whose "

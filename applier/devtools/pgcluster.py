@@ -250,6 +250,16 @@ class PgCluster:
         self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-t", "170", "-m", mode,
                    "-l", str(self.base_dir / "server.log"), "-o", f"-p {self.port}", "restart"], timeout=180)
 
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server and keep its data directory: ``start()`` brings it back on the same port (a
+        standby that is down for a while, then catches up)."""
+        if self._running:
+            try:
+                self._run([self.installation.binary("pg_ctl"), "-D", str(self.datadir), "-w", "-m", mode, "stop"],
+                          timeout=120)
+            finally:
+                self._running = False
+
     def stop(self) -> None:
         if self._running:
             try:
@@ -275,6 +285,41 @@ class PgCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_standby(primary: PgCluster, *, slot: str = "standby1", dbname: str = "postgres",
+                  settings: Mapping[str, str] | None = None) -> PgCluster:
+    """A hot standby of ``primary``, made with ``pg_basebackup`` and streaming from it through the physical
+    slot ``slot`` (created on the primary by the backup), on a port of its own.
+
+    Why: PostgreSQL 16+ decodes logical replication on a standby, and HA setups read there; the mirror is
+    tested against a real one, and against its promotion. It gets what slot synchronization (17+) needs
+    too: ``hot_standby_feedback = on``, ``primary_slot_name`` and a ``dbname`` in ``primary_conninfo``
+    (``settings``, e.g. ``sync_replication_slots = on``, go on top). ``stop()`` removes its directory."""
+    user = _server_user()
+    base = Path(tempfile.mkdtemp(prefix=f"applier-pg{primary.major}-standby-"))
+    os.chmod(base, 0o755)
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(base, entry.pw_uid, entry.pw_gid)
+    standby = PgCluster(primary.installation, dict(settings or {}), base_dir=base, _owns_base=True)
+    conninfo = f"host=127.0.0.1 port={primary.port} user=postgres dbname={dbname} application_name={slot}"
+    try:
+        standby._run([primary.installation.binary("pg_basebackup"), "-D", str(standby.datadir), "-d", conninfo,
+                      "-X", "stream", "-c", "fast", "-C", "-S", slot, "--no-sync"], timeout=300)
+        conf = {"primary_conninfo": f"'{conninfo}'", "primary_slot_name": f"'{slot}'",
+                "hot_standby": "on", "hot_standby_feedback": "on", "unix_socket_directories": f"'{base}'",
+                **standby.settings}
+        with open(standby.datadir / "postgresql.conf", "a", encoding="utf-8") as f:
+            f.write("\n# applier throw-away standby\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
+        (standby.datadir / "standby.signal").touch()
+        if user:
+            entry = pwd.getpwnam(user)
+            os.chown(standby.datadir / "standby.signal", entry.pw_uid, entry.pw_gid)
+        return standby.start()
+    except BaseException:
+        standby.stop()
+        raise
 
 
 def start_cluster(major: int | None = None, settings: Mapping[str, str] | None = None,

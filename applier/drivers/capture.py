@@ -43,6 +43,8 @@ from applier.sink.idempotence import applied_version
 from applier.sink.store.sparkbase import idempotent_write
 from applier.sources import sql_slot
 from applier.sources.catalog_lookup import CatalogRecorder
+from applier.sources.heldback import HoldWatch, readable_upto
+from applier.sources.serverneeds import check_server_serves
 from applier.sources.slothealth import SlotWatch
 
 if TYPE_CHECKING:
@@ -122,6 +124,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     watch = SlotWatch(src.resolved_dsn(), src.slot, warn_below=src.wal_warning_bytes)
     try:
         with psycopg.connect(src.resolved_dsn(), autocommit=True) as conn:
+            check_server_serves(conn, src)  # before the slot: what this server cannot decode is exit 2
             sql_slot.create_slot(conn, src.slot, two_phase=src.two_phase, failover=src.failover)
             _capture_rounds(spark, config, conn, summary, decoder, recorded, seq, once=once, say=say, stop=stop,
                             poll_seconds=poll_seconds, metrics=metrics, watch=watch, notes=notes)
@@ -143,14 +146,18 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
     path = config.log_path
     batch = config.batch_changes
     backlog: Backlog | None = None
+    hold = HoldWatch(src.resolved_dsn(), src.slot, wait_seconds=src.standby_wait_seconds)
     while not stop.is_set():
         health = watch.check()  # at most every 30 s; a lost slot stops here with the way back
         if metrics is not None:
             metrics.beat()
             if health is not None:
                 metrics.slot(health)
-        target = sql_slot.current_flush_lsn(conn)
-        rows = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
+        # while the server holds changes back for a standby, a peek past what it released waits inside the call
+        target, held = readable_upto(conn, src.slot, sql_slot.current_flush_lsn(conn))
+        hold.seen(held)
+        rows = [] if held is not None and target <= (summary.confirmed_lsn or recorded or 0) else \
+            list(sql_slot.peek(conn, src.slot, options, upto_lsn=target, upto_nchanges=batch))
         cut = None  # index just past the last boundary
         cut_end = None
         skip_to = 0
@@ -175,15 +182,17 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
             if recorded is not None and skip_to:
                 sql_slot.advance(conn, src.slot, recorded)
                 summary.confirmed_lsn = recorded
-            if not rows:  # drained: nothing of ours before ``target``, so the slot need not hold that WAL
+            if not rows and target:  # drained: nothing of ours before ``target``, so the slot need not hold that WAL
                 summary.confirmed_lsn = sql_slot.advance(conn, src.slot, target)  # (other databases write it)
                 if metrics is not None:
                     metrics.lag(0, 0.0)
             if rows and len(rows) >= batch:
                 batch *= 2  # one streamed transaction larger than a round: read further next time
                 continue
-            if once:
+            if once and held is None:
                 break
+            if once:
+                hold.waited_out()  # held back for a standby: exit 6 after source.standby_wait_seconds
             stop.wait(poll_seconds)
             continue
         stored = rows[skip_to:cut]

@@ -23,6 +23,7 @@ from applier.loop import ApplyLoop
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive, pg_now
 from applier.sources import sql_slot
+from applier.sources.heldback import HeldBack, HoldWatch, readable_upto
 from applier.sources.slothealth import SlotHealth, SlotWatch
 from applier.sources.slots import slot_info, slot_lost_error
 from applier.sources.walsender import WalSenderStream
@@ -142,6 +143,12 @@ class FallingBehind:
             self._conn.close()
 
 
+#: a drain whose stream has brought nothing for this long, short of its target, asks whether the server is
+#: holding changes back for a standby (a caught-up drain ends within half a second: applier.sources.heldback);
+#: the lag lines ask at each report
+HOLD_QUIET_SECONDS = 2.0
+
+
 class SlotFollower:
     def __init__(self, dsn: str, source: SourceSettings, loop: ApplyLoop, stats: FollowStats,
                  stop: threading.Event, progress: Progress, progress_every: float) -> None:
@@ -154,6 +161,8 @@ class SlotFollower:
         self.progress_every = progress_every
         # the slot's WAL state, read now and then: warns while the slot is at risk, stops when it is lost
         self.watch = SlotWatch(dsn, source.slot, warn_below=source.wal_warning_bytes)
+        # whether the server holds the slot's changes back for a standby (synchronized_standby_slots)
+        self.hold = HoldWatch(dsn, source.slot, wait_seconds=source.standby_wait_seconds)
         self._backlog: Backlog | None = None
 
     def run(self, once: bool) -> None:
@@ -202,10 +211,14 @@ class SlotFollower:
         if self.loop.confirmed_lsn is not None:
             self.stats.confirmed_lsn = self.loop.confirmed_lsn
 
-    def _lag(self, server_lsn: int, confirmed_lsn: int | None) -> ProgressReport:
+    def _lag(self, server_lsn: int, confirmed_lsn: int | None, held: HeldBack | None = None) -> ProgressReport:
         """The progress line: what the server has, what it was told, and how far behind that is.
         ``confirmed_lsn`` is the slot's position as this run knows it (applied groups, and idle
-        confirmations of WAL that carries nothing for us), so a caught-up mirror says 0."""
+        confirmations of WAL that carries nothing for us), so a caught-up mirror says 0. ``held``: the
+        server holds changes back for a standby; the line says so, with the server's own position (a
+        walsender's keepalives carry what it sent, and a held-back mirror used to say "caught up")."""
+        if held is not None:
+            server_lsn = max(server_lsn, held.wanted)
         applied = max(confirmed_lsn or 0, self.loop.confirmed_lsn or 0)
         self.stats.confirmed_lsn = applied or None
         behind = max(server_lsn - applied, 0) if applied else None
@@ -216,7 +229,10 @@ class SlotFollower:
         if self.loop.metrics is not None:
             self.loop.metrics.lag(behind, seconds)
         fields: dict[str, object] = {"task": "follow"}
-        if behind is not None and self._backlog is None:
+        if held is not None:
+            lag += f", HELD BACK: {held.phrase()}"
+            fields["held_back"] = [w.slot for w in held.waits]
+        elif behind is not None and self._backlog is None:
             self._backlog = Backlog(behind)  # from the first report: rate and ETA of working it down
         elif behind is not None and self._backlog is not None:
             lag += f" ({self._backlog.line(behind)})"
@@ -303,10 +319,12 @@ class ReplicationFollower(SlotFollower):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             flush = sql_slot.current_flush_lsn(conn)
             info = slot_info(conn, src.slot)
+            # a copy of the slot is no failover slot: it is read no further than the server releases to this one
+            readable, _held = readable_upto(conn, src.slot, flush)
         target = flush if once else None
         confirmed = info.confirmed_flush_lsn if info is not None else None
-        if self.copy_catch_up is not None and confirmed and flush > confirmed:
-            advanced = self.copy_catch_up(flush, flush - confirmed, self._feed)
+        if self.copy_catch_up is not None and confirmed and readable > confirmed:
+            advanced = self.copy_catch_up(readable, readable - confirmed, self._feed)
             self._sync_stats()
             if advanced is not None:
                 confirmed = advanced
@@ -333,14 +351,14 @@ class ReplicationFollower(SlotFollower):
             # (a catch-up's reader pauses it while it reads: WalSenderStream.hot_reader)
             stream.start_heartbeat()
             if self.catch_up is not None and confirmed:
-                self.catch_up(stream, flush, max(flush - confirmed, 0), self._feed)
+                self.catch_up(stream, readable, max(readable - confirmed, 0), self._feed)
                 self._sync_stats()
             if target is not None:
                 self.progress(f"draining up to {format_lsn(target)}")
                 # --once ends on a keepalive at or past the target: ask for one now rather than after
                 # half a second of silence (a caught-up backlog is often already there)
                 stream.send_status(reply_requested=True)
-            last_report = time.monotonic()
+            last_report = last_data = time.monotonic()
             while not self.stop.is_set():
                 try:
                     # With a group pending, only take what has already arrived: when nothing more has,
@@ -355,6 +373,7 @@ class ReplicationFollower(SlotFollower):
                     if frame is None:
                         behind.dry()
                     elif not isinstance(frame, PrimaryKeepalive):
+                        last_data = time.monotonic()
                         self._feed(frame.wal_start, frame.payload)
                         if self.loop.group.due():  # held long enough while more keeps arriving
                             self.flush(wait=False)
@@ -378,17 +397,23 @@ class ReplicationFollower(SlotFollower):
                         self.loop.tick()
                         if self.loop.metrics is not None and self.loop.idle():
                             self.loop.metrics.beat()
+                    if target is not None and idle and time.monotonic() - last_data >= HOLD_QUIET_SECONDS:
+                        self.hold.check(target)
+                        self.hold.waited_out()  # held back for a standby: exit 6 after the wait
                 except KeyboardInterrupt:
                     self.flush()
                     raise
                 if time.monotonic() - last_report >= self.progress_every:
                     last_report = time.monotonic()
-                    self.progress(self._lag(stream.server_wal_end, stream.confirmed))
+                    # is the server holding changes back? (a keepalive says what the walsender sent, which
+                    # then looks caught up)
+                    self.progress(self._lag(stream.server_wal_end, stream.confirmed, self.hold.check(target)))
             else:
                 self.stats.stopped_by = "stop requested"
             self.flush()
         finally:
             behind.close()
+            self.hold.close()
             stream.close()
 
 
@@ -417,14 +442,19 @@ class SqlFollower(SlotFollower):
             self.loop.confirm = advance
             self._checked_slot(self.watch.check(force=True))
             while not self.stop.is_set():
-                target = sql_slot.current_flush_lsn(conn)
+                # while the server holds changes back for a standby, a peek past what it released would wait
+                # inside the call: read up to there, and say which standby it waits for
+                target, held = readable_upto(conn, src.slot, sql_slot.current_flush_lsn(conn))
+                said = self.hold.seen(held)
                 committed_before = self.loop.transactions
                 self.loop.feeder.assembler.session_start()  # every peek is a new decoding session
+                peeked: list[sql_slot.PeekedMessage] = []
                 try:
                     # the peek's rows are fetched before anything is applied (one statement at a time)
                     try:
-                        peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
-                                                    upto_nchanges=batch_changes))
+                        if held is None or target > (confirmed or 0):
+                            peeked = list(sql_slot.peek(conn, src.slot, options, upto_lsn=target,
+                                                        upto_nchanges=batch_changes))
                     except (psycopg.Error, SourceError) as e:
                         lost = slot_lost_error(src.slot, e.sqlstate, str(e))
                         if lost is None:
@@ -438,11 +468,13 @@ class SqlFollower(SlotFollower):
                     advance(target)  # drained: nothing of ours is before ``target``
                 self.stats.confirmed_lsn = confirmed
                 if self.loop.transactions > committed_before:
-                    self.progress(self._lag(target, confirmed))
+                    self.progress(self._lag(target, confirmed, said))
                 else:
-                    if once:
+                    if once and held is None:
                         self.stats.stopped_by = f"--once: reached {format_lsn(target)}"
                         return
+                    if once:
+                        self.hold.waited_out()  # held back for a standby: exit 6 after the wait
                     self.loop.tick()
                     if self.loop.metrics is not None:
                         self.loop.metrics.beat()  # drained: idle and caught up

@@ -52,9 +52,17 @@ from applier.sources.publication import (
     published_tables,
     warn_unmatched_includes,
 )
+from applier.sources.serverneeds import check_server_serves
 from applier.sources.slotcopy import SlotCopyReader, SlotCopyUnavailable
 from applier.sources.slothealth import read_slot_health
-from applier.sources.slots import check_usable, open_phrase, prepared_phrase, slot_creation_blockers, slot_info
+from applier.sources.slots import (
+    check_usable,
+    open_phrase,
+    prepared_phrase,
+    slot_creation_blockers,
+    slot_info,
+    standby_slot_wait,
+)
 from applier.sources.syncslot import SyncSlot
 from applier.sources.walsender import CreatedSlot, WalSenderStream
 from applier.spark.session import SparkLike, SparkProvider
@@ -176,6 +184,7 @@ class Mirror:
         saved = self.state.load("mirror") or {}
         resume_at: int | None = None
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            check_server_serves(conn, src)  # before any slot: protocol 4 on 15 is exit 2, not 3 at every start
             published = published_tables(conn, src.publication)
             if not self._includes_checked:  # once per run, not once per reconnection
                 warn_unmatched_includes(published, src.publication, self.config.tables, log.warning)
@@ -346,9 +355,11 @@ class Mirror:
             waited += step
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 gids, running = slot_creation_blockers(conn)
+                standby = standby_slot_wait(conn)  # a standby's slot waits for the primary's snapshot record
             what = "; ".join(filter(None, [
                 f"{prepared_phrase(gids)}: COMMIT PREPARED or ROLLBACK PREPARED them" if gids else "",
-                f"{open_phrase(running)} to end" if running else ""])) or "transactions that were open when it began"
+                f"{open_phrase(running)} to end" if running else "", standby or ""])) \
+                or "transactions that were open when it began"
             self.progress(f"creating slot {maker.name} has waited {waited:.0f}s for {what} (Ctrl-C stops)")
 
     def _ensure_failover(self, conn: psycopg.Connection, exists: bool) -> None:

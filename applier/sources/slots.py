@@ -79,3 +79,15 @@ def slot_creation_blockers(conn: psycopg.Connection) -> tuple[list[str], list[st
         "coalesce(extract(epoch FROM now() - xact_start)::int, 0) FROM pg_stat_activity "
         "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start")]
     return gids, running
+
+
+def standby_slot_wait(conn: psycopg.Connection) -> str | None:
+    """On a standby (PostgreSQL 16+), what creating a logical slot waits for beyond the open transactions:
+    a record of the primary's running transactions, which the primary logs every 15 s only while it writes
+    WAL (an idle primary never does); None on a primary."""
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    if not row or not row[0]:
+        return None
+    return ("this server is a standby: the slot waits for the primary to log its running transactions (every "
+            "15 s while the primary writes; an idle primary does not), and SELECT pg_log_standby_snapshot() on "
+            "the primary logs one now")

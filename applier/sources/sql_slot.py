@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psycopg
 
 from applier.config import SourceSettings
-from applier.errors import ConfigError, SourceError
+from applier.errors import ConfigError, SourceError, TransientSourceError
 from applier.lsn import format_lsn, parse_lsn
 from applier.sources.failures import stream_error
 
@@ -31,11 +31,21 @@ PINNED_SESSION_SETTINGS: Mapping[str, str] = {
 }
 
 
+#: The position a reader of a slot on this server may go to: the flush position on a primary; on a standby
+#: (PostgreSQL 16+ decodes there) what it has replayed, which is as far as its walsender and the SQL functions
+#: decode. pg_current_wal_flush_lsn() is an error during recovery ("recovery is in progress"), and used to
+#: make every run against a standby exit 3.
+SERVER_POSITION_SQL = ("CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                       "ELSE pg_current_wal_flush_lsn() END")
+
+
 def current_flush_lsn(conn: psycopg.Connection) -> int:
-    """The server's WAL flush position: how far a drain (``--once``) reads, and where an idle slot
-    may be confirmed to."""
-    row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-    assert row is not None  # the function always returns a row
+    """The server's WAL flush position (on a standby: its replay position, see ``SERVER_POSITION_SQL``):
+    how far a drain (``--once``) reads, and where an idle slot may be confirmed to."""
+    row = conn.execute(f"SELECT ({SERVER_POSITION_SQL})::text").fetchone()
+    assert row is not None  # the expression always returns a row
+    if row[0] is None:  # a standby that has replayed nothing yet (it is still starting)
+        raise TransientSourceError("the standby has not replayed any WAL yet: it is still starting up")
     return parse_lsn(row[0])
 
 
