@@ -38,6 +38,7 @@ from applier.catalog import RelationCache
 from applier.catalog.batches import GroupedTransactions, TableBatch
 from applier.config import MirrorConfig
 from applier.drivers.columnfill import ColumnFills, Fill, first_carrying, missing_values
+from applier.drivers.unsentshapes import UnsentShapes
 from applier.errors import SinkError
 from applier.infra.progress import Progress
 from applier.lsn import format_lsn
@@ -105,6 +106,9 @@ class TableSync:
         self._pending: PendingCopy | None = None  # tables whose copy waits for its slot (see PendingCopy)
         self._asking: psycopg.Connection[Any] | None = None  # must_sync's (_asking_connection)
         self.fills = ColumnFills(config, applier, catalog.types, state, progress)
+        #: columns renamed or added with no row change since, taken from the catalog (applier.drivers.unsentshapes)
+        self.shapes = UnsentShapes(config, applier, catalog, state, progress)
+        self._shapes_started = False  # the run's first check: fills a crash left, then the first observation
         #: told (table, rows copied, estimated rows) while a copy runs: the metrics' copy gauges, when served
         self.on_copy_rows = on_copy_rows
         #: told (tables, prepared, open transactions) whenever what a waiting copy waits for is read, and
@@ -136,6 +140,8 @@ class TableSync:
         """Copy every published (and selected) table the mirror does not know yet. Asked before every
         group, on ``must_sync``'s kept connection: one made each time was a tenth of an idle follower's
         time to apply a one-row transaction (bench/RESULTS.md, thirty-ninth session)."""
+        if not self._shapes_started:  # before anything is applied: the state as the last run left it
+            self.shapes.finish()
         try:
             published, reshaped = self._ask_publication(self._asking_connection())
         except psycopg.OperationalError:
@@ -156,6 +162,38 @@ class TableSync:
                      and self.applier.derived.missing(t.namespace, t.name)]
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
+        if not self._shapes_started:  # once a run: before its drain's target is read (see unsentshapes)
+            self._shapes_started = True
+            self.shapes.observe(self._asking_connection(), known)
+
+    def settle_shapes(self, *, observe: bool) -> bool:
+        """Columns renamed or added in Postgres with no row change since (applier.drivers.unsentshapes): once
+        the slot is confirmed past what the last observation saw, they are applied to the Delta tables, or
+        the tables whose rows no catalog gives are copied again (True: such a copy was begun); ``observe``:
+        then ask the catalog again when it is due (an idle follower)."""
+        if not self.shapes.enabled:
+            return False
+        conn = self._asking_connection()
+        recopy = self.shapes.settle(conn, waiting=self.waiting)
+        if recopy:
+            known = self.known([])
+            for described, _why in recopy:  # first: a stop or crash from here leaves them to the next table sync
+                known.pop(described.table.qualified_name, None)
+            self.state.save(STATE_KEY, known)
+            for described, why in recopy:  # then emptied with the columns Postgres has, as applier resync does
+                oid, name = described.relation.oid, described.table.qualified_name
+                self.progress(f"table sync: {name}: {why}, with no change of its rows since; copying the table again")
+                for typ in described.types:
+                    self.catalog.update_type(typ)
+                self.applier.replace_table(RelationCache(self.catalog.types).update(described.relation))
+                self._columns.pop(oid, None)
+                self.fills.forget(oid, name)
+            self.sync([d.table for d, _why in recopy], reason="changed in Postgres in a way only a copy brings",
+                      wait=False)
+            return True
+        if observe and self.shapes.due():
+            self.shapes.observe(conn, self.known(self._published(conn)))
+        return False
 
     def _added(self, oid: int, key: tuple[str, str], columns: Sequence[str], *, fresh: set[int],
                remember: bool = True) -> set[str]:
@@ -517,14 +555,21 @@ class TableSync:
 
     def tick(self) -> None:
         """The stream is idle: a copy whose slot now exists is made (its tables' held changes would
-        otherwise wait for the next group)."""
+        otherwise wait for the next group), and columns changed with no row change are applied when the
+        stream has passed them (``settle_shapes``)."""
         self.finish_pending(0.0)
+        self.settle_shapes(observe=True)
 
     def wait_for_copies(self, stop: threading.Event) -> None:
         """``--once`` reached its end: the copies still waiting for their slot are waited for (their
-        tables' changes are held, and the run must not end with them unapplied), unless ``stop`` is set."""
+        tables' changes are held, and the run must not end with them unapplied), unless ``stop`` is set;
+        then the columns changed with no row change since the run began are applied (``settle_shapes``),
+        and the copies that takes waited for too."""
         while not stop.is_set() and not self.finish_pending(1.0):
             pass
+        if not stop.is_set() and self.settle_shapes(observe=False):
+            while not stop.is_set() and not self.finish_pending(1.0):
+                pass
 
     def close(self) -> None:
         """The run ends: a copy still waiting for its slot is given up (the slot's creation cancelled).

@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from applier.errors import NotRecorded, SourceError
+from applier.errors import NotRecorded, SourceError, TransientSourceError
+from applier.lsn import parse_lsn
 from applier.sources.sql_slot import pin_session
 
 #: the ``catalog`` column's format; a note of another version is not read (as if absent)
@@ -278,3 +279,52 @@ def _catalog_now(conn: psycopg.Connection, oids: list[int]) -> dict[int, tuple[N
         parsed = attnums if isinstance(attnums, dict) else json.loads(attnums)
         out[int(oid)] = ((str(schema), str(table)), {str(k): int(v) for k, v in parsed.items()})
     return out
+
+
+# --- what the mirror asks of tables the stream has said nothing of since (applier.drivers.unsentshapes) ----
+
+
+def relations_now(conn: psycopg.Connection, oids: list[int]) -> dict[int, tuple[Name, dict[str, int]]]:
+    """(schema, name) and live column attnums of each of ``oids`` that exists, in one statement (one
+    snapshot): what ``CatalogRecorder`` reads for its notes."""
+    return _catalog_now(conn, oids)
+
+
+def shape_fingerprints(conn: psycopg.Connection, oids: list[int]) -> dict[int, str]:
+    """For each of ``oids`` that exists: the transactions that last wrote its ``pg_class`` row, each of its
+    ``pg_attribute`` rows (dropped ones too) and its ``pg_index`` rows, as one text. Every ALTER TABLE that
+    changes a column, the replica identity or a key writes one of them, so two equal fingerprints read at
+    two times mean no such change committed in between (a change of anything else, or a VACUUM FREEZE of
+    the catalog, may change it too: a difference means "maybe", never "no")."""
+    rows = conn.execute(
+        "SELECT c.oid::int8, c.xmin::text || '/' || coalesce((SELECT string_agg(a.attnum::text || ':' || "
+        "a.xmin::text, ',' ORDER BY a.attnum) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0), '') "
+        "|| '/' || coalesce((SELECT string_agg(i.indexrelid::text || ':' || i.xmin::text, ',' ORDER BY "
+        "i.indexrelid) FROM pg_index i WHERE i.indrelid = c.oid), '') FROM pg_class c WHERE c.oid = ANY(%s::oid[])",
+        (oids,)).fetchall()
+    return {int(oid): str(text) for oid, text in rows}
+
+
+#: the sizes of a WAL page's header: on a segment's first page (XLogLongPageHeaderData) and on the others
+LONG_PAGE_HEADER, SHORT_PAGE_HEADER = 40, 24
+
+
+def written_position(conn: psycopg.Connection) -> int:
+    """A WAL position at or past the end of every transaction the connection's last snapshot could see:
+    on a primary the insert position (a commit record is inserted before its transaction becomes visible,
+    and with ``synchronous_commit = off`` it is visible before it is flushed, so the flush position is not
+    enough), on a standby the replay position (it sees what it has replayed). An insert position just past
+    a page header (nothing has been written on that page yet) is taken as the page's start: every record
+    ends at or before it, and a flush reaches it."""
+    row = conn.execute(
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() "
+        "END)::text, (SELECT setting::int8 FROM pg_settings WHERE name = 'wal_block_size'), "
+        "(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')").fetchone()
+    if row is None or row[0] is None:
+        raise TransientSourceError("the server has no WAL position to give yet (a standby that is still starting)")
+    position, page, segment = parse_lsn(row[0]), int(row[1]), int(row[2])
+    if position % segment == LONG_PAGE_HEADER:
+        return position - LONG_PAGE_HEADER
+    if position % page == SHORT_PAGE_HEADER:
+        return position - SHORT_PAGE_HEADER
+    return position
