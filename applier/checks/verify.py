@@ -318,6 +318,8 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     ``column_names: safe`` names (applier.sink.naming.safe_column_name), as the config says; a table
     written under ``safe`` says so itself too (its ``applier.columnNames`` property), which is enough for
     ``applier verify`` without a config."""
+    if not _table_exists(conn, namespace, table):
+        return _gone_from_postgres(spark, path, namespace, table, reader)
     excluded, kept = set(exclude), None if only is None else set(only)
     names, rows = postgres_table_reader(conn, namespace, table,
                                         lambda c: c not in excluded and (kept is None or c in kept), policy,
@@ -346,12 +348,78 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
         names = [names[i] for i in keep_at]
         rows = partial(_projected, rows, keep_at)
     # both sides as functions: read a second time, on a mismatch, for the rows to list (issue 77)
-    result = compare(f"{namespace}.{table}", rows, lambda: store.scan(path, names, unless=soft_deleted),
-                     detail=detail)
+    try:
+        result = compare(f"{namespace}.{table}", rows, lambda: store.scan(path, names, unless=soft_deleted),
+                         detail=detail)
+    except psycopg.errors.UndefinedTable:  # renamed or dropped while it was read
+        return _gone_from_postgres(spark, path, namespace, table, reader)
     result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
     if int96:
         result.problems.append(int96_advice(int96) + "; compared as Spark reads them")
     return result
+
+
+def _table_exists(conn: psycopg.Connection, namespace: str, table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL",
+                       (namespace, table)).fetchone()
+    return bool(row and row[0])
+
+
+#: what a Delta table whose Postgres table is not there (any more) under its name means
+GONE_HINT = ("renamed, moved to another schema or dropped since the mirror last ran; the mirror's next run "
+             "follows it (a renamed or moved table's Delta table moves to its new name, a dropped one's stays as "
+             "it was, no longer followed)")
+
+
+def _gone_from_postgres(spark: SparkLike | None, path: str, namespace: str, table: str,
+                        reader: Literal["auto", "spark"]) -> TableComparison:
+    """A difference, not an error: the Delta table at ``path`` has no Postgres table of its name to compare with.
+    Its rows are counted, not listed."""
+    store = scanner(path, spark, spark_only=reader == "spark")
+    result = compare(f"{namespace}.{table}", iter(()), _counted(store, path) if store.exists(path) else iter(()),
+                     detail=False)
+    result.problems.append(f"{namespace}.{table} is not a table in Postgres (any more): {GONE_HINT}")
+    return result
+
+
+def _counted(store: Any, path: str) -> Iterator[tuple[Any, ...]]:
+    """The Delta table's rows, of one column only: enough to count them."""
+    return iter(store.scan(path, list(store.columns(path))[:1]))
+
+
+def unfollowed_tables(spark: SparkLike | None, conn: psycopg.Connection, target_dir: str, publication: str,
+                      settings: TablesSettings | None = None) -> list[TableComparison]:
+    """The Delta tables in the target's ``DIR/<schema>/<table>`` layout that ``settings`` selects, that a
+    mirror of ``publication`` wrote and still marks as followed (``applier.publication``), and whose name the
+    publication does not send now: their table was renamed, moved, dropped or taken out of the publication
+    since the mirror last ran (its next run moves them or marks them no longer followed). Each is a
+    difference: a ``verify --config`` of the tables published now does not look at them otherwise."""
+    from applier.config import TablesSettings
+    from applier.sink.naming import mirrored_table_dirs, source_name_of
+    from applier.sink.spec import PROP_PUBLICATION
+    from applier.sink.targets import TableTargets
+    from applier.sources.publication import published_selection
+
+    targets = TableTargets(spark, target_dir, settings or TablesSettings())
+    published = {(t.namespace, t.name) for t in published_selection(conn, publication, targets.tables)}
+    out: list[TableComparison] = []
+    for directory in mirrored_table_dirs(target_dir):
+        namespace, table = source_name_of(directory)
+        path = targets.path_for(namespace, table)
+        if ((namespace, table) in published or not targets.tables.selected(f"{namespace}.{table}")
+                or path != str(directory)):
+            continue
+        store = scanner(path, spark)
+        if store.configuration(path).get(PROP_PUBLICATION, "published") != "published":
+            continue  # the mirror marked it: no longer followed, kept as it was
+        if _table_exists(conn, namespace, table):
+            result = compare(f"{namespace}.{table}", iter(()), _counted(store, path), detail=False)
+            result.problems.append(f"{namespace}.{table} is no longer in publication {publication} (taken out since "
+                                   "the mirror last ran; its next run marks its Delta table no longer followed)")
+        else:
+            result = _gone_from_postgres(spark, path, namespace, table, "auto")
+        out.append(result)
+    return out
 
 
 def verify_against_postgres(spark: SparkLike | None, conn: psycopg.Connection, target_dir: str,

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "values (Postgres values go through the same conversion as replicated ones). On a mismatch, "
         "rows found on one side only are listed. The DSN comes from --dsn, the config, $APPLIER_DSN "
         "or libpq's PGHOST/PGSERVICE variables, and is never printed. Exit 0: all equal; 1: some "
-        "differ; 2: a bad flag, config or DSN; 3: Postgres cannot be reached or refuses the login.",
+        "differ (a Delta table whose Postgres table was renamed, moved or dropped since the mirror last ran is one "
+        "that differs); 2: a bad flag, config or DSN; 3: Postgres cannot be reached or refuses the login.",
     )
     p.add_argument("--config", help="a mirror config (configs/mirror.yaml): its DSN, target and table selection")
     p.add_argument("--dsn", help="libpq connection string (default: the config's, or $APPLIER_DSN)")
@@ -45,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     spark = SparkProvider(lambda: build_spark_session(SparkSettings(locations=(plan.target,))))
     try:
         results = verify_plan(spark, plan)
+        if plan.publication is not None and not plan.only:  # tables the config no longer publishes under their name
+            from applier.checks.verify import unfollowed_tables
+
+            with psycopg.connect(plan.dsn, autocommit=True) as conn:
+                results += unfollowed_tables(spark, conn, plan.target, plan.publication, plan.settings)
     except psycopg.errors.InsufficientPrivilege as e:  # a restart cures nothing, and it is no bug: exit 2
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         table = message.rpartition(" for table ")[2] if " for table " in message else "the table"
