@@ -358,7 +358,25 @@ class TableSync:
             self.state.save(STATE_KEY, known)
             for name in gone:
                 self._mark_unpublished(name)
+        if not self._shapes_started:  # once a run: tables published only between two runs
+            self._mark_never_copied({t.oid for t in published if t.oid is not None}, known)
         return published, self._reshaped(conn, published, known)
+
+    def _mark_never_copied(self, published: set[int], known: dict[str, str]) -> None:
+        """Relations the stream wrote Delta tables for that are neither published now nor known to table sync:
+        published only between two runs (a table created in a ``TABLES IN SCHEMA`` schema and moved out, or
+        added to the publication and taken out again). Nobody copied them, so their Delta tables hold what the
+        stream sent meanwhile, not the table: each is marked not published, as a table taken out is, so that
+        ``applier status`` and readers see that it is not followed (issue 77: it looked followed)."""
+        ids = self.applier.identities
+        if ids is None:
+            return
+        for bound in ids.live():
+            if bound.oid in published or bound.name in known or not is_delta_table(bound.path):
+                continue
+            if (self.applier.stores.reader(bound.path).configuration(bound.path) or {}).get(
+                    PROP_PUBLICATION, "published") == "published":
+                self._mark_unpublished(bound.name)
 
     def _asking_connection(self) -> psycopg.Connection[Any]:
         """``must_sync``'s connection, kept between groups: it is asked before every group a round

@@ -87,3 +87,24 @@ def test_a_removed_table_directory_is_mended_by_the_resync_the_stop_names(pg, sp
     with pg.connect() as conn:
         results = verify_against_postgres(spark, conn, str(target), [("public", "gone"), ("public", "kept")])
     assert all(r.equal for r in results), results
+
+
+def test_a_table_published_only_between_two_runs_is_marked_not_followed(pg, tmp_path, capsys):
+    """Weak case: a table created in a ``TABLES IN SCHEMA`` schema and moved out before the next run got a Delta
+    table from the stream's changes that looked followed (status listed it as any other) but was not."""
+    target = tmp_path / "delta"
+    with pg.connect() as conn:
+        conn.execute("CREATE SCHEMA s; CREATE TABLE s.a (id int PRIMARY KEY); CREATE PUBLICATION tis FOR TABLES IN "
+                     "SCHEMA s")
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"source:\n  dsn: '{pg.dsn}'\n  publication: tis\n  slot: tis\ntarget:\n  path: {target}\n")
+    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE s.x (id int PRIMARY KEY, v int); INSERT INTO s.x VALUES (1, 1), (2, 2);"
+                     "ALTER TABLE s.x SET SCHEMA public; INSERT INTO public.x VALUES (3, 3); INSERT INTO s.a VALUES (1)")
+    for _ in range(2):
+        assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
+    capsys.readouterr()
+    assert cli_main(["status", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "public.x: NOT FOLLOWED: not published since" in out, out
