@@ -14,11 +14,13 @@ next, which replay handles) and ``captured_at``.
 
 Relation rows also carry ``catalog`` (NULL on every other row): what the live catalog said of that
 relation just after the round was peeked (applier.sources.catalog_lookup.CatalogNote: its name then or
-that it was dropped, its columns' attnums when they are the message's columns, and what became of the
-relations this log saw under its name before). ``replay`` answers from these notes the questions a live
-mirror asks the catalog (a rename or a drop, a renamed column), so that the log replays exactly
-through them. A log written before this column existed gains it at the next capture (Delta schema
-evolution); its older rows read as NULL, and its Relations are replayed without notes, as before.
+that it was dropped; its columns' attnums when they are the message's columns or, when the catalog has
+moved on since (two renames between two captures), when they can only be one set of attnums
+(``forced_attnums``); and what became of the relations this log saw under its name before). ``replay``
+answers from these notes the questions a live mirror asks the catalog (a rename or a drop, a renamed
+column), so that the log replays exactly through them. A log written before this column existed gains it
+at the next capture (Delta schema evolution); its older rows read as NULL, and its Relations are replayed
+without notes, as before.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from applier.protocol.messages import Relation, transaction_end_lsn
 from applier.sink.idempotence import applied_version
 from applier.sink.store.sparkbase import idempotent_write
 from applier.sources import sql_slot
-from applier.sources.catalog_lookup import CatalogRecorder
+from applier.sources.catalog_lookup import AttnumRecorder
 from applier.sources.heldback import HoldWatch, readable_upto
 from applier.sources.serverneeds import check_server_serves
 from applier.sources.slothealth import SlotWatch
@@ -112,7 +114,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
     recorded, seq = _log_state(spark, config.log_path, capture_app_id(src.slot))
     summary = CaptureSummary()
     decoder = MessageDecoder()
-    notes = CatalogRecorder()
+    notes = AttnumRecorder()
     notes.remember(_logged_notes(spark, config.log_path))
     server = None
     if config.metrics.port is not None:  # /metrics and /healthz while capture runs (applier.infra.metrics)
@@ -138,7 +140,7 @@ def capture(spark: SparkSession, config: CaptureConfig, *, once: bool = True,
 def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Connection, summary: CaptureSummary,
                     decoder: MessageDecoder, recorded: int | None, seq: int, *, once: bool,
                     say: Callable[[str], None], stop: threading.Event, poll_seconds: float,
-                    metrics: MirrorMetrics | None, watch: SlotWatch, notes: CatalogRecorder) -> None:
+                    metrics: MirrorMetrics | None, watch: SlotWatch, notes: AttnumRecorder) -> None:
     """Peek, store, advance, until drained (``once``) or stopped."""
     src = config.source
     options = sql_slot.options_for(src)
@@ -199,7 +201,8 @@ def _capture_rounds(spark: SparkSession, config: CaptureConfig, conn: psycopg.Co
         session = str(uuid.uuid4())
         now = datetime.now(UTC)
         described = [i for i in range(skip_to, cut) if i in relations]  # read after the peek: a later catalog
-        noted = dict(zip(described, notes.notes(conn, [_described(relations[i]) for i in described]), strict=True))
+        noted = dict(zip(described, notes.notes(conn, [_described(relations[i]) for i in described],
+                                                [rows[i].lsn for i in described]), strict=True))
         data = [(format_lsn(r.lsn), r.xid, r.data, seq + n, session, now, noted.get(skip_to + n))
                 for n, r in enumerate(stored)]
         frame = spark.createDataFrame(data, CAPTURE_SCHEMA).coalesce(1)  # one file, rows in log order

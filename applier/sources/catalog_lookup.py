@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from applier.errors import NotRecorded, SourceError, TransientSourceError
-from applier.lsn import parse_lsn
+from applier.lsn import format_lsn, parse_lsn
 from applier.sources.sql_slot import pin_session
 
 #: the ``catalog`` column's format; a note of another version is not read (as if absent)
@@ -328,3 +328,87 @@ def written_position(conn: psycopg.Connection) -> int:
     if position % page == SHORT_PAGE_HEADER:
         return position - SHORT_PAGE_HEADER
     return position
+
+
+# --- attnums of a Relation whose columns the live catalog no longer has (applier capture) ---------------
+
+
+def forced_attnums(columns: Sequence[str], ever: Iterable[int], dropped_before: Iterable[int] = ()) \
+        -> dict[str, int] | None:
+    """The attnums of a Relation message's ``columns`` when only one assignment is possible, else None.
+
+    Why this is a proof: pgoutput lists a relation's columns in attnum order, attnums are never reused, and
+    every attnum a relation ever had stays in ``pg_attribute`` (a dropped column keeps its row). So the
+    columns a Relation lists are as many distinct attnums out of those the relation has now (``ever``: live
+    and dropped), less the ones known dropped before the Relation was written (``dropped_before``). When
+    they are as many as those, the i-th column has the i-th attnum, whatever names the columns had or have
+    been given since. (A column the Relation does not list, such as a generated one, leaves one more
+    attnum than columns: no answer, never a wrong one.)"""
+    possible = sorted(set(ever) - set(dropped_before))
+    if len(possible) != len(columns) or len(set(columns)) != len(columns):
+        return None
+    return dict(zip(columns, possible, strict=True))
+
+
+def attnums_ever(conn: psycopg.Connection, oids: list[int]) -> dict[int, tuple[set[int], set[int]]]:
+    """Per relation of ``oids`` that exists: every attnum it has had (live and dropped), and the dropped ones."""
+    rows = conn.execute("SELECT attrelid::int8, array_agg(attnum::int), coalesce(array_agg(attnum::int) FILTER "
+                        "(WHERE attisdropped), '{}') FROM pg_attribute WHERE attrelid = ANY(%s::oid[]) AND attnum > 0 "
+                        "GROUP BY attrelid", (oids,)).fetchall()
+    return {int(oid): ({int(a) for a in ever}, {int(a) for a in dropped}) for oid, ever, dropped in rows}
+
+
+class AttnumRecorder(CatalogRecorder):
+    """A ``CatalogRecorder`` whose notes give a Relation its attnums also when the live catalog's columns are
+    no longer exactly the message's (two renames of a table between two captures: the first Relation's
+    columns are gone by the time the capture reads the catalog), where ``forced_attnums`` proves them. Each
+    note also records the relation's dropped attnums and the position ``at`` the server had written up to
+    when they were read (keys ``dropped`` and ``at``, which ``CatalogNote`` does not read): a column dropped
+    then was dropped before any Relation written after ``at``, so a later round's Relations leave it out of
+    the attnums they could have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dropped: dict[int, list[tuple[int, frozenset[int]]]] = {}  # oid -> [(at, dropped attnums)]
+
+    def remember(self, notes: Iterable[str]) -> None:
+        texts = list(notes)
+        super().remember(texts)
+        for text in texts:
+            try:
+                raw = json.loads(text)
+                if raw.get("v") == NOTE_VERSION and raw.get("at") is not None and raw.get("dropped") is not None:
+                    self._remember_dropped(int(raw["oid"]), parse_lsn(str(raw["at"])), raw["dropped"])
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a note this recorder did not write: CatalogNote.from_json says what is wrong with it
+
+    def _remember_dropped(self, oid: int, at: int, dropped: Iterable[int]) -> None:
+        self._dropped.setdefault(oid, []).append((at, frozenset(int(a) for a in dropped)))
+
+    def dropped_before(self, oid: int, lsn: int) -> set[int]:
+        """The attnums of ``oid`` known dropped before a Relation written at ``lsn``."""
+        return {a for at, dropped in self._dropped.get(oid, ()) if at <= lsn for a in dropped}
+
+    def notes(self, conn: psycopg.Connection, relations: Sequence[tuple[int, Name, tuple[str, ...]]],
+              lsns: Sequence[int] | None = None) -> list[str]:
+        """As ``CatalogRecorder.notes``; ``lsns``: each Relation's position in the stream (without them, no
+        dropped column is taken as dropped before a Relation)."""
+        out = super().notes(conn, relations)
+        if not relations:
+            return out
+        oids = sorted({oid for oid, _n, _c in relations})
+        ever = attnums_ever(conn, oids)
+        at = written_position(conn)  # after the read: every drop it saw committed before this
+        noted: list[str] = []
+        for i, (text, (oid, _name, columns)) in enumerate(zip(out, relations, strict=True)):
+            raw: dict[str, Any] = json.loads(text)
+            if oid in ever:
+                if raw.get("attnums") is None:
+                    before = self.dropped_before(oid, lsns[i]) if lsns is not None else set()
+                    raw["attnums"] = forced_attnums(columns, ever[oid][0], before)
+                raw["dropped"], raw["at"] = sorted(ever[oid][1]), format_lsn(at)
+            noted.append(json.dumps(raw, separators=(",", ":")))
+        for oid in oids:  # for the next rounds' Relations
+            if oid in ever:
+                self._remember_dropped(oid, at, ever[oid][1])
+        return noted
