@@ -163,8 +163,19 @@ class TableSync:
         if underived:  # history or changes turned on for a table copied before: they start at a new copy
             self.sync(underived, reason="has history or changes on but no such table yet", wait=False)
         if not self._shapes_started:  # once a run: before its drain's target is read (see unsentshapes)
+            self._observe_shapes(self._asking_connection(), known)
             self._shapes_started = True
-            self.shapes.observe(self._asking_connection(), known)
+
+    def _observe_shapes(self, conn: psycopg.Connection[Any], known: dict[str, str]) -> None:
+        """``UnsentShapes.observe``; a refusal by the server other than a lost connection (a catalog function
+        this role may not call, say) leaves it undone with a warning: nothing is applied without it."""
+        try:
+            self.shapes.observe(conn, known)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as e:
+            log.warning("could not read the catalog for columns renamed or added with no row change since (%s); "
+                        "they reach Delta with the table's next change", str(e).splitlines()[0] if str(e) else e)
 
     def settle_shapes(self, *, observe: bool) -> bool:
         """Columns renamed or added in Postgres with no row change since (applier.drivers.unsentshapes): once
@@ -174,7 +185,7 @@ class TableSync:
         if not self.shapes.enabled:
             return False
         conn = self._asking_connection()
-        recopy = self.shapes.settle(conn, waiting=self.waiting)
+        recopy = self.shapes.settle(conn, waiting=lambda oid, name: self.waiting(name) or self.fills.pending(oid, name))
         if recopy:
             known = self.known([])
             for described, _why in recopy:  # first: a stop or crash from here leaves them to the next table sync
@@ -192,7 +203,7 @@ class TableSync:
                       wait=False)
             return True
         if observe and self.shapes.due():
-            self.shapes.observe(conn, self.known(self._published(conn)))
+            self._observe_shapes(conn, self.known(self._published(conn)))
         return False
 
     def _added(self, oid: int, key: tuple[str, str], columns: Sequence[str], *, fresh: set[int],

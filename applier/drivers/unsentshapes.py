@@ -195,10 +195,11 @@ class UnsentShapes:
 
     # --- step 2 -------------------------------------------------------------------------------------
 
-    def settle(self, conn: psycopg.Connection[Any], *, waiting: Callable[[str], bool]) \
+    def settle(self, conn: psycopg.Connection[Any], *, waiting: Callable[[int, str], bool]) \
             -> list[tuple[Described, str]]:
         """Step 2, when the slot has been confirmed past the pending observation's position (else nothing
-        happens yet). Evolves the tables it can; returns the ones to copy again, with why."""
+        happens yet). Evolves the tables it can; returns the ones to copy again, with why. ``waiting``
+        (relation OID, name): the table has a copy or a column fill of the stream's own under way."""
         seen = self.pending
         if seen is None or not self.enabled:
             return []
@@ -214,7 +215,7 @@ class UnsentShapes:
         recopy: list[tuple[Described, str]] = []
         for oid, d in seen.tables.items():
             name = d.table.qualified_name
-            if fingerprints.get(oid) != d.fingerprint or waiting(name) or name in parked or oid in parked_oids:
+            if fingerprints.get(oid) != d.fingerprint or waiting(oid, name) or name in parked or oid in parked_oids:
                 continue  # altered since (the next observation sees it), or not the stream's to apply now
             plan = self._plan(conn, d)
             if isinstance(plan, Recopy):
