@@ -251,3 +251,34 @@ def test_verify_reports_a_table_renamed_moved_or_dropped_since_the_last_run(pg, 
         mirror(spark, config, once=True)
         capsys.readouterr()
         assert cli_main(["verify", "--config", str(path)]) == 0, capsys.readouterr().out
+
+
+def test_a_run_killed_while_it_applies_the_catalog_shape_is_finished_by_the_next(pg, spark, tmp_path):
+    """The run that applies a rename and a column added with a constant default (no row change) is SIGKILLed
+    right after the rename reached Delta, before the new column's values were written: the next run finishes
+    it from the note the first one saved, and the table ends equal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = _config(pg, tmp_path, "ck")
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int, c text)")
+        conn.execute("INSERT INTO t SELECT g, g, 'x' || g FROM generate_series(1, 20) g")
+        conn.execute("CREATE PUBLICATION ck_pub FOR TABLE t")
+        mirror(spark, config, once=True)
+        conn.execute("ALTER TABLE t RENAME COLUMN a TO b")
+        conn.execute("ALTER TABLE t ADD COLUMN d int DEFAULT 5")
+        path = tmp_path / "mirror.yaml"
+        path.write_text(yaml.safe_dump({"source": {"slot": "ck", "publication": "ck_pub"},
+                                        "target": {"path": str(tmp_path / "delta")}}))
+        env = {**os.environ, "APPLIER_DSN": pg.dsn, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+               "APPLIER_CRASH_AT": "column_renamed:1"}
+        killed = subprocess.run([sys.executable, "-m", "applier.cli", "mirror", "--config", str(path), "--once"],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
+        mirror(spark, config, once=True)
+        _assert_equal(spark, conn, tmp_path, ["t"], "ck_pub")
