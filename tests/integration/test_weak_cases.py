@@ -101,7 +101,8 @@ def test_a_table_published_only_between_two_runs_is_marked_not_followed(pg, tmp_
     assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
     with pg.connect() as conn:
         conn.execute("CREATE TABLE s.x (id int PRIMARY KEY, v int); INSERT INTO s.x VALUES (1, 1), (2, 2);"
-                     "ALTER TABLE s.x SET SCHEMA public; INSERT INTO public.x VALUES (3, 3); INSERT INTO s.a VALUES (1)")
+                     "ALTER TABLE s.x SET SCHEMA public; INSERT INTO public.x VALUES (3, 3);"
+                     "INSERT INTO s.a VALUES (1)")
     for _ in range(2):
         assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
     capsys.readouterr()
