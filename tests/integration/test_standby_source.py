@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -44,6 +45,12 @@ CREATE PUBLICATION p FOR TABLE t, k;
 """
 
 
+
+def _one(row: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """A query's one row (mypy: ``fetchone`` may give None)."""
+    assert row is not None
+    return row
+
 def _step(conn: psycopg.Connection, i: int) -> None:
     """One step of the workload: inserts, an update, a key change, a delete, a key-less duplicate."""
     base = i * 100
@@ -67,9 +74,9 @@ def _assert_equal(spark, dsn: str, target: Path) -> None:
 def _position(dsn: str) -> tuple[int, int]:
     """(the slot ``m``'s confirmed position, the server's own: replayed on a standby, flushed on a primary)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        (confirmed, server) = conn.execute(
+        (confirmed, server) = _one(conn.execute(
             "SELECT confirmed_flush_lsn::text, (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-            "ELSE pg_current_wal_flush_lsn() END)::text FROM pg_replication_slots WHERE slot_name = 'm'").fetchone()
+            "ELSE pg_current_wal_flush_lsn() END)::text FROM pg_replication_slots WHERE slot_name = 'm'").fetchone())
     return parse_lsn(confirmed), parse_lsn(server)
 
 
@@ -122,7 +129,7 @@ def test_a_standby_is_the_source_of_mirror_status_verify_and_capture_and_the_mir
             with psycopg.connect(pair.standby_dsn, autocommit=True) as promoted:
                 assert promoted.execute("SELECT pg_promote()").fetchone() == (True,)
                 _step(promoted, 4)
-                (flushed,) = promoted.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+                (flushed,) = _one(promoted.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone())
             _applied_past(bg, pair.standby_dsn, parse_lsn(flushed), "step 4 applied from the promoted standby")
     _assert_equal(spark, pair.standby_dsn, target)
     with psycopg.connect(pair.standby_dsn, autocommit=True) as promoted:
@@ -164,13 +171,13 @@ def test_a_server_holding_changes_back_for_a_standby_says_so_and_a_drain_stops_w
                 with pytest.raises(HeldBackError) as held:
                     mirror(spark, config(pair.primary_dsn, read_mode=mode), once=True)
             assert time.monotonic() - started < 30
-            assert for_exception(held.value) == ExitCode.HELD_BACK == 6
+            assert for_exception(held.value) == ExitCode.HELD_BACK and int(ExitCode.HELD_BACK) == 6
             assert "standby1" in str(held.value) and "no standby connected" in str(held.value)
             said = caplog.text
             assert "holding changes of slot m back" in said and "standby1" in said and "caught up" not in said
             # nothing past what the standby confirmed reached Delta: the tables are as after step 2
             with psycopg.connect(pair.primary_dsn, autocommit=True) as check:
-                (t_rows,) = check.execute("SELECT count(*) FROM t WHERE id < 300").fetchone()
+                (t_rows,) = _one(check.execute("SELECT count(*) FROM t WHERE id < 300").fetchone())
             results = {r.source_name: r for r in verify_against_postgres(
                 spark, primary, str(target), TABLES, publication="p")}
             assert results["public.t"].target_rows == t_rows
@@ -190,7 +197,7 @@ def test_a_server_holding_changes_back_for_a_standby_says_so_and_a_drain_stops_w
             assert not any("caught up" in line for line in bg.lines), bg.lines[-5:]
             pair.standby.start()  # back: it catches up, and the server sends the changes again
             pair.replayed()
-            (flushed,) = primary.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+            (flushed,) = _one(primary.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone())
             _applied_past(bg, pair.primary_dsn, parse_lsn(flushed), "step 3 applied once the standby is back")
         _assert_equal(spark, pair.primary_dsn, target)
 
@@ -204,8 +211,8 @@ def test_a_server_holding_changes_back_for_a_standby_says_so_and_a_drain_stops_w
             while True:
                 primary.execute("SELECT pg_log_standby_snapshot()")  # a point the slot's positions can move to
                 mirror(spark, config(pair.primary_dsn), once=True)
-                (confirmed,) = primary.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
-                                               "WHERE slot_name = 'm'").fetchone()
+                (confirmed,) = _one(primary.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
+                                               "WHERE slot_name = 'm'").fetchone())
                 pair.replayed()
                 standby.execute("SELECT pg_sync_replication_slots()")
                 if standby.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'm' AND synced "

@@ -52,7 +52,7 @@ def test_held_back_is_exit_6_naming_the_standby_slot_and_never_caught_up():
     held = HeldBack("applier", 0x300C350, 0x300B2E0,
                     (StandbyWait("standby1", "no standby connected, confirmed up to 0/300B2E0, 4208 bytes behind"),))
     error = held.error(60.2)
-    assert for_exception(error) == ExitCode.HELD_BACK == 6
+    assert for_exception(error) == ExitCode.HELD_BACK and int(ExitCode.HELD_BACK) == 6
     text = str(error)
     assert "holding changes of slot applier back" in text and "standby1 (no standby connected" in text
     assert "up to 0/300B2E0 only, short of 0/300C350" in text and "Waited 60s" in text
@@ -60,10 +60,13 @@ def test_held_back_is_exit_6_naming_the_standby_slot_and_never_caught_up():
 
 
 def test_a_connected_standby_is_a_hold_only_once_it_confirms_nothing_more_and_a_missing_one_at_once(monkeypatch):
+    import time
+
+    from applier.errors import HeldBackError
     from applier.sources import heldback
 
     now = [100.0]
-    monkeypatch.setattr(heldback.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     watch = heldback.HoldWatch("host=x", "applier", wait_seconds=5)
 
     def behind(at: int, connected: bool = True) -> HeldBack:
@@ -78,7 +81,7 @@ def test_a_connected_standby_is_a_hold_only_once_it_confirms_nothing_more_and_a_
     assert watch.seen(behind(20)) is not None  # stuck for 2.5 s: a hold
     watch.waited_out()  # (2.5 s of 5)
     now[0] += 3.0
-    with pytest.raises(heldback.HeldBackError):
+    with pytest.raises(HeldBackError):
         watch.waited_out()
     assert watch.seen(None) is None and watch.held is None
     assert watch.seen(behind(20, connected=False)) is not None  # no standby connected: at once
