@@ -2,15 +2,18 @@
 does over months, in a few hundred steps.
 
 Each step is one transaction of 1-5 random row changes (inserts, updates with key changes, deletes,
-duplicate rows in key-less tables) and, in about a third of the steps, one schema change among:
-rename a column; add a column (no default, a constant default, or ``clock_timestamp()``); drop a
-column; widen a type; rename a table and often create a new one under the old name; move a table to
-another schema; rename a schema and create a new one under its old name; drop a table and often
-re-create its name; give a key-less table a primary key; switch REPLICA IDENTITY between FULL and
-DEFAULT; move the primary key to a new column; truncate. Some steps are large (streamed with
-``logical_decoding_work_mem`` at 64kB), some end in PREPARE TRANSACTION and COMMIT/ROLLBACK PREPARED,
-some roll back. A statement PostgreSQL refuses (a primary key over duplicates, an update of a table
-without a replica identity) rolls its step back, as an application's error would.
+duplicate rows in key-less tables) and, in about a sixth of the steps, one schema change (sometimes two)
+between them, among: rename a column; add a column (no default, a constant default, or
+``clock_timestamp()``); drop a column; widen a type; rename a table and often create a new one under the
+old name; move a table to another schema; rename a schema and create a new one under its old name; drop
+a table and often re-create its name; give a key-less table a primary key; switch REPLICA IDENTITY
+between FULL and DEFAULT; move the primary key to a new column; truncate. A few are changes no catalog
+can map onto the rows Delta holds, which a mirror mends by copying the table again (issue 73): a type
+changed with ``USING`` (a rewrite Delta cannot widen), a column dropped and another added under its
+name, two columns' names swapped. Some steps are large (streamed with ``logical_decoding_work_mem`` at
+64kB), some end in PREPARE TRANSACTION and COMMIT/ROLLBACK PREPARED, some roll back. A statement
+PostgreSQL refuses (a primary key over duplicates, an update of a table without a replica identity)
+rolls its step back, as an application's error would.
 
 The walk only reads the catalog to choose; it keeps no model of the rows: the oracle is PostgreSQL
 itself (``applier.checks.verify``).
@@ -19,9 +22,20 @@ itself (``applier.checks.verify``).
 from __future__ import annotations
 
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import psycopg
+
+
+class Executes(Protocol):
+    """What the walk needs of its connection: a psycopg connection, or a wrapper that also records the
+    statements (the soak's, from which reproductions are cut)."""
+
+    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor[Any]: ...
+
 
 #: column types the walk creates: (type, SQL of a random value)
 _TYPES = ("int", "bigint", "text", "bool", "date", "numeric(10,2)")
@@ -31,12 +45,14 @@ _TYPES = ("int", "bigint", "text", "bool", "date", "numeric(10,2)")
 class SchemaWalk:
     """One walk: ``step()`` runs the next step on ``conn`` (autocommit) and returns what it did."""
 
-    conn: psycopg.Connection
+    conn: Executes
     rng: random.Random
     dsn: str
     publication: str = "walk"
     steps: int = 0
     done: list[str] = field(default_factory=list)
+    #: the schema changes of the steps that committed, as they read in ``done``
+    changes: list[str] = field(default_factory=list)
     _names: int = 0
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -134,8 +150,11 @@ class SchemaWalk:
         self.conn.execute(f"INSERT INTO {q} ({names}) VALUES ({', '.join(values)}){conflict}")
 
     def _one_row(self, schema: str, table: str) -> str | None:
-        """A predicate that matches one row (by ctid: a key-less table's duplicates are one row each)."""
-        rows = self.conn.execute(f'SELECT ctid::text FROM "{schema}"."{table}" ORDER BY ctid').fetchall()
+        """A predicate that matches one row (by ctid: a key-less table's duplicates are one row each), chosen
+        among the rows in the order of their values: where a row lies in the table (its ctid) depends on when
+        a vacuum or a page's pruning made room, and so on what else runs on the server (a mirror's snapshot,
+        a standby's feedback), and a seed must give the same walk wherever it runs."""
+        rows = self.conn.execute(f'SELECT ctid::text FROM "{schema}"."{table}" AS r ORDER BY r::text, ctid').fetchall()
         return f"ctid = '{self.rng.choice(rows)[0]}'" if rows else None
 
     def _dml(self, schema: str, table: str) -> None:
@@ -175,6 +194,10 @@ class SchemaWalk:
         cols = self.columns(schema, table)
         key = self.key(schema, table)
         plain = [n for n, _t in cols if n not in key and n != "id"]
+        if r.random() < 0.15:
+            unmappable = self._unmappable(q, cols, plain)
+            if unmappable is not None:
+                return unmappable
         c = r.random()
         if c < 0.14 and plain:
             old, new = r.choice(plain), self._name("r")
@@ -247,9 +270,36 @@ class SchemaWalk:
         self.conn.execute(f"TRUNCATE {q}")
         return f"{q}: truncate"
 
+    def _unmappable(self, q: str, cols: list[tuple[str, str]], plain: list[str]) -> str | None:
+        """A change whose rows no catalog maps onto the old ones (None: the table has no column for it)."""
+        r = self.rng
+        c = r.random()
+        retypable = [n for n, t in cols if n in plain and t != "text"]
+        if c < 0.4 and retypable:
+            name = r.choice(retypable)
+            self.conn.execute(f'ALTER TABLE {q} ALTER COLUMN "{name}" TYPE text USING "{name}"::text')
+            return f"{q}: retype {name} to text"
+        if c < 0.75 and plain:
+            name = r.choice(plain)
+            self.conn.execute(f'ALTER TABLE {q} DROP COLUMN "{name}"')
+            self.conn.execute(f'ALTER TABLE {q} ADD COLUMN "{name}" {r.choice(_TYPES)}')
+            return f"{q}: drop column {name}, add it again"
+        if len(plain) > 1:
+            a, b = r.sample(plain, 2)
+            self.conn.execute(f'ALTER TABLE {q} RENAME COLUMN "{a}" TO "swap"')
+            self.conn.execute(f'ALTER TABLE {q} RENAME COLUMN "{b}" TO "{a}"')
+            self.conn.execute(f'ALTER TABLE {q} RENAME COLUMN "swap" TO "{b}"')
+            return f"{q}: swap names {a} <-> {b}"
+        return None
+
     def trace(self) -> str:
         """What the walk did, a step a line (for a failure's message)."""
         return "\n".join(self.done)
+
+    def kinds(self) -> Counter[str]:
+        """How many schema changes of each kind committed (names left out: "rename column N -> N")."""
+        return Counter(re.sub(r"\b[a-z]+(_[a-z]+)?\d+\b", "N", re.sub(r'^("[^"]+"\."[^"]+"|schema \w+): ', "", c))
+                       for c in self.changes)
 
     # --- a step -----------------------------------------------------------------------------------
 
@@ -260,13 +310,17 @@ class SchemaWalk:
         end = r.choices(["commit", "rollback", "prepare-commit", "prepare-rollback"], [80, 7, 9, 4])[0]
         big = r.random() < 0.05
         what: list[str] = []
+        ddls: list[str] = []
         gid = f"w{self.steps}"
         try:
             self.conn.execute("BEGIN")
-            ddl_at = r.randint(0, 5) if r.random() < 0.33 else -1
+            ddl_at = {r.randint(0, 5)} if r.random() < 0.33 else set()
+            if ddl_at and r.random() < 0.2:  # two schema changes in one transaction, row changes around them
+                ddl_at.add(r.randint(0, 5))
             for i in range(r.randint(1, 5)):
-                if i == ddl_at:
+                if i in ddl_at:
                     what.append(self._ddl())
+                    ddls.append(what[-1])
                 tables = self.tables()
                 if tables:
                     self._dml(*r.choice(tables))
@@ -289,6 +343,8 @@ class SchemaWalk:
             self.conn.execute("ROLLBACK")
             what.append(f"refused ({str(e).splitlines()[0][:80]}): rolled back")
             end = "rollback"
+        if end in ("commit", "prepare-commit"):
+            self.changes.extend(ddls)
         line = f"step {self.steps} ({end}): {'; '.join(what) or 'rows'}"
         self.done.append(line)
         return line
