@@ -134,11 +134,14 @@ class Mirror:
             from applier.infra.metrics import MirrorMetrics  # noqa: F811
 
             self.metrics = MirrorMetrics(stall_seconds=config.metrics.stall_seconds)
+        #: the live catalog tells renames from new tables (the identity map asks it), and a stop's relations
+        #: dropped since from live ones (``_gone_relations``); its one connection is closed when ``run`` ends
+        self.live_catalog = LiveCatalog(self.dsn)
         # the loop's hooks are this mirror's own methods: they call the table sync and the maintenance,
         # which are made after the loop, from its applier and catalog
         self.loop = ApplyLoop(self.spark, config.target.path, apply=config.apply, tables=config.tables,
                               state=self.state, progress=self.progress, save_catalog_each_group=True,
-                              lookup=LiveCatalog(self.dsn),  # a live catalog tells renames from new tables
+                              lookup=self.live_catalog,
                               before_apply=self._before_apply, parked=self.parked, when_idle=self._idle,
                               metrics=self.metrics)
         self.feeder = self.loop.feeder
@@ -314,9 +317,7 @@ class Mirror:
             oids[int(oid)] = name
         if not oids:
             return {}
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            exists = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)",
-                                                      (sorted(oids),))}
+        exists = self.live_catalog.existing(oids)
         return {name: oid for oid, name in oids.items() if oid not in exists}
 
     def _park(self, table: str, error: ApplierError) -> None:
@@ -423,6 +424,9 @@ class Mirror:
         else:
             clear_stops(self.state)
         finally:
+            # its connection would otherwise live as long as this object: one more a run in a process that runs
+            # the mirror again (a test, a soak), where the collector is off during the loop (infra.gcpolicy)
+            self.live_catalog.close()
             if server is not None:
                 server.close()
             self.summary.messages = self.stats.messages

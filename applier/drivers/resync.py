@@ -31,6 +31,7 @@ from applier.drivers.tablesync import STATE_KEY, TableSync
 from applier.errors import ApplierError, ConfigError, DivergenceError, InputError, TypeChangeError
 from applier.sink.identity import UnprovenRenameError, known_names, retired_relations
 from applier.sink.parking import ParkedTables
+from applier.sources.catalog_lookup import existing_relations
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.snapshot import describe_relation
 from applier.sources.sql_slot import current_flush_lsn
@@ -110,8 +111,7 @@ def set_aside(tablesync: TableSync, gone: dict[str, int], why: str, parked: Park
     applier, state = tablesync.applier, tablesync.state
     parked = parked if parked is not None else ParkedTables(state)
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
-        exists = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s)",
-                                                  (sorted(set(gone.values())),))}
+        exists = existing_relations(conn, gone.values())
         position = current_flush_lsn(conn)  # past every drop the catalog shows
     for name, oid in gone.items():
         until: int | None = None

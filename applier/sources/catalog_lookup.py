@@ -100,6 +100,23 @@ class LiveCatalog:
     def dropped_attnums(self, oid: int) -> set[int]:
         return self._ask(lambda conn: dropped_attnums(conn, oid))
 
+    def existing(self, oids: Iterable[int]) -> set[int]:
+        """Those of ``oids`` that are relations Postgres has now (``existing_relations``), asked on this
+        catalog's connection: the mirror asks it after a stop, and needs no connection of its own for it."""
+        wanted = list(oids)
+        return self._ask(lambda conn: existing_relations(conn, wanted))
+
+
+def existing_relations(conn: psycopg.Connection, oids: Iterable[int]) -> set[int]:
+    """Those of ``oids`` that are relations in ``pg_class`` now: the one question that tells a relation
+    dropped in Postgres from one that is only out of the publication, or behind the stream's name for it
+    (the mirror asks it of a stop's relations, ``set_aside`` of those it sets aside)."""
+    wanted = sorted(set(oids))
+    if not wanted:
+        return set()
+    rows = conn.execute("SELECT oid::int8 FROM pg_class WHERE oid = ANY(%s::oid[])", (wanted,)).fetchall()
+    return {int(r[0]) for r in rows}
+
 
 @dataclass(frozen=True, slots=True)
 class RewriteWitness:
