@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -269,14 +269,16 @@ class Mirror:
         self.summary.snapshot_lsn = point
         self._snapshot_tables = [t.qualified_name for t in tables]
 
-    def _mend(self, error: ResyncNeededError | IdentityError) -> bool:
+    def _mend(self, error: ApplierError) -> bool:
         """A table that cannot follow the stream past this point, mended without a person where that is exact;
         False: the run stops on it. A relation Postgres has dropped since (the error's, or the one holding
-        its path) has nothing to copy and its changes still in the stream are moot: it is set aside for good
-        (its Delta table retired), whatever the policy but ``schema_changes: stop``, so that a gone table is
-        never what blocks the others. Else ``schema_changes: resync`` (the default) copies the table again at
-        a new position, and ``on_table_error: park`` parks it. Each is logged as a warning, counted in the
-        metrics, and recorded for ``applier status`` (applier.infra.stops.record_mend)."""
+        its path), whatever the error's class (a retype of a table dropped since, DroppedTypeChangeError, is
+        no ResyncNeededError), has nothing to copy and its changes still in the stream are moot: it is set
+        aside for good (its Delta table retired), whatever the policy but ``schema_changes: stop``, so that a
+        gone table is never what blocks the others. Else only a table a fresh copy mends (ResyncNeededError,
+        IdentityError): ``schema_changes: resync`` (the default) copies it again at a new position, and
+        ``on_table_error: park`` parks it; any other error stops the run as it did. Each is logged as a
+        warning, counted in the metrics, and recorded for ``applier status`` (applier.infra.stops.record_mend)."""
         settings, context = self.config.apply, error.context
         first_line = (str(error).splitlines()[0] if str(error) else type(error).__name__).split(". ")[0]
         gone = self._gone_relations(error) if settings.schema_changes != "stop" else {}
@@ -285,6 +287,8 @@ class Mirror:
             set_aside(self.tablesync, gone, first_line[:300], self.parked)
             how = "set aside: dropped in Postgres"
             kind = "set_aside"
+        elif not isinstance(error, (ResyncNeededError, IdentityError)):
+            return False
         elif settings.schema_changes == "resync" and (context.get("table") or context.get("relation_oid")):
             self.loop.abandon_session()
             resync_after_schema_change(self.tablesync, error)
@@ -298,13 +302,26 @@ class Mirror:
         if self.loop.metrics is not None:
             self.loop.metrics.error(kind)
         names = ", ".join(f"{name} (relation OID {oid})" for name, oid in gone.items()) if gone \
-            else f"{context.get('table')} (relation OID {context.get('relation_oid')})"
+            else self._named(context)
         record_mend(self.state, names, how, first_line)
         return True
 
+    def _named(self, context: dict[str, Any]) -> str:
+        """The table an error's ``context`` is about, as a mend record names it: ``schema.table (relation OID
+        n)``, the OID from the bound identities when the error did not carry one, and left out when neither
+        knows it (a record that says "relation OID None" sends a reader looking for a relation that never was)."""
+        table, oid = context.get("table"), context.get("relation_oid")
+        if oid is None and table and self.applier.identities is not None:
+            bound = self.applier.identities.bound_by_name(str(table))
+            oid = bound.oid if bound is not None else None
+        if not table:
+            return f"relation OID {oid}" if oid is not None else "a table the error does not name"
+        return f"{table} (relation OID {oid})" if oid is not None else str(table)
+
     def _gone_relations(self, error: ApplierError) -> dict[str, int]:
         """Of the relations ``error`` names (its own, and one holding the Delta path it wants), those Postgres
-        no longer has: name -> OID."""
+        no longer has: name -> OID. Empty when Postgres cannot be asked (a stop for any error with a relation
+        in its context asks, and an unreachable server must not hide the error itself behind its own)."""
         context = error.context
         oids: dict[int, str] = {}
         for key, name_key in (("relation_oid", "table"), ("held_by_oid", None)):
@@ -317,7 +334,13 @@ class Mirror:
             oids[int(oid)] = name
         if not oids:
             return {}
-        exists = self.live_catalog.existing(oids)
+        try:
+            exists = self.live_catalog.existing(oids)
+        except psycopg.Error as e:  # the error stands as it is: the stop says what it is about, not this
+            log.warning("could not ask Postgres whether %s still exist(s), so nothing is set aside: %s",
+                        ", ".join(f"{name} (relation OID {oid})" for oid, name in oids.items()),
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return {}
         return {name: oid for oid, name in oids.items() if oid not in exists}
 
     def _park(self, table: str, error: ApplierError) -> None:
@@ -477,10 +500,6 @@ class Mirror:
                 if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
                     self.tablesync.wait_for_copies(self.stop)
                 return
-            except (ResyncNeededError, IdentityError) as e:  # mended, then on from the slot, as after a reconnect
-                resyncs += 1
-                if resyncs > MAX_AUTOMATIC_RESYNCS or not self._mend(e):
-                    raise
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(
                         e.sqlstate, True, str(e)):
@@ -500,6 +519,10 @@ class Mirror:
                     self.stats.stopped_by = "stop requested"
                     return
                 self.summary.reconnects += 1
+            except ApplierError as e:  # mended (see _mend), then on from the slot, as after a reconnect; else a stop
+                resyncs += 1
+                if resyncs > MAX_AUTOMATIC_RESYNCS or not self._mend(e):
+                    raise
 
     def _catch_up(self, stream: WalSenderStream, flush: int, backlog: int,
                   feed: Callable[[int, bytes], None], *, following: bool = False,

@@ -172,8 +172,9 @@ def resync_tables(tablesync: TableSync, tables: list[PublishedTable], *, reason:
 def resync_after_schema_change(tablesync: TableSync, error: ApplierError) -> None:
     """``apply.schema_changes: resync``: the table of ``error`` copied again; the caller then starts a new
     decoding session from the slot, whose transactions up to the copy's position the table leaves out."""
-    name = str(error.context.get("table"))
     c = error.context
+    oid = c.get("relation_oid")  # the relation, whatever its name is now (the stream may be behind a rename)
+    name = str(c["table"]) if c.get("table") else f"relation OID {oid}"  # (never "None" in a progress line)
     if isinstance(error, TypeChangeError):
         why = (f"column {c.get('column')!r} changed type from {c.get('old_type')} to {c.get('new_type')}, which "
                "Delta cannot widen")
@@ -188,7 +189,6 @@ def resync_after_schema_change(tablesync: TableSync, error: ApplierError) -> Non
         why = str(error).splitlines()[0].split("; ")[0][:300] if str(error) else type(error).__name__
         reason = "changed in a way its stream cannot carry"
     tablesync.progress(f"resync: {name}: {why}; copying the table again (apply.schema_changes: resync)")
-    oid = c.get("relation_oid")  # the relation, whatever its name is now (the stream may be behind a rename)
     gone: dict[str, int] = {}
     with psycopg.connect(tablesync.dsn, autocommit=True) as conn:
         tables = choose_tables(conn, tablesync.config, [str(oid) if oid is not None else name], gone=gone)
