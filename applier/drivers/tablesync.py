@@ -428,6 +428,25 @@ class TableSync:
             self._columns[oid].update(added)
         return None
 
+    def _no_derived(self, key: tuple[str, str], columns: set[str]) -> None:
+        """SinkError when the table, about to be copied again for ``columns``, has history or change feed
+        tables, which a copy would empty."""
+        if self.applier.derived.kinds(f"{key[0]}.{key[1]}"):
+            raise SinkError(
+                "the table gained a column whose existing rows are not NULL in Postgres (a default, "
+                "identity or generated value), which the stream does not send; the mirror would copy "
+                "the table again, but its history or change feed table cannot take a copy without "
+                "losing what it holds. Delete those derived tables (the mirror then copies the table "
+                "and starts them anew) or turn history/changes off for it",
+                table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(columns)))
+
+    def _renamed_since(self, oid: int, gone: set[str]) -> tuple[dict[str, str], set[str]]:
+        """Of the columns ``gone`` (added, then no longer in the catalog), those renamed since ({old: name
+        now}, applier.sink.identity proves it by attnum), and the rest."""
+        ids = self.applier.identities
+        renamed = {g: n for g in sorted(gone) if ids is not None and (n := ids.named_now(oid, g)) is not None}
+        return renamed, gone - renamed.keys()
+
     def _recopy_for_added_columns(self, transactions: GroupedTransactions) -> None:
         """``ALTER TABLE ... ADD COLUMN`` with a default (or identity, or generated) sends no row
         changes: the next Relation just has the column, and the rows that existed show the default
@@ -460,6 +479,17 @@ class TableSync:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             for oid, (key, added) in new.items():
                 filled, gone = _filled_columns(conn, oid, added)
+                renamed, gone = self._renamed_since(oid, gone)
+                if renamed:  # not gone: written under one name, renamed since (proven by attnum)
+                    defaulted = _filled_columns(conn, oid, set(renamed.values()))[0]
+                    if defaulted:  # rows before it take its default under another name: no fill can say where
+                        self._no_derived(key, defaulted)
+                        self.progress(f"table sync: {key[0]}.{key[1]} gained column(s) "
+                                      f"{', '.join(sorted(defaulted))} with values the stream does not send, "
+                                      "renamed since it wrote them; copying the table again")
+                        self.fills.forget(oid, f"{key[0]}.{key[1]}")
+                        recopy.append(oid)
+                        continue
                 # dropped again since: in a key-less table the old images still carry it (see above); changes
                 # the table has applied (a copy made since holds them) carry nothing to match any more
                 done = self.applier.relation_version(oid, *key) if gone else None
@@ -470,14 +500,8 @@ class TableSync:
                     log.warning("%s.%s: column(s) %s were added and dropped again before the mirror saw them; "
                                 "the rows that existed then keep NULL in them in Delta", key[0], key[1],
                                 ", ".join(sorted(gone)))
-                if (filled or unknown) and self.applier.derived.kinds(f"{key[0]}.{key[1]}"):
-                    raise SinkError(
-                        "the table gained a column whose existing rows are not NULL in Postgres (a default, "
-                        "identity or generated value), which the stream does not send; the mirror would copy "
-                        "the table again, but its history or change feed table cannot take a copy without "
-                        "losing what it holds. Delete those derived tables (the mirror then copies the table "
-                        "and starts them anew) or turn history/changes off for it",
-                        table=f"{key[0]}.{key[1]}", columns=", ".join(sorted(filled | unknown)))
+                if filled or unknown:
+                    self._no_derived(key, filled | unknown)
                 constant = missing_values(conn, oid, filled) if filled and not unknown else {}
                 if filled and not unknown and not filled - constant.keys():  # all constant defaults: filled, no copy
                     fills = []

@@ -638,6 +638,9 @@ class DeltaApplier:
                 f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
                 table=spec.source_name)
         self._check_retype(path, spec, schema_version, touched)
+        if self.identities is not None:
+            self.identities.check_undecided(schema_version.relation.oid, spec.source_name,
+                                            schema_version.column_names)
         options = table_options(self.tables.rule_for(spec.source_name))
         renames = None
         if self.identities is not None:

@@ -618,6 +618,12 @@ class TableIdentities:
         # after a crash (between a rename's Delta commit and the rest) shows the rename the table made already
         recorded = {**entry.former, **entry.attnums} if entry is not None else self._described.get(oid, {})
         unknown = [c for c in gone if c not in recorded] + [c for c in new if c not in current]
+        if unknown and entry is not None and not [c for c in new if c not in current]:
+            added = self._added_since_baseline(oid, entry, [c for c in gone if c not in recorded], candidates,
+                                               current)
+            if added is not None:
+                recorded = {**recorded, **added}
+                unknown = []
         if unknown:
             why = (f"column(s) {', '.join(gone)} are gone and {', '.join(new)} are new, and the catalog cannot prove "
                    f"which were renamed (no recorded or current attnum for {', '.join(unknown)}: the catalog has "
@@ -629,6 +635,31 @@ class TableIdentities:
         elif renamed and oid in self._described:
             self._described[oid] = {renamed.get(k, k): v for k, v in recorded.items()}
         return renamed, {}
+
+    def _added_since_baseline(self, oid: int, entry: Bound, unrecorded: list[str],
+                              candidates: dict[str, tuple[str, ...]], current: dict[str, int]) -> dict[str, int] | None:
+        """The attnum of the one column ``unrecorded`` names (gone from the stream, no attnum recorded for it),
+        when the catalog proves it; None when it cannot. Such a column was added after the recorded baseline
+        (which holds every column live then, and the highest attnum dropped then): its attnum is above all of
+        those, and attnums only grow. If no column above them has been dropped since, it is still live, so when
+        exactly one live column is above them, it is that one, under its name now (a column added, written
+        and renamed between two runs, which no Relation could record). Any doubt (a rename of a recorded
+        column left undecided, a drop above the baseline, two new columns) leaves it unproven: the table is
+        then copied again, never guessed."""
+        log_ = self._columns.get(oid, {})
+        known = {**entry.former, **entry.attnums}
+        if len(unrecorded) != 1 or not known or "dropped_upto" not in log_ or log_.get("undecided") \
+                or self.lookup is None:
+            return None
+        floor = max(max(known.values()), int(log_["dropped_upto"]))
+        try:
+            dropped = self.lookup.dropped_attnums(oid)
+        except NotRecorded:
+            return None
+        above = [name for name, attnum in current.items() if attnum > floor]
+        if any(d > floor for d in dropped) or len(above) != 1 or above[0] not in candidates.get(unrecorded[0], ()):
+            return None
+        return {unrecorded[0]: current[above[0]]}
 
     def renames_for(self, oid: int, table: str, gone: tuple[str, ...], new: tuple[str, ...],
                     candidates: dict[str, tuple[str, ...]]) -> dict[str, str]:
@@ -646,12 +677,18 @@ class TableIdentities:
                 why = (log_.get("undecided") or {}).get(g) or (
                     f"column {g} is gone and {', '.join(candidates[g])} new, and no catalog told this mirror "
                     "whether that is a rename")
-                raise UnprovenRenameError(
-                    f"{table}: {why}; nothing was written to the table. To go on: re-copy the table (`applier "
-                    f"resync --config FILE --table {table}`: its Delta table is replaced by a copy at a new "
-                    "position, which this change is behind; or set apply.schema_changes: resync to do this by "
-                    "itself)", table=table, columns=g)
+                raise _unproven(table, oid, g, why)
         return out
+
+    def check_undecided(self, oid: int, table: str, columns: tuple[str, ...]) -> None:
+        """Before changes of relation ``oid`` with ``columns`` are applied: UnprovenRenameError when a column
+        they lack was left undecided (renamed or dropped, nothing proved which) by the stream's Relations.
+        ``renames_for`` asks this of the columns the Delta table has; this is for one it never had: added
+        and written within the changes being applied, then gone. Applying them under the newer columns
+        would drop what they wrote to it, which was perhaps a rename's values."""
+        for g, why in ((self._columns.get(oid) or {}).get("undecided") or {}).items():
+            if g not in columns:
+                raise _unproven(table, oid, g, why)
 
     def renamed_to(self, oid: int, names: set[str]) -> set[str]:
         """The names the columns ``names`` of relation ``oid`` have now by the renames noted and not yet
@@ -664,6 +701,27 @@ class TableIdentities:
             if current != name:
                 out.add(current)
         return out
+
+    def named_now(self, oid: int, name: str) -> str | None:
+        """The name column ``name`` of relation ``oid`` has in the catalog now when a rename made it another:
+        a rename the stream's Relations proved, or, for a column added since the recorded baseline that no
+        Relation shows renamed yet, the catalog's proof (``_added_since_baseline``); None otherwise."""
+        renamed = _renamed_to_end((self._columns.get(oid) or {}).get("renamed", {}), name)
+        if renamed != name:
+            return renamed
+        entry = self._bound.get(oid)
+        if entry is None or self.lookup is None or name in entry.attnums or name in entry.former:
+            return None
+        try:
+            current = self.lookup.attnums(oid)
+        except NotRecorded:
+            return None
+        if name in current:
+            return None
+        proven = self._added_since_baseline(oid, entry, [name], {name: tuple(current)}, current)
+        if proven is None:
+            return None
+        return next(n for n, a in current.items() if a == proven[name])
 
     def copied_anew(self, oid: int) -> None:
         """Relation ``oid``'s Delta table is being replaced by a fresh copy (``applier resync``): what the
@@ -697,6 +755,14 @@ class TableIdentities:
         if kept != renamed:
             log_["renamed"] = kept
             self._save()
+
+
+def _unproven(table: str, oid: int, column: str, why: str) -> UnprovenRenameError:
+    return UnprovenRenameError(
+        f"{table}: {why}; nothing was written to the table. To go on: re-copy the table (`applier "
+        f"resync --config FILE --table {table}`: its Delta table is replaced by a copy at a new "
+        "position, which this change is behind; or set apply.schema_changes: resync to do this by "
+        "itself)", table=table, relation_oid=oid, columns=column)
 
 
 def _renamed_to_end(renamed: dict[str, str], name: str) -> str:

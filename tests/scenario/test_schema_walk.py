@@ -11,8 +11,8 @@ mirror's tables have deletion vectors: applier's own MERGE writes them where it 
 declines (key-less tables, unchanged TOAST values).
 
 The suite walks PostgreSQL 15, 16 and 18 with fixed seeds. ``APPLIER_WALK_SEEDS=11,12,...``,
-``APPLIER_WALK_STEPS=N`` (and ``APPLIER_WALK_MAJOR``) run longer walks by hand; bench/soak.py is the soak
-with kills, walsender terminations, a restart and a failover."""
+``APPLIER_WALK_STEPS=N`` (and ``APPLIER_WALK_MAJOR``) run longer walks by hand; tests/scenario/soak.py is
+the soak with kills, walsender terminations, a restart and a failover."""
 
 from __future__ import annotations
 
@@ -266,9 +266,7 @@ def _equal(spark, pg, tmp_path: Path, *tables: str) -> None:
 
 
 @pytest.mark.parametrize("later_change", [
-    pytest.param(True, id="a-later-change", marks=pytest.mark.xfail(
-        strict=True, reason=f"{_ADDED_THEN_RENAMED}: in one group the old name's values are lost (NULL in Delta), "
-                            "taken for a column added and dropped again, with no stop and no copy")),
+    pytest.param(True, id="a-later-change"),  # more of it: tests/integration/test_added_then_renamed.py
     pytest.param(False, id="no-later-change", marks=pytest.mark.xfail(
         strict=True, reason=f"{_ADDED_THEN_RENAMED}: the Delta table keeps the old name until the table's next "
                             "change (applier.drivers.unsentshapes leaves a column without an attnum alone)")),
