@@ -22,9 +22,13 @@ def resync(spark: SparkLike, config: MirrorConfig, names: list[str], *,
     have taken its snapshot: this follows a mirror, it does not start one)."""
     require_mirror(config)
     mirror = Mirror(spark, config, progress=progress)
-    gone: dict[str, int] = {}
-    with psycopg.connect(mirror.dsn, autocommit=True) as conn:
-        tables = choose_tables(conn, config, names, gone=gone)
-    if gone:
-        set_aside(mirror.tablesync, gone, "set aside by applier resync")
-    return resync_tables(mirror.tablesync, tables, reason="copied again as asked (applier resync)") if tables else {}
+    try:
+        gone: dict[str, int] = {}
+        with psycopg.connect(mirror.dsn, autocommit=True) as conn:
+            tables = choose_tables(conn, config, names, gone=gone)
+        if gone:
+            set_aside(mirror.tablesync, gone, "set aside by applier resync")
+        return resync_tables(mirror.tablesync, tables,
+                             reason="copied again as asked (applier resync)") if tables else {}
+    finally:
+        mirror.live_catalog.close()  # (Mirror.run closes it; this one never runs)

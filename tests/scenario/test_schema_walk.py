@@ -33,7 +33,6 @@ from schemawalk import SchemaWalk
 from applier.checks.verify import verify_against_postgres
 from applier.config import MirrorConfig
 from applier.drivers.mirror import mirror
-from applier.errors import DroppedTypeChangeError
 from applier.infra.stops import mends
 from applier.state import StateDir
 
@@ -291,11 +290,7 @@ def test_a_retype_with_no_row_change_since_reaches_delta_by_the_end_of_the_run(p
     _equal(spark, pg, tmp_path, "t", "other")
 
 
-@pytest.mark.xfail(strict=True, raises=DroppedTypeChangeError, reason="the soak, seed 1 on PostgreSQL 18, step 322: "
-                   "a type change Delta cannot widen, then the table dropped, between two runs: every run stops with "
-                   "exit 4 (DroppedTypeChangeError is no ResyncNeededError, so applier.drivers.mirror._mend never "
-                   "sees it) and the other tables wait; `applier resync --table OID` sets it aside, which the "
-                   "default config does by itself for other errors on a dropped relation")
+# the soak, seed 1 on PostgreSQL 18, step 322 (it stopped every run with exit 4): tests/integration/test_mend_gone.py
 def test_a_retype_then_a_drop_between_two_runs_sets_the_table_aside_by_itself(pg, spark, tmp_path):
     follower = _two_runs(pg, spark, tmp_path, ["CREATE TABLE t (id int PRIMARY KEY, c bool)",
                                                "CREATE TABLE other (id int PRIMARY KEY)",
