@@ -9,8 +9,10 @@ so no caller writes that fallback or asks which class its store is.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from applier.sink.store.checkpoints import checkpoint_type_changes, refresh_checkpoint
 from applier.sink.store.deltars import DeletionVectorStore, DeltaRsStore
 from applier.sink.store.fallback import FallbackStore
 from applier.sink.store.memory import InMemoryStore
@@ -19,6 +21,8 @@ from applier.sink.store.spark import SparkStore
 if TYPE_CHECKING:
     from applier.sink.spec import TableOptions, TableSpec
     from applier.spark.session import SparkLike
+
+log = logging.getLogger(__name__)
 
 #: what a StorePicker hands out: delta-rs with Spark behind it, Spark alone, or the in-memory store of tests
 Store = FallbackStore | SparkStore | InMemoryStore
@@ -108,13 +112,28 @@ class StorePicker:
 
     def deltars_writes(self, path: str) -> bool:
         """Whether delta-rs may write the table: the setting allows it and it writes the table's
-        protocol (read once per path until ``forget``)."""
+        protocol (read once per path until ``forget``). Where it does, and the table's newest checkpoint
+        holds statistics in other types than its columns have now (a table rewritten with new types
+        before applier wrote a checkpoint after such rewrites, or by another tool), Spark writes one
+        first: delta-rs's own checkpoint after its commits would fail on it
+        (applier.sink.store.checkpoints)."""
         if self.merge_engine != "auto":
             return False
         writable = self._writable.get(path)
         if writable is None:
             writable = self._writable[path] = DELTARS.can_write(path)
+            if writable:
+                self._refresh_checkpoint(path)
         return writable
+
+    def _refresh_checkpoint(self, path: str) -> None:
+        if self.spark is None:
+            if changes := checkpoint_type_changes(path):
+                log.warning("%s: its newest checkpoint holds statistics in other types than its columns have now "
+                            "(%s); delta-rs's next checkpoint of it will fail, and no Spark session was given to "
+                            "write one", path, ", ".join(sorted(changes)))
+            return
+        refresh_checkpoint(self.spark, path)
 
     def writer(self, path: str, spark: SparkLike | None = None) -> Store:
         """The store that makes the other changes to an existing table (maintenance, a fresh copy's empty

@@ -147,6 +147,16 @@ class SparkTables:
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session, path)
         return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
 
+    def checkpoint(self, path: str, *, why: str) -> int:
+        """A checkpoint of the table's newest version, written by Delta's JVM classes (there is no SQL for
+        it); returns the version."""
+        spark = self.session(why)
+        jvm: Any = spark._jvm  # py4j gateway of a classic session
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+        delta_log.checkpoint(snapshot, jvm.scala.Option.empty())
+        return int(snapshot.version())
+
     def set_properties(self, path: str, properties: Mapping[str, str], *,
                        carry: tuple[str, int] | None = None) -> None:
         """Properties by ``ALTER TABLE``; a carried version by an empty idempotent append (Spark's SQL has

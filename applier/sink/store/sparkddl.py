@@ -31,6 +31,7 @@ from applier.sink.spec import (
     column_properties,
     option_mismatches,
 )
+from applier.sink.store.checkpoints import refresh_checkpoint
 from applier.sink.store.deltars import DeltaRsStore
 from applier.sink.store.evolution import recorded_changes, rename_suspects
 from applier.sink.store.sparkbase import SparkTables
@@ -123,6 +124,7 @@ def empty_with_schema(spark: SparkSession, path: str, spec: TableSpec) -> None:
     if partitions:
         writer = writer.partitionBy(*partitions)
     writer.save(path)
+    refresh_checkpoint(spark, path, table=spec.source_name)  # the new types in the newest checkpoint
     configuration = store.configuration(path)
     wanted, unset = column_properties(spec)
     store.set_properties(path, {k: v for k, v in wanted.items() if configuration.get(k) != v})
@@ -207,12 +209,14 @@ def _rewrites(spark: SparkSession, path: str, spec: TableSpec, policy: RewritePo
 
 def _overwrite(frame: DataFrame, path: str, partitions: list[str], note: str) -> None:
     """The table replaced by ``frame`` in one commit (``overwriteSchema``), partitioned as before, the
-    commit's ``userMetadata`` saying why (what ``table rewritten`` in the history is found by)."""
+    commit's ``userMetadata`` saying why (what ``table rewritten`` in the history is found by); then a
+    checkpoint, where the newest one holds statistics in other types (applier.sink.store.checkpoints)."""
     writer = frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true") \
         .option("userMetadata", note)
     if partitions:
         writer = writer.partitionBy(*partitions)
     writer.save(path)
+    refresh_checkpoint(frame.sparkSession, path)
 
 
 def rewrite_renamed(spark: SparkSession, path: str, spec: TableSpec, mapping: dict[str, str]) -> None:
