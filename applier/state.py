@@ -6,6 +6,13 @@ end LSN of the last fully applied transaction), and the staged prepared transact
 which the assembler keeps in its own sub-directory. The authoritative record of what each table has
 applied is in Delta itself (txnAppId/txnVersion); the progress file only lets a run skip ahead.
 Every file is written atomically: temp file, fsync, rename.
+
+A table path kept here is kept relative to the target's root when it lies under it (state format 2,
+applier.infra.stateformat; :func:`stored_path`, :func:`resolved_path`): a target copied, restored or
+moved to another path with its state goes on where it is now. With absolute paths it went on writing
+under the old path (exit 0, the new copy never updated) or, the old one gone, stopped with "table
+gone" and a remedy that recreated each table from later changes alone. A path outside the root (a
+``tables.rules`` ``target`` elsewhere, a catalog's location) does not move with it and stays absolute.
 """
 
 from __future__ import annotations
@@ -72,11 +79,52 @@ def local_state_dir(uri: str) -> Path:
     return base / "applier" / "targets" / f"{bucket}-{digest}"
 
 
-class StateDir:
-    """Files of one target's state directory."""
+def _normal(path: str | Path) -> str:
+    """``path`` spelled one way: a URI without its trailing slashes, a local path absolute and normalised."""
+    from applier.storage.location import scheme_of
 
-    def __init__(self, root: str | Path) -> None:
+    text = str(path)
+    return text.rstrip("/") if scheme_of(text) else os.path.normpath(os.path.abspath(text))
+
+
+def same_location(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name the same directory (however spelled: ``./t``, ``t/``, ``/x/t``)."""
+    return _normal(a) == _normal(b)
+
+
+def stored_path(root: str | Path | None, path: str | Path) -> str:
+    """How the state keeps ``path``: relative to the target ``root`` when it lies under it (``public/t``),
+    else as it is (absolute, or a URI). See the module docstring."""
+    text = str(path)
+    if root is None:
+        return text
+    base, full = _normal(root).rstrip("/"), _normal(text)
+    return full[len(base) + 1:] if full.startswith(base + "/") else text
+
+
+def resolved_path(root: str | Path | None, stored: str) -> str:
+    """The path the state's ``stored`` stands for under the target ``root`` (the inverse of
+    :func:`stored_path`): a relative one joined to the root as the target's own paths are joined
+    (applier.storage.location.join), an absolute path or a URI as it is."""
+    from applier.storage.location import join
+
+    if root is None or _is_absolute(stored):
+        return stored
+    return join(root, stored)
+
+
+def _is_absolute(text: str) -> bool:
+    return text.startswith("/") or "://" in text or text.startswith("file:")
+
+
+class StateDir:
+    """Files of one target's state directory. ``target``: the root of the target it belongs to, when it was
+    made for one (:meth:`for_target`): a migration of the state's format (applier.infra.stateformat) makes
+    its table paths relative to that root."""
+
+    def __init__(self, root: str | Path, target: str | Path | None = None) -> None:
         self.root = Path(root)
+        self.target = str(target) if target is not None else None
         #: per file, the text this object last wrote and the file it made (inode, mtime, size)
         self._written: dict[str, tuple[bytes, tuple[int, int, int]]] = {}
 
@@ -86,12 +134,12 @@ class StateDir:
         (``s3://...``), whose store has no rename and no ``flock``, a local directory of its own
         (:func:`local_state_dir`): losing it costs time only (docs/object-storage.md)."""
         if configured:
-            return cls(configured)
+            return cls(configured, target_dir)
         from applier.storage.location import is_object_store
 
         if is_object_store(target_dir):
-            return cls(local_state_dir(str(target_dir)))
-        return cls(Path(target_dir) / "_applier")
+            return cls(local_state_dir(str(target_dir)), target_dir)
+        return cls(Path(target_dir) / "_applier", target_dir)
 
     @property
     def staging_dir(self) -> Path:

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 #: ``<state>/format.json``: ``{"format": N, "written_by": "applier X.Y.Z"}``
 FORMAT_FILE = "format"
 #: the format this release writes
-CURRENT = 1
+CURRENT = 2
 #: what a state directory without ``format.json`` is: the layout of every release before formats were
 #: recorded (tests/fixtures/upgrade/v1-5593802 is one)
 UNVERSIONED = 1
@@ -58,9 +58,98 @@ class Migration:
     readers_need_it: bool = False
 
 
-#: in order: ``MIGRATIONS[i]`` brings format ``i + 1`` to ``i + 2``; none yet (format 1 is the layout of the
-#: releases before formats were recorded, which this one reads as it is)
-MIGRATIONS: tuple[Migration, ...] = ()
+#: the files of format 1 that hold table paths (absolute then): the relation bindings (applier.sink.identity:
+#: ``tables.<oid>.path``, ``moving.from``/``to``), the target registry (applier.sink.registry: keyed by path)
+#: and the tables' versions (applier.sink.tableversions: ``tables`` keyed by path)
+_RELATIONS, _REGISTRY, _VERSIONS = "relations", "tables", "table_versions"
+#: the target root the paths are relative to (applier.sink.registry.ROOT_FILE)
+_ROOT = "target"
+
+
+def _layout_root(path: str, name: str, retired: bool = False) -> str | None:
+    """The target root ``path`` lies in when it is where the target's layout puts table ``name`` (schema.table):
+    ``ROOT/<schema>/<table>``, or ``ROOT/_retired/<schema>/<table>@<oid>`` for a retired one; None otherwise
+    (a ``tables.rules`` target elsewhere, a catalog's location)."""
+    from applier.sink.naming import RETIRED_DIR, source_name_of
+    from applier.storage.paths import location
+
+    table = location(path)
+    if retired:
+        parent = table.parent.parent
+        if parent.name != RETIRED_DIR or ".".join(source_name_of(table)).rpartition("@")[0] != name:
+            return None
+        return str(parent.parent)
+    if ".".join(source_name_of(table)) != name:
+        return None
+    return str(table.parent.parent)
+
+
+def _old_root(state: StateDir) -> str | None:
+    """The root a format 1 state's absolute paths were written under: recorded by a run killed in this
+    migration; else the root the tables' own paths point at (every table in the layout, ``ROOT/<schema>/
+    <table>``, names it), the target's root now when it is one of those (an upgrade in place), else the one
+    most tables name (a state restored or moved elsewhere before this release ran); else the target's root
+    now (no table in the layout: nothing to make relative but a rule's own paths, which stay absolute)."""
+    from collections import Counter
+
+    from applier.state import same_location
+
+    recorded = state.load(_ROOT)
+    if isinstance(recorded, dict) and recorded.get("path"):
+        return str(recorded["path"])
+    named: Counter[str] = Counter()
+    for bound in ((state.load(_RELATIONS) or {}).get("tables") or {}).values():
+        named[_layout_root(str(bound.get("path")), str(bound.get("name")), bool(bound.get("retired"))) or ""] += 1
+    for path, entry in (state.load(_REGISTRY) or {}).items():
+        named[_layout_root(path, str(entry.get("table"))) or ""] += 1
+    for path, entry in ((state.load(_VERSIONS) or {}).get("tables") or {}).items():
+        named[_layout_root(path, str(entry.get("table"))) or ""] += 1
+    roots = [root for root, _ in named.most_common() if root not in ("", ".")]  # (".": a path made relative)
+    if state.target is not None and any(same_location(root, state.target) for root in roots):
+        return state.target
+    return roots[0] if roots else state.target
+
+
+def _relative_paths(state: StateDir) -> None:
+    """Format 1 -> 2: table paths relative to the target's root (applier.state.stored_path). The root they are
+    relative to is recorded first (``target.json``: a run killed half-way goes on with the same one); every
+    file is rewritten as a whole (atomically), and a path already relative is kept: running it again is
+    harmless. A path outside the root stays absolute."""
+    from applier.state import stored_path
+
+    if not any((state.root / f"{name}.json").is_file() for name in (_RELATIONS, _REGISTRY, _VERSIONS)):
+        return
+    root = _old_root(state)
+    if root is None:  # (a state made without its target: its paths are kept absolute, which is still read)
+        return
+    if state.load(_ROOT) is None:
+        state.save(_ROOT, {"path": root})
+    relations = state.load(_RELATIONS)
+    if relations is not None:
+        for bound in (relations.get("tables") or {}).values():
+            if bound.get("path"):
+                bound["path"] = stored_path(root, str(bound["path"]))
+        moving = relations.get("moving")
+        if moving:
+            for end in ("from", "to"):
+                if moving.get(end):
+                    moving[end] = stored_path(root, str(moving[end]))
+        state.save(_RELATIONS, relations)
+    registry = state.load(_REGISTRY)
+    if registry is not None:
+        state.save(_REGISTRY, {stored_path(root, path): entry for path, entry in registry.items()})
+    versions = state.load(_VERSIONS)
+    if versions is not None:
+        versions["tables"] = {stored_path(root, path): entry for path, entry in (versions.get("tables") or {}).items()}
+        state.save(_VERSIONS, versions)
+
+
+#: in order: ``MIGRATIONS[i]`` brings format ``i + 1`` to ``i + 2`` (format 1 is the layout of the releases
+#: before formats were recorded)
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(2, "table paths kept relative to the target's root (a target moved or restored elsewhere with its "
+              "state goes on there)", _relative_paths),
+)
 
 
 class StateFormatError(InputError):
@@ -134,9 +223,13 @@ def check_readable(state: StateDir, command: str) -> None:
 def upgrade(state: StateDir, command: str) -> list[str]:
     """Bring ``state`` to :data:`CURRENT`, for a writer that holds the target's lock: refuse a newer format,
     run the pending migrations in order (each recorded when done), and stamp the format on a state that
-    has none yet (a first run, or one of a release before formats were recorded). Returns what was done."""
+    has none yet (a first run, or one of a release before formats were recorded). Returns what was done.
+    A first run (a state directory with no file of its own yet) has nothing to migrate: it is stamped."""
     found = refuse_newer(state, command)
     done: list[str] = []
+    if found == UNVERSIONED and not any(state.root.glob("*.json")):
+        _stamp(state, CURRENT)
+        return done
     for step in MIGRATIONS[found - 1:]:
         log.warning("state directory %s: state format %d to %d: %s", state.root, step.to_format - 1,
                     step.to_format, step.what)

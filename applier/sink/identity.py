@@ -38,7 +38,7 @@ from applier.infra.crashpoints import crashpoint
 from applier.sink.naming import RETIRED_DIR, _path_component
 from applier.sink.pendingmove import RELATIONS_FILE
 from applier.sink.registry import TargetRegistry
-from applier.state import StateDir
+from applier.state import StateDir, resolved_path, stored_path
 from applier.storage.location import is_object_store, join
 from applier.storage.moves import TableInTheWay, move_table_on_store
 from applier.storage.paths import location
@@ -136,10 +136,12 @@ class Bound:
 Mover = Callable[[str, str, str, str | None], None]
 
 
-def saved_bindings(data: dict[str, Any]) -> list[Bound]:
-    """The bindings of a target's saved identities (its state's ``relations``), in binding order."""
-    return [Bound(int(k), v["name"], v["path"], dict(v.get("attnums") or {}), bool(v.get("retired")), v.get("was"),
-                  dict(v.get("former") or {}), v.get("relfilenode"))
+def saved_bindings(data: dict[str, Any], target_dir: str | None = None) -> list[Bound]:
+    """The bindings of a target's saved identities (its state's ``relations``), in binding order; their paths
+    under ``target_dir`` (the file keeps them relative to the target's root: applier.state.stored_path;
+    None: as kept)."""
+    return [Bound(int(k), v["name"], resolved_path(target_dir, v["path"]), dict(v.get("attnums") or {}),
+                  bool(v.get("retired")), v.get("was"), dict(v.get("former") or {}), v.get("relfilenode"))
             for k, v in (data.get("tables") or {}).items()]
 
 
@@ -182,24 +184,32 @@ class TableIdentities:
         #: name, and path -> OIDs of every binding at that path, each in binding order
         self._by_name: dict[str, dict[int, None]] = {}
         self._by_path: dict[str, dict[int, None]] = {}
-        for bound in saved_bindings(data):
+        for bound in saved_bindings(data, targets.target_dir):
             self._put(bound)
         self._names: dict[tuple[int, str], tuple[str, str] | None] = {}  # (oid, stream's name) -> catalog's
         self._in_progress: set[int] = set()  # relations whose path_of is running (a swap of names nests)
         #: per relation: columns the stream renamed ({old: new}) and dropped since, for the sink
         self._columns: dict[int, dict[str, Any]] = {int(k): v for k, v in (data.get("columns") or {}).items()}
-        self._moving: dict[str, str] | None = data.get("moving")
+        moving: dict[str, str] | None = data.get("moving")
+        self._moving = None if moving is None else {
+            **moving, **{k: resolved_path(targets.target_dir, moving[k]) for k in ("from", "to") if moving.get(k)}}
         #: attnums of relations not bound yet, as a stored log's records gave them (``described``)
         self._described: dict[int, dict[str, int]] = {}
 
     # --- persistence ------------------------------------------------------------------------------
 
     def _save(self) -> None:
-        self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": b.path, "attnums": b.attnums,
-                                                        "retired": b.retired, "was": b.was, "former": b.former,
-                                                        "relfilenode": b.relfilenode}
+        """Paths are saved relative to the target's root (a target moved with its state goes on where it is:
+        applier.state.stored_path); in memory they are the paths written."""
+        root = self.targets.target_dir
+        moving = self._moving
+        if moving is not None:
+            moving = {**moving, **{k: stored_path(root, moving[k]) for k in ("from", "to") if moving.get(k)}}
+        self.state.save(_FILE, {"tables": {str(b.oid): {"name": b.name, "path": stored_path(root, b.path),
+                                                        "attnums": b.attnums, "retired": b.retired, "was": b.was,
+                                                        "former": b.former, "relfilenode": b.relfilenode}
                                            for b in self._bound.values()},
-                                "moving": self._moving,
+                                "moving": moving,
                                 "columns": {str(k): v for k, v in self._columns.items()}})
 
     def finish_pending(self) -> None:

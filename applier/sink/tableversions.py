@@ -11,8 +11,10 @@ same (it is the same table, older), so the registry (applier.sink.registry) cann
 What is recorded, and compared with each table's log before a run writes (both only ever go up):
 
 * this file: at the end of every run that holds the target (``mirror``, ``replay``, ``resync``, the
-  streaming sink; also after an error), per table path: its Delta table id, version, applied LSN, and the
-  position its copy was taken at (the state's ``copied_tables``, written by applier.drivers.tablesync);
+  streaming sink; also after an error), per table path (relative to the target's root, so that a target
+  moved with its state keeps its record: applier.state.stored_path): its Delta table id, version,
+  applied LSN, and the position its copy was taken at (the state's ``copied_tables``, written by
+  applier.drivers.tablesync);
 * the newest consistent cut (applier.sink.cuts), for what a run recorded after this file was written
   (a run killed before its end): the version of each table that holds the cut.
 
@@ -44,7 +46,7 @@ from applier.sink.parking import STATE_KEY as PARKED_KEY
 from applier.sink.pendingmove import RELATIONS_FILE
 from applier.sink.spec import PROP_SOURCE, app_id_for
 from applier.sink.store.picker import DELTARS
-from applier.state import StateDir
+from applier.state import StateDir, resolved_path, stored_path
 from applier.storage.paths import location
 
 __all__ = ["FILE", "Behind", "LogEnd", "TableVersions", "read_log_end"]
@@ -154,14 +156,14 @@ class TableVersions:
         """The newest cut's LSN, and every table path (the registry's and the newest cut's) with its log
         and what is recorded for it."""
         saved: dict[str, Any] = self.state.load(FILE) or {}
-        entries: dict[str, dict[str, Any]] = dict(saved.get("tables") or {})
+        entries = {_key(resolved_path(self.target_dir, k)): v for k, v in (saved.get("tables") or {}).items()}
         copied: dict[str, str] | None = self.state.load(COPIED_TABLES)
         relations: dict[str, Any] = self.state.load(RELATIONS_FILE) or {}
-        bindings = {_key(b.path): b for b in saved_bindings(relations) if not b.retired}
+        bindings = {_key(b.path): b for b in saved_bindings(relations, self.target_dir) if not b.retired}
         parked: dict[str, dict[str, Any]] = self.state.load(PARKED_KEY) or {}
         parked_oids = {e.get("oid") for e in parked.values() if e.get("oid") is not None}
         moving = relations.get("moving") or {}
-        half_moved = {_key(str(moving[k])) for k in ("from", "to") if moving.get(k)}
+        half_moved = {_key(resolved_path(self.target_dir, str(moving[k]))) for k in ("from", "to") if moving.get(k)}
         cut = self._newest_cut()
         recorded_cut = parse_lsn(saved["cut_lsn"]) if saved.get("cut_lsn") else None
         in_cut: dict[str, CutTable] = {}
@@ -242,7 +244,8 @@ class TableVersions:
             tables[t.path] = {"table": t.found.source, "id": t.found.table_id, "copied_at": t.copied_at,
                               "version": max(t.found.version, t.version if t.version is not None else -1),
                               "applied_lsn": format_lsn(applied) if applied is not None else None}
-        self.state.save(FILE, {"cut_lsn": format_lsn(cut_lsn) if cut_lsn is not None else None, "tables": tables})
+        self.state.save(FILE, {"cut_lsn": format_lsn(cut_lsn) if cut_lsn is not None else None,
+                               "tables": {stored_path(self.target_dir, k): v for k, v in tables.items()}})
 
     # --- what a person is told ----------------------------------------------------------------------
 
@@ -251,7 +254,7 @@ class TableVersions:
         others = "".join(f"; also {b.what()}: {b.found()}, but {b.recorded()}" for b in behind[1:])
         names = " ".join(f"--table {b.table}" for b in behind)
         file = self.state.root / f"{FILE}.json"
-        paths = ", ".join(f'"{b.path}"' for b in behind)
+        paths = ", ".join(f'"{stored_path(self.target_dir, b.path)}"' for b in behind)
         if command == "replay":
             lost = "the log replayed into it went on past them"
             how = (f"Rebuild it: delete its directory and its entry in {self.state.root / 'tables.json'}, and "

@@ -28,7 +28,7 @@ def test_deleted_or_replaced_target_table_stops_the_mirror(pg, spark, tmp_path, 
     assert cli_main(argv) == 0, capsys.readouterr().err
     table = target / "public" / "t"
     recorded = json.loads((target / "_applier" / "tables.json").read_text())
-    assert recorded[str(table)] == {"table": "public.t", "id": delta_table_id(table)}
+    assert recorded["public/t"] == {"table": "public.t", "id": delta_table_id(table)}  # relative to the target
 
     # Replaced by another Delta table (here: the mirror of u): a different table id.
     saved = tmp_path / "saved-t"
@@ -62,7 +62,7 @@ def test_deleted_or_replaced_target_table_stops_the_mirror(pg, spark, tmp_path, 
     for name in ("tables.json", "copied_tables.json"):
         path = target / "_applier" / name
         entries = json.loads(path.read_text())
-        path.write_text(json.dumps({k: v for k, v in entries.items() if k not in (str(table), "public.t")}))
+        path.write_text(json.dumps({k: v for k, v in entries.items() if k not in ("public/t", "public.t")}))
     capsys.readouterr()
     assert cli_main(argv) == 0
     assert "table sync: public.t" in capsys.readouterr().err

@@ -145,6 +145,7 @@ def test_a_target_of_the_previous_release_goes_on_under_this_one(old_release: Ol
         assert found_format(state) == CURRENT
         assert json.loads((state.root / "format.json").read_text())["format"] == CURRENT
         assert _table_ids(old_release.target) == ids  # the same Delta tables, gone on
+        assert _paths(state) == _LAYOUT  # format 2: relative to the target's root
         for r in verify_against_postgres(spark, conn, str(old_release.target), TABLES):
             assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
         conn.execute("UPDATE public.docs SET title = 'third' WHERE id = 5")
@@ -153,6 +154,44 @@ def test_a_target_of_the_previous_release_goes_on_under_this_one(old_release: Ol
     assert main(["status", "--target", str(old_release.target), "--dsn", old_release.dsn,
                  "--slot", MIRROR["slot"]]) == 0
     assert "public.docs" in capsys.readouterr().out
+
+
+#: where the release's mirror keeps its tables, relative to the target's root
+_LAYOUT = sorted(f"{schema}/{table}" for schema, table in TABLES)
+
+
+def _paths(state: StateDir) -> list[str]:
+    """The table paths of the relation bindings, the registry and the tables' versions (each sorted), when
+    the three agree; what they hold otherwise."""
+    relations = sorted(b["path"] for b in json.loads((state.root / "relations.json").read_text())["tables"].values())
+    registry = sorted(json.loads((state.root / "tables.json").read_text()))
+    versions = sorted(json.loads((state.root / "table_versions.json").read_text())["tables"])
+    return relations if relations == registry == versions else [*relations, *registry, *versions]
+
+
+def test_a_target_of_the_previous_release_restored_elsewhere_goes_on_there(old_release: OldRelease, spark,
+                                                                           tmp_path: Path) -> None:
+    """The release's target (its tables and ``_applier`` state) made at one path and restored at another
+    before this release runs: the format 1 state's absolute paths name the path it was made at, which the
+    migration tells from the tables' layout; the mirror goes on at the new path, copies nothing again, and
+    creates nothing at the old one."""
+    made_at = tmp_path / "made-at"
+    state = StateDir(old_release.target / "_applier")
+    for path in state.root.glob("*.json"):
+        path.write_text(path.read_text(encoding="utf-8").replace(str(old_release.root), str(made_at)), encoding="utf-8")
+    assert str(made_at) in (state.root / "relations.json").read_text()
+    ids = _table_ids(old_release.target)
+    with psycopg.connect(old_release.dsn, autocommit=True) as conn:
+        conn.execute(AFTER)
+        summary = mirror(spark, old_release.mirror_config(), once=True)
+        assert summary.snapshot_lsn is None and not summary.synced_rows, "a table was copied again"
+        assert set(summary.rows) == {".".join(t) for t in TABLES}, summary.rows
+        assert found_format(state) == CURRENT and _paths(state) == _LAYOUT
+        assert json.loads((state.root / "target.json").read_text()) == {"path": str(old_release.target)}
+        assert _table_ids(old_release.target) == ids
+        for r in verify_against_postgres(spark, conn, str(old_release.target), TABLES):
+            assert r.equal, (r.source_name, r.source_rows, r.target_rows, r.only_in_source[:3], r.only_in_target[:3])
+    assert not made_at.exists()
 
 
 def test_a_log_and_a_replay_target_of_the_previous_release_go_on_under_this_one(old_release: OldRelease,
