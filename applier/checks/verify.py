@@ -354,9 +354,58 @@ def verify_table(spark: SparkLike | None, conn: psycopg.Connection, path: str, n
     except psycopg.errors.UndefinedTable:  # renamed or dropped while it was read
         return _gone_from_postgres(spark, path, namespace, table, reader)
     result.problems.extend(f"column {n!r} is not in the Delta table" for n in missing)
+    result.problems.extend(type_differences(conn, namespace, table, names, store.schema_fields(path)))
     if int96:
         result.problems.append(int96_advice(int96) + "; compared as Spark reads them")
     return result
+
+
+def type_differences(conn: psycopg.Connection, namespace: str, table: str, names: list[str],
+                     fields: list[dict[str, Any]]) -> list[str]:
+    """The columns of ``names`` (Delta names, in Postgres' column order as ``verify_table`` reads them) whose
+    Delta type is not the one the mirror gives their Postgres type now (applier.values.registry), each as a
+    problem.
+
+    Why: rows are compared as values, and a value of another type can compare equal (the text 't' in
+    Postgres and a Delta boolean true; the text '12.5' and a decimal 12.50 that normalizes to it): a
+    column left with its old type after an ``ALTER COLUMN ... TYPE`` the mirror never applied would pass
+    as equal, and the next value that tells the types apart would not fit its Delta column."""
+    from applier.sink.naming import safe_column_name
+    from applier.sink.store.deltatypes import delta_type
+    from applier.values.convert import arrow_type_for
+    from applier.values.registry import handler_for
+
+    have = {str(f["name"]).lower(): f["type"] for f in fields}
+    types = _type_cache_from_postgres(conn)
+    wanted = set(names)
+    out: list[str] = []
+    for name, oid, typmod in postgres_columns(conn, namespace, table):
+        delta_name = name if name in wanted else safe_column_name(name)
+        if delta_name not in wanted or delta_name.lower() not in have:
+            continue  # left out (excluded, a column list), or reported missing already
+        want = delta_type(arrow_type_for(oid, typmod, types))
+        found = have[delta_name.lower()]
+        if not same_delta_type(want, found):
+            out.append(f"column {delta_name!r} is {_type_text(found)} in the Delta table, but {name!r} is "
+                       f"{handler_for(oid, typmod, types).pg_name} in Postgres, which the mirror writes as "
+                       f"{_type_text(want)} (a type change that has not reached the Delta table)")
+    return out
+
+
+def same_delta_type(want: Any, have: Any) -> bool:
+    """Two Delta JSON types are the same type: equal names, or arrays of the same element type (whether an
+    array may hold NULLs is no part of its type here: every column the mirror writes may)."""
+    if isinstance(want, dict) and isinstance(have, dict):
+        if want.get("type") == have.get("type") == "array":
+            return same_delta_type(want.get("elementType"), have.get("elementType"))
+        return bool(want == have)
+    return isinstance(want, str) and isinstance(have, str) and want.lower() == have.lower()
+
+
+def _type_text(delta: Any) -> str:
+    if isinstance(delta, dict) and delta.get("type") == "array":
+        return f"array<{_type_text(delta.get('elementType'))}>"
+    return str(delta)
 
 
 def _table_exists(conn: psycopg.Connection, namespace: str, table: str) -> bool:
