@@ -38,6 +38,7 @@ from applier.infra.progress import Progress, byte_size
 from applier.sink.conflicts import retry_on_conflict
 from applier.sink.naming import quote_identifier
 from applier.sink.store import DELTARS, DeltaRsStore, FileStats, SparkStore, writer
+from applier.sink.store.checkpoints import refresh_checkpoint
 from applier.sink.store.picker import deltars_writer
 from applier.storage.paths import TablePath
 
@@ -173,6 +174,8 @@ class TableMaintainer:
                 if s.vacuum else None
             return MaintenanceResult(table, path, "delta-rs", before, before, False, removed, None,
                                      time.monotonic() - started, tuple(notes), dry_run=True)
+        if self.spark is not None:  # delta-rs's checkpoints fail on one in older column types: Spark's first
+            refresh_checkpoint(self.spark, path, table=table)
         if compact:
             self.progress(f"{table}: {'z-ordering' if zorder else 'compacting'} {before.small} small files "
                           f"of {before.count}")
