@@ -36,9 +36,27 @@ noted in the state first (``INTENTS_KEY``) and forgotten once done: a run that s
 next run to finish it before anything else (``finish``), or to look at the table again. A column added
 with values the catalog does not hold (a volatile default, an identity or generated value: the table was
 rewritten), or a name given to another column (dropped and added again, names swapped), has rows no
-catalog gives: the table is copied again at a new position, as ``applier resync`` copies it. Anything else
-(a changed type, key or replica identity, a column the mirror has no attnum for, a table with history or
-change feed tables that a copy would need) is left to the table's next Relation, as before.
+catalog gives: the table is copied again at a new position, as ``applier resync`` copies it.
+
+Changed types (``ALTER COLUMN ... TYPE``, with or without ``USING``) too: the Delta table had kept the old
+type, and with it values Postgres had rewritten (numeric 4450.40 kept as a decimal while Postgres holds
+the text '4450.40'; a boolean where Postgres holds 'true'), exit 0, until the table's next change. Step 1
+looks at a table's types whenever its catalog rows changed since its types were last found in line
+(``TYPES_KEY``: its fingerprint then; a table never looked at is looked at once). Step 2 compares the
+described types with the Delta table's; and, when the table was rewritten since its copy or the last proof
+(its relfilenode: an ``ALTER ... TYPE`` that changes a value always rewrites), it has the values of the
+columns that may have changed type compared with the Delta table's (``_suspects``: a type other than the
+stream's last Relation gave, which Delta may not see, ``varchar`` to ``text USING upper(s)``; or a column
+the rewrite's transaction altered). A change Delta can widen in place (applier.sink.store.sparkddl's
+``_widenable``) whose values the catalog proves kept (the sink's own proof for a Relation's type change,
+applier.sink.retypes, through ``DeltaApplier``) is applied as a Relation would apply it; anything else (a
+type Delta cannot widen, values the ``USING`` changed or that cannot be proven kept, a retype together
+with a rename or an added column) copies the table again: the copy holds Postgres' values, in Postgres'
+types. A table only Spark reads is looked at in Delta only when the catalog says a type may have changed
+there (``_suspects``): a looking-over of every such table would start Spark in runs that need none.
+
+Anything else (a changed key or replica identity, a column the mirror has no attnum for, a table with
+history or change feed tables that a copy would need) is left to the table's next Relation, as before.
 """
 
 from __future__ import annotations
@@ -50,15 +68,23 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from applier.catalog import RelationCache, TypeCache
 from applier.catalog.batches import TableBatch
-from applier.errors import SourceError
+from applier.errors import SinkError, SourceError, ValueConversionError
 from applier.lsn import format_lsn
-from applier.protocol.messages import COL_TEXT, Relation, Type
+from applier.protocol.messages import COL_TEXT, Relation, RelationColumn, Type
 from applier.sink.extras import ExtraColumns
 from applier.sink.fold import table_spec
 from applier.sink.parking import ParkedTables
+from applier.sink.store.deltatypes import delta_type
 from applier.sources import sql_slot
-from applier.sources.catalog_lookup import dropped_attnums, relations_now, shape_fingerprints, written_position
+from applier.sources.catalog_lookup import (
+    dropped_attnums,
+    relations_now,
+    rewrite_witness,
+    shape_fingerprints,
+    written_position,
+)
 from applier.sources.publication import PublishedTable, published_selection
 from applier.sources.slots import slot_info
 from applier.sources.snapshot import describe_relation
@@ -66,16 +92,22 @@ from applier.sources.snapshot import describe_relation
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from applier.catalog import RelationCache, SchemaVersion
+    from applier.catalog import SchemaVersion
     from applier.config import MirrorConfig
     from applier.infra.progress import Progress
     from applier.sink.engine import DeltaApplier
+    from applier.sink.identity import Bound
+    from applier.sink.spec import TableSpec
     from applier.state import StateDir
 
 log = logging.getLogger(__name__)
 
 #: state key: per relation OID, a shape this module began to apply and has not finished (see ``_evolve``)
 INTENTS_KEY = "unsent_shapes"
+#: state key: per relation OID, the catalog fingerprint at which its Delta types were last found to be
+#: Postgres' (step 2, so no Relation of an older shape is still on its way); its types are looked at again
+#: only when its catalog rows change
+TYPES_KEY = "unsent_types"
 #: how often a follower that stays idle asks the catalog again
 OBSERVE_EVERY_SECONDS = 10.0
 #: how long an observation waits for the server to flush what its snapshot saw (normally no wait at all)
@@ -104,12 +136,14 @@ class Observation:
 @dataclass(frozen=True)
 class Evolve:
     """Bring the Delta table to the described shape: ``renamed`` (old -> new), ``added`` (NULL in the rows
-    that exist, or the constant of ``fills``: column -> missing value's text)."""
+    that exist, or the constant of ``fills``: column -> missing value's text), ``retyped`` (column -> what
+    changed, for the log: types whose values are proven kept)."""
 
     renamed: dict[str, str]
     added: tuple[str, ...]
     fills: dict[str, str]
     seed: Relation | None  # the shape the Delta table has, for a relation the feeder's catalog lacks
+    retyped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -154,16 +188,18 @@ class UnsentShapes:
             tables = [t for t in published_selection(conn, self.config.source.publication, self.config.tables)
                       if t.qualified_name in known and t.oid is not None]
             now = relations_now(conn, [t.oid for t in tables if t.oid is not None])
+            fingerprints = shape_fingerprints(conn, [t.oid for t in tables if t.oid is not None])
+            typed = self._types_seen(fingerprints)
             changed = []
             for t in tables:
                 assert t.oid is not None
                 entry = ids.bound(t.oid)
                 if t.oid in now and entry is not None and not entry.retired and (
-                        now[t.oid][1] != entry.attnums or str(t.oid) in intents):
+                        now[t.oid][1] != entry.attnums or str(t.oid) in intents
+                        or typed.get(str(t.oid)) != fingerprints.get(t.oid)):
                     changed.append(t)
             if not changed:
                 return
-            fingerprints = shape_fingerprints(conn, [t.oid for t in changed if t.oid is not None])
             for t in changed:
                 assert t.oid is not None
                 try:
@@ -188,6 +224,22 @@ class UnsentShapes:
                 return False
             time.sleep(0.05)
         return True
+
+    def _types_seen(self, fingerprints: dict[int, str]) -> dict[str, str]:
+        """``TYPES_KEY``, less the relations no longer among ``fingerprints`` (gone, or no longer copied)."""
+        seen: dict[str, str] = self.state.load(TYPES_KEY) or {}
+        kept = {k: v for k, v in seen.items() if int(k) in fingerprints}
+        if kept != seen:
+            self.state.save(TYPES_KEY, kept)
+        return kept
+
+    def _types_in_line(self, oid: int, fingerprint: str) -> None:
+        """Step 2 found relation ``oid``'s Delta types to be Postgres' at ``fingerprint``: not looked at
+        again until its catalog rows change."""
+        seen: dict[str, str] = self.state.load(TYPES_KEY) or {}
+        if seen.get(str(oid)) != fingerprint:
+            seen[str(oid)] = fingerprint
+            self.state.save(TYPES_KEY, seen)
 
     def _stream(self, oid: int) -> Relation | None:
         """The feeder catalog's current Relation of ``oid`` (the stream's last, or the last applied here)."""
@@ -234,6 +286,9 @@ class UnsentShapes:
         entry = ids.bound(oid)
         if entry is None or entry.retired or entry.name != table.qualified_name or ids.recopy_reason(oid):
             return None  # a table rename the next check follows first; a copy already asked for
+        retype = self._retype(conn, d, entry)
+        if not retype and entry.attnums == d.attnums and str(oid) not in (self.state.load(INTENTS_KEY) or {}):
+            return None  # observed for its types only (TYPES_KEY), which are in line
         delta = self.applier.relation_columns(oid, table.namespace, table.name)
         if delta is None:
             return None
@@ -244,6 +299,12 @@ class UnsentShapes:
                                            "table holds (dropped and added again, or names swapped)")
         excluded = self.applier.targets.excluded_columns(table.namespace, table.name)
         missing = [n for n in names if n not in delta and n not in excluded]
+        if isinstance(retype, Recopy) or (retype and missing):
+            return self._recopy_or_none(d, retype.why if isinstance(retype, Recopy) else
+                                        f"column(s) {', '.join(sorted(retype))} changed type, and column(s) "
+                                        f"{', '.join(missing)} were renamed or added with it")
+        if retype:
+            return Evolve({}, (), {}, None, retyped=retype)
         if not missing:
             intent = (self.state.load(INTENTS_KEY) or {}).get(str(oid))
             if intent is not None and intent.get("fills"):  # added by a run that stopped before the fill
@@ -291,6 +352,109 @@ class UnsentShapes:
             fills = constant
         return Evolve(renamed, tuple(added), fills, seed)
 
+    def _retype(self, conn: psycopg.Connection[Any], d: Described,
+                entry: Bound) -> dict[str, str] | Recopy | None:
+        """The columns whose Delta type is to change (column -> how), when each is a change Delta widens in
+        place and the catalog proves that the values of every column that may have changed type were kept; a
+        Recopy when a copy is what brings them; empty when nothing is to change in Delta (noted in
+        ``TYPES_KEY``); None when it cannot be told here (left to the table's next Relation, as before)."""
+        oid, table = d.relation.oid, d.table
+        where = self.applier.relation_table(oid, table.namespace, table.name)
+        if where is None:
+            return None
+        path = where[0]
+        store = self.applier.stores.reader(path)
+        stream = self._stream(oid)
+        suspects = _suspects(conn, d, stream, entry)
+        if store.uses_spark and suspects is None:
+            self._types_in_line(oid, d.fingerprint)  # as far as the catalog tells: not worth Spark's start
+            return None
+        if not store.exists(path):
+            return None
+        types = TypeCache.from_json(self.catalog.types.to_json())
+        for typ in d.types:
+            types.update(typ)
+        try:
+            spec = table_spec(TableBatch(oid, table.namespace, table.name, RelationCache(types).update(d.relation),
+                                         0, 0, ()), self.applier.tables, types)
+        except SinkError:
+            return None  # the table's rule refuses this shape: the next Relation stops on it with its reason
+        from applier.checks.verify import same_delta_type
+
+        columns = {c.name for c in d.relation.columns}
+        have = {f["name"]: f for f in store.schema_fields(path)}
+        in_delta: dict[str, tuple[Any, Any]] = {}  # Postgres name -> (Delta's type, the type it would have now)
+        for f in spec.schema:
+            name = spec.postgres_name(f.name)
+            if name in columns and f.name in have and not same_delta_type(delta_type(f.type), have[f.name]["type"]):
+                in_delta[name] = (have[f.name], f)
+        typed, written = suspects or ((), ())
+        key = {c.name for c in d.relation.columns if c.is_key}
+        if not key or d.relation.replica_identity == "f" or key & set(written):
+            written = ()  # only suspected, and no key to match rows by: neither proven nor disproven
+        if not in_delta and not typed and not written:
+            self._types_in_line(oid, d.fingerprint)
+            return {}
+        from pyspark.sql.types import StructType
+
+        from applier.sink.store.sparkddl import _widenable
+        from applier.spark.types import spark_type
+
+        what: dict[str, str] = {}
+        for name, (old, new) in in_delta.items():
+            old_type, new_type = StructType.fromJson({"type": "struct", "fields": [old]}).fields[0].dataType, \
+                spark_type(new.type)
+            if not _widenable(old_type, new_type):
+                return Recopy(f"column {name} changed type from {old_type.simpleString()} to "
+                              f"{new_type.simpleString()} (Delta types), which Delta cannot widen in place")
+            what[name] = f"widened from {old_type.simpleString()} to {new_type.simpleString()}"
+        why = self._values_changed(conn, d, stream, {*what, *typed, *written}, path, spec, types,
+                                   changed=bool(what or typed))
+        if why is not None:
+            return Recopy(why)
+        if not what:  # values proven kept, Delta's types are Postgres': the next Relation's proof finds it so
+            self._types_in_line(oid, d.fingerprint)
+        return what
+
+    def _values_changed(self, conn: psycopg.Connection[Any], d: Described, stream: Relation | None,
+                        retyped: set[str], path: str, spec: TableSpec, types: TypeCache, *,
+                        changed: bool) -> str | None:
+        """Why the values of the ``retyped`` columns may not be the ones the Delta table holds, or None when
+        the catalog proves them kept: the sink's proof for a Relation's type change (applier.sink.retypes,
+        run as a group's commit runs it, on a version that goes from the stream's last Relation, or the
+        described one, to the described one), taken as proof only when it recorded the table's relfilenode
+        now (a change it cannot decide is kept in Delta with a warning there: here a copy is exact), when a
+        type is known to have ``changed``; else (columns the catalog only suspects) only a difference found is
+        a reason to copy: one cannot be proven for a table without a key, which may well have been altered
+        otherwise (a column added after a TRUNCATE)."""
+        from applier.sink.retypes import TypeRewriteError
+
+        oid, table = d.relation.oid, d.table
+        before = stream if stream is not None else d.relation
+        # every retyped column shows as one (a type the old shape cannot have: only the names count)
+        before = replace(before, columns=tuple(replace(c, type_oid=0, type_modifier=-1) if c.name in retyped
+                                               and _same_type(c, d.relation, c.name) else c for c in before.columns))
+        versions = RelationCache(types)
+        versions.update(before)
+        version = versions.update(d.relation)
+        try:
+            self.applier._check_retype(path, replace(spec, source_name=table.qualified_name), version,
+                                       lambda: set())
+        except TypeRewriteError as e:
+            return str(e).split(". Nothing was written", 1)[0]
+        except ValueConversionError as e:
+            # the proof reads the rewritten rows through a ``::text`` cast, which is not every type's output
+            # text (a boolean's is 'true', not 't'): what it cannot read it cannot prove
+            return (f"column(s) {', '.join(sorted(retyped))} changed type and the values Postgres rewrote cannot "
+                    f"be compared with the Delta table's ({e})")
+        ids = self.applier.identities
+        assert ids is not None
+        entry = ids.bound(oid)
+        if changed and (entry is None or entry.relfilenode is None or entry.relfilenode != _relfilenode(conn, oid)):
+            return (f"column(s) {', '.join(sorted(retyped))} changed type and the catalog cannot prove that their "
+                    "values were kept")
+        return None
+
     def _recopy_or_none(self, d: Described, why: str) -> Recopy | None:
         if self.applier.derived.kinds(d.table.qualified_name):
             self.progress(f"{d.table.qualified_name}: {why}, with no row change since; its history or change feed "
@@ -332,9 +496,6 @@ class UnsentShapes:
         store = self.applier.stores.reader(where[0])
         if store.uses_spark or not hasattr(store, "schema_fields"):
             return None
-        from applier.catalog import RelationCache
-        from applier.sink.store.deltatypes import delta_type
-
         version = RelationCache(self.catalog.types).update(seed)
         spec = table_spec(TableBatch(seed.oid, d.table.namespace, d.table.name, version, 0, 0, ()),
                           self.applier.tables, self.catalog.types)
@@ -368,6 +529,7 @@ class UnsentShapes:
         what = [f"{old} renamed to {new}" for old, new in plan.renamed.items()]
         what += [f"{c} added" + (f" (its default {plan.fills[c]!r} in the rows that exist)" if c in plan.fills
                                  else "") for c in plan.added]
+        what += [f"{c} {how}, values kept" for c, how in plan.retyped.items()]
         self.progress(f"{table.qualified_name}: {'; '.join(what)} in Postgres with no change of its rows since: "
                       f"applied to its Delta table from the catalog (as of {format_lsn(position)}, which the "
                       "mirror has applied up to)")
@@ -431,3 +593,52 @@ def _missing_values(conn: psycopg.Connection[Any], oid: int, names: set[str]) ->
     from applier.drivers.columnfill import missing_values
 
     return missing_values(conn, oid, names)
+
+
+def _retyped_since(stream: Relation | None, now: Relation) -> tuple[str, ...]:
+    """The columns of ``now`` whose type or modifier is not the one the stream's last Relation gave them
+    (by name: a renamed column is the rename's to prove)."""
+    if stream is None:
+        return ()
+    before = {c.name: c for c in stream.columns}
+    return tuple(c.name for c in now.columns if c.name in before
+                 and (before[c.name].type_oid, before[c.name].type_modifier) != (c.type_oid, c.type_modifier))
+
+
+def _suspects(conn: psycopg.Connection[Any], d: Described, stream: Relation | None,
+              entry: Bound) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The columns of ``d`` whose values an ``ALTER ... TYPE ... USING`` may have changed, for the sink's proof
+    to compare with the Delta table's (applier.sink.retypes): those whose type is not the one the stream's
+    last Relation gave them, and those only suspected; None when the table's file is the one recorded at its
+    copy or at the last proof (``entry.relfilenode``): such an ALTER always rewrites the table, so nothing
+    rewrote a value since (a change of Delta's type is still to be made, and looked for).
+
+    Suspected: the columns the mirror has recorded whose catalog row the transaction that last wrote the
+    table's ``pg_class`` row wrote too. An ``ALTER COLUMN ... TYPE`` does, also one back to the type the
+    column had, ``USING`` something else (which no Relation would show); but so does an ``ADD COLUMN``
+    after a ``TRUNCATE`` or a ``VACUUM FULL``, which is why only a difference the proof finds in such a
+    column is a reason to copy. With no file recorded (a table the stream created: the transaction that
+    created it wrote its ``pg_class`` row and every ``pg_attribute`` row), only the first kind."""
+    names = [c.name for c in d.relation.columns]
+    streamed = _retyped_since(stream, d.relation)
+    if entry.relfilenode is None:
+        return (streamed, ()) if streamed else None
+    witness = rewrite_witness(conn, d.relation.oid, names)
+    if witness is not None and witness.relfilenode == entry.relfilenode:
+        return None
+    written = () if witness is None else tuple(
+        n for n in names if n not in streamed and witness.column_xmins.get(n) == witness.class_xmin
+        and n in entry.attnums and entry.attnums[n] == d.attnums.get(n))
+    return streamed, written
+
+
+def _same_type(column: RelationColumn, now: Relation, name: str) -> bool:
+    """``column`` has the type and modifier of ``now``'s column ``name``."""
+    other = next((c for c in now.columns if c.name == name), None)
+    return other is not None and (other.type_oid, other.type_modifier) == (column.type_oid, column.type_modifier)
+
+
+def _relfilenode(conn: psycopg.Connection[Any], oid: int) -> int | None:
+    """Relation ``oid``'s file now (new at every rewrite of its rows), as the sink's proof reads it."""
+    witness = rewrite_witness(conn, oid, ())
+    return witness.relfilenode if witness is not None else None
