@@ -315,14 +315,16 @@ class UnsentShapes:
         if not entry.attnums:
             return None  # a binding from before attnums were recorded: nothing to prove a rename with
         recorded = {**entry.former, **entry.attnums}
-        by_attnum = {recorded[c]: c for c in delta if c in recorded}
-        newest = max(recorded.values(), default=0)
         extra = ExtraColumns.for_table(self.applier.tables, table.qualified_name)
         # a Delta column with no recorded attnum (one the stream added and the catalog never confirmed) could
-        # be any of the missing names renamed
-        unknown = set(delta) - set(recorded) - set(names) - set(extra.names if extra is not None else ())
-        if unknown:
-            return None
+        # be any of the missing names renamed, unless the catalog proves which (applier.sink.identity)
+        for column in set(delta) - set(recorded) - set(names) - set(extra.names if extra is not None else ()):
+            now = ids.named_now(oid, column)
+            if now is None or now not in d.attnums:
+                return None
+            recorded[column] = d.attnums[now]
+        by_attnum = {recorded[c]: c for c in delta if c in recorded}
+        newest = max(recorded.values(), default=0)
         renamed: dict[str, str] = {}
         added: list[str] = []
         for n in missing:

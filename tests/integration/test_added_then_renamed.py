@@ -49,6 +49,13 @@ def test_a_rename_the_catalog_proves_keeps_the_values_with_no_copy(pg, tmp_path,
     assert "dropped again" not in err and "copying the table again" not in err, err
 
 
+def test_with_no_later_change_the_rename_reaches_delta_by_the_end_of_the_run(pg, tmp_path, capsys):
+    """No Relation shows the new name: the end of the run brings it (applier.drivers.unsentshapes), proven
+    by the catalog as above; it used to wait for the table's next change."""
+    err = _runs(pg, tmp_path, capsys, [*ADDED_WRITTEN_RENAMED, "INSERT INTO other VALUES (1)"])
+    assert "dropped again" not in err and "copying the table again" not in err, err
+
+
 def test_a_rename_of_a_column_with_a_default_copies_the_table_again(pg, tmp_path, capsys):
     """Rows that existed take the default under the old name, which no fill of the new name can place:
     copied again."""
