@@ -87,7 +87,11 @@ class LiveCatalog:
             pin_session(conn)
             # the ALTER's rewrite writes every row with one command id; a change later in the same transaction
             # (an UPDATE after the ALTER) has a higher one, and its row is in the stream
-            text = [sql.SQL("{}::text").format(sql.Identifier(c)) for c in (*key, *columns)]
+            # the type's output text, as pgoutput sends it: a ::text cast is not that (bool casts to 'true',
+            # inet keeps its /32, char(n) loses its padding); format('%s') is NULL-safe only through num_nulls,
+            # which counts a composite of NULLs as a value, as the stream does ('%%s': the query has parameters)
+            text = [sql.SQL("CASE WHEN num_nulls({0}) = 0 THEN format('%%s', {0}) END").format(sql.Identifier(c))
+                    for c in (*key, *columns)]
             query = sql.SQL("WITH w AS (SELECT {}, cmin::text::bigint AS applier_cid FROM ONLY {}.{} WHERE xmin = "
                             "%s::xid) SELECT * FROM w WHERE applier_cid = (SELECT min(applier_cid) FROM w)").format(
                 sql.SQL(", ").join(text), sql.Identifier(name[0]), sql.Identifier(name[1]))
