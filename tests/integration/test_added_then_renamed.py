@@ -11,8 +11,8 @@ default config, as a supervisor would."""
 from __future__ import annotations
 
 import pytest
+from test_unattended import _assert_equal, _config
 
-from applier.checks.verify import verify_against_postgres
 from applier.cli import main as cli_main
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -23,20 +23,16 @@ def _runs(pg, tmp_path, capsys, between: list[str]) -> str:
     with pg.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, c bool); INSERT INTO t VALUES (1, true), (2, false);"
                      "CREATE TABLE other (id int PRIMARY KEY); CREATE PUBLICATION ar FOR ALL TABLES")
-    cfg = tmp_path / "mirror.yaml"
-    cfg.write_text(f"source:\n  dsn: '{pg.dsn}'\n  publication: ar\n  slot: ar\n"
-                   f"target:\n  path: {tmp_path / 'delta'}\n")
-    assert cli_main(["mirror", "--config", str(cfg), "--once"]) == 0
+    cfg = _config(tmp_path, pg, "ar", "ar")
+    assert cli_main(["mirror", "--config", cfg, "--once"]) == 0
     with pg.connect() as conn:
         for statement in between:
             conn.execute(statement)
     capsys.readouterr()
-    code = cli_main(["mirror", "--config", str(cfg), "--once"])
+    code = cli_main(["mirror", "--config", cfg, "--once"])
     err = capsys.readouterr().err
     assert code == 0, err
-    with pg.connect() as conn:
-        for r in verify_against_postgres(None, conn, str(tmp_path / "delta"), [("public", "t"), ("public", "other")]):
-            assert r.equal, (r.source_name, r.only_in_source, r.only_in_target, r.problems)
+    _assert_equal(None, pg, tmp_path, [("public", "t"), ("public", "other")])
     return err
 
 
