@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from applier.drivers.copyjob import CopyJob, copy_job
-from applier.errors import ApplierError, SourceError
+from applier.errors import ApplierError, SourceError, TransientSourceError
 from applier.infra.progress import Progress, ProgressReport, count_fields, count_line
 from applier.sources.copy import read_arrow_chunk, select_sql
+from applier.sources.failures import is_transient
 from applier.sources.publication import PublishedTable
 from applier.sources.snapshot import copy_rows, open_snapshot
 
@@ -114,6 +115,18 @@ def copy_tables(dsn: str, snapshot_name: str, tables: list[PublishedTable], *, a
     return rows
 
 
+def copy_session_lost(error: BaseException) -> bool:
+    """A copy that failed because a session went away, which a reconnect cures: its own connection broke
+    (a server restart), or the session that exported its snapshot ended (a walsender terminated while a
+    table sync's slot waited: "snapshot ... does not exist"). Copying again at a new snapshot is exact, as
+    after a crash mid-copy: a table is counted as copied only once its copy is done."""
+    if not isinstance(error, psycopg.Error):
+        return False
+    if isinstance(error, psycopg.OperationalError) and is_transient(error.sqlstate, True, str(error)):
+        return True
+    return error.sqlstate == "22023" and "snapshot" in str(error)
+
+
 class InitialCopy:
     """Copies ``jobs`` under ``snapshot_name`` with ``workers`` connections; reports progress."""
 
@@ -164,7 +177,10 @@ class InitialCopy:
                 if self._error is None:
                     if not isinstance(e, ApplierError):
                         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                        wrapped = SourceError(f"the initial copy failed: {reason}")
+                        if copy_session_lost(e):  # the mirror reconnects and copies again (see there)
+                            wrapped: SourceError = TransientSourceError(f"the initial copy lost its session: {reason}")
+                        else:
+                            wrapped = SourceError(f"the initial copy failed: {reason}")
                         wrapped.__cause__ = e
                         e = wrapped
                     self._error = e
