@@ -623,6 +623,15 @@ class TableSync:
         if not stop.is_set() and self.settle_shapes(observe=False):
             while not stop.is_set() and not self.finish_pending(1.0):
                 pass
+        unsettled = self.shapes.pending
+        if not stop.is_set() and unsettled is not None and unsettled.tables:
+            # the slot is confirmed only up to the last group this run committed: a session that re-read what
+            # an earlier one had applied (a reconnect) may end short of where the catalog was read
+            log.warning("columns changed in Postgres with no row change since, in %s, are not in Delta yet: the slot "
+                        "is not confirmed past %s, where the catalog was read (a reconnect during this run re-read "
+                        "what was applied already); the next run brings them (applier verify shows them until "
+                        "then)", ", ".join(sorted(d.table.qualified_name for d in unsettled.tables.values())),
+                        format_lsn(unsettled.position))
 
     def close(self) -> None:
         """The run ends: a copy still waiting for its slot is given up (the slot's creation cancelled).
