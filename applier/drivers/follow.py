@@ -338,6 +338,8 @@ class ReplicationFollower(SlotFollower):
             if lsn > stream.confirmed:
                 self._confirming(lsn)
                 stream.confirm(lsn)
+                # as this run knows it: the server may not take the last one (a walsender ended first)
+                self.stats.confirmed_lsn = max(self.stats.confirmed_lsn or 0, lsn)
 
         self.loop.confirm = confirm
         behind = FallingBehind(self.dsn, self.follow_backlog_bytes)

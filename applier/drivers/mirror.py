@@ -498,7 +498,7 @@ class Mirror:
                                            self.progress, self.progress_every)
                 follower.run(once)
                 if once:  # the stream is drained: tables whose copy waits for its slot still hold changes
-                    self.tablesync.wait_for_copies(self.stop)
+                    self.tablesync.wait_for_copies(self.stop, confirmed=self.stats.confirmed_lsn)
                 return
             except (TransientSourceError, psycopg.OperationalError) as e:
                 if not isinstance(e, TransientSourceError) and not is_transient(

@@ -177,7 +177,7 @@ class TableSync:
             log.warning("could not read the catalog for columns renamed or added with no row change since (%s); "
                         "they reach Delta with the table's next change", str(e).splitlines()[0] if str(e) else e)
 
-    def settle_shapes(self, *, observe: bool) -> bool:
+    def settle_shapes(self, *, observe: bool, confirmed: int | None = None) -> bool:
         """Columns renamed or added in Postgres with no row change since (applier.drivers.unsentshapes): once
         the slot is confirmed past what the last observation saw, they are applied to the Delta tables, or
         the tables whose rows no catalog gives are copied again (True: such a copy was begun); ``observe``:
@@ -185,7 +185,8 @@ class TableSync:
         if not self.shapes.enabled:
             return False
         conn = self._asking_connection()
-        recopy = self.shapes.settle(conn, waiting=lambda oid, name: self.waiting(name) or self.fills.pending(oid, name))
+        recopy = self.shapes.settle(conn, waiting=lambda oid, name: self.waiting(name) or self.fills.pending(oid, name),
+                                    confirmed=confirmed)
         if recopy:
             known = self.known([])
             for described, _why in recopy:  # first: a stop or crash from here leaves them to the next table sync
@@ -613,24 +614,23 @@ class TableSync:
         self.finish_pending(0.0)
         self.settle_shapes(observe=True)
 
-    def wait_for_copies(self, stop: threading.Event) -> None:
+    def wait_for_copies(self, stop: threading.Event, confirmed: int | None = None) -> None:
         """``--once`` reached its end: the copies still waiting for their slot are waited for (their
         tables' changes are held, and the run must not end with them unapplied), unless ``stop`` is set;
         then the columns changed with no row change since the run began are applied (``settle_shapes``),
         and the copies that takes waited for too."""
         while not stop.is_set() and not self.finish_pending(1.0):
             pass
-        if not stop.is_set() and self.settle_shapes(observe=False):
+        if not stop.is_set() and self.settle_shapes(observe=False, confirmed=confirmed):
             while not stop.is_set() and not self.finish_pending(1.0):
                 pass
         unsettled = self.shapes.pending
         if not stop.is_set() and unsettled is not None and unsettled.tables:
-            # the slot is confirmed only up to the last group this run committed: a session that re-read what
-            # an earlier one had applied (a reconnect) may end short of where the catalog was read
-            log.warning("columns changed in Postgres with no row change since, in %s, are not in Delta yet: the slot "
-                        "is not confirmed past %s, where the catalog was read (a reconnect during this run re-read "
-                        "what was applied already); the next run brings them (applier verify shows them until "
-                        "then)", ", ".join(sorted(d.table.qualified_name for d in unsettled.tables.values())),
+            # nothing applied or confirmed by this run reached where the catalog was read (the run stopped early)
+            log.warning("columns changed in Postgres in %s, with no row change since, may not be in Delta yet: this "
+                        "run did not confirm the slot up to %s, where the catalog was read; the next run brings "
+                        "them (applier verify shows them until then)",
+                        ", ".join(sorted(d.table.qualified_name for d in unsettled.tables.values())),
                         format_lsn(unsettled.position))
 
     def close(self) -> None:

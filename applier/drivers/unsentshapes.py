@@ -247,16 +247,22 @@ class UnsentShapes:
 
     # --- step 2 -------------------------------------------------------------------------------------
 
-    def settle(self, conn: psycopg.Connection[Any], *, waiting: Callable[[int, str], bool]) \
-            -> list[tuple[Described, str]]:
+    def settle(self, conn: psycopg.Connection[Any], *, waiting: Callable[[int, str], bool],
+               confirmed: int | None = None) -> list[tuple[Described, str]]:
         """Step 2, when the slot has been confirmed past the pending observation's position (else nothing
         happens yet). Evolves the tables it can; returns the ones to copy again, with why. ``waiting``
-        (relation OID, name): the table has a copy or a column fill of the stream's own under way."""
+        (relation OID, name): the table has a copy or a column fill of the stream's own under way.
+        ``confirmed``: the position this run confirmed, which the server may not have taken (a walsender
+        ended before the last status reached it, the soak's finding): this mirror confirms a position
+        only once every Delta commit before it exists, which is what step 2 needs to know."""
         seen = self.pending
         if seen is None or not self.enabled:
             return []
         info = slot_info(conn, self.config.source.slot)
-        if info is None or info.confirmed_flush_lsn is None or info.confirmed_flush_lsn < seen.position:
+        if info is None:
+            return []
+        reached = max(info.confirmed_flush_lsn or 0, confirmed or 0)
+        if reached < seen.position:
             return []
         self.pending = None
         if not seen.tables:
