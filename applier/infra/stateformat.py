@@ -70,7 +70,7 @@ def _layout_root(path: str, name: str, retired: bool = False) -> str | None:
     """The target root ``path`` lies in when it is where the target's layout puts table ``name`` (schema.table):
     ``ROOT/<schema>/<table>``, or ``ROOT/_retired/<schema>/<table>@<oid>`` for a retired one; None otherwise
     (a ``tables.rules`` target elsewhere, a catalog's location)."""
-    from applier.sink.naming import RETIRED_DIR, source_name_of
+    from applier.storage.layout import RETIRED_DIR, source_name_of
     from applier.storage.paths import location
 
     table = location(path)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from applier.storage.layout import RETIRED_DIR as RETIRED_DIR  # (these three re-exported: their callers')
+from applier.storage.layout import decode_path_component as decode_path_component
+from applier.storage.layout import source_name_of as source_name_of
 from applier.storage.location import is_object_store, join
 from applier.storage.paths import TablePath, location
 
@@ -57,9 +60,6 @@ def postgres_column_name(delta_name: str) -> str:
 #: schema directories. Such a name is stored with its leading underscore escaped (``%u5F``), which
 #: no other name produces because every literal ``%`` is escaped too.
 RESERVED_SCHEMA_DIRS = frozenset({"_applier", "_delta_log", "_history", "_changes", "_retired"})
-#: where the Delta table of a source table that was dropped while its name went to a new table is kept
-#: (``DIR/_retired/<schema>/<table>@<relation OID>``, applier.sink.identity): never merged into, never listed
-RETIRED_DIR = "_retired"
 #: where history tables (SCD type 2) and change feed tables go by default: ``DIR/_history/<schema>/<table>``
 HISTORY_DIR, CHANGES_DIR = "_history", "_changes"
 RESERVED_TABLE_DIRS = frozenset({"_delta_log"})
@@ -68,9 +68,6 @@ RESERVED_TABLE_DIRS = frozenset({"_delta_log"})
 #: path as a file: URL, where a backslash is a separator too), control characters (delta-rs refuses
 #: them in any path: "illegal character sequence") and '%', the escape itself.
 _ESCAPED_IN_PATHS = re.compile(r"[%/\\\x00-\x1f\x7f]")
-#: ``%u`` and two hex digits (what :func:`_path_component` writes), or ``%`` and two hex digits (what
-#: releases before it wrote: a directory they made still decodes to its name)
-_PATH_ESCAPE = re.compile(r"%u([0-9A-Fa-f]{2})|(?:%[0-9A-Fa-f]{2})+")
 
 
 def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
@@ -98,14 +95,6 @@ def _legacy_path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_
         return f"%2E{name[1:]}"
     out = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
     return "%5F" + out[1:] if name in reserved else out
-
-
-def decode_path_component(component: str) -> str:
-    """The schema or table name a directory name stands for (the inverse of :func:`_path_component`,
-    and of the URL escapes of earlier releases)."""
-    from urllib.parse import unquote
-
-    return _PATH_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if m.group(1) else unquote(m.group()), component)
 
 
 def table_location(target_dir: str | Path, namespace: str, table: str) -> str:
@@ -170,6 +159,3 @@ def retired_table_dirs(target_dir: str | Path) -> list[TablePath]:
                   for t in schema.iterdir() if (t / "_delta_log").is_dir())
 
 
-def source_name_of(table_dir: TablePath) -> tuple[str, str]:
-    """(schema, table) of a directory in the ``DIR/<schema>/<table>`` layout, escapes decoded."""
-    return decode_path_component(table_dir.parent.name), decode_path_component(table_dir.name)
