@@ -38,11 +38,12 @@ def test_a_full_disk_is_exit_3_in_one_line_and_nothing_is_lost(pg, small_disk, c
         assert cli_main(argv) == ExitCode.OK
         capsys.readouterr()
         junk = small_disk / "junk"
-        with junk.open("wb") as f:  # fill the disk to the last byte
+        # fill the disk to the last byte; unbuffered, so that closing has nothing left to write (a buffered
+        # file's close raised ENOSPC whenever the last write had left part of its block behind)
+        with junk.open("wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         conn.execute("INSERT INTO t SELECT g, repeat('x', 2000) || g FROM generate_series(101, 2000) g")
