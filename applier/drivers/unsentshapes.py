@@ -48,7 +48,7 @@ described types with the Delta table's; and, when the table was rewritten since 
 columns that may have changed type compared with the Delta table's (``_suspects``: a type other than the
 stream's last Relation gave, which Delta may not see, ``varchar`` to ``text USING upper(s)``; or a column
 the rewrite's transaction altered). A change Delta can widen in place (applier.sink.store.sparkddl's
-``_widenable``) whose values the catalog proves kept (the sink's own proof for a Relation's type change,
+``widenable``) whose values the catalog proves kept (the sink's own proof for a Relation's type change,
 applier.sink.retypes, through ``DeltaApplier``) is applied as a Relation would apply it; anything else (a
 type Delta cannot widen, values the ``USING`` changed or that cannot be proven kept, a retype together
 with a rename or an added column) copies the table again: the copy holds Postgres' values, in Postgres'
@@ -405,14 +405,14 @@ class UnsentShapes:
             return {}
         from pyspark.sql.types import StructType
 
-        from applier.sink.store.sparkddl import _widenable
+        from applier.sink.store.sparkddl import widenable
         from applier.spark.types import spark_type
 
         what: dict[str, str] = {}
         for name, (old, new) in in_delta.items():
             old_type, new_type = StructType.fromJson({"type": "struct", "fields": [old]}).fields[0].dataType, \
                 spark_type(new.type)
-            if not _widenable(old_type, new_type):
+            if not widenable(old_type, new_type):
                 return Recopy(f"column {name} changed type from {old_type.simpleString()} to "
                               f"{new_type.simpleString()} (Delta types), which Delta cannot widen in place")
             what[name] = f"widened from {old_type.simpleString()} to {new_type.simpleString()}"
@@ -446,13 +446,12 @@ class UnsentShapes:
         versions.update(before)
         version = versions.update(d.relation)
         try:
-            self.applier._check_retype(path, replace(spec, source_name=table.qualified_name), version,
+            self.applier.check_retype(path, replace(spec, source_name=table.qualified_name), version,
                                        lambda: set())
         except TypeRewriteError as e:
             return str(e).split(". Nothing was written", 1)[0]
         except ValueConversionError as e:
-            # the proof reads the rewritten rows through a ``::text`` cast, which is not every type's output
-            # text (a boolean's is 'true', not 't'): what it cannot read it cannot prove
+            # a rewritten value the stream's conversion refuses: what the proof cannot read it cannot prove
             return (f"column(s) {', '.join(sorted(retyped))} changed type and the values Postgres rewrote cannot "
                     f"be compared with the Delta table's ({e})")
         ids = self.applier.identities

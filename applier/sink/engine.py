@@ -637,7 +637,7 @@ class DeltaApplier:
                 "the source table's schema changed and apply.schema_changes is 'stop'; to go on, set it to "
                 f"evolve, or re-copy the table: `applier resync --config FILE --table {spec.source_name}`",
                 table=spec.source_name)
-        self._check_retype(path, spec, schema_version, touched)
+        self.check_retype(path, spec, schema_version, touched)
         if self.identities is not None:
             self.identities.check_undecided(schema_version.relation.oid, spec.source_name,
                                             schema_version.column_names)
@@ -678,7 +678,7 @@ class DeltaApplier:
         self._schema_seen[path] = schema_version
         self.stores.forget(path)  # a new schema may have brought a feature delta-rs cannot write
 
-    def _check_retype(self, path: str, spec: TableSpec, schema_version: SchemaVersion,
+    def check_retype(self, path: str, spec: TableSpec, schema_version: SchemaVersion,
                       touched: Callable[[], set[tuple[object, ...]]] | None) -> None:
         """TypeRewriteError when the version changes a column's Postgres type and the values of the table's
         existing rows cannot be proven kept (applier.sink.retypes: ``ALTER ... TYPE ... USING``), before

@@ -70,7 +70,7 @@ def warn_option_mismatches(spark: SparkSession, path: str, spec: TableSpec, opti
                     spec.source_name, "; ".join(mismatches))
 
 
-def _widenable(old: DataType, new: DataType) -> bool:
+def widenable(old: DataType, new: DataType) -> bool:
     """Type changes Delta's type widening supports (Delta 4): integral up, float->double, decimal up, date->ts_ntz."""
     from pyspark.sql.types import (
         ByteType,
@@ -237,7 +237,7 @@ def rewrite_widened(spark: SparkSession, path: str, spec: TableSpec, wanted: dic
     """Rewrite the table with the widened columns cast to their new types in one overwrite commit
     (``overwriteSchema``), so that it needs no type widening and delta-rs keeps reading and writing it.
     Exactly once as ``rewrite_renamed``: atomic, and a re-run finds the wider types in place. Every
-    widening Delta allows is a cast Spark makes without loss (``_widenable``)."""
+    widening Delta allows is a cast Spark makes without loss (``widenable``)."""
     from pyspark.sql.functions import col
 
     frame = spark.read.format("delta").load(path)
@@ -266,7 +266,7 @@ def evolve_table(spark: SparkSession, path: str, spec: TableSpec, renames: Renam
         if old_type is None:
             added.append(field.name)
         elif old_type != field.dataType:
-            if not _widenable(old_type, field.dataType):
+            if not widenable(old_type, field.dataType):
                 raise type_change_error(spec.source_name, field.name, old_type.simpleString(),
                                         field.dataType.simpleString())
             widened.append(field.name)
