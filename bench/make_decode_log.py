@@ -17,6 +17,14 @@ the TOAST values in full); the other half update its short columns, so that the 
 unchanged ('u' in the new image), and every tenth of those also rewrites one TOAST value::
 
     .venv/bin/python bench/make_decode_log.py /tmp/wide_log.parquet --shape wide --transactions 20000
+
+``--shape typed`` captures narrow rows of common types in a realistic mix of transactions (issue 74,
+item 5): a table of a bigint key, an int, a text (NULL in one row of seven), a timestamptz, a
+numeric(12,2) and a bool. Of every ten transactions, three insert one row, two insert 2 to 5 rows in
+one statement, two update one row, one updates three rows, one deletes one or two of the oldest rows,
+and one inserts a row, updates another and deletes a third (a little order workflow)::
+
+    .venv/bin/python bench/make_decode_log.py /tmp/typed_log.parquet --shape typed
 """
 
 from __future__ import annotations
@@ -91,13 +99,64 @@ WIDE_VALUES = ", ".join(
     for k in range(8))
 
 
+TYPED_COLUMNS = ("id bigint PRIMARY KEY, account int NOT NULL, note text, created timestamptz NOT NULL, "
+                 "amount numeric(12,2), paid bool NOT NULL")
+
+
+def _typed_row(k: str) -> str:
+    """The values of the row with key ``k`` (a plpgsql expression): one in seven has a NULL text."""
+    return (f"{k}, ({k} * 31) % 5000, CASE WHEN {k} % 7 = 0 THEN NULL ELSE 'order ' || {k} || ' for customer ' "
+            f"|| ({k} % 977) END, clock_timestamp(), (({k} * 7919) % 1000000) / 100.0, {k} % 3 = 0")
+
+
+#: Keys ``lo`` .. ``next_id - 1`` exist; deletes take the oldest, updates pick one of the rest.
+TYPED_WORKLOAD = """
+DO $$
+DECLARE
+  next_id bigint := 1;
+  lo bigint := 1;
+  target bigint;
+BEGIN
+  FOR i IN 1..{transactions} LOOP
+    target := lo + (i * 7919) % GREATEST(next_id - lo, 1);
+    CASE
+      WHEN i % 10 IN (0, 1, 2) OR next_id - lo < 8 THEN
+        INSERT INTO typed VALUES (""" + _typed_row("next_id") + """);
+        next_id := next_id + 1;
+      WHEN i % 10 IN (3, 4) THEN
+        INSERT INTO typed SELECT """ + _typed_row("g") + """
+        FROM generate_series(next_id, next_id + i % 4 + 1) g;
+        next_id := next_id + i % 4 + 2;
+      WHEN i % 10 IN (5, 6) THEN
+        UPDATE typed SET amount = amount + 1.25, created = clock_timestamp(), paid = NOT paid WHERE id = target;
+      WHEN i % 10 = 7 THEN
+        UPDATE typed SET note = 'changed ' || i, created = clock_timestamp()
+        WHERE id IN (target, lo + (target * 13) % (next_id - lo), lo + (target * 17) % (next_id - lo));
+      WHEN i % 10 = 8 THEN
+        DELETE FROM typed WHERE id BETWEEN lo AND lo + (i / 10) % 2;
+        lo := lo + (i / 10) % 2 + 1;
+      ELSE
+        INSERT INTO typed VALUES (""" + _typed_row("next_id") + """);
+        next_id := next_id + 1;
+        UPDATE typed SET paid = true, amount = amount * 2 WHERE id = target;
+        DELETE FROM typed WHERE id = lo;
+        lo := lo + 1;
+    END CASE;
+    COMMIT;
+  END LOOP;
+END $$
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--transactions", type=int, default=50_000)
     parser.add_argument("--major", type=int, default=15)
-    parser.add_argument("--shape", choices=["narrow", "wide"], default="narrow",
-                        help="narrow (default): a 6-column row; wide: 42 columns with two TOAST values")
+    parser.add_argument("--shape", choices=["narrow", "typed", "wide"], default="narrow",
+                        help="narrow (default): a 6-column row, one insert or update per transaction; typed: "
+                             "6 columns of common types, a mix of multi-row transactions; wide: 42 columns "
+                             "with two TOAST values")
     parser.add_argument("--toast-kb", type=int, default=3, help="size of each TOAST value in --shape wide (kB)")
     args = parser.parse_args(argv)
     inserts = args.transactions // 2
@@ -107,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.shape == "wide":
                 conn.execute(f"CREATE TABLE wide ({WIDE_COLUMNS})")
                 conn.execute("CREATE PUBLICATION bench FOR TABLE wide")
+            elif args.shape == "typed":
+                conn.execute(f"CREATE TABLE typed ({TYPED_COLUMNS})")
+                conn.execute("CREATE PUBLICATION bench FOR TABLE typed")
             else:
                 conn.execute("CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, status text, "
                              "qty int, price numeric(10,2), updated timestamptz)")
@@ -117,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(WIDE_WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts,
                                                   values=WIDE_VALUES, pieces=max(1, args.toast_kb * 32)))
                 conn.execute("INSERT INTO wide (id) VALUES (-1)")
+            elif args.shape == "typed":
+                conn.execute(TYPED_WORKLOAD.format(transactions=args.transactions))
+                conn.execute("INSERT INTO typed (id, account, created, paid) VALUES (-1, 0, now(), false)")
             else:
                 conn.execute(WORKLOAD.format(inserts=inserts, updates=args.transactions - inserts))
                 conn.execute("INSERT INTO orders (id, customer) VALUES (-1, 'flush')")
