@@ -71,7 +71,7 @@ class ShortRowReader:
             return _change("D", old_key, old_row, None, ordinal)
         return None
 
-    def _values(self, kinds: bytes | None, values: list[bytes | None], _map: Any = map,
+    def _values(self, kinds: bytes | None, values: tuple[bytes | None, ...], _map: Any = map,
                 _as_tuple: Any = tuple) -> tuple[object, ...] | None:
         """The converted values of a scanned tuple, or None when a column is neither 't' nor 'n', the
         column count differs, or a parser refuses a value."""

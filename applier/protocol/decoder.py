@@ -22,8 +22,8 @@ partial message: every read is bounds-checked, trailing bytes are an error, and 
 passes it) the LSN.
 
 Speed matters (a busy slot is mostly small inserts and updates): fixed headers are unpacked with
-one precompiled ``Struct`` call (``wire.py``) and TupleData is walked by the one scanner of
-``tupledata.py`` (also used by the short-row reader), one loop over local variables.
+one precompiled ``Struct`` call (``wire.py``) and TupleData is walked by the scanners of
+``tupledata.py`` (also used by the short-row reader), one per column count, its loop unrolled.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ from applier.protocol.messages import (
 )
 from applier.protocol.tupledata import (
     SCAN_ERRORS,
+    SCANNERS,
     VIEW_FROM_BYTES,
     Scanned,
     ScannedViews,
-    scan_tuple,
     scan_tuple_checked,
     scan_tuple_views,
 )
@@ -82,7 +82,7 @@ __all__ = ["decode_message", "MessageDecoder"]
 # frozen instance: same fields, equality, hash and immutability. About a third cheaper per message
 # than calling the slot descriptors; tests/protocol check that every decoded message equals the one
 # its regular constructor builds.
-# applier.infra.fastobj has the general form (a generated constructor function). These five are
+# applier.infra.fastobj has the general form (a generated constructor function). These six are
 # inlined into their decoders by hand on purpose: calling the generated constructor instead made
 # bench/decode.py 25-35% slower on a log of small transactions (ratio to pypgoutput 3.9 vs 5.3,
 # interleaved runs), since B/I/C and their TupleData are most of what a busy slot carries.
@@ -91,7 +91,12 @@ _BeginTwin: Any = layout_twin(Begin)
 _CommitTwin: Any = layout_twin(Commit)
 _InsertTwin: Any = layout_twin(Insert)
 _UpdateTwin: Any = layout_twin(Update)
+_DeleteTwin: Any = layout_twin(Delete)
 _TupleTwin: Any = layout_twin(TupleData)
+
+#: The TupleData scanners by column count (``tupledata.SCANNERS``): the hot messages call the one for
+#: their tuple's count themselves, one call less than ``scan_tuple``.
+Scanners = dict[int, Callable[[bytes, int, int], Scanned]]
 
 
 def _truncated(what: str, offset: int) -> _Malformed:
@@ -125,15 +130,16 @@ def _string(data: bytes, pos: int, what: str) -> tuple[str, int]:
 
 
 def _tuple(data: bytes, pos: int, n: int, _new: Callable[[type], Any] = _new, _twin: Any = _TupleTwin,
-           _cls: type = TupleData, _large: int = VIEW_FROM_BYTES) -> tuple[TupleData, int]:
+           _cls: type = TupleData, _large: int = VIEW_FROM_BYTES, _scanners: Scanners = SCANNERS
+           ) -> tuple[TupleData, int]:
     """The TupleData at ``pos`` (``n`` = ``len(data)``) and the position after it: walked by the one
     scanner (``tupledata.py``), built as a layout twin (see above). Anything unusual goes to the
     careful scanner. The hot messages, Insert and Update's new tuple, inline this body
     by hand (one Python call less per row: measurable on bench/decode.py)."""
     try:
+        values: tuple[bytes | memoryview | None, ...]
         if n < _large:
-            kinds, listed, p = scan_tuple(data, pos, n)
-            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+            kinds, values, p = _scanners[(data[pos] << 8) | data[pos + 1]](data, pos, n)
         else:
             kinds, values, p = scan_tuple_views(data, pos, n)
     except SCAN_ERRORS:
@@ -149,7 +155,7 @@ def _tuple_carefully(data: bytes, pos: int) -> tuple[TupleData, int]:
     """After the fast scan gave up: the careful scanner reports the exact byte (or, for a tuple the
     fast scan cannot take, reads it)."""
     kinds, values, p = scan_tuple_checked(data, pos)
-    return TupleData(kinds, tuple(values)), p
+    return TupleData(kinds, values), p
 
 
 # --- transaction framing -------------------------------------------------------------------------
@@ -258,7 +264,7 @@ def _change_head(data: bytes, in_stream: bool) -> tuple[int | None, int, int, in
 
 
 def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
-            _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _scanners: Scanners = SCANNERS, _errors: Any = SCAN_ERRORS,
             _views: Callable[[bytes, int, int], ScannedViews] = scan_tuple_views, _large: int = VIEW_FROM_BYTES,
             _new: Callable[[type], Any] = _new, _twin: type = _InsertTwin, _cls: type = Insert,
             _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Insert:
@@ -276,9 +282,9 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
     if tag != 78:  # 'N'
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
     try:  # _tuple, inlined
+        values: tuple[bytes | memoryview | None, ...]
         if n < _large:
-            kinds, listed, pos = _scan(data, pos, n)
-            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+            kinds, values, pos = _scanners[(data[pos] << 8) | data[pos + 1]](data, pos, n)
         else:
             kinds, values, pos = _views(data, pos, n)
     except _errors:
@@ -299,7 +305,7 @@ def _insert(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
 
 
 def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
-            _scan: Callable[[bytes, int, int], Scanned] = scan_tuple, _errors: Any = SCAN_ERRORS,
+            _scanners: Scanners = SCANNERS, _errors: Any = SCAN_ERRORS,
             _views: Callable[[bytes, int, int], ScannedViews] = scan_tuple_views, _large: int = VIEW_FROM_BYTES,
             _new: Callable[[type], Any] = _new, _twin: type = _UpdateTwin, _cls: type = Update,
             _ttwin: Any = _TupleTwin, _tcls: type = TupleData) -> Update:
@@ -323,9 +329,9 @@ def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
     if tag != 78:
         raise _Malformed(f"expected new tuple 'N', got {bytes((tag,))!r}", pos - 1)
     try:  # _tuple, inlined
+        values: tuple[bytes | memoryview | None, ...]
         if n < _large:
-            kinds, listed, pos = _scan(data, pos, n)
-            values: tuple[bytes | memoryview | None, ...] = tuple(listed)
+            kinds, values, pos = _scanners[(data[pos] << 8) | data[pos + 1]](data, pos, n)
         else:
             kinds, values, pos = _views(data, pos, n)
     except _errors:
@@ -347,13 +353,32 @@ def _update(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] 
     return obj  # type: ignore[no-any-return]  # the twin re-labelled as the frozen class
 
 
-def _delete(data: bytes, in_stream: bool) -> Delete:
-    xid, relid, tag, pos = _change_head(data, in_stream)
-    if tag != 75 and tag != 79:
+def _delete(data: bytes, in_stream: bool, _head: Callable[..., tuple[int, ...]] = wire.CHANGE_HEAD.unpack_from,
+            _new: Callable[[type], Any] = _new, _twin: type = _DeleteTwin, _cls: type = Delete) -> Delete:
+    n = len(data)
+    if in_stream:
+        xid, relid, tag, pos = _change_head(data, in_stream)
+    else:
+        if n < 6:
+            raise _truncated("change header", n)
+        relid, tag = _head(data, 1)
+        xid, pos = None, 6
+    if tag == 75:  # 'K' old key
+        old_kind = "K"
+    elif tag == 79:  # 'O' old row
+        old_kind = "O"
+    else:
         raise _Malformed(f"expected old tuple 'K' or 'O', got {bytes((tag,))!r}", pos - 1)
-    old, pos = _tuple(data, pos, len(data))
-    _check_end(data, pos)
-    return Delete(xid, relid, chr(tag), old)
+    old, pos = _tuple(data, pos, n)
+    if pos != n:
+        _check_end(data, pos)
+    obj = _new(_twin)
+    obj.xid = xid
+    obj.relation_oid = relid
+    obj.old_kind = old_kind
+    obj.old = old
+    obj.__class__ = _cls
+    return obj  # type: ignore[no-any-return]  # the twin re-labelled as the frozen class
 
 
 def _truncate_message(data: bytes, in_stream: bool) -> Truncate:

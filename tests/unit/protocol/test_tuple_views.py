@@ -36,13 +36,12 @@ from applier.values import RowConverter
 def _every_value_viewed(data: bytes, pos: int, n: int) -> Scanned:
     kinds, values, end = scan_tuple_views(data, pos, n, _large=1)
     assert type(values) is ValuesWithViews
-    return kinds, list(values), end
+    return kinds, tuple(values), end
 
 
 def _scanned(data: bytes, pos: int, n: int) -> ScannedViews:
-    """The copying scan's result in the viewing scan's shape (values as a tuple)."""
-    kinds, values, end = scan_tuple(data, pos, n)
-    return kinds, tuple(values), end
+    """The copying scan's result (values as a tuple, as the viewing scan's)."""
+    return scan_tuple(data, pos, n)
 
 
 def _viewed(t: TupleData, marked: bool = True) -> TupleData:

@@ -36,7 +36,10 @@ from applier.protocol.order import OpenTransactions
 from applier.protocol.tupledata import (
     ALL_TEXT,
     SCAN_ERRORS,
+    SCANNERS,
+    UNROLL_UP_TO,
     Malformed,
+    _scan_loop,
     scan_row_change,
     scan_tuple,
     scan_tuple_checked,
@@ -57,9 +60,9 @@ def _row_messages(in_stream: bool | None = None) -> list[tuple[Captured, Change]
     return out
 
 
-def _as_tuple_data(kinds: bytes | None, values: list[bytes | None]) -> TupleData:
+def _as_tuple_data(kinds: bytes | None, values: tuple[bytes | None, ...]) -> TupleData:
     assert kinds is not None
-    return TupleData(kinds, tuple(values))
+    return TupleData(kinds, values)
 
 
 def _tuples(msg: Change) -> list[TupleData]:
@@ -138,6 +141,52 @@ def test_trailing_bytes_and_unknown_tags_are_refused() -> None:
         bad_tag = m.data[:CHANGE_TUPLE_AT - 1] + b"X" + m.data[CHANGE_TUPLE_AT:]
         with pytest.raises(SCAN_ERRORS):
             scan_row_change(bad_tag)
+
+
+def _random_tuple(rng: random.Random, natts: int) -> bytes:
+    """TupleData of ``natts`` columns of random kinds: mostly text, some NULL, unchanged TOAST and binary,
+    values of 0 to 300 bytes (lengths past one byte too)."""
+    out = [natts.to_bytes(2, "big")]
+    for _ in range(natts):
+        kind = rng.choice(b"ttttnub")
+        out.append(bytes((kind,)))
+        if kind in b"tb":
+            value = rng.randbytes(rng.choice((0, 1, 5, 17, 300)))
+            out.append(len(value).to_bytes(4, "big") + value)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("natts", [0, 1, 2, 3, 4, 5, 6, 7, 12, 42, UNROLL_UP_TO, UNROLL_UP_TO + 1, 100])
+def test_the_scanner_of_every_column_count_scans_as_the_careful_one(natts: int) -> None:
+    """The scanner of each column count (unrolled up to UNROLL_UP_TO, the loop beyond) on random tuples:
+    ending the message (an Insert's: its last columns are the guarded ones) and followed by more bytes
+    (an Update's old tuple): the careful scanner's result, the loop's too; cut short anywhere: one of
+    SCAN_ERRORS, or a tuple that ended before the cut; an unknown kind anywhere: refused."""
+    rng = random.Random(f"columns {natts}")
+    head = b"I\x00\x00\x40\x00N"
+    pos = len(head)
+    expected_scanner = _scan_loop if natts > UNROLL_UP_TO else None
+    for round_ in range(60):
+        tup = _random_tuple(rng, natts)
+        for data in (head + tup, head + tup + b"N" + _random_tuple(rng, natts)):
+            n = len(data)
+            got = scan_tuple(data, pos, n)
+            assert got == scan_tuple_checked(data, pos) == _scan_loop(data, pos, n)
+            assert got[2] == pos + len(tup) and type(got[1]) is tuple
+            assert (got[0] is ALL_TEXT[natts]) == (got[0] == b"t" * natts)
+        if expected_scanner is not None:
+            assert SCANNERS[natts] is expected_scanner
+        data = head + tup
+        for cut in range(pos, len(data)) if round_ < 10 else ():
+            with pytest.raises(SCAN_ERRORS):
+                scan_tuple(data[:cut], pos, cut)
+    for at in range(natts):  # an unknown kind in each column: refused by the fast scan, placed by the careful one
+        bad = bytearray(natts.to_bytes(2, "big") + b"n" * natts)
+        bad[2 + at] = ord("x")
+        with pytest.raises(SCAN_ERRORS):
+            scan_tuple(head + bytes(bad), pos, pos + len(bad))
+        with pytest.raises(Malformed):
+            scan_tuple_checked(head + bytes(bad), pos)
 
 
 # -- headers ---------------------------------------------------------------------------------------
