@@ -23,9 +23,11 @@ from applier.errors import ColumnNamesError, SinkError
 from applier.sink.naming import needs_column_mapping, safe_column_name
 from applier.sink.spec import (
     COLUMN_MAPPING,
+    DEFAULT_TARGET_FILE_SIZE,
     PROP_COLUMN_NAMES,
     PROP_KEYS,
     PROP_SOURCE,
+    TARGET_FILE_SIZE,
     Renames,
     RewritePolicy,
     SchemaEvolution,
@@ -50,7 +52,8 @@ def _creation_properties(spec: TableSpec, options: TableOptions) -> dict[str, st
     if unknown:
         raise SinkError("partition_by/cluster_by names columns the table does not have (or excludes); fix the "
                         "table's rule", table=spec.source_name, columns=", ".join(unknown))
-    properties = {PROP_SOURCE: spec.source_name} | column_properties(spec)[0] | options.table_properties()
+    properties = {PROP_SOURCE: spec.source_name, TARGET_FILE_SIZE: str(DEFAULT_TARGET_FILE_SIZE)} \
+        | column_properties(spec)[0] | options.table_properties()
     if needs_column_mapping(spec.column_names):
         properties |= COLUMN_MAPPING
     return properties
@@ -64,6 +67,8 @@ def create_table(spark: SparkLike, path: str, spec: TableSpec, options: TableOpt
     options = options or TableOptions()
     properties = _creation_properties(spec, options)
     store = picker.creator(path, spec, options) if picker is not None else SparkStore(spark)
+    if isinstance(store, SparkStore) and TARGET_FILE_SIZE not in options.properties:
+        del properties[TARGET_FILE_SIZE]  # Spark's Delta refuses a property it does not know; its MERGE ignores it
     store.create(path, spec, options, properties)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import InputError, SinkError
+from applier.sink.spec import TARGET_FILE_SIZE
 from applier.sink.store.base import CommitResult, CommitTag, FileStats, TableLog, WriteMode
 from applier.sink.store.rsrows import READER_FEATURES, scans_rows, spark_like
 from applier.storage.options import deltalake_options
@@ -108,7 +109,7 @@ class DeltaRsStore:
             return False
         if options.type_widening or options.change_data_feed or options.cluster_by:
             return False
-        delta = {k: v for k, v in options.properties.items() if k.startswith("delta.")}
+        delta = {k: v for k, v in options.properties.items() if k.startswith("delta.") and k != TARGET_FILE_SIZE}
         if delta == {"delta.enableDeletionVectors": delta.get("delta.enableDeletionVectors")}:
             # deletion vectors and nothing else: created as Spark's CREATE TABLE would (dvcommit), where
             # applier also writes their MERGEs (a local table without partitions)
