@@ -53,7 +53,7 @@ from applier.sources.publication import (
     warn_unmatched_includes,
 )
 from applier.sources.serverneeds import check_server_serves
-from applier.sources.slotcopy import SlotCopyReader, SlotCopyUnavailable
+from applier.sources.slotcopy import FETCHED_BUDGET_DIVISOR, SlotCopyReader, SlotCopyUnavailable
 from applier.sources.slothealth import read_slot_health
 from applier.sources.slots import (
     check_usable,
@@ -572,7 +572,8 @@ class Mirror:
         if why_not is not None:
             return None  # (the walsender's catch-up says why, when it is asked)
         try:
-            reader = SlotCopyReader(self.dsn, src.slot, sql_slot.options_for(src), target=flush)
+            reader = SlotCopyReader(self.dsn, src.slot, sql_slot.options_for(src), target=flush,
+                                    queued_bytes=(self.config.apply.memory_budget_mb << 20) // FETCHED_BUDGET_DIVISOR)
         except SlotCopyUnavailable as e:
             self.progress(f"reading the backlog from the walsender: {e}")
             return None

@@ -61,8 +61,17 @@ LARGEST_PIECE_CHANGES = 1 << 20
 #: messages handed over at a time (a run for the catch-up's survey)
 CHUNK_MESSAGES = 4096
 
-#: chunks fetched and not yet taken: bounds the memory while the caller is behind
-QUEUED_CHUNKS = 128
+#: what a message fetched and not yet taken costs beyond its data (its bytes object, its LSN, two list
+#: slots), for ``queued_bytes``
+MESSAGE_COST = 100
+
+#: the fewest chunks fetched ahead, whatever ``queued_bytes`` says
+FEWEST_CHUNKS = 4
+
+#: The share of ``apply.memory_budget_mb`` the messages fetched ahead may hold (``queued_bytes``): while
+#: the server decodes the next piece (about a second a million changes), the catch-up works on them, so a
+#: smaller share leaves it waiting (bench/RESULTS.md, 2026-12-07).
+FETCHED_BUDGET_DIVISOR = 3
 
 #: COPY's binary format: the signature, flags and header extension length, then rows; the end is -1
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
@@ -94,7 +103,10 @@ class SlotCopyReader:
     hands over what was fetched, and the stream ends when the copy has nothing more before ``target``.
     ``exhausted`` then says that every transaction committed before ``target`` was read."""
 
-    def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int) -> None:
+    def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int,
+                 queued_bytes: int = 64 << 20) -> None:
+        """``queued_bytes``: about what the messages fetched and not yet taken may hold (a share of
+        ``apply.memory_budget_mb``): the fetching thread waits past it while the catch-up is behind."""
         self.slot = slot
         self.target = target
         # every piece's get asks with these (no streaming: see the module)
@@ -120,8 +132,9 @@ class SlotCopyReader:
         except psycopg.Error as e:
             self.conn.close()
             raise SlotCopyUnavailable(f"copying slot {slot!r} failed: {e.diag.message_primary or e}") from None
+        chunk_bytes = CHUNK_MESSAGES * (MESSAGE_COST + 64)  # (a guess of the data: the bound is loose)
         self._chunks: queue.Queue[tuple[list[int], list[bytes]] | BaseException | None] = \
-            queue.Queue(maxsize=QUEUED_CHUNKS)
+            queue.Queue(maxsize=max(FEWEST_CHUNKS, queued_bytes // chunk_bytes))
         self._closing = threading.Event()
         self._ended = False
         self._lsns: list[int] = []  # the chunk being handed over, from ``_at``
