@@ -158,9 +158,12 @@ def _replay_on_executors(spark: SparkLike, config: ReplayConfig, state: StateDir
         progress("folding the log on executors while the driver surveys it (order check, catalog, ranges)")
     loop = _loop(spark, config, state, progress=progress)
     ids = loop.applier.identities
+    apply = config.apply
     surveying = BackgroundSurvey(config.source_log, state.load("catalog"),
-                                 partition_messages=config.distributed.partition_messages,
-                                 columns_changed=ids.columns_changed if ids is not None else None)
+                                 partition_messages=min(config.distributed.partition_messages, apply.max_group_rows),
+                                 columns_changed=ids.columns_changed if ids is not None else None,
+                                 max_transactions=apply.max_group_transactions,
+                                 max_bytes=apply.max_group_bytes_mb << 20)
 
     def drive(ranges: list[LogRange]) -> ApplyStats:
         recorded = RecordedCatalog()

@@ -70,6 +70,7 @@ class _Open:
     last_lsn: int = 0
     last_kind: int = 0
     last_data: bytes = b""
+    first_row: int = -1  # the row of its Begin (the messages checked before it)
 
 
 @dataclass(slots=True)
@@ -153,7 +154,8 @@ class OrderChecker:
 
     def _begin(self, kind: int, lsn: int, row: int, final_lsn: int, xid: int) -> list[OrderProblem]:
         # An open transaction here is a new decoding session re-sending it: the assembler handles that.
-        self.current = _Open(xid, final_lsn, lsn, kind)
+        # (-1: a Begin inside an open transaction, a new session re-sending it: no place to cut before it)
+        self.current = _Open(xid, final_lsn, lsn, kind, first_row=row if self.current is None else -1)
         if (xid, final_lsn) in self.recent:
             return self._problem("transaction seen twice (the same xid and commit LSN came before)",
                                  kind, lsn, row, xid)

@@ -34,6 +34,8 @@ class LogRange:
     #: The messages themselves, (LSNs, datas), for a range read from a live stream (applier.drivers.backlog)
     #: rather than from log files: they travel to the executor inside its task.
     inline: tuple[list[int], list[bytes]] | None = None
+    #: The bytes of its messages: the group's estimate of the row images it folds (apply.max_group_bytes_mb)
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)

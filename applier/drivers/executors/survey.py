@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from applier.catalog import RelationCache
 from applier.catalog.relations import ColumnsChanged
@@ -20,7 +22,15 @@ from applier.drivers.executors.ranges import LogRange, Segment, merged_segments
 from applier.errors import ApplierError
 from applier.lsn import parse_lsn
 from applier.protocol.decoder import decode_message
-from applier.protocol.headers import IN_TRANSACTION_KINDS, RELATION, TYPE, kind_of
+from applier.protocol.headers import (
+    COMMIT,
+    COMMIT_PREPARED,
+    IN_TRANSACTION_KINDS,
+    RELATION,
+    STREAM_COMMIT,
+    TYPE,
+    kind_of,
+)
 from applier.protocol.messages import Relation, Type
 from applier.protocol.order import OpenTransactions
 from applier.sources.rawlog import log_batches
@@ -42,6 +52,13 @@ class LogSurvey:
 
 
 _CATALOG = frozenset((RELATION, TYPE))  # messages the survey decodes, to follow the catalog
+#: messages that end a committed transaction (Commit, Stream Commit, Commit Prepared): what a range's
+#: transactions are counted by (``Surveyor.ended``; a fold counts those it applies, never more)
+_ENDS = frozenset((COMMIT, STREAM_COMMIT, COMMIT_PREPARED))
+_NOTED = _ENDS | _CATALOG  # what Surveyor.add does more with than the order check
+
+#: A limit nothing reaches
+NO_LIMIT = 1 << 64
 
 
 class Surveyor:
@@ -59,19 +76,35 @@ class Surveyor:
         self.survey.oids_by_name = {(v["namespace"] or "pg_catalog", v["name"]): int(v["oid"])
                                     for v in (catalog_json or {}).get("relations", [])}
         self.open = OpenTransactions()  # the order check and what is open (applier.protocol.order)
+        self.ended = 0  # committed transactions ended so far (``_ENDS``): a range's are counted by it
+        self.catalog_row = -1  # the row (messages added before it) of the last Relation or Type message
+        #: the row of the Begin of the transaction a Relation or Type message last came inside of, and the
+        #: catalog (JSON) as it was before that transaction's first: a range may still end before its Begin
+        self.catalog_before: tuple[int, dict[str, Any]] | None = None
 
     def add(self, lsn: int, data: bytes) -> None:
         """Check one message's place and follow what it opens, closes or describes (raises on disorder)."""
         open_ = self.open
         if problems := open_.add(lsn, data):
             raise problems[0].error()
-        if open_.last_kind in _CATALOG:  # the catalog moves on
+        kind = open_.last_kind
+        if kind not in _NOTED:  # (one test for most messages, as before the ends were counted)
+            return
+        if kind in _ENDS:
+            self.ended += 1
+        else:  # the catalog moves on
+            txn = open_.checker.current
+            if txn is not None and self.catalog_row < txn.first_row:  # the first inside this transaction
+                self.catalog_before = (txn.first_row, self.survey.catalog.to_json())
+            self.catalog_row = open_.checker.rows - 1
             _follow_catalog(self.survey, data, open_.in_stream, lsn)
 
-    def add_run(self, lsns: list[int], datas: list[bytes], start: int, end: int, stop_at: int) -> int:
+    def add_run(self, lsns: list[int], datas: list[bytes], start: int, end: int, stop_at: int,
+                stop_ended: int = NO_LIMIT) -> int:
         """:meth:`add` for the messages from ``start`` to ``end``, the row changes of an open
         transaction in one loop (OpenTransactions.add_rows); it returns early, after the first message
-        at ``stop_at`` or past it (where the caller may cut), with the index after the last one added."""
+        at ``stop_at`` or past it, or the one that makes ``ended`` reach ``stop_ended`` (where the
+        caller may cut), with the index after the last one added."""
         add, add_rows = self.add, self.open.add_rows
         k = start
         while k < end:
@@ -80,9 +113,14 @@ class Surveyor:
                 lsn = lsns[k]
                 add(lsn, datas[k])
                 k += 1
-                if lsn >= stop_at:
+                if lsn >= stop_at or self.ended >= stop_ended:
                     break
         return k
+
+    def open_row(self) -> int:
+        """The row of the Begin of the regular or two-phase transaction open (-1: none, or not known)."""
+        txn = self.open.checker.current
+        return txn.first_row if txn is not None else -1
 
     def nothing_open(self) -> bool:
         """Nothing open, and no rename or reused name met (ranges after one are the driver path's)."""
@@ -93,32 +131,72 @@ class Surveyor:
         left open."""
         return bool(data) and kind_of(data) not in IN_TRANSACTION_KINDS and self.nothing_open()
 
+    def earlier_cut(self, first: int) -> tuple[int, dict[str, Any]] | None:
+        """Where a range that has grown past a limit inside a transaction may end instead: just before
+        that transaction's Begin, so that it starts the next range (a range then holds more than a
+        limit allows only when one transaction alone does). The row of that Begin (the messages added
+        before it) and the catalog (JSON) there, the next range's; or None when the range must go on to
+        the transaction's end: something else is open (a streamed or prepared transaction, or the
+        transaction is a new session's re-sending), a relation was renamed, or the Begin is the range's
+        first message (row ``first``). The caller still asks ``may_end_with`` of the message before it."""
+        checker = self.open.checker
+        txn = checker.current
+        if txn is None or checker.streams or checker.in_stream is not None or self.open.prepared \
+                or self.survey.identity_change_lsn is not None:
+            return None
+        row = txn.first_row
+        if row <= first:  # (-1: not known)
+            return None
+        if self.catalog_row < row:  # the catalog has not moved since the Begin
+            return row, self.survey.catalog.to_json()
+        if self.catalog_before is not None and self.catalog_before[0] == row:
+            return self.catalog_before
+        return None
+
+    @staticmethod
+    def may_end_with(data: bytes | None) -> bool:
+        """Whether a range may end with this message, given that nothing was open after it (the message
+        before a Begin ``earlier_cut`` found): not one that belongs to a transaction (as ``may_cut_after``)."""
+        return data is not None and len(data) > 0 and kind_of(data) not in IN_TRANSACTION_KINDS
+
     def cut(self, index: int, segments: tuple[Segment, ...], start_catalog: dict[str, Any], messages: int,
-            first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None) -> LogRange:
+            first_lsn: int, last_lsn: int, inline: tuple[list[int], list[bytes]] | None = None, *,
+            size: int = 0) -> LogRange:
         return LogRange(index, segments, start_catalog, messages, first_lsn, last_lsn,
-                        frozenset(self.survey.relations), inline)
+                        frozenset(self.survey.relations), inline, size)
 
 
 def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
                on_range: Callable[[LogRange], None] | None = None,
-               columns_changed: ColumnsChanged | None = None) -> LogSurvey:
+               columns_changed: ColumnsChanged | None = None, max_transactions: int | None = None,
+               max_bytes: int | None = None) -> LogSurvey:
     """Order-check the whole log (as read_raw_log does), follow the catalog, and cut it into ranges
-    (each handed to ``on_range`` as soon as it is cut, the last one included, not the tail)."""
+    (each handed to ``on_range`` as soon as it is cut, the last one included, not the tail).
+
+    A range ends at the first place where nothing is open once it holds ``partition_messages`` messages
+    or ``max_bytes`` bytes of them (when a transaction is open there, just before its Begin if it can:
+    ``Surveyor.earlier_cut``), or right after its ``max_transactions``-th committed transaction: the
+    group limits (apply.max_group_*) then hold for every group of ranges (fold_and_commit)."""
     surveyor = Surveyor(catalog_json, columns_changed)
     survey = surveyor.survey
     add = surveyor.add
-    segments: list[Segment] = []
+    built = _StoredRange(max_bytes)
+    most_ended = max_transactions if max_transactions is not None else NO_LIMIT
+    stop_ended = most_ended  # ``ended`` at the range's last transaction
     start_catalog = survey.catalog.to_json()
     first_lsn = last_lsn = 0
     in_range = 0  # messages in the range being built
-    index = 0  # position of the message in the log
+    range_row = 0  # the position in the log of its first message
+    earlier = True  # an earlier cut (Surveyor.earlier_cut) not yet tried for the range: once is enough
+    index = 0  # position of the batch's first message in the log
     for batch, file, first in log_batches(path):
         lsns = batch.column(0).to_pylist()
         if pa.types.is_string(batch.column(0).type) or pa.types.is_large_string(batch.column(0).type):
             lsns = [None if v is None else parse_lsn(v) for v in lsns]
         datas = batch.column(2).to_pylist()
         n = len(datas)
-        seg_start = first  # rows of this batch already given to a range
+        built.batch(str(file), first, index, lsns, datas, batch.column(2), surveyor.open_row())
+        stop = built.stop(0, partition_messages, in_range)  # the message at which the range holds its size
         for i in range(n):
             lsn, data = lsns[i], datas[i]
             if lsn is None or data is None:
@@ -132,23 +210,35 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
                 first_lsn = lsn
             in_range += 1
             last_lsn = lsn
-            if in_range >= partition_messages and surveyor.may_cut_after(data):
-                segments.append((str(file), seg_start, first + i + 1))
-                seg_start = first + i + 1
-                cut = surveyor.cut(len(survey.ranges), tuple(merged_segments(segments)), start_catalog, in_range,
-                                   first_lsn, last_lsn)
-                survey.ranges.append(cut)
-                if on_range is not None:
-                    on_range(cut)
-                segments, in_range = [], 0
-                start_catalog = survey.catalog.to_json()
+            if i < stop and surveyor.ended < stop_ended:
+                continue
+            full = i >= stop
+            before = None
+            if surveyor.may_cut_after(data):
+                at = index + i + 1  # the range ends here
+            elif full and earlier and (before := surveyor.earlier_cut(range_row)) is not None \
+                    and built.may_end_before(before[0]):
+                at = before[0]  # before the open transaction: it starts the next range
+            else:
+                earlier = earlier and not full
+                continue  # on to the end of what is open
+            rest = index + i + 1 - at  # messages past the cut (of the open transaction)
+            next_lsn = built.lsn_at(at) if rest else 0
+            segments, size, end_lsn = built.cut(at, i + 1)
+            cut = surveyor.cut(len(survey.ranges), segments, start_catalog, in_range - rest, first_lsn, end_lsn,
+                               size=size)
+            survey.ranges.append(cut)
+            if on_range is not None:
+                on_range(cut)
+            first_lsn, in_range, range_row, earlier = next_lsn, rest, at, True
+            stop_ended = surveyor.ended + most_ended
+            stop = built.stop(i + 1, partition_messages, in_range)
+            start_catalog = before[1] if before is not None else survey.catalog.to_json()
         index += n
-        if seg_start < first + n:
-            segments.append((str(file), seg_start, first + n))
     survey.messages = index
     if in_range:
-        tail = surveyor.cut(len(survey.ranges), tuple(merged_segments(segments)), start_catalog, in_range, first_lsn,
-                            last_lsn)
+        segments, size, _end = built.cut(index, None)
+        tail = surveyor.cut(len(survey.ranges), segments, start_catalog, in_range, first_lsn, last_lsn, size=size)
         if surveyor.nothing_open():
             survey.ranges.append(tail)
             if on_range is not None:
@@ -156,6 +246,136 @@ def survey_log(path: str, catalog_json: dict[str, Any] | None, *, partition_mess
         else:
             survey.tail = tail
     return survey
+
+
+@dataclass(frozen=True, slots=True)
+class _Begun:
+    """The Begin of a transaction still open when its batch of the log was surveyed: what a range needs
+    to end before it later (``_StoredRange``)."""
+
+    row: int  # its position in the log
+    bytes_before: int  # of the log's messages before it
+    may_end: bool  # the message before it may end a range (Surveyor.may_end_with)
+    lsn_before: int
+    lsn: int
+
+
+class _StoredRange:
+    """The range survey_log is building, a batch of the log at a time: its pieces of files (rows
+    ``start:stop`` of a file, the first at position ``row`` in the log) and its bytes, counted as the
+    bytes of the log's messages before a position (a cumulative sum a batch, in Arrow and numpy: nothing
+    more is done per message for them). It may end before the Begin of the transaction open (Surveyor.
+    earlier_cut), in the batch being surveyed or an earlier one (``begun``, noted at each batch's end)."""
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        self.pieces: list[tuple[str, int, int, int]] = []  # (file, start, stop, row) in earlier batches
+        self.start_bytes = 0  # the log's bytes before the range's first message
+        self.bytes_before = 0  # the log's bytes before the batch
+        # the batch being surveyed: its file, its first row there, its first position in the log, its LSNs,
+        # messages and the bytes of its messages up to each; the range's part of it starts at ``start``
+        self.file, self.first, self.index = "", 0, 0
+        self.lsns: list[int | None] = []
+        self.datas: list[bytes | None] = []
+        self.ends: Any = np.zeros(0, np.int64)
+        self.start = 0
+        self.last: tuple[int | None, bytes | None] = (None, None)  # the LSN and message before the batch
+        self.begun: _Begun | None = None
+
+    def batch(self, file: str, first: int, index: int, lsns: list[int | None], datas: list[bytes | None],
+              column: Any, open_row: int) -> None:
+        """The next batch of the log (``column``: its messages, in Arrow); ``open_row``: the position of
+        the Begin of the transaction open at the end of the one before (-1: none)."""
+        n = len(self.lsns)
+        if n:
+            if self.start < n:
+                self.pieces.append((self.file, self.first + self.start, self.first + n, self.index + self.start))
+            if open_row >= self.index and (self.begun is None or self.begun.row != open_row):
+                j = open_row - self.index
+                lsn_before, before = (self.lsns[j - 1], self.datas[j - 1]) if j else self.last
+                lsn = self.lsns[j]
+                if lsn_before is not None and lsn is not None:
+                    self.begun = _Begun(open_row, self._before(open_row), Surveyor.may_end_with(before),
+                                        lsn_before, lsn)
+            elif self.begun is not None and self.begun.row != open_row:
+                self.begun = None
+            self.last = (self.lsns[-1], self.datas[-1])
+            self.bytes_before += _upto(self.ends, n)
+        lengths = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+        self.file, self.first, self.index, self.lsns, self.datas = file, first, index, lsns, datas
+        self.ends, self.start = np.cumsum(lengths, dtype=np.int64), 0
+
+    def stop(self, nxt: int, partition_messages: int, messages: int) -> int:
+        """The batch's message at which a range of ``messages`` (the batch's from ``nxt`` on to come) holds
+        ``partition_messages`` messages, or ``max_bytes`` bytes."""
+        at = nxt + partition_messages - messages - 1
+        if self.max_bytes is None:
+            return at
+        # with the batch's message i, the range holds bytes_before + ends[i] - start_bytes
+        return min(at, int(np.searchsorted(self.ends, self.max_bytes + self.start_bytes - self.bytes_before,
+                                           side="left")))
+
+    def _before(self, row: int) -> int:
+        """The log's bytes before position ``row`` (of the batch, its end, or a Begin noted in ``begun``)."""
+        if row >= self.index:
+            return self.bytes_before + _upto(self.ends, row - self.index)
+        assert self.begun is not None and self.begun.row == row
+        return self.begun.bytes_before
+
+    def may_end_before(self, row: int) -> bool:
+        """Whether the range may end just before position ``row`` (a Begin earlier_cut found): the message
+        before it is known and may end a range."""
+        if row > self.index:
+            return Surveyor.may_end_with(self.datas[row - self.index - 1])
+        if row == self.index:
+            return Surveyor.may_end_with(self.last[1])
+        return self.begun is not None and self.begun.row == row and self.begun.may_end
+
+    def lsn_at(self, row: int) -> int:
+        if row >= self.index:
+            value = self.lsns[row - self.index]
+            assert value is not None
+            return value
+        assert self.begun is not None and self.begun.row == row
+        return self.begun.lsn
+
+    def _lsn_before(self, row: int) -> int:
+        if row > self.index:
+            value = self.lsns[row - self.index - 1]
+        elif row == self.index:
+            value = self.last[0]
+        else:
+            assert self.begun is not None and self.begun.row == row
+            value = self.begun.lsn_before
+        assert value is not None
+        return value
+
+    def cut(self, row: int, upto: int | None) -> tuple[tuple[Segment, ...], int, int]:
+        """The range ends before position ``row``, with the batch's first ``upto`` messages surveyed (None:
+        all of them): its segments, bytes and last LSN. The next range starts at ``row``."""
+        upto = len(self.lsns) if upto is None else upto
+        kept: list[Segment] = []
+        carried: list[tuple[str, int, int, int]] = []
+        for file, start, stop, at in self.pieces:
+            if at + stop - start <= row:
+                kept.append((file, start, stop))
+            elif at >= row:
+                carried.append((file, start, stop, at))
+            else:
+                kept.append((file, start, start + row - at))
+                carried.append((file, start + row - at, stop, row))
+        end = min(row - self.index, upto)
+        if end > self.start:
+            kept.append((self.file, self.first + self.start, self.first + end))
+        at_row = self._before(row)
+        size, last = at_row - self.start_bytes, self._lsn_before(row)
+        self.pieces, self.start, self.start_bytes = carried, max(self.start, row - self.index), at_row
+        return tuple(merged_segments(kept)), size, last
+
+
+def _upto(ends: Any, j: int) -> int:
+    """The bytes of a batch's first ``j`` messages."""
+    return int(ends[j - 1]) if j else 0
 
 
 def _follow_catalog(survey: LogSurvey, data: bytes, in_stream: bool, lsn: int) -> None:
@@ -186,7 +406,8 @@ class BackgroundSurvey:
     whole log known to be in order."""
 
     def __init__(self, path: str, catalog_json: dict[str, Any] | None, *, partition_messages: int,
-                 columns_changed: ColumnsChanged | None = None) -> None:
+                 columns_changed: ColumnsChanged | None = None, max_transactions: int | None = None,
+                 max_bytes: int | None = None) -> None:
         self._cut: queue.SimpleQueue[LogRange | None] = queue.SimpleQueue()
         self._survey: LogSurvey | None = None
         self._error: BaseException | None = None
@@ -197,8 +418,8 @@ class BackgroundSurvey:
             started = time.monotonic()
             try:
                 self._survey = survey_log(path, catalog_json, partition_messages=partition_messages,
-                                          columns_changed=columns_changed,
-                                          on_range=self._cut.put)
+                                          columns_changed=columns_changed, max_transactions=max_transactions,
+                                          max_bytes=max_bytes, on_range=self._cut.put)
             except BaseException as e:  # noqa: BLE001  # handed to the caller's thread by result()
                 self._error = e
             finally:
