@@ -125,16 +125,26 @@ class StreamRanges:
     becomes the tail (``handed_over``). Such a transaction is larger than a range may be: the apply loop
     takes it, and applies it in pieces within ``apply.memory_budget_mb`` (applier.assembly) as it goes on
     reading the same stream, where a range would have held it whole (a 3M-row UPDATE in a catch-up at the
-    start: 2.3 GB, issue 77)."""
+    start: 2.3 GB, issue 77).
+
+    The group limits (issue 74): a range ends right after its ``max_transactions``-th committed
+    transaction, and a range that reaches ``partition_messages`` messages (a caller passes at most
+    ``apply.max_group_rows``: a message holds one row change at most) or ``group_bytes`` (as
+    ``range_bytes``) inside a transaction ends just before that transaction's Begin when it can
+    (``Surveyor.earlier_cut``), else at its end; so fold_and_commit can keep every group within
+    ``apply.max_group_*``, but for a transaction larger alone."""
 
     def __init__(self, stream: BacklogStream, catalog_json: dict[str, Any] | None, *, partition_messages: int,
                  target: int, queued: int = 3, quiet_seconds: float = OPEN_QUIET_SECONDS,
                  until: float | None = None,
-                 columns_changed: ColumnsChanged | None = None, range_bytes: int | None = None) -> None:
+                 columns_changed: ColumnsChanged | None = None, range_bytes: int | None = None,
+                 max_transactions: int | None = None, group_bytes: int | None = None) -> None:
         self.stream = stream
         self.surveyor = Surveyor(catalog_json, columns_changed)
         self.partition_messages = partition_messages
         self.range_bytes = range_bytes if range_bytes is not None else _NO_TARGET
+        self.max_transactions = max_transactions if max_transactions is not None else _NO_TARGET
+        self.cut_bytes = min(self.range_bytes, group_bytes if group_bytes is not None else _NO_TARGET)
         self.handed_over: int | None = None  # the bytes held when an open transaction ended the reading
         self.target = target
         self.until = until
@@ -166,6 +176,7 @@ class StreamRanges:
         target = self.target if until is None else _NO_TARGET
         survey = surveyor.survey
         add, add_run, may_cut_after = surveyor.add, surveyor.add_run, surveyor.may_cut_after
+        checker = surveyor.open.checker
         lsns: list[int] = []
         datas: list[bytes] = []
         start_catalog = survey.catalog.to_json()
@@ -175,13 +186,17 @@ class StreamRanges:
         open_quiet = max(quiet, OPEN_QUIET_SECONDS) if until is not None else quiet  # (a round's)
         nothing_open = surveyor.nothing_open
         reached = False
-        range_bytes = self.range_bytes
+        range_bytes, cut_bytes, partition = self.range_bytes, self.cut_bytes, self.partition_messages
         held = 0  # what the messages read and not yet cut hold (``range_bytes``)
+        most_ended = self.max_transactions
+        stop_ended = most_ended  # ``surveyor.ended`` at the range's last transaction
+        base = 0  # the row (``checker.rows``) of the range's first message
+        earlier = True  # an earlier cut (Surveyor.earlier_cut) not yet tried for the range: once is enough
         # A catch-up's last ranges shrink: each range from the second on ends at half the way left to the
         # target (at least ``smallest`` messages), so that the fold of the last one, which nothing overlaps,
         # is short. With full ranges the last one's fold began when the reading ended: a quarter of the
         # 1M catch-up's time after it (bench/RESULTS.md, thirty-seventh session).
-        smallest = max(1, self.partition_messages // TAIL_DIVISOR)
+        smallest = max(1, partition // TAIL_DIVISOR)
         halfway = _NO_TARGET  # the current range's cut, past ``smallest`` messages (the first range: none)
         # Quiet is counted from the last message, not the last frame: keepalives keep coming while nothing
         # of ours does. The walsender sends one each time it waits for WAL while our confirmed position is
@@ -190,83 +205,99 @@ class StreamRanges:
         # have ended 20 ms after the load's last transaction read on for its whole second (bench/follow.py:
         # drains of 1.1 s after the first short load, bench/RESULTS.md, thirty-sixth session).
         last_message = time.monotonic()
-        while not reached and not stopped():
-            if until is not None and time.monotonic() >= until:
-                target, until = 0, None  # the round's time is up: a cut at the next end of a transaction
+        extra = 0  # messages read past the target to finish what is open there
+        while not stopped():
             new = len(lsns)
-            keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
-            if len(lsns) == new:  # no message in libpq's buffer
-                wait = (quiet if nothing_open() else open_quiet) - (time.monotonic() - last_message)
-                if wait <= 0:
-                    break  # quiet (keepalives only): the backlog is read
-                if keepalive is None:  # nothing at all: wait for the socket, up to the quiet's end
-                    frame = read(wait, gather=GATHER_SECONDS)
-                    if frame is None:
-                        break  # quiet: the backlog is read
-                    if isinstance(frame, PrimaryKeepalive):
-                        keepalive = frame
-                    else:
-                        lsns.append(frame[0])
-                        datas.append(frame[1])
+            if reached:
+                # Past the target, a transaction open at the end of what was read is read to its end when it
+                # comes at once (its frames are usually already sent; at most FINISH_AT_MOST of them): a tail
+                # fed to the apply loop becomes a group of its own, and costs a commit as large as a range's.
+                if not lsns or extra >= FINISH_AT_MOST or nothing_open():
+                    break
+                frame = read(open_quiet)
+                if frame is None:
+                    break
+                if isinstance(frame, PrimaryKeepalive):
+                    continue
+                lsns.append(frame[0])
+                datas.append(frame[1])
+                extra += 1
+                keepalive = None
+            else:
+                if until is not None and time.monotonic() >= until:
+                    target, until = 0, None  # the round's time is up: a cut at the next end of a transaction
+                keepalive = buffered(lsns, datas, READ_AT_ONCE)  # the frames libpq holds, in one loop
+                if len(lsns) == new:  # no message in libpq's buffer
+                    wait = (quiet if nothing_open() else open_quiet) - (time.monotonic() - last_message)
+                    if wait <= 0:
+                        break  # quiet (keepalives only): the backlog is read
+                    if keepalive is None:  # nothing at all: wait for the socket, up to the quiet's end
+                        frame = read(wait, gather=GATHER_SECONDS)
+                        if frame is None:
+                            break  # quiet: the backlog is read
+                        if isinstance(frame, PrimaryKeepalive):
+                            keepalive = frame
+                        else:
+                            lsns.append(frame[0])
+                            datas.append(frame[1])
             if len(lsns) > new:
                 last_message = time.monotonic()
                 held += sum(map(len, datas[new:])) + MESSAGE_OVERHEAD * (len(lsns) - new)
             k, end = new, len(lsns)
             while k < end:  # each new message: its place checked, the catalog followed, a cut after it?
-                # in runs (Surveyor.add_run) up to where a cut may come: the range's size reached, or a
-                # message at the target; past the size, one at a time to the end of its transaction
-                if reached:
-                    after = add_run(lsns, datas, k, end, _NO_TARGET)
-                elif held >= range_bytes:
+                # in runs (Surveyor.add_run) up to where a cut may come: the range's size or its last
+                # transaction reached, or a message at the target; past the size, one at a time to the end
+                # of its transaction. Past the target (``reached``: what was read with the last of it), the
+                # size and the transactions still cut.
+                if held >= cut_bytes or k + 1 >= partition:
                     after = k + 1
                     add(lsns[k], datas[k])
+                elif reached:
+                    after = add_run(lsns, datas, k, min(end, partition), _NO_TARGET, stop_ended)
                 elif k + 1 < smallest:
-                    after = add_run(lsns, datas, k, min(end, smallest), target)
-                elif k + 1 < self.partition_messages:
-                    after = add_run(lsns, datas, k, min(end, self.partition_messages), min(target, halfway))
+                    after = add_run(lsns, datas, k, min(end, smallest), target, stop_ended)
                 else:
-                    after = k + 1
-                    add(lsns[k], datas[k])
+                    after = add_run(lsns, datas, k, min(end, partition), min(target, halfway), stop_ended)
                 messages += after - k
                 k = after
                 lsn, data = lsns[k - 1], datas[k - 1]
-                due = k >= self.partition_messages or lsn >= target or (k >= smallest and lsn >= halfway) \
-                    or held >= range_bytes
-                if not reached and due and may_cut_after(data):
-                    self._put(surveyor.cut(index, (), start_catalog, k, lsns[0], lsn, (lsns[:k], datas[:k])))
-                    last_message = time.monotonic()  # a wait for room (slow folds) is not the stream's quiet
-                    index += 1
-                    # what was read past the cut starts the next range (past the target: the tail)
-                    lsns, datas, k, end = lsns[k:], datas[k:], 0, end - k
-                    held = sum(map(len, datas)) + MESSAGE_OVERHEAD * len(datas)
-                    start_catalog = survey.catalog.to_json()
-                    reached = lsn >= target
-                    if self.until is None:  # (a catch-up's)
-                        halfway = lsn + (target - lsn) // 2
-            if keepalive is not None and keepalive.wal_end >= target \
-                    and (self.until is None or nothing_open()):  # (a round: not in a transaction)
-                break
+                full = k >= partition or held >= cut_bytes
+                if not (full or surveyor.ended >= stop_ended
+                        or (not reached and (lsn >= target or (k >= smallest and lsn >= halfway)))):
+                    continue
+                before = None
+                if may_cut_after(data):
+                    at = k  # the range ends here
+                elif full and earlier and (before := surveyor.earlier_cut(base)) is not None \
+                        and surveyor.may_end_with(datas[before[0] - base - 1]):
+                    at = before[0] - base  # before the transaction open: it starts the next range
+                else:
+                    earlier = earlier and not full
+                    continue  # on to the end of what is open
+                left = sum(map(len, datas[at:])) + MESSAGE_OVERHEAD * (len(datas) - at)
+                self._put(surveyor.cut(index, (), start_catalog, at, lsns[0], lsns[at - 1], (lsns[:at], datas[:at]),
+                                       size=held - left - MESSAGE_OVERHEAD * at))
+                last_message = time.monotonic()  # a wait for room (slow folds) is not the stream's quiet
+                index += 1
+                # what was read past the cut starts the next range (past the target: the tail)
+                lsn = lsns[at - 1]
+                lsns, datas, k, end, held = lsns[at:], datas[at:], k - at, end - at, left
+                base, earlier = checker.rows - k, True
+                stop_ended = surveyor.ended + most_ended
+                start_catalog = before[1] if before is not None else survey.catalog.to_json()
+                reached = reached or lsn >= target
+                if self.until is None:  # (a catch-up's)
+                    halfway = lsn + (target - lsn) // 2
             if held >= 2 * range_bytes and not nothing_open():
                 self.handed_over = held  # a transaction too large for a range: the apply loop's (above)
                 break
-        # Past the target, a transaction open at the end of what was read is read to its end when it
-        # comes at once (its frames are usually already sent; at most FINISH_AT_MOST of them): a tail fed
-        # to the apply loop becomes a group of its own, and costs a commit as large as a range's.
-        extra = 0
-        while reached and self.handed_over is None and lsns and extra < FINISH_AT_MOST and not nothing_open() \
-                and not stopped():
-            frame = read(open_quiet)
-            if frame is None:
+            if not reached and keepalive is not None and keepalive.wal_end >= target \
+                    and (self.until is None or nothing_open()):  # (a round: not in a transaction)
                 break
-            if not isinstance(frame, PrimaryKeepalive):
-                lsns.append(frame[0])
-                datas.append(frame[1])
-                add(frame[0], frame[1])
-                messages += 1
-                extra += 1
         survey.messages = messages
         if lsns:
-            rest = surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsns[-1], (lsns, datas))
+            rest = surveyor.cut(index, (), start_catalog, len(lsns), lsns[0], lsns[-1], (lsns, datas),
+                                size=sum(map(len, datas)))
             if surveyor.nothing_open():
                 self._put(rest)
             else:
@@ -359,11 +390,14 @@ def catch_up_on_executors(spark: SparkLike, config: MirrorConfig, loop: ApplyLoo
     stream the caller's again, the slot confirmed up to what was committed here."""
     catalog = loop.feeder.catalog
     ids = loop.applier.identities
-    source = StreamRanges(stream, catalog.to_json(), partition_messages=config.distributed.partition_messages,
+    apply = config.apply
+    source = StreamRanges(stream, catalog.to_json(),
+                          partition_messages=min(config.distributed.partition_messages, apply.max_group_rows),
                           target=target, until=until,
                           quiet_seconds=FOLLOW_QUIET_SECONDS if until is not None else OPEN_QUIET_SECONDS,
                           columns_changed=ids.columns_changed if ids is not None else None,
-                          range_bytes=(config.apply.memory_budget_mb << 20) // RANGE_BUDGET_DIVISOR)
+                          range_bytes=(apply.memory_budget_mb << 20) // RANGE_BUDGET_DIVISOR,
+                          max_transactions=apply.max_group_transactions, group_bytes=apply.max_group_bytes_mb << 20)
     fed = 0
     executors_end: int | None = None
     applied_before = loop.applier.stats.transactions
