@@ -17,8 +17,10 @@ The driver path (applier.drivers.replay) sends every message through one Python 
    memory whole, so the feeder takes its plain transactions (Begin, rows, Commit) the short way,
    without the assembler's buffer (``TransactionFeeder.feed_range``).
 3. **Combine and commit** (driver, ranges in log order): consecutive ranges' plans are combined
-   (applier.sink.combine, equal to folding the ranges in one pass) up to ``apply.max_group_rows``
-   keys or ``apply.max_group_transactions`` transactions, then committed exactly as a group of the
+   (applier.sink.combine, equal to folding the ranges in one pass) within ``apply.max_group_rows``,
+   ``max_group_transactions`` and ``max_group_bytes_mb`` (a group is committed before a range that would
+   take it past one: ``GroupLimits``; the survey cuts no range past them, but for a transaction larger
+   alone, or what commits while a streamed or prepared one is open), then committed exactly as a group of the
    driver path is (same engines, same ``txn`` tag: the end LSN of the group's last transaction), so
    a crash anywhere and a re-run are exact.
 

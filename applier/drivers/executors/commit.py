@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from applier.catalog import SchemaVersion
-from applier.config import ApplySettings, ReplayConfig, TablesSettings
-from applier.drivers.executors.ranges import FoldJob, LogRange
+from applier.config import ApplySettings, GroupingSettings, ReplayConfig, TablesSettings
+from applier.drivers.executors.ranges import FoldJob, LogRange, RangeFold
 from applier.drivers.executors.scheduler import FoldGroup, fold_in_process, fold_on_executors
 from applier.drivers.executors.survey import LogSurvey, RangeSource
 from applier.infra.gcpolicy import after_group, collect_between_groups
@@ -33,6 +33,48 @@ log = logging.getLogger(__name__)
 #: Asked before a group commits, with its folded tables: None to commit it, or why the driver path
 #: must apply it and everything after it (the mirror: a table to copy first, a column added).
 MayCommit = Callable[[list[FoldedTable]], str | None]
+
+
+class GroupLimits:
+    """``apply.max_group_*`` for a group of range folds (FoldGroup), as PendingGroup keeps them for the
+    driver path's group of transactions: whether a fold would take the group past a limit (it is then
+    committed first) or the group has reached one (committed at once). Row changes are the rows its
+    commits write or delete (``FoldGroup.size``), a fold's counted before it joins as its own rows (at
+    least what it adds); bytes are the ranges' messages' bytes (``LogRange.size``), an estimate of the
+    row images folded; time runs from when the group's first fold joined it. ``timed``:
+    ``max_group_seconds`` counts (a live stream's; a stored log's replay has no time limit, as on the
+    driver path). ``clear()`` with every new group."""
+
+    def __init__(self, apply: GroupingSettings, *, timed: bool) -> None:
+        self.transactions = apply.max_group_transactions
+        self.rows = apply.max_group_rows
+        self.bytes_limit = apply.max_group_bytes_mb << 20
+        self.seconds = apply.max_group_seconds if timed else None
+        self.bytes = 0  # of the ranges in the group
+        self.since: float | None = None  # when the group's first fold joined it
+
+    def clear(self) -> None:
+        self.bytes = 0
+        self.since = None
+
+    def past(self, group: FoldGroup, fold: RangeFold, cut: LogRange, rows: int) -> bool:
+        """Whether ``fold`` (of ``cut``, ``rows`` row changes) would take ``group`` past a limit, or the
+        group has been open for ``max_group_seconds`` (False for a group no fold joined yet)."""
+        return self.since is not None and (
+            group.transactions + fold.transactions > self.transactions or group.size() + rows > self.rows
+            or self.bytes + cut.size > self.bytes_limit or self._aged())
+
+    def joins(self, cut: LogRange) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        self.bytes += cut.size
+
+    def reached(self, group: FoldGroup) -> bool:
+        return (group.transactions >= self.transactions or group.size() >= self.rows
+                or self.bytes >= self.bytes_limit or self._aged())
+
+    def _aged(self) -> bool:
+        return self.seconds is not None and self.since is not None and time.monotonic() - self.since >= self.seconds
 
 
 def replay_on_executors(spark: SparkSession, config: ReplayConfig, loop: ApplyLoop, surveying: RangeSource,
@@ -81,6 +123,7 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
     survey: LogSurvey | None = None
     schemas: dict[tuple[int, int], SchemaVersion] = {}  # one object per schema version (_ensure compares identity)
     group = FoldGroup()
+    limits = GroupLimits(apply, timed=not whole_source_first)
     last_report = time.monotonic()
     received = 0
     backlog = Backlog(span[1] - span[0]) if span is not None else None
@@ -110,12 +153,14 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
                          format_lsn(group.ranges[0].first_lsn), why)
                 handed_over.extend(group.ranges)
                 group = FoldGroup()
+                limits.clear()
                 wait = True
             else:
                 if in_flight is not None:
                     in_flight.result()  # its error, if any, stops the run here, before a later group commits
                 in_flight = committer.submit(write, group)
                 group = FoldGroup()
+                limits.clear()
                 after_group()
         if wait and in_flight is not None:
             waited = in_flight
@@ -149,15 +194,18 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
                 folded += 1
                 for t in fold.folded:
                     t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
-                if not group.fits(fold) and not commit():
+                # the group limits: a group that this fold would take past one is committed first, and
+                # one that reached a limit at once (a range holds more only when one transaction does)
+                fold_rows = sum(t.plan.size() for t in fold.folded)
+                if (not group.fits(fold) or limits.past(group, fold, cut, fold_rows)) and not commit():
                     handed_over.append(cut)
                     break
                 clock = time.monotonic()
+                limits.joins(cut)
                 group.add(fold, cut)
                 timings["combining"] += time.monotonic() - clock
                 received += fold.transactions
-                if (group.size() >= apply.max_group_rows or group.transactions >= apply.max_group_transactions) \
-                        and not commit():
+                if limits.reached(group) and not commit():
                     break
                 if progress is not None and time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
