@@ -106,15 +106,22 @@ class PendingGroup:
         self.bytes = 0
         self.since: float | None = None  # monotonic time the oldest transaction joined
 
-    def add(self, txn: CommittedTransaction, batches: list[TableBatch]) -> None:
+    @staticmethod
+    def measure(batches: list[TableBatch]) -> tuple[int, int]:
+        """A transaction's row changes and the approximate bytes of their row images (``add``, ``past``)."""
+        return sum(len(b.changes) for b in batches), sum(approximate_bytes(b) for b in batches)
+
+    def add(self, txn: CommittedTransaction, batches: list[TableBatch],
+            measured: tuple[int, int] | None = None) -> None:
         # The batches hold every value the apply needs: the decoded messages would only double the
         # group's memory (and keep spill files) until it is applied. A crash before then re-reads the
         # transaction from the slot or the log; a prepared one's staged copy stays until it is applied.
         TransactionAssembler.release(txn)
         self.transactions.append((txn.end_lsn, batches))
         self.committed.append(txn)
-        self.rows += sum(len(b.changes) for b in batches)
-        self.bytes += sum(approximate_bytes(b) for b in batches)
+        rows, size = measured if measured is not None else self.measure(batches)
+        self.rows += rows
+        self.bytes += size
         if self.since is None:
             self.since = time.monotonic()
 
@@ -127,6 +134,14 @@ class PendingGroup:
         return (len(self.transactions) >= self.settings.max_group_transactions
                 or self.rows >= self.settings.max_group_rows
                 or self.bytes >= self.settings.max_group_bytes_mb << 20)
+
+    def past(self, measured: tuple[int, int]) -> bool:
+        """Whether a transaction of ``measured`` (rows, bytes) would take the group past
+        ``max_group_rows`` or ``max_group_bytes_mb``: the group is then applied first, and a group holds
+        more only when one transaction alone does (it is then a group of its own)."""
+        rows, size = measured
+        return bool(self.transactions) and (self.rows + rows > self.settings.max_group_rows
+                                            or self.bytes + size > self.settings.max_group_bytes_mb << 20)
 
     def due(self) -> bool:
         """Held for ``max_group_seconds`` already (a live source applies it even if more may come)."""
@@ -250,6 +265,7 @@ class ApplyLoop:
         transactions before the bad one are applied first, so every table ends as after the last
         good transaction, then the error propagates."""
         self.messages += 1
+        before = len(self.feeder.messages)
         try:
             completed = self.feeder.feed_raw(self.decoder, lsn, xid, data)
         except ApplierError:
@@ -262,9 +278,17 @@ class ApplyLoop:
             if isinstance(batches, PiecedBatches):
                 self._apply_pieced(txn, batches)
                 continue
-            self.group.add(txn, batches)
+            measured = PendingGroup.measure(batches)
+            if self.group.past(measured):  # the group without it first
+                ours = self.feeder.messages[before:]  # the logical decoding messages it completed with
+                del self.feeder.messages[before:]
+                self._dispatch(wait=False)
+                self.feeder.messages.extend(ours)
+                before = 0
+            self.group.add(txn, batches, measured)
             if self.group.full():
                 self._dispatch(wait=False)
+                before = 0
 
     def _apply_pieced(self, txn: CommittedTransaction, pieces: PiecedBatches) -> None:
         """A transaction of more row changes than one fold should hold, applied a piece at a time as it is
