@@ -23,14 +23,32 @@ class GroupingSettings(SettingsModel):
         "grouped", description="fold many source transactions into one Delta commit per table (exact, "
         "fast), or 'transaction': one Delta commit per source transaction (strict, slow)")
     max_group_transactions: int = Field(
-        250_000, ge=1, description="grouped: transactions per Delta commit (memory is bounded by the two "
-        "limits below; this bounds the bookkeeping of many tiny transactions)")
-    max_group_rows: int = Field(500_000, ge=1, description="grouped: row changes per Delta commit")
+        250_000, ge=1, description="grouped: the most transactions one group holds, i.e. one Delta commit per "
+        "table and one consistent cut (memory is bounded by the two limits below; this bounds the bookkeeping "
+        "of many tiny transactions). Every group keeps it: on the driver path, and where a backlog is caught up "
+        "in ranges (a mirror's start, a following mirror's rounds) or a stored log is replayed on executors, "
+        "whose ranges end after this many. The one exception: a range can only be cut where nothing is open, so "
+        "while a streamed (source.streaming) or prepared (source.two_phase) transaction stays open across "
+        "others, the transactions committed meanwhile share its range and group")
+    max_group_rows: int = Field(
+        500_000, ge=1, description="grouped: the most row changes one group holds; a group is applied before a "
+        "transaction (a range, in ranges) that would take it past, so a larger group is a transaction larger "
+        "alone, of its own (applied in pieces past apply.memory_budget_mb), or in ranges what shares a range "
+        "with a streamed or prepared transaction (see max_group_transactions). Driver path: the transactions' "
+        "row changes; in ranges: the rows the group's commits write or delete, a range counted before it joins "
+        "as its own, and ranges hold at most this many messages (a range that reaches them inside a transaction "
+        "ends before it when it can)")
     max_group_bytes_mb: int = Field(
-        256, ge=1, description="grouped: approximate size of the row images folded into one Delta commit")
+        256, ge=1, description="grouped: the approximate size of the row images one group holds, kept as "
+        "max_group_rows is. Driver path: the lengths of string and binary values, 8 bytes any other; in "
+        "ranges: the bytes of the messages that carry them (a range ends once it holds this many, with the "
+        "Commit that reached them, or before the transaction that did when it can)")
     max_group_seconds: float = Field(
-        5.0, gt=0, description="mirror: the longest a committed transaction waits in a group before it is "
-        "applied (a group is applied sooner, as soon as the stream has nothing more buffered)")
+        5.0, gt=0, description="mirror: the longest a group stays open. Driver path: the longest a committed "
+        "transaction waits in a group before it is applied (a group is applied sooner, as soon as the stream "
+        "has nothing more buffered); in ranges (a catch-up, a following mirror's rounds, each of which reads "
+        "the stream for this long): a group whose first range joined it this long ago is applied before the "
+        "next range joins it, or when the reading ends. A replay of a stored log has no time limit")
     overlap_groups: bool = Field(
         False, description="decode and assemble the next group while the previous one is committed to Delta "
         "(one group in flight; memory up to two groups). Positions are still confirmed only after the "

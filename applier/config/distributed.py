@@ -53,5 +53,8 @@ class DistributedSettings(SettingsModel):
         "falls behind while following reads its rounds from its walsender either way")
     partition_messages: int = Field(
         250_000, ge=1, description="messages per range given to one executor task (cut where no transaction "
-        "is open, so a range may be longer)")
+        "is open, so a range may be longer). A range holds at most apply.max_group_rows messages too, and ends "
+        "after apply.max_group_transactions transactions or apply.max_group_bytes_mb of messages (a range that "
+        "reaches its size inside a transaction ends before it when it can): each group of ranges keeps the "
+        "apply.max_group_* limits")
 
