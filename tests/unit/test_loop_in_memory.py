@@ -118,7 +118,7 @@ def test_captured_streams_folded_as_on_executors_and_committed_through_the_loop_
         if not group.fits(fold):
             commit(group)
             group = FoldGroup()
-        group.add(fold, cut)
+        group.add(fold)
         assert not confirmed, "confirmed before folded_applied"
     commit(group)
     end = loop.folded_applied(catalog=surveyor.survey.catalog)

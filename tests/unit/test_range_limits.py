@@ -207,7 +207,7 @@ def test_group_limits_commit_before_a_fold_that_would_pass_one(monkeypatch, time
     fold, cut = _fold(3)
     assert not limits.past(group, fold, cut, rows=100)  # nothing joined yet: a fold joins whatever it holds
     limits.joins(cut)
-    group.add(fold, cut)
+    group.add(fold)
     assert not limits.reached(group)
     assert limits.past(group, *_fold(3), rows=1)  # 6 transactions
     assert not limits.past(group, *_fold(2), rows=8)  # 5 transactions, 8 rows (the group's plans hold none)

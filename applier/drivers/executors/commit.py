@@ -141,32 +141,29 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
 
     handed_over: list[LogRange] = []
 
-    def commit(*, wait: bool = False) -> bool:
-        """Hand the group to the commit thread; False when ``may_commit`` refused it (its ranges are
-        then handed over to the driver path)."""
+    def refused(fold: RangeFold) -> str | None:
+        """Why ``fold`` cannot join the group (the driver path must apply it and everything after it), or
+        None. Asked as each fold joins, not when the group commits: a group then never needs its ranges'
+        messages again, and lets them go (a group of 1M changes held about 130 MB of them, twice over
+        while the one before it committed: bench/RESULTS.md, 2026-12-07)."""
+        tables = fold.folded
+        return ((may_commit(list(tables)) if may_commit is not None and tables else None)
+                or applier.hand_over_for_identity([*group.tables.values(), *tables]))
+
+    def commit(*, wait: bool = False) -> None:
+        """Hand the group to the commit thread (each of its folds was accepted as it joined)."""
         nonlocal group, in_flight
         if group:
-            why = ((may_commit(list(group.tables.values())) if may_commit is not None else None)
-                   or applier.hand_over_for_identity(list(group.tables.values())))
-            if why is not None:
-                log.info("catch-up on executors ends at LSN %s: %s; the driver path takes over from there",
-                         format_lsn(group.ranges[0].first_lsn), why)
-                handed_over.extend(group.ranges)
-                group = FoldGroup()
-                limits.clear()
-                wait = True
-            else:
-                if in_flight is not None:
-                    in_flight.result()  # its error, if any, stops the run here, before a later group commits
-                in_flight = committer.submit(write, group)
-                group = FoldGroup()
-                limits.clear()
-                after_group()
+            if in_flight is not None:
+                in_flight.result()  # its error, if any, stops the run here, before a later group commits
+            in_flight = committer.submit(write, group)
+            group = FoldGroup()
+            limits.clear()
+            after_group()
         if wait and in_flight is not None:
             waited = in_flight
             in_flight = None
             waited.result()
-        return not handed_over
 
     folded = 0
     timings = {"waiting for folds": 0.0, "combining": 0.0, "committing": 0.0, "folding (task time)": 0.0,
@@ -196,17 +193,23 @@ def fold_and_commit(spark: SparkSession | None, apply: ApplySettings, tables: Ta
                     t.schema = schemas.setdefault((t.schema.relation.oid, t.schema.version), t.schema)
                 # the group limits: a group that this fold would take past one is committed first, and
                 # one that reached a limit at once (a range holds more only when one transaction does)
-                fold_rows = sum(t.plan.size() for t in fold.folded)
-                if (not group.fits(fold) or limits.past(group, fold, cut, fold_rows)) and not commit():
+                why = refused(fold)
+                if why is not None:
+                    log.info("catch-up on executors ends at LSN %s: %s; the driver path takes over from there",
+                             format_lsn(cut.first_lsn), why)
+                    commit(wait=True)
                     handed_over.append(cut)
                     break
+                fold_rows = sum(t.plan.size() for t in fold.folded)
+                if not group.fits(fold) or limits.past(group, fold, cut, fold_rows):
+                    commit()
                 clock = time.monotonic()
                 limits.joins(cut)
-                group.add(fold, cut)
+                group.add(fold)
                 timings["combining"] += time.monotonic() - clock
                 received += fold.transactions
-                if limits.reached(group) and not commit():
-                    break
+                if limits.reached(group):
+                    commit()
                 if progress is not None and time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
                     where = f", {backlog.line(span[1] - cut.last_lsn)}" if backlog is not None and span else ""

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from applier.changes import SkippedTransaction
-from applier.drivers.executors.ranges import FoldJob, LogRange, RangeFold
+from applier.drivers.executors.ranges import FoldJob, RangeFold
 from applier.drivers.executors.task import collect, fold_pickled, fold_range, imported, unpickled_fold
 from applier.errors import SinkError
 from applier.protocol.messages import LogicalMessage
@@ -74,7 +74,6 @@ class FoldGroup:
         self.commit_time: int | None = None  # of its last transaction (PG clock): its consistent cut's
         self.messages: list[tuple[int, LogicalMessage]] = []
         self.skipped: list[SkippedTransaction] = []
-        self.ranges: list[LogRange] = []
 
     def fits(self, fold: RangeFold) -> bool:
         """Whether ``fold`` can join: the same table layouts (a schema change commits in between)."""
@@ -84,8 +83,9 @@ class FoldGroup:
                 return False
         return True
 
-    def add(self, fold: RangeFold, cut: LogRange) -> None:
-        self.ranges.append(cut)
+    def add(self, fold: RangeFold) -> None:
+        """``fold`` joins (its range's messages are not kept: fold_and_commit asks whether it may join
+        before it does)."""
         for t in fold.folded:
             mine = self.tables.get(t.path)
             if mine is None:

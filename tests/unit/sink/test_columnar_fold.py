@@ -17,7 +17,6 @@ import random
 import pytest
 from foldcompare import FIXTURES, captured, catalogs, comparable, cuts, fold, same
 
-from applier.drivers.executors.ranges import LogRange
 from applier.drivers.executors.scheduler import FoldGroup
 from applier.protocol.headers import COMMIT
 from applier.sink.store.rsmerge import merge_source
@@ -113,7 +112,7 @@ def test_columnar_folds_of_consecutive_ranges_combine_and_merge_as_the_reference
             both = {t.path for t in folds[0].folded if t.plan.columnar is not None
                     and t.path in groups[0].tables and groups[0].tables[t.path].plan.columnar is not None}
             for group, f in zip(groups, folds, strict=True):
-                group.add(f, LogRange(0, (), {}, b - a, lsns[a], lsns[b - 1]))
+                group.add(f)
                 group.size()  # (as the driver asks after each range: it must not make Python entries)
             stayed += sum(groups[0].tables[path].plan.columnar is not None for path in both)
         merged += _compare_groups(*groups)
