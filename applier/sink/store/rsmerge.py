@@ -86,7 +86,10 @@ def apply_plan_deltars(store: TableOpener, path: str, schema: pa.Schema, plan: T
     if _integer_type(first.type) and len(first):
         # lets delta-rs skip the files whose key statistics lie outside the batch (a catch-up's
         # changes touch recent keys: 0.4 s instead of 1.0-1.6 s for 1M rows into a 4M-row table)
-        predicate = f"{key_ranges(table, keys[0], first)} AND {predicate}"
+        bounds = pc.min_max(first)
+        column = f"t.{quoted(keys[0])}"
+        predicate = (f"{column} >= {int(bounds['min'].as_py())} AND {column} <= {int(bounds['max'].as_py())} "
+                     f"AND {predicate}")
     assignments = {quoted(n): f"s.{quoted(n)}" for n in names}
     op = f"s.{quoted(OP_COL)}"
     (table.merge(source, predicate=predicate, source_alias="s", target_alias="t", commit_properties=properties)
@@ -281,57 +284,6 @@ def _apply_multiset(store: TableOpener, path: str, schema: pa.Schema, plan: Tabl
      .when_not_matched_insert(updates={quoted(n): f"s.{quoted(n)}" for n in names}, predicate=f"{op} = 'I'")
      .execute())
     return CommitResult(inserted, deleted, False, int(table.version()))
-
-
-#: The most key ranges a MERGE's condition lists (key_ranges): nearer ranges are joined past it.
-MOST_KEY_RANGES = 64
-
-
-def key_ranges(table: Any, key: str, values: Any) -> str:
-    """A condition on the target's integer ``key`` that holds for every row whose key is among ``values``
-    (the batch's), and lets delta-rs skip every file none of them can be in: the key ranges of the files
-    that hold a key of the batch (by their statistics), merged. One range from the batch's least to its
-    greatest key made delta-rs read every file between them: a batch of new keys and one old key (an
-    update of an old row, the catch-up benchmark's marker) read the whole table, 12M rows and 1.3 GB
-    at 30M changes (bench/RESULTS.md, 2026-12-07). A new key outside every range is inserted, as it
-    must be: no file holds it. Files without statistics for the key leave the one range."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    column = f"t.{quoted(key)}"
-    bounds = pc.min_max(values)
-    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
-    whole = f"{column} >= {low} AND {column} <= {high}"
-    try:
-        actions = pa.table(table.get_add_actions(flatten=True))
-    except Exception:  # noqa: BLE001  # (no statistics to go by: the one range)
-        return whole
-    names = actions.schema.names
-    if f"min.{key}" not in names or f"max.{key}" not in names or not actions.num_rows:
-        return whole
-    mins, maxs = actions.column(f"min.{key}"), actions.column(f"max.{key}")
-    if mins.null_count or maxs.null_count:
-        return whole
-    keys = np.unique(values.to_numpy(zero_copy_only=False).astype(np.int64))
-    file_min = mins.to_numpy().astype(np.int64)
-    file_max = maxs.to_numpy().astype(np.int64)
-    reached = np.searchsorted(keys, file_max, side="right") > np.searchsorted(keys, file_min, side="left")
-    if not reached.any():
-        return f"{column} < {low} AND {column} > {high}"  # no file holds a key of the batch: all are new
-    order = np.argsort(file_min[reached], kind="stable")
-    starts, ends = file_min[reached][order], file_max[reached][order]
-    ranges: list[list[int]] = []
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        if ranges and start <= ranges[-1][1] + 1:
-            ranges[-1][1] = max(ranges[-1][1], end)
-        else:
-            ranges.append([start, end])
-    while len(ranges) > MOST_KEY_RANGES:  # join the two nearest neighbours (a wider range reads more files)
-        gaps = [ranges[i + 1][0] - ranges[i][1] for i in range(len(ranges) - 1)]
-        i = gaps.index(min(gaps))
-        ranges[i:i + 2] = [[ranges[i][0], ranges[i + 1][1]]]
-    return "(" + " OR ".join(f"({column} >= {a} AND {column} <= {b})" for a, b in ranges) + ")"
 
 
 def _integer_type(t: Any) -> bool:
