@@ -40,7 +40,7 @@ from applier.config import MirrorConfig
 from applier.drivers.executors.commit import MayCommit, fold_and_commit
 from applier.drivers.executors.eligibility import folds_unfit
 from applier.drivers.executors.ranges import LogRange, range_messages
-from applier.drivers.executors.survey import LogSurvey, Surveyor
+from applier.drivers.executors.survey import NO_LIMIT, LogSurvey, Surveyor
 from applier.infra.progress import Progress
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
@@ -142,9 +142,9 @@ class StreamRanges:
         self.stream = stream
         self.surveyor = Surveyor(catalog_json, columns_changed)
         self.partition_messages = partition_messages
-        self.range_bytes = range_bytes if range_bytes is not None else _NO_TARGET
-        self.max_transactions = max_transactions if max_transactions is not None else _NO_TARGET
-        self.cut_bytes = min(self.range_bytes, group_bytes if group_bytes is not None else _NO_TARGET)
+        self.range_bytes = range_bytes if range_bytes is not None else NO_LIMIT
+        self.max_transactions = max_transactions if max_transactions is not None else NO_LIMIT
+        self.cut_bytes = min(self.range_bytes, group_bytes if group_bytes is not None else NO_LIMIT)
         self.handed_over: int | None = None  # the bytes held when an open transaction ended the reading
         self.target = target
         self.until = until

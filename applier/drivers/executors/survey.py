@@ -129,7 +129,7 @@ class Surveyor:
     def may_cut_after(self, data: bytes) -> bool:
         """Whether a range may end with the message just added: one that ends something, with nothing
         left open."""
-        return bool(data) and kind_of(data) not in IN_TRANSACTION_KINDS and self.nothing_open()
+        return self.may_end_with(data) and self.nothing_open()
 
     def earlier_cut(self, first: int) -> tuple[int, dict[str, Any]] | None:
         """Where a range that has grown past a limit inside a transaction may end instead: just before
