@@ -1,4 +1,4 @@
-"""A backlog read through SQL from a temporary copy of the slot, in pieces, for a catch-up.
+"""A backlog read through SQL from temporary copies of the slot, in pieces, for a catch-up.
 
 Why: a walsender sends each message on its own (a send and a receive system call per message, and a
 look at the clock and at the client's replies), about 3 µs of the server's CPU a change on the standard
@@ -15,18 +15,29 @@ mirror's slot must only move once the Delta commits exist. A temporary copy
 with its session, a crash included; the caller advances the slot itself after its commits
 (``sql_slot.advance``), before a walsender reads it.
 
+Why two copies: a get hands over nothing until it has decoded its whole piece (the function's result
+is materialized), so with one copy the server's decoding and this process's work take turns. The pieces
+are cut at WAL positions chosen up front, so the second copy can decode the next piece while the rows
+of this one are taken apart: it is first advanced (``pg_replication_slot_advance``: a fast-forward
+decoding without output, far cheaper than a get) to the piece's start. A get stops after the first
+record that ends at or past its ``upto_lsn`` and outputs the transactions whose commit record starts at
+or past the slot's confirmed position; an advance stops after the same record and confirms exactly the
+position asked. So the piece ``[a, b)`` holds exactly the transactions whose commit record starts in
+it, provided no record starts at or past ``b`` and still ends the get: a position inside a record or
+at its end, never inside a page's header. Every cut is therefore placed in the middle of a WAL page
+(``piece_ends``). Without a second free slot one copy reads the pieces in turn.
+
 Why without streaming: a get that stops inside a streamed transaction would have the next one
 stream it again from its start (a new decoding session), so every transaction comes whole, at its
 commit; a piece then always ends where no transaction is open. Prepared transactions (``two_phase``)
 are not read this way at all: their Prepare belongs to the slot's own decoding (the caller checks).
 
-The pieces grow (``FIRST_PIECE_CHANGES`` doubling up to ``LARGEST_PIECE_CHANGES``): the first arrives
-soon, and the pieces are few. Each get decodes from the copy's ``restart_lsn``, which moves only at an
-``xl_running_xacts`` record (every 15 s of a busy server), so a backlog written within a few seconds is
-decoded again from its start for every piece, without output: about 0.3 s of the server's time over
-the 1M catch-up's five pieces (decoding 95% of it again took 0.15 s; bench/RESULTS.md). A thread of
-its own fetches them and takes the rows apart, so the server decodes the next piece while the
-catch-up surveys and folds what the last one brought.
+The pieces grow (``FIRST_PIECE_BYTES`` of WAL, doubling up to ``LARGEST_PIECE_BYTES``): the first
+arrives soon, and the pieces are few. Each get or advance decodes from its copy's ``restart_lsn``,
+which moves only at an ``xl_running_xacts`` record (every 15 s of a busy server), so a backlog written
+within a few seconds is decoded again from its start for every piece, without output (decoding 95% of
+a 1M-change backlog again took 0.15 s; bench/RESULTS.md). A thread of its own fetches them and takes
+the rows apart, while the catch-up surveys and folds what the last ones brought.
 """
 
 from __future__ import annotations
@@ -52,11 +63,16 @@ from applier.sources.sql_slot import flat_options, pin_session
 
 log = logging.getLogger(__name__)
 
-#: the changes the first piece asks for (``upto_nchanges``); each next piece asks for twice as many
-FIRST_PIECE_CHANGES = 65_536
+#: the WAL the first piece covers; each next piece covers twice as much (1M changes of narrow rows are
+#: about 120 MiB of WAL)
+FIRST_PIECE_BYTES = 16 << 20
 
-#: no piece asks for more (its messages are held in memory once fetched: about 100 bytes each)
-LARGEST_PIECE_CHANGES = 1 << 20
+#: no piece covers more WAL: a piece is held by the server (in ``WORK_MEM``, then a temporary file) until
+#: its rows are all taken; fewer, larger pieces decode the WAL before them again fewer times
+LARGEST_PIECE_BYTES = 256 << 20
+
+#: copies of the slot read at once: while this process takes one piece apart, the server decodes the next
+COPIES = 2
 
 #: messages handed over at a time (a run for the catch-up's survey)
 CHUNK_MESSAGES = 4096
@@ -97,25 +113,31 @@ def copy_slot_name(slot: str) -> str:
     return slot[:63 - len(suffix)] + suffix
 
 
-class SlotCopyReader:
-    """The messages of ``slot`` from its confirmed position up to ``target``, in order, as a catch-up's
-    stream (applier.drivers.backlog.StreamRanges reads it as it reads a walsender): ``read_buffered``
-    hands over what was fetched, and the stream ends when the copy has nothing more before ``target``.
-    ``exhausted`` then says that every transaction committed before ``target`` was read."""
+def piece_ends(start: int, target: int, page: int, *, first: int = 0, largest: int = 0) -> list[int]:
+    """Where each piece of the WAL from ``start`` to ``target`` ends: ``target`` last, every other end in
+    the middle of a WAL page of ``page`` bytes (``wal_block_size``), never in a page's header (see the
+    module: a cut there could give the record after it to both pieces). Pure, for the tests."""
+    size = first or FIRST_PIECE_BYTES
+    largest = largest or LARGEST_PIECE_BYTES
+    ends: list[int] = []
+    at = start
+    while True:
+        end = (at + size) // page * page + page // 2
+        if end <= at:
+            end += page
+        if end >= target:
+            ends.append(target)
+            return ends
+        ends.append(end)
+        at, size = end, min(size * 2, largest)
 
-    def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int,
-                 queued_bytes: int = 64 << 20) -> None:
-        """``queued_bytes``: about what the messages fetched and not yet taken may hold (a share of
-        ``apply.memory_budget_mb``): the fetching thread waits past it while the catch-up is behind."""
-        self.slot = slot
-        self.target = target
-        # every piece's get asks with these (no streaming: see the module)
-        self.flat_options = flat_options({k: v for k, v in options.items() if k != "streaming"})
-        self.copy = copy_slot_name(slot)
-        self.messages = 0  # fetched
-        self.pieces = 0  # fetched (each a get: a decoding session of its own)
-        self.cpu_seconds = 0.0  # of the fetching thread (taking the rows apart), once it ended
-        self.exhausted = False
+
+class _Copy:
+    """One temporary copy of the slot, on a connection of its own (a get holds its session until its
+    result is taken)."""
+
+    def __init__(self, dsn: str, slot: str) -> None:
+        self.name = copy_slot_name(slot)
         try:
             self.conn = psycopg.connect(dsn, autocommit=True)
         except psycopg.Error as e:
@@ -124,14 +146,64 @@ class SlotCopyReader:
             row = self.conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
                                     (slot,)).fetchone()
             if row is not None and row[0] is not None:  # (its walsender refuses a second reader; so must this)
-                self.conn.close()
                 raise SlotCopyUnavailable(f"slot {slot!r} is in use by the process with PID {row[0]}")
             pin_session(self.conn)
             self.conn.execute(sql.SQL("SET work_mem = {}").format(sql.Literal(WORK_MEM)))
-            self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.copy))
+            self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.name))
+            row = self.conn.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, "
+                                    "current_setting('wal_block_size')::int FROM pg_replication_slots "
+                                    "WHERE slot_name = %s", (self.name,)).fetchone()
         except psycopg.Error as e:
             self.conn.close()
             raise SlotCopyUnavailable(f"copying slot {slot!r} failed: {e.diag.message_primary or e}") from None
+        except SlotCopyUnavailable:
+            self.conn.close()
+            raise
+        assert row is not None  # the copy was just made
+        self.confirmed: int = row[0]
+        self.page: int = row[1]
+
+    def drop(self) -> None:
+        """Drop the copy (the server drops a temporary slot with its session anyway) and close."""
+        try:
+            if not self.conn.closed and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.name,))
+        except psycopg.Error as e:
+            log.debug("dropping the temporary copy %s: %s", self.name, e)
+        finally:
+            self.conn.close()
+
+
+class SlotCopyReader:
+    """The messages of ``slot`` from its confirmed position up to ``target``, in order, as a catch-up's
+    stream (applier.drivers.backlog.StreamRanges reads it as it reads a walsender): ``read_buffered``
+    hands over what was fetched, and the stream ends when the copies have nothing more before ``target``.
+    ``exhausted`` then says that every transaction committed before ``target`` was read."""
+
+    def __init__(self, dsn: str, slot: str, options: Mapping[str, str], *, target: int,
+                 queued_bytes: int = 64 << 20, copies: int = 0) -> None:
+        """``queued_bytes``: about what the messages fetched and not yet taken may hold (a share of
+        ``apply.memory_budget_mb``): the fetching thread waits past it while the catch-up is behind.
+        ``copies``: how many copies read at once (``COPIES`` unless given); fewer when the server has no
+        free slot for more."""
+        self.slot = slot
+        self.target = target
+        # every piece's get asks with these (no streaming: see the module)
+        self.flat_options = flat_options({k: v for k, v in options.items() if k != "streaming"})
+        self.copies = [_Copy(dsn, slot)]
+        first = self.copies[0]
+        self.copy = first.name
+        self.ends = piece_ends(first.confirmed, target, first.page)
+        for _ in range(min(copies or COPIES, len(self.ends)) - 1):
+            try:
+                self.copies.append(_Copy(dsn, slot))
+            except SlotCopyUnavailable as e:  # (no free slot: one copy reads every piece in turn)
+                log.info("reading the backlog with %d copies of slot %s, not more: %s", len(self.copies), slot, e)
+                break
+        self.messages = 0  # fetched
+        self.pieces = 0  # fetched (each a get: a decoding session of its own)
+        self.cpu_seconds = 0.0  # of the fetching thread (taking the rows apart), once it ended
+        self.exhausted = False
         chunk_bytes = CHUNK_MESSAGES * (MESSAGE_COST + 64)  # (a guess of the data: the bound is loose)
         self._chunks: queue.Queue[tuple[list[int], list[bytes]] | BaseException | None] = \
             queue.Queue(maxsize=max(FEWEST_CHUNKS, queued_bytes // chunk_bytes))
@@ -147,14 +219,17 @@ class SlotCopyReader:
 
     def _fetch(self) -> None:
         try:
-            wanted = FIRST_PIECE_CHANGES
-            while not self._closing.is_set():
-                got = self._piece(wanted)
-                self.pieces += 1
-                if got < wanted:  # stopped at the target (or the server's end of WAL): nothing more before it
-                    self.exhausted = True
+            sent = 0
+            for i in range(len(self.ends)):
+                while sent < min(i + len(self.copies), len(self.ends)):  # each copy decoding its next piece
+                    self._send(sent)
+                    sent += 1
+                if self._closing.is_set():
                     break
-                wanted = min(wanted * 2, LARGEST_PIECE_CHANGES)
+                self._receive(i)
+                self.pieces += 1
+            else:
+                self.exhausted = True  # the last piece ended at the target
         except BaseException as e:  # noqa: BLE001  # handed to the reading thread
             self._put(e)
         finally:
@@ -169,18 +244,32 @@ class SlotCopyReader:
             except queue.Full:
                 continue
 
-    def _piece(self, wanted: int) -> int:
-        """One get of up to ``wanted`` changes (more: it ends at a commit), handed over in chunks."""
+    def _send(self, i: int) -> None:
+        """Ask piece ``i`` of its copy: advanced to the piece's start first (unless the copy is there or
+        past it: a record longer than a piece), then a get up to its end, as one query."""
+        copy = self.copies[i % len(self.copies)]
         query = sql.SQL(
             "COPY (SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_get_binary_changes("
-            "{}, {}::pg_lsn, {}, VARIADIC {}::text[])) TO STDOUT (FORMAT binary)").format(
-            sql.Literal(self.copy), sql.Literal(format_lsn(self.target)), sql.Literal(wanted),
-            sql.Literal(self.flat_options))
-        pgconn = self.conn.pgconn
-        pgconn.send_query(query.as_bytes(self.conn))
-        res = self._result()
+            "{}, {}::pg_lsn, NULL, VARIADIC {}::text[])) TO STDOUT (FORMAT binary)").format(
+            sql.Literal(copy.name), sql.Literal(format_lsn(self.ends[i])), sql.Literal(self.flat_options))
+        if i > 0 and self.ends[i - 1] > copy.confirmed:
+            start = sql.Literal(format_lsn(self.ends[i - 1]))
+            query = sql.SQL(
+                "SELECT pg_replication_slot_advance(slot_name, {start}::pg_lsn) FROM pg_replication_slots "
+                "WHERE slot_name = {name} AND confirmed_flush_lsn < {start}::pg_lsn; {get}").format(
+                start=start, name=sql.Literal(copy.name), get=query)
+        copy.conn.pgconn.send_query(query.as_bytes(copy.conn))
+
+    def _receive(self, i: int) -> None:
+        """Piece ``i``'s rows, handed over in chunks."""
+        copy = self.copies[i % len(self.copies)]
+        pgconn = copy.conn.pgconn
+        while True:  # (the advance's result first, when it was asked)
+            res = self._result(copy)
+            if res is None or res.status != pq.ExecStatus.TUPLES_OK:
+                break
         if res is None or res.status != pq.ExecStatus.COPY_OUT:
-            self._fail(res)
+            self._fail(copy, res)
         get, unpack, row_size = pgconn.get_copy_data, _ROW.unpack_from, _ROW.size
         lsns: list[int] = []
         datas: list[bytes] = []
@@ -216,7 +305,7 @@ class SlotCopyReader:
                         lsns, datas = [], []
                 continue
             if n == 0:
-                self._wait()
+                self._wait(copy)
                 continue
             if n == -1:
                 break
@@ -224,28 +313,28 @@ class SlotCopyReader:
                                + pgconn.error_message.decode("utf-8", "replace").strip(), None, True, slot=self.slot)
         res = pgconn.get_result()
         if res is None or res.status != pq.ExecStatus.COMMAND_OK:
-            self._fail(res)
+            self._fail(copy, res)
         while pgconn.get_result() is not None:
             pass
+        copy.confirmed = self.ends[i]  # (at least: the get confirms the end of the record it stopped after)
         if lsns:
             got += len(lsns)
             self._put((lsns, datas))
         self.messages += got
-        return got
 
-    def _result(self) -> pq.abc.PGresult | None:
-        """The first result of the query sent, waited for without holding the GIL (the server decodes
+    def _result(self, copy: _Copy) -> pq.abc.PGresult | None:
+        """The next result of the query sent, waited for without holding the GIL (the server decodes
         the whole piece before it answers)."""
-        pgconn = self.conn.pgconn
+        pgconn = copy.conn.pgconn
         while True:
             pgconn.flush()
             pgconn.consume_input()
             if not pgconn.is_busy():
                 return pgconn.get_result()
-            self._wait()
+            self._wait(copy)
 
-    def _wait(self) -> None:
-        pgconn = self.conn.pgconn
+    def _wait(self, copy: _Copy) -> None:
+        pgconn = copy.conn.pgconn
         while not select.select([pgconn.socket], [], [], 0.25)[0]:
             if self._closing.is_set():
                 raise SourceError(f"reading the copy of slot {self.slot!r}: stopped", slot=self.slot)
@@ -255,13 +344,13 @@ class SlotCopyReader:
             raise stream_error(f"reading the copy of slot {self.slot!r}: connection lost: {e}", None, True,
                                slot=self.slot) from None
 
-    def _fail(self, res: pq.abc.PGresult | None) -> None:
+    def _fail(self, copy: _Copy, res: pq.abc.PGresult | None) -> None:
         message = res.error_message.decode("utf-8", "replace").strip() if res is not None else "no result"
         state = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
         while res is not None:
-            res = self.conn.pgconn.get_result()
+            res = copy.conn.pgconn.get_result()
         raise stream_error(f"reading the copy of slot {self.slot!r} failed: {message}",
-                           state.decode() if state else None, self.conn.pgconn.status == pq.ConnStatus.BAD,
+                           state.decode() if state else None, copy.conn.pgconn.status == pq.ConnStatus.BAD,
                            slot=self.slot)
 
     # --- what the catch-up's reader calls (as on applier.sources.walsender.WalSenderStream) --------
@@ -313,16 +402,12 @@ class SlotCopyReader:
         """Nothing to answer: the server waits for the next query."""
 
     def reading_note(self) -> str:
-        return f"in {self.pieces} pieces from a copy of the slot, {self.cpu_seconds:.1f} CPU-s taking them apart"
+        copies = "a copy" if len(self.copies) == 1 else f"{len(self.copies)} copies"
+        return f"in {self.pieces} pieces from {copies} of the slot, {self.cpu_seconds:.1f} CPU-s taking them apart"
 
     def close(self) -> None:
-        """Stop fetching, and drop the copy (the server drops a temporary slot with its session anyway)."""
+        """Stop fetching, and drop the copies."""
         self._closing.set()
         self._thread.join()
-        try:
-            if not self.conn.closed and self.conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-                self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.copy,))
-        except psycopg.Error as e:
-            log.debug("dropping the temporary copy %s of slot %s: %s", self.copy, self.slot, e)
-        finally:
-            self.conn.close()
+        for copy in self.copies:
+            copy.drop()

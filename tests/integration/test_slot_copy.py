@@ -1,8 +1,9 @@
 """A backlog read from a temporary copy of the slot (applier.sources.slotcopy) against a real server: the
 messages must be exactly those the slot itself holds (a peek without streaming), in order, across
-pieces that end wherever ``upto_nchanges`` stops them (each piece describes its relations again); the
-slot must not move, and the copy must be gone afterwards. A transaction still open at the target,
-streamed on a walsender, is not read at all: the walsender gets it whole once it commits."""
+pieces cut in the middle of WAL pages, read by one copy in turn or by two at once (each piece describes
+its relations again); the slot must not move, and the copies must be gone afterwards. A transaction
+still open at the target, streamed on a walsender, is not read at all: the walsender gets it whole once
+it commits."""
 
 from __future__ import annotations
 
@@ -55,10 +56,14 @@ def _slots(conn: psycopg.Connection) -> dict[str, str]:
         "SELECT slot_name, confirmed_flush_lsn FROM pg_replication_slots").fetchall()}
 
 
-def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatch):
-    pg = pg_any  # every installed major: the copy and get are the server's own
-    monkeypatch.setattr(slotcopy, "FIRST_PIECE_CHANGES", 40)  # pieces of 40, 80, 160, ... changes
-    monkeypatch.setattr(slotcopy, "LARGEST_PIECE_CHANGES", 300)
+@pytest.mark.parametrize("copies", [1, 2])
+def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatch, copies):
+    """Pieces of one to four WAL pages: a cut in nearly every page, so cuts meet commit records, records
+    that cross pages and records that end where the cut is; a transaction given to two pieces, or to
+    none, changes the messages."""
+    pg = pg_any  # every installed major: the copy, get and advance are the server's own
+    monkeypatch.setattr(slotcopy, "FIRST_PIECE_BYTES", 8192)  # pieces of 8, 16, 32, 32, ... kB of WAL
+    monkeypatch.setattr(slotcopy, "LARGEST_PIECE_BYTES", 32768)
     monkeypatch.setattr(slotcopy, "CHUNK_MESSAGES", 64)
     options = pgoutput_options("sc_pub", proto_version=2, streaming="on")
     with pg.connect() as conn:
@@ -73,28 +78,29 @@ def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatc
         before = _slots(conn)
 
         expected = [(m.lsn, m.data) for m in peek(conn, "sc_slot", {**options, "streaming": "off"}, upto_lsn=target)]
-        reader = SlotCopyReader(pg.dsn, "sc_slot", options, target=target)
-        assert set(_slots(conn)) == {"sc_slot", reader.copy}
+        reader = SlotCopyReader(pg.dsn, "sc_slot", options, target=target, copies=copies)
+        assert set(_slots(conn)) == {"sc_slot", *(c.name for c in reader.copies)}
+        assert len(reader.copies) == copies
         try:
             got = _read_all(reader)
         finally:
             reader.close()
         assert reader.exhausted
-        assert reader.pieces >= 10, reader.pieces  # many pieces, each a decoding session
+        assert reader.pieces == len(reader.ends) >= 10, reader.pieces  # many pieces, each a decoding session
         # the same messages, LSNs and bytes, in the same order; each piece is a decoding session of its own,
         # which describes a relation again before its first change there (as a walsender does after a
         # reconnect): the same Relation message, repeated
         assert _without_relations(got) == _without_relations(expected)
         assert len(expected) > 3000
         assert {d for _, d in got if d[:1] == b"R"} == {d for _, d in expected if d[:1] == b"R"}
-        assert sum(d[:1] == b"R" for _, d in got) >= reader.pieces
+        assert sum(d[:1] == b"R" for _, d in got) >= reader.pieces // 2  # (a piece may hold no commit)
         assert not any(data[:1] in (b"S", b"E", b"c", b"A") for _, data in got)  # nothing streamed
         assert _slots(conn) == before  # the slot did not move; the copy is gone
 
         # the open transaction commits after the target: a read to the new flush position has it, whole
         opened.commit()
         opened.close()
-        reader = SlotCopyReader(pg.dsn, "sc_slot", options, target=current_flush_lsn(conn))
+        reader = SlotCopyReader(pg.dsn, "sc_slot", options, target=current_flush_lsn(conn), copies=copies)
         try:
             again = _read_all(reader)
         finally:
