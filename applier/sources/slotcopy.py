@@ -25,19 +25,20 @@ or past the slot's confirmed position; an advance stops after the same record an
 position asked. So the piece ``[a, b)`` holds exactly the transactions whose commit record starts in
 it, provided no record starts at or past ``b`` and still ends the get: a position inside a record or
 at its end, never inside a page's header. Every cut is therefore placed in the middle of a WAL page
-(``piece_ends``). Without a second free slot one copy reads the pieces in turn.
+(``piece_end``). Without a second free slot one copy reads the pieces in turn.
 
 Why without streaming: a get that stops inside a streamed transaction would have the next one
 stream it again from its start (a new decoding session), so every transaction comes whole, at its
 commit; a piece then always ends where no transaction is open. Prepared transactions (``two_phase``)
 are not read this way at all: their Prepare belongs to the slot's own decoding (the caller checks).
 
-The pieces grow (``FIRST_PIECE_BYTES`` of WAL, doubling up to ``LARGEST_PIECE_BYTES``): the first
-arrives soon, and the pieces are few. Each get or advance decodes from its copy's ``restart_lsn``,
-which moves only at an ``xl_running_xacts`` record (every 15 s of a busy server), so a backlog written
-within a few seconds is decoded again from its start for every piece, without output (decoding 95% of
-a 1M-change backlog again took 0.15 s; bench/RESULTS.md). A thread of its own fetches them and takes
-the rows apart, while the catch-up surveys and folds what the last ones brought.
+The pieces grow (``FIRST_PIECE_BYTES`` of WAL, doubling up to ``STEADY_PIECE_BYTES``): the first
+arrives soon, and then the server decodes a piece in about the time this process takes one apart. Each
+get or advance decodes from its copy's ``restart_lsn``, which moves only at an ``xl_running_xacts``
+record (every 15 s of a busy server), so a piece decodes the WAL before it again, without output
+(decoding 95% of a 1M-change backlog again took 0.15 s; bench/RESULTS.md): a piece is never smaller
+than that stretch (``piece_size``), up to ``LARGEST_PIECE_BYTES``. A thread of its own fetches the
+pieces and takes the rows apart, while the catch-up surveys and folds what the last ones brought.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import NoReturn
 
 import psycopg
 from psycopg import pq, sql
@@ -63,13 +65,18 @@ from applier.sources.sql_slot import flat_options, pin_session
 
 log = logging.getLogger(__name__)
 
-#: the WAL the first piece covers; each next piece covers twice as much (1M changes of narrow rows are
-#: about 120 MiB of WAL)
-FIRST_PIECE_BYTES = 16 << 20
+#: the WAL the first piece covers (1M changes of narrow rows are about 120 MiB of WAL): it is decoded
+#: before anything else can start, so it is small
+FIRST_PIECE_BYTES = 8 << 20
 
-#: no piece covers more WAL: a piece is held by the server (in ``WORK_MEM``, then a temporary file) until
-#: its rows are all taken; fewer, larger pieces decode the WAL before them again fewer times
-LARGEST_PIECE_BYTES = 256 << 20
+#: the pieces after it double up to this size: about what the catch-up takes apart while the server
+#: decodes the next one (bigger pieces leave this process waiting for the server, smaller ones pay the
+#: decoding of the WAL before them again more often)
+STEADY_PIECE_BYTES = 32 << 20
+
+#: no piece covers more WAL: a piece is held by the server (in ``WORK_MEM``, then a temporary file)
+#: until its rows are all taken
+LARGEST_PIECE_BYTES = 1 << 30
 
 #: copies of the slot read at once: while this process takes one piece apart, the server decodes the next
 COPIES = 2
@@ -88,6 +95,9 @@ FEWEST_CHUNKS = 4
 #: the server decodes the next piece (about a second a million changes), the catch-up works on them, so a
 #: smaller share leaves it waiting (bench/RESULTS.md, 2026-12-07).
 FETCHED_BUDGET_DIVISOR = 3
+
+#: a piece's rows, one message each: its LSN (int8) and data (bytea)
+_ROWS = ("COPY (SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM {changes}) TO STDOUT (FORMAT binary)")
 
 #: COPY's binary format: the signature, flags and header extension length, then rows; the end is -1
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
@@ -113,23 +123,22 @@ def copy_slot_name(slot: str) -> str:
     return slot[:63 - len(suffix)] + suffix
 
 
-def piece_ends(start: int, target: int, page: int, *, first: int = 0, largest: int = 0) -> list[int]:
-    """Where each piece of the WAL from ``start`` to ``target`` ends: ``target`` last, every other end in
+def piece_size(k: int, behind: int) -> int:
+    """The WAL piece ``k`` covers, when its copy decodes ``behind`` bytes before the piece's start again
+    (from its ``restart_lsn``, without output): never less than that, so that what a piece costs the
+    server beyond its own decoding stays about its size. Pure, for the tests."""
+    ramp = min(FIRST_PIECE_BYTES << min(k, 16), STEADY_PIECE_BYTES)
+    return min(LARGEST_PIECE_BYTES, max(ramp, behind))
+
+
+def piece_end(start: int, size: int, target: int, page: int) -> int:
+    """Where a piece of about ``size`` bytes from ``start`` ends: ``target`` if it reaches it, else in
     the middle of a WAL page of ``page`` bytes (``wal_block_size``), never in a page's header (see the
     module: a cut there could give the record after it to both pieces). Pure, for the tests."""
-    size = first or FIRST_PIECE_BYTES
-    largest = largest or LARGEST_PIECE_BYTES
-    ends: list[int] = []
-    at = start
-    while True:
-        end = (at + size) // page * page + page // 2
-        if end <= at:
-            end += page
-        if end >= target:
-            ends.append(target)
-            return ends
-        ends.append(end)
-        at, size = end, min(size * 2, largest)
+    end = (start + size) // page * page + page // 2
+    if end <= start:
+        end += page
+    return min(end, target)
 
 
 class _Copy:
@@ -151,8 +160,8 @@ class _Copy:
             self.conn.execute(sql.SQL("SET work_mem = {}").format(sql.Literal(WORK_MEM)))
             self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.name))
             row = self.conn.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, "
-                                    "current_setting('wal_block_size')::int FROM pg_replication_slots "
-                                    "WHERE slot_name = %s", (self.name,)).fetchone()
+                                    "(restart_lsn - '0/0'::pg_lsn)::int8, current_setting('wal_block_size')::int "
+                                    "FROM pg_replication_slots WHERE slot_name = %s", (self.name,)).fetchone()
         except psycopg.Error as e:
             self.conn.close()
             raise SlotCopyUnavailable(f"copying slot {slot!r} failed: {e.diag.message_primary or e}") from None
@@ -160,8 +169,17 @@ class _Copy:
             self.conn.close()
             raise
         assert row is not None  # the copy was just made
-        self.confirmed: int = row[0]
-        self.page: int = row[1]
+        self.confirmed: int = row[0]  # (at least: see ``SlotCopyReader._receive``)
+        self.restart: int = row[1]  # where its next get or advance starts to decode
+        self.page: int = row[2]
+
+    def look(self) -> None:
+        """Where the copy is, after a get (no query may be in flight)."""
+        row = self.conn.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, "
+                                "(restart_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
+                                "WHERE slot_name = %s", (self.name,)).fetchone()
+        if row is not None:
+            self.confirmed, self.restart = row
 
     def drop(self) -> None:
         """Drop the copy (the server drops a temporary slot with its session anyway) and close."""
@@ -193,8 +211,11 @@ class SlotCopyReader:
         self.copies = [_Copy(dsn, slot)]
         first = self.copies[0]
         self.copy = first.name
-        self.ends = piece_ends(first.confirmed, target, first.page)
-        for _ in range(min(copies or COPIES, len(self.ends)) - 1):
+        self.start = first.confirmed
+        self.ends: list[int] = []  # of the pieces asked so far
+        self._behind: list[int] = []  # what each piece's get decodes again (for the log)
+        wanted = (copies or COPIES) if piece_end(self.start, piece_size(0, 0), target, first.page) < target else 1
+        for _ in range(wanted - 1):
             try:
                 self.copies.append(_Copy(dsn, slot))
             except SlotCopyUnavailable as e:  # (no free slot: one copy reads every piece in turn)
@@ -219,17 +240,16 @@ class SlotCopyReader:
 
     def _fetch(self) -> None:
         try:
-            sent = 0
-            for i in range(len(self.ends)):
-                while sent < min(i + len(self.copies), len(self.ends)):  # each copy decoding its next piece
-                    self._send(sent)
-                    sent += 1
-                if self._closing.is_set():
+            ends = self.ends
+            while not self._closing.is_set():
+                # each copy decoding its next piece
+                while len(ends) < self.pieces + len(self.copies) and (ends[-1] if ends else self.start) < self.target:
+                    self._send(len(ends))
+                if self.pieces == len(ends):
+                    self.exhausted = True  # the last piece ended at the target
                     break
-                self._receive(i)
+                self._receive(self.pieces)
                 self.pieces += 1
-            else:
-                self.exhausted = True  # the last piece ended at the target
         except BaseException as e:  # noqa: BLE001  # handed to the reading thread
             self._put(e)
         finally:
@@ -245,15 +265,18 @@ class SlotCopyReader:
                 continue
 
     def _send(self, i: int) -> None:
-        """Ask piece ``i`` of its copy: advanced to the piece's start first (unless the copy is there or
-        past it: a record longer than a piece), then a get up to its end, as one query."""
+        """Ask piece ``i`` of its copy, which ends where ``piece_size`` and ``piece_end`` say: the copy
+        advanced to the piece's start first (unless it is there or past it: a record longer than a
+        piece), then a get up to its end, as one query."""
         copy = self.copies[i % len(self.copies)]
-        query = sql.SQL(
-            "COPY (SELECT (lsn - '0/0'::pg_lsn)::int8, data FROM pg_logical_slot_get_binary_changes("
-            "{}, {}::pg_lsn, NULL, VARIADIC {}::text[])) TO STDOUT (FORMAT binary)").format(
-            sql.Literal(copy.name), sql.Literal(format_lsn(self.ends[i])), sql.Literal(self.flat_options))
-        if i > 0 and self.ends[i - 1] > copy.confirmed:
-            start = sql.Literal(format_lsn(self.ends[i - 1]))
+        begin = self.ends[-1] if self.ends else self.start
+        self.ends.append(piece_end(begin, piece_size(i, begin - copy.restart), self.target, copy.page))
+        self._behind.append(begin - copy.restart)
+        query = sql.SQL(_ROWS).format(changes=sql.SQL(
+            "pg_logical_slot_get_binary_changes({}, {}::pg_lsn, NULL, VARIADIC {}::text[])").format(
+            sql.Literal(copy.name), sql.Literal(format_lsn(self.ends[i])), sql.Literal(self.flat_options)))
+        if begin > copy.confirmed:
+            start = sql.Literal(format_lsn(begin))
             query = sql.SQL(
                 "SELECT pg_replication_slot_advance(slot_name, {start}::pg_lsn) FROM pg_replication_slots "
                 "WHERE slot_name = {name} AND confirmed_flush_lsn < {start}::pg_lsn; {get}").format(
@@ -261,66 +284,97 @@ class SlotCopyReader:
         copy.conn.pgconn.send_query(query.as_bytes(copy.conn))
 
     def _receive(self, i: int) -> None:
-        """Piece ``i``'s rows, handed over in chunks."""
+        """Piece ``i``'s messages, handed over in chunks."""
         copy = self.copies[i % len(self.copies)]
         pgconn = copy.conn.pgconn
+        wanted = time.monotonic()
         while True:  # (the advance's result first, when it was asked)
             res = self._result(copy)
             if res is None or res.status != pq.ExecStatus.TUPLES_OK:
                 break
         if res is None or res.status != pq.ExecStatus.COPY_OUT:
             self._fail(copy, res)
-        get, unpack, row_size = pgconn.get_copy_data, _ROW.unpack_from, _ROW.size
-        lsns: list[int] = []
-        datas: list[bytes] = []
-        got = 0
-        header = True
-        while True:
-            n, data = get(1)
-            if n > 0:
-                at = 0
-                if header:
-                    signature, _flags, extension = _HEADER.unpack_from(data, 0)
-                    if signature != _SIGNATURE:
-                        raise SourceError(f"reading the copy of slot {self.slot!r}: not COPY's binary format "
-                                          f"(starts {bytes(data[:11])!r})", slot=self.slot)
-                    at, header = _HEADER.size + extension, False
-                while at < n:
-                    if n - at < row_size:  # the end: a field count of -1 (two bytes)
-                        if bytes(data[at:n]) != _TRAILER:
-                            raise SourceError(f"reading the copy of slot {self.slot!r}: {n - at} bytes of a "
-                                              f"row at byte {at} of a message", slot=self.slot)
-                        break
-                    fields, _, lsn, size = unpack(data, at)
-                    if fields != 2:
-                        raise SourceError(f"reading the copy of slot {self.slot!r}: a row of {fields} fields at "
-                                          f"byte {at} of a message, expected 2", slot=self.slot)
-                    start = at + row_size
-                    lsns.append(lsn)
-                    datas.append(bytes(data[start:start + size]))
-                    at = start + size
-                    if len(lsns) >= CHUNK_MESSAGES:
-                        got += len(lsns)
-                        self._put((lsns, datas))
-                        lsns, datas = [], []
-                continue
-            if n == 0:
-                self._wait(copy)
-                continue
-            if n == -1:
-                break
-            raise stream_error(f"reading the copy of slot {self.slot!r} failed: "
-                               + pgconn.error_message.decode("utf-8", "replace").strip(), None, True, slot=self.slot)
+        ready = time.monotonic()
+        got = self._take(copy)
         res = pgconn.get_result()
         if res is None or res.status != pq.ExecStatus.COMMAND_OK:
             self._fail(copy, res)
         while pgconn.get_result() is not None:
             pass
-        copy.confirmed = self.ends[i]  # (at least: the get confirms the end of the record it stopped after)
+        copy.look()
+        self.messages += got
+        begin = self.ends[i - 1] if i else self.start
+        log.debug("piece %d of the backlog, %s to %s (%.1f MiB of WAL, copy %d, decoding from %.1f MiB before "
+                  "it): waited %.2f s for the server, %d messages taken apart in %.2f s", i, format_lsn(begin),
+                  format_lsn(self.ends[i]), (self.ends[i] - begin) / (1 << 20), i % len(self.copies),
+                  self._behind[i] / (1 << 20), ready - wanted, got, time.monotonic() - ready)
+
+    def _take(self, copy: _Copy) -> int:
+        """The rows of the COPY on ``copy``, taken apart and handed over; returns how many. The server
+        sends a row a message of the protocol, so each is taken on its own: a call, a header, a slice."""
+        pgconn = copy.conn.pgconn
+        get, unpack, row_size = pgconn.get_copy_data, _ROW.unpack_from, _ROW.size
+        lsns: list[int] = []
+        datas: list[bytes] = []
+        add_lsn, add_data = lsns.append, datas.append
+        got = 0
+        n, data = self._copy_data(copy)
+        if n < _HEADER.size or _HEADER.unpack_from(data, 0)[0] != _SIGNATURE:
+            raise SourceError(f"reading the copy of slot {self.slot!r}: not COPY's binary format "
+                              f"(starts {bytes(data[:11])!r})", slot=self.slot)
+        at = _HEADER.size + _HEADER.unpack_from(data, 0)[2]
+        while True:
+            if at >= n:
+                n, data = get(1)
+                if n > row_size:  # (the common case: a whole row)
+                    fields, _, lsn, size = unpack(data)
+                    if fields == 2 and row_size + size == n:
+                        at = n
+                        add_lsn(lsn)
+                        add_data(data[row_size:].tobytes())
+                        if len(lsns) >= CHUNK_MESSAGES:
+                            got += len(lsns)
+                            self._put((lsns, datas))
+                            lsns, datas = [], []
+                            add_lsn, add_data = lsns.append, datas.append
+                        continue
+                at = 0
+                if n == 0:
+                    self._wait(copy)
+                    continue
+                if n < 0:
+                    break
+            if n - at < row_size and bytes(data[at:n]) == _TRAILER:  # the end: a field count of -1
+                at = n
+                continue
+            fields, _, lsn, size = unpack(data, at)
+            start = at + row_size
+            if fields != 2 or start + size > n:
+                self._misfit(fields, 2, at)
+            add_lsn(lsn)
+            add_data(bytes(data[start:start + size]))
+            at = start + size
+        if n != -1:
+            raise stream_error(f"reading the copy of slot {self.slot!r} failed: "
+                               + pgconn.error_message.decode("utf-8", "replace").strip(), None, True, slot=self.slot)
         if lsns:
             got += len(lsns)
             self._put((lsns, datas))
-        self.messages += got
+        return got
+
+    def _copy_data(self, copy: _Copy) -> tuple[int, memoryview]:
+        """The COPY's first message, waited for."""
+        while True:
+            n, data = copy.conn.pgconn.get_copy_data(1)
+            if n != 0:
+                if n < 0:
+                    self._fail(copy, copy.conn.pgconn.get_result())
+                return n, data
+            self._wait(copy)
+
+    def _misfit(self, fields: int, expected: int, at: int) -> None:
+        raise SourceError(f"reading the copy of slot {self.slot!r}: a row of {fields} fields at byte {at} of a "
+                          f"message, expected {expected} (or a row longer than its message)", slot=self.slot)
 
     def _result(self, copy: _Copy) -> pq.abc.PGresult | None:
         """The next result of the query sent, waited for without holding the GIL (the server decodes
@@ -344,7 +398,7 @@ class SlotCopyReader:
             raise stream_error(f"reading the copy of slot {self.slot!r}: connection lost: {e}", None, True,
                                slot=self.slot) from None
 
-    def _fail(self, copy: _Copy, res: pq.abc.PGresult | None) -> None:
+    def _fail(self, copy: _Copy, res: pq.abc.PGresult | None) -> NoReturn:
         message = res.error_message.decode("utf-8", "replace").strip() if res is not None else "no result"
         state = res.error_field(pq.DiagnosticField.SQLSTATE) if res is not None else None
         while res is not None:

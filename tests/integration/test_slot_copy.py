@@ -62,7 +62,8 @@ def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatc
     that cross pages and records that end where the cut is; a transaction given to two pieces, or to
     none, changes the messages."""
     pg = pg_any  # every installed major: the copy, get and advance are the server's own
-    monkeypatch.setattr(slotcopy, "FIRST_PIECE_BYTES", 8192)  # pieces of 8, 16, 32, 32, ... kB of WAL
+    monkeypatch.setattr(slotcopy, "FIRST_PIECE_BYTES", 8192)  # pieces of 8, 16, 16-32, ... kB of WAL
+    monkeypatch.setattr(slotcopy, "STEADY_PIECE_BYTES", 16384)
     monkeypatch.setattr(slotcopy, "LARGEST_PIECE_BYTES", 32768)
     monkeypatch.setattr(slotcopy, "CHUNK_MESSAGES", 64)
     options = pgoutput_options("sc_pub", proto_version=2, streaming="on")
@@ -79,8 +80,8 @@ def test_a_copy_read_in_small_pieces_gives_the_slots_messages(pg_any, monkeypatc
 
         expected = [(m.lsn, m.data) for m in peek(conn, "sc_slot", {**options, "streaming": "off"}, upto_lsn=target)]
         reader = SlotCopyReader(pg.dsn, "sc_slot", options, target=target, copies=copies)
-        assert set(_slots(conn)) == {"sc_slot", *(c.name for c in reader.copies)}
         assert len(reader.copies) == copies
+        assert set(_slots(conn)) == {"sc_slot", *(c.name for c in reader.copies)}
         try:
             got = _read_all(reader)
         finally:
