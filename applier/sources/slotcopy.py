@@ -106,8 +106,9 @@ _HEADER = struct.Struct(">11sii")
 _ROW = struct.Struct(">hiqi")
 _TRAILER = b"\xff\xff"
 
-#: what the server holds of a piece before it spills to a temporary file
-WORK_MEM = "256MB"
+#: what the server holds of a piece before it spills to a temporary file, in each copy's session (the two
+#: together hold what one copy did before there were two)
+WORK_MEM = "128MB"
 
 
 class SlotCopyUnavailable(Exception):
