@@ -43,11 +43,13 @@ class DistributedSettings(SettingsModel):
         "than folding it column by column (bench/RESULTS.md)")
     backlog_reader: Literal["auto", "walsender"] = Field(
         "auto", description="mirror: how a backlog caught up in ranges when the mirror starts is read. auto, the "
-        "default: through SQL, from a temporary copy of the slot (pg_copy_logical_replication_slot, then "
-        "pg_logical_slot_get_binary_changes in growing pieces, without streaming), which costs the server a "
+        "default: through SQL, from two temporary copies of the slot (pg_copy_logical_replication_slot, then "
+        "pg_logical_slot_get_binary_changes in pieces cut at WAL positions, one copy decoding the next piece "
+        "while this process takes the last apart, without streaming), which costs the server a "
         "fraction of a walsender's CPU per message (the 1M and 10M catch-ups read in about 0.7 of the time: "
         "bench/RESULTS.md); the slot is advanced after the commits, and the walsender follows on from there. It "
-        "needs one free replication slot (max_replication_slots) while it reads; without one, for a slot with "
+        "needs one free replication slot (max_replication_slots) while it reads, two to read pieces at once; "
+        "without one, for a slot with "
         "two_phase, and for a slot another process reads, the walsender reads it, with a log line. walsender: "
         "the walsender always (as PostgreSQL's own subscription). A mirror that "
         "falls behind while following reads its rounds from its walsender either way")
