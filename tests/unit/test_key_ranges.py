@@ -4,6 +4,7 @@ batch of recent keys and one old key does not read the files of every key betwee
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pyarrow as pa
@@ -44,6 +45,6 @@ def test_every_key_is_in_a_range(seed):
     ranges = key_ranges(pa.array(values, pa.int64()), most=most)
     assert 1 <= len(ranges) <= most
     assert all(lo <= hi for lo, hi in ranges)
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))  # apart, in order
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))  # apart, in order
     assert all(any(lo <= v <= hi for lo, hi in ranges) for v in values)
     assert {lo for lo, _ in ranges} <= set(values) and {hi for _, hi in ranges} <= set(values)  # tight
