@@ -63,7 +63,8 @@ CUTS: dict[str, tuple[dict[str, object], int]] = {
 }
 
 #: the followers that catch every run's backlog up in ranges (applier.drivers.backlog), folded on the driver
-#: and read from a temporary copy of the slot through SQL (applier.sources.slotcopy), then advance the slot:
+#: and read from temporary copies of the slot through SQL (applier.sources.slotcopy, in small pieces: see the
+#: test), then advance the slot:
 #: the path a mirror takes at the start for a backlog of ``distributed.min_backlog_mb`` and more, which a
 #: walk's few kB never reach by themselves
 RANGE_FOLLOWERS = {"ranges": {"mode": "on", "min_backlog_mb": 0, "backlog_folds": "driver"}}
@@ -195,9 +196,16 @@ def walk_pg(pg_pool, request) -> Iterator[PgDatabase]:
 def test_a_schema_walk_ends_equal_with_no_stop_whatever_the_group_cuts(walk_pg, spark, tmp_path, seed, steps,
                                                                        monkeypatch):
     from applier.sink.store import dvmerge
+    from applier.sources import slotcopy
 
     monkeypatch.setattr(dvmerge, "KEEP_FILES", 2)  # carry small files from the third live file on
     monkeypatch.setattr(dvmerge, "TIER_FILES", 2)
+    # the ranges follower's backlog read in pieces of one to four WAL pages by two copies of the slot: cuts
+    # between DDL, Relation messages, truncates and big transactions (a transaction in two pieces or in none
+    # changes the data)
+    monkeypatch.setattr(slotcopy, "FIRST_PIECE_BYTES", 8192)
+    monkeypatch.setattr(slotcopy, "STEADY_PIECE_BYTES", 16384)
+    monkeypatch.setattr(slotcopy, "LARGEST_PIECE_BYTES", 32768)
     rng = random.Random(seed)
     started = time.monotonic()
     pg, major = walk_pg, walk_pg.major
