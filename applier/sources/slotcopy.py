@@ -160,22 +160,21 @@ class _Copy:
             pin_session(self.conn)
             self.conn.execute(sql.SQL("SET work_mem = {}").format(sql.Literal(WORK_MEM)))
             self.conn.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, self.name))
-            row = self.conn.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, "
-                                    "(restart_lsn - '0/0'::pg_lsn)::int8, current_setting('wal_block_size')::int "
-                                    "FROM pg_replication_slots WHERE slot_name = %s", (self.name,)).fetchone()
+            self.confirmed = self.restart = 0  # (at least: see ``look``)
+            self.look()
+            row = self.conn.execute("SELECT current_setting('wal_block_size')::int").fetchone()
         except psycopg.Error as e:
             self.conn.close()
             raise SlotCopyUnavailable(f"copying slot {slot!r} failed: {e.diag.message_primary or e}") from None
         except SlotCopyUnavailable:
             self.conn.close()
             raise
-        assert row is not None  # the copy was just made
-        self.confirmed: int = row[0]  # (at least: see ``SlotCopyReader._receive``)
-        self.restart: int = row[1]  # where its next get or advance starts to decode
-        self.page: int = row[2]
+        assert row is not None  # (a setting every server has)
+        self.page: int = row[0]
 
     def look(self) -> None:
-        """Where the copy is, after a get (no query may be in flight)."""
+        """Where the copy is: ``confirmed``, where its next get outputs from, and ``restart``, where its
+        next get or advance starts to decode (no query may be in flight)."""
         row = self.conn.execute("SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::int8, "
                                 "(restart_lsn - '0/0'::pg_lsn)::int8 FROM pg_replication_slots "
                                 "WHERE slot_name = %s", (self.name,)).fetchone()
@@ -211,7 +210,6 @@ class SlotCopyReader:
         self.flat_options = flat_options({k: v for k, v in options.items() if k != "streaming"})
         self.copies = [_Copy(dsn, slot)]
         first = self.copies[0]
-        self.copy = first.name
         self.start = first.confirmed
         self.ends: list[int] = []  # of the pieces asked so far
         self._behind: list[int] = []  # what each piece's get decodes again (for the log)
@@ -345,13 +343,16 @@ class SlotCopyReader:
                     continue
                 if n < 0:
                     break
-            if n - at < row_size and bytes(data[at:n]) == _TRAILER:  # the end: a field count of -1
+            if n - at < row_size:  # the end: a field count of -1 (two bytes)
+                if bytes(data[at:n]) != _TRAILER:
+                    raise SourceError(f"reading the copy of slot {self.slot!r}: {n - at} bytes of a row at byte "
+                                      f"{at} of a message", slot=self.slot)
                 at = n
                 continue
             fields, _, lsn, size = unpack(data, at)
             start = at + row_size
             if fields != 2 or start + size > n:
-                self._misfit(fields, 2, at)
+                self._misfit(fields, at)
             add_lsn(lsn)
             add_data(bytes(data[start:start + size]))
             at = start + size
@@ -373,9 +374,9 @@ class SlotCopyReader:
                 return n, data
             self._wait(copy)
 
-    def _misfit(self, fields: int, expected: int, at: int) -> None:
+    def _misfit(self, fields: int, at: int) -> NoReturn:
         raise SourceError(f"reading the copy of slot {self.slot!r}: a row of {fields} fields at byte {at} of a "
-                          f"message, expected {expected} (or a row longer than its message)", slot=self.slot)
+                          "message, expected 2 (or a row longer than its message)", slot=self.slot)
 
     def _result(self, copy: _Copy) -> pq.abc.PGresult | None:
         """The next result of the query sent, waited for without holding the GIL (the server decodes
