@@ -205,7 +205,7 @@ class SnapshotLoader:
         pieces, self._pending, self._pending_bytes = self._pending, [], 0
         if not pieces and not final:
             return
-        table = pa.concat_tables(pieces) if pieces else self.spec.schema.empty_table()
+        table = pa.concat_tables(pieces) if pieces else pa.Table.from_batches([], schema=self.spec.schema)
         del pieces
         if not (table.num_rows or final):
             return
