@@ -14,6 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from deltalake import DeltaTable
@@ -255,3 +258,41 @@ def test_copy_on_executors_killed_before_a_tables_commit_resumes_and_leaves_no_r
         table = DeltaTable(str(big))
         assert table.to_pyarrow_table().num_rows == 20000
         assert not orphans & {p.rsplit("/", 1)[-1] for p in table.file_uris()}  # the killed run's files: in no commit
+
+
+def test_a_copy_written_as_files_by_its_threads_keeps_the_target_file_size_and_exact_statistics(pg, spark, tmp_path):
+    """The copy's threads write their chunks as Parquet files while the others read (committed every
+    ``commit_mb`` and at the end): the table's ``delta.targetFileSize`` still bounds each file (a MERGE
+    later rewrites the files its keys reach), and every file's statistics are exactly its rows, so a
+    reader that skips files by them reads exactly Postgres's rows."""
+    from applier.config import TableRule, TablesSettings
+
+    target = tmp_path / "delta"
+    cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="icf", publication="cp"),
+                       target=TargetSettings(path=str(target)),
+                       snapshot=SnapshotSettings(parallelism=2, chunk_mb=1, commit_mb=3),
+                       tables=TablesSettings(rules=[TableRule(match="public.big",
+                                                              table_properties={"delta.targetFileSize": "262144"})]))
+    with pg.connect() as conn:
+        conn.execute(SCHEMA)
+        summary = Mirror(spark, cfg).run(once=True)
+        assert summary.snapshot_rows["public.big"] == 40000
+        _assert_all_equal(spark, conn, target)
+        big = DeltaTable(str(target / "public" / "big"))
+        actions = pa.table(big.get_add_actions(flatten=True)).to_pylist()
+        chunks = conn.execute("SELECT relpages FROM pg_class WHERE relname = 'big'").fetchone()[0] // 128 + 1
+        assert len(actions) > chunks, (len(actions), chunks)  # chunks cut into files near the target size
+        assert max(a["size_bytes"] for a in actions) < 3 * 262144, [a["size_bytes"] for a in actions]
+        assert sum(a["num_records"] for a in actions) == 40000
+        modes = [h["operationParameters"].get("mode") for h in reversed(big.history())]
+        assert modes[1] == "Overwrite" and len(modes) >= 3, modes  # created, overwritten, appended
+        for a in actions:  # each file's statistics are its own rows'
+            file = target / "public" / "big" / a["path"]
+            rows = pq.read_table(file)
+            assert a["num_records"] == rows.num_rows and a["size_bytes"] == file.stat().st_size
+            assert (a["min.id"], a["max.id"]) == (pc.min(rows["id"]).as_py(), pc.max(rows["id"]).as_py())
+            assert a["null_count.t"] == rows["t"].null_count and a["min.note"] == pc.min(rows["note"]).as_py()
+        frame = spark.read.format("delta").load(str(target / "public" / "big"))
+        assert frame.where("id BETWEEN 12000 AND 12050").count() == 51
+        (odd,) = conn.execute("SELECT count(*) FROM big WHERE t = 'ü€𝄞'").fetchone()
+        assert frame.where("t = 'ü€𝄞'").count() == odd

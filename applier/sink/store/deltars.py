@@ -261,6 +261,14 @@ class DeltaRsStore:
     def write_file(self, path: str, piece: pa.Table) -> CopyFile:
         """Write ``piece`` (the table's columns) as one new Parquet file in the table at ``path``, not
         committed (applier.sink.copyfiles)."""
+        return self.write_files(path, piece)[0]
+
+    def write_files(self, path: str, piece: pa.Table, *, max_bytes: int | None = None) -> list[CopyFile]:
+        """Write ``piece`` as new Parquet files in the table at ``path``, not committed: one, or with
+        ``max_bytes`` (the table's ``delta.targetFileSize``, which keeps a MERGE's rewrites small) as many
+        as keep each near that size: a file is closed once its Parquet reaches it, checked after every
+        row group of about 8 MB of Arrow (half ``max_bytes`` when that is less). A piece without rows is
+        one file without rows."""
         import time
         import uuid
 
@@ -270,22 +278,44 @@ class DeltaRsStore:
 
         from applier.sink.copyfiles import CopyFile, file_stats
 
-        name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
         files = pafs.PyFileSystem(DeltaStorageHandler(str(path), deltalake_options(path)))
-        with files.open_output_stream(name) as out:
-            pq.write_table(piece, out, compression="snappy")
-        size = files.get_file_info(name).size
-        return CopyFile(name, int(size or 0), piece.num_rows, int(time.time() * 1000), file_stats(piece))
+        total = piece.num_rows
+        step = total if max_bytes is None or piece.nbytes <= max_bytes \
+            else max(1, total * min(8 << 20, max_bytes // 2) // max(piece.nbytes, 1))
+        written: list[CopyFile] = []
+        start = 0
+        while True:
+            name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
+            end = start
+            with files.open_output_stream(name) as out, \
+                    pq.ParquetWriter(out, piece.schema, compression="snappy") as writer:
+                while True:
+                    part = piece.slice(end, step)
+                    writer.write_table(part)
+                    end += part.num_rows
+                    if end >= total or (max_bytes is not None and out.tell() >= max_bytes):
+                        break
+            rows = piece.slice(start, end - start)
+            size = files.get_file_info(name).size
+            written.append(CopyFile(name, int(size or 0), rows.num_rows, int(time.time() * 1000), file_stats(rows)))
+            start = end
+            if start >= total:
+                return written
 
-    def commit_files(self, path: str, files: list[CopyFile], *, schema: pa.Schema, tag: CommitTag) -> None:
-        """One commit that replaces the table's rows with ``files`` (written into it by
-        ``write_file``), tagged ``tag`` like ``write_arrow``'s last commit of a copy."""
+    def commit_files(self, path: str, files: list[CopyFile], *, schema: pa.Schema, tag: CommitTag | None,
+                     mode: WriteMode = "overwrite") -> None:
+        """One commit of ``files`` (written into the table by ``write_file``) that replaces the table's
+        rows (or appends them), tagged ``tag`` like ``write_arrow``'s last commit of a copy: a tagged
+        commit whose version the table has applied commits nothing."""
         from deltalake.transaction import AddAction
 
         table = self.open(path)
+        if tag is not None:
+            done = table.transaction_version(tag[0])
+            if done is not None and done >= tag[1]:
+                return
         actions = [AddAction(f.path, f.size, {}, f.modified_ms, True, f.stats) for f in files]
-        table.create_write_transaction(actions, mode="overwrite", schema=schema,
-                                       commit_properties=_commit_properties(tag))
+        table.create_write_transaction(actions, mode=mode, schema=schema, commit_properties=_commit_properties(tag))
 
     def append_through(self, handle: Any, path: str, table: Any, *, tag: CommitTag) -> Any:
         """Append ``table`` to the table at ``path`` in one commit tagged ``tag`` through ``handle``, the
