@@ -18,7 +18,8 @@ class SnapshotSettings(SettingsModel):
     chunk_mb: int = Field(
         32, ge=1, description="heap pages per chunk, in MB (ctid ranges on PostgreSQL 14+; one chunk before)")
     commit_mb: int = Field(
-        128, ge=1, description="rows gathered (Arrow size) per Delta commit of a table's copy")
+        128, ge=1, description="rows (Arrow size) per Delta commit of a table's copy; the copy's threads write "
+        "their chunks as Parquet files as they come, and the files are committed every commit_mb and at the end")
     on_executors: bool | Literal["auto"] = Field(
         "auto", description="copy on Spark's executors: each table is one Spark job of one task per chunk, "
         "every task reading its chunk under the slot's snapshot (the executors must reach source.dsn) and "

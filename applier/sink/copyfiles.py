@@ -9,14 +9,16 @@ files of all tasks in one delta-rs commit (``DeltaRsStore.commit_files``). A tas
 run again leaves a file no commit names: VACUUM removes it, as it removes Spark's.
 
 Each file's statistics are exact and cover what readers skip files by: the row count, NULL counts of
-the columns that are not nested, and the smallest and largest value of integer, date and text
-columns (as delta-rs writes them; other types have none, which readers take as "may hold anything").
+the columns that are not nested, and the smallest and largest value of integer, date, timestamp and
+text columns (as delta-rs writes them, timestamps cut to the millisecond; other types have none, which
+readers take as "may hold anything": a float's NaN or a decimal's digits are not worth a wrong skip).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,12 +50,25 @@ def file_stats(piece: pa.Table) -> str:
             continue
         nulls[field.name] = column.null_count
         if not (pa.types.is_integer(kind) or pa.types.is_date32(kind) or pa.types.is_string(kind)
-                or pa.types.is_large_string(kind)) or column.null_count == len(column):
+                or pa.types.is_large_string(kind) or pa.types.is_timestamp(kind)) or column.null_count == len(column):
             continue
         bounds = pc.min_max(column)
         low, high = bounds["min"].as_py(), bounds["max"].as_py()
         if pa.types.is_date32(kind):
             low, high = low.isoformat(), high.isoformat()
+        elif pa.types.is_timestamp(kind):
+            if not (isinstance(low, datetime) and isinstance(high, datetime)):
+                continue  # (a unit finer than µs: no bounds, which readers take as "may hold anything")
+            low, high = _timestamp_bound(low), _timestamp_bound(high)
         lows[field.name], highs[field.name] = low, high
     return json.dumps({"numRecords": piece.num_rows, "minValues": lows, "maxValues": highs, "nullCount": nulls},
                       separators=(",", ":"), ensure_ascii=False)
+
+
+def _timestamp_bound(value: datetime) -> str:
+    """A timestamp bound as delta-rs and Spark write it: cut to the millisecond (readers allow for the
+    cut: Spark adds a millisecond to a maximum), UTC with a Z for a timestamp with a time zone, plain
+    for one without."""
+    text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" if value.tzinfo is not None \
+        else value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return text.rjust(len(text) + 4 - text.index("-"), "0")  # (%Y does not pad years before 1000)
