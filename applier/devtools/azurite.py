@@ -82,7 +82,8 @@ def start_azurite(work: Path) -> AzuriteServer:
     log = open(log_path, "wb")  # noqa: SIM115 - the server's output, for a failing test
     process = subprocess.Popen([str(executable), "--blobHost", "127.0.0.1", "--blobPort", str(port),
                                 "--inMemoryPersistence", "--skipApiVersionCheck",
-                                "--disableProductStyleUrl"],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+                                "--disableProductStyleUrl", "--disableTelemetry"],
+                               # telemetry off, and its temporary files (if any) in ``work``, not the machine's /tmp
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(work)})
     wait_listening(process, port, "Azurite", log_path)
     return AzuriteServer(f"http://127.0.0.1:{port}", process)

@@ -18,11 +18,13 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
 from deltalake import DeltaTable
 
 from applier.cli import main
@@ -668,3 +670,22 @@ def _closed_port() -> int:
     from applier.devtools.servers import free_port
 
     return free_port()
+
+
+def test_azurite_runs_without_telemetry(tmp_path):
+    """Azurite sends telemetry and keeps a ``Microsoft-AzureMonitor-*`` folder in the temporary directory
+    unless told not to: the suite's emulator must not reach out, nor leave files behind."""
+    from applier.devtools.azurite import start_azurite
+
+    try:
+        server = start_azurite(tmp_path)
+    except FileNotFoundError as e:
+        unavailable(str(e))
+    try:
+        server.new_container()
+        deadline = time.monotonic() + 5  # (without the flag the folder appeared 3 s after the first request)
+        while time.monotonic() < deadline and not list(tmp_path.glob("Microsoft-AzureMonitor*")):
+            time.sleep(0.1)
+    finally:
+        server.stop()
+    assert not list(tmp_path.glob("Microsoft-AzureMonitor*")), list(tmp_path.iterdir())
