@@ -8,10 +8,10 @@ with delta-rs, so ``status`` needs no JVM: rows are counted from the log's per-f
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -21,6 +21,9 @@ from applier.sink.naming import source_name_of
 from applier.sink.spec import PROP_PUBLICATION, PROP_SOURCE, PROP_WIDENED, app_id_for
 from applier.sink.store.picker import log_reader, logged_applied_version
 from applier.storage.paths import TablePath
+
+if TYPE_CHECKING:
+    from applier.state import StateDir
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,41 @@ def status_json(tables: list[TableStatus], slot: SlotStatus | None, stops: Mappi
     return json.dumps({"tables": [t.as_dict() for t in tables], "slot": slot.as_dict() if slot else None,
                        "stops": dict(stops or {}), "parked": dict(parked or {}),
                        "cut": dict(cut) if cut is not None else None})
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """What ``applier status`` shows, read once: its lines, ``--json`` and the status page all show this."""
+
+    tables: list[TableStatus]
+    slot: SlotStatus | None
+    stops: Mapping[str, Any]  # applier.infra.stops.last_stops: how the last runs stopped (empty: well)
+    parked: Mapping[str, Any]  # applier.sink.parking: the tables set aside, by name
+    cut: Mapping[str, Any] | None  # applier.checks.cuts.cut_status of the newest cut (None: none recorded)
+
+    def as_json(self) -> str:
+        return status_json(self.tables, self.slot, self.stops, self.parked, self.cut)
+
+
+def gather_status(target: str, state: StateDir, *, dsn: str | None, slot: str, warn_below: int,
+                  paths: Iterable[TablePath] = (), options: Mapping[TablePath, Any] | None = None) -> StatusReport:
+    """Every table under ``target`` (and ``paths``: tables a config's rules put elsewhere, checked against
+    ``options``), its history and change-feed tables and the retired ones; with a ``dsn`` the slot."""
+    from applier.checks.cuts import cut_status, newest_cut
+    from applier.infra.stops import last_stops
+    from applier.sink.derived import derived_table_dirs
+    from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
+    from applier.sink.parking import ParkedTables
+
+    listed = sorted(set(paths) | set(mirrored_table_dirs(target)))  # and tables created since
+    tables = [table_status(p, expected_options=(options or {}).get(p)) for p in listed]
+    tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
+    # dropped in Postgres while a new table took the name: kept apart, no longer followed
+    tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
+    newest = newest_cut(str(target))
+    return StatusReport(tables, slot_status(dsn, slot, warn_below=warn_below) if dsn is not None else None,
+                        last_stops(state), ParkedTables(state).entries(),
+                        cut_status(newest) if newest is not None else None)
 
 
 def stops_line(stops: Mapping[str, Any]) -> str | None:

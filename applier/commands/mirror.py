@@ -57,7 +57,8 @@ Flags override the config file (and APPLIER_* variables) and may supply what it 
     p.add_argument("--sql", action="store_true", help="read with SQL peek/advance (source.read_mode: sql)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics and a health check at /healthz "
-                   "(200 while the mirror makes progress or is caught up, 503 when stalled) (metrics.port)")
+                   "(200 while the mirror makes progress or is caught up, 503 when stalled), and a status page "
+                   "for a browser at http://HOST:PORT/ (metrics.port)")
     p.add_argument("--metrics-host", metavar="HOST",
                    help="the address the metrics server listens on (metrics.host; default 127.0.0.1, this "
                    "machine only: the endpoints have no authentication; 0.0.0.0 opens them to every interface)")

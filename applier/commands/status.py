@@ -44,14 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from applier.checks.cuts import cut_status, newest_cut
-    from applier.checks.status import slot_status, status_json, stops_line, table_status
+    from applier.checks.status import gather_status, stops_line
     from applier.config import SourceSettings, libpq_env_given
     from applier.infra.stateformat import check_readable
-    from applier.infra.stops import last_stops, mends
-    from applier.sink.derived import derived_table_dirs
-    from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
-    from applier.sink.parking import ParkedTables
+    from applier.infra.stops import mends
+    from applier.sink.naming import mirrored_table_dirs
     from applier.sources.dsn import check_connection
     from applier.spark.session import build_spark_session_for
     from applier.state import StateDir
@@ -99,20 +96,14 @@ def run(args: argparse.Namespace) -> int:
     slot_name = slot or "applier"
 
     def report() -> None:
-        listed = sorted(set(paths) | set(mirrored_table_dirs(target)))  # and tables created since
-        tables = [table_status(p, expected_options=options.get(p)) for p in listed]
-        tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
-        # dropped in Postgres while a new table took the name: kept apart, no longer followed
-        tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
-        slot_info = slot_status(dsn, slot_name, warn_below=warn_below) if dsn is not None else None
         state = StateDir.for_target(target, cfg.target.state_dir if args.config else None)
-        stops, parked = last_stops(state), ParkedTables(state).entries()
-        newest = newest_cut(str(target))
-        cut = cut_status(newest) if newest is not None else None
+        found = gather_status(str(target), state, dsn=dsn, slot=slot_name, warn_below=warn_below, paths=paths,
+                              options=options)
         if args.json:
-            print(status_json(tables, slot_info, stops, parked, cut), flush=True)
+            print(found.as_json(), flush=True)
             return
-        print_status(tables, slot_info, target)
+        stops, parked, cut = found.stops, found.parked, found.cut
+        print_status(found.tables, found.slot, target)
         if cut is not None:
             age = f" ({cut['age_seconds']:.1f}s ago)" if cut["age_seconds"] is not None else ""
             print(f"consistent cut: LSN {cut['lsn']}, source commit {cut['commit_time'] or 'unknown'}{age}, "

@@ -469,11 +469,19 @@ class Mirror:
         from applier.infra.metrics import serve_metrics
 
         server = serve_metrics(settings.port, settings.host, self.progress, stall_seconds=settings.stall_seconds,
-                               metrics=self.metrics)
+                               metrics=self.metrics, status=self._status_json)
         server.metrics.consecutive_stops.set(int(last_stops(self.state).get("count", 0)))
         server.metrics.parked.set(len(self.parked))
         self.metrics_port = server.port
         return server
+
+    def _status_json(self) -> str:
+        """The status page's data: ``applier status --json --config`` for this run's target and slot."""
+        from applier.checks.status import gather_status
+
+        src = self.config.source
+        return gather_status(str(self.config.target.path), self.state, dsn=self.dsn, slot=src.slot,
+                             warn_below=src.wal_warning_bytes).as_json()
 
     def _run_with_retries(self, once: bool) -> None:
         """Snapshot (when needed) and follow the slot; after a dropped connection or a server restart,

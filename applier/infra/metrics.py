@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import make_wsgi_app
 
+from applier.infra.statuspage import PAGE, CachedStatus
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
@@ -160,9 +162,12 @@ class MirrorMetrics:
 
 
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` on ``port`` (0: a free one; ``port`` says which), on a daemon thread."""
+    """``/metrics`` and ``/healthz`` on ``port`` (0: a free one; ``port`` says which), on a daemon thread;
+    with ``status`` (``applier status --json``'s object, made on demand) also the status page at ``/``
+    and its data at ``/status.json`` (applier.infra.statuspage)."""
 
-    def __init__(self, metrics: MirrorMetrics, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, metrics: MirrorMetrics, port: int, host: str = "127.0.0.1", *,
+                 status: Callable[[], str] | None = None) -> None:
         from wsgiref.simple_server import WSGIRequestHandler, make_server
 
         class _Quiet(WSGIRequestHandler):
@@ -171,8 +176,22 @@ class MetricsServer:
 
         prometheus = make_wsgi_app(metrics.registry)
 
+        page = None if status is None else CachedStatus(status)
+
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            if environ.get("PATH_INFO") == "/healthz":
+            where = environ.get("PATH_INFO")
+            if page is not None and where in ("/", "/status"):
+                start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
+                return [PAGE.encode()]
+            if page is not None and where == "/status.json":
+                try:
+                    body = page()
+                except Exception as e:  # noqa: BLE001 - the page says why, the mirror goes on
+                    start_response("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")])
+                    return [f"the status could not be read: {e}\n".encode()]
+                start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+                return [body.encode()]
+            if where == "/healthz":
                 ok = metrics.healthy()
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [b"ok\n" if ok else f"stalled: no progress for {metrics.stall_seconds:g} s\n".encode()]
@@ -191,7 +210,7 @@ class MetricsServer:
 
 
 def serve_metrics(port: int, host: str, say: Callable[[str], None], *, stall_seconds: float = 300.0,
-                  metrics: MirrorMetrics | None = None) -> MetricsServer:
+                  metrics: MirrorMetrics | None = None, status: Callable[[], str] | None = None) -> MetricsServer:
     """Serve ``metrics`` (new ones when not given) on ``host:port`` and say where; a port that cannot be
     bound is a ConfigError (exit 2): the user's setting is wrong, not the source."""
     from applier.errors import ConfigError
@@ -199,8 +218,9 @@ def serve_metrics(port: int, host: str, say: Callable[[str], None], *, stall_sec
     metrics = metrics or MirrorMetrics(stall_seconds=stall_seconds)
     metrics.beat()
     try:
-        server = MetricsServer(metrics, port, host)
+        server = MetricsServer(metrics, port, host, status=status)
     except OSError as e:
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {e}", port=port) from None
-    say(f"metrics at http://{host}:{server.port}/metrics, health at /healthz")
+    page = f", the status page at http://{host}:{server.port}/" if status is not None else ""
+    say(f"metrics at http://{host}:{server.port}/metrics, health at /healthz{page}")
     return server
