@@ -17,7 +17,6 @@ BC years, numeric NaN in a DECIMAL) goes alone through the stream's own per-valu
 
 from __future__ import annotations
 
-import select
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -26,6 +25,7 @@ from psycopg import pq
 
 from applier.errors import SourceError
 from applier.protocol.messages import Relation
+from applier.sources.pqwait import next_result, wait_socket
 from applier.sources.publication import PublishedTable, quote_ident
 from applier.sources.typedcopy import column_readers, convert_chunk
 
@@ -95,7 +95,7 @@ def copy_out(conn: psycopg.Connection, statement: str) -> bytearray:
     pgconn = conn.pgconn
     with conn.lock:
         pgconn.send_query(statement.encode())
-        res = _next_result(pgconn)
+        res = next_result(pgconn, lambda write: wait_socket(pgconn, write=write))
         if res is None or res.status != pq.ExecStatus.COPY_OUT:
             _drain_and_raise(conn, res)
         data = bytearray()
@@ -106,7 +106,7 @@ def copy_out(conn: psycopg.Connection, statement: str) -> bytearray:
                 if n > 0:
                     data += block
                 elif n == 0:
-                    _wait(pgconn)
+                    wait_socket(pgconn)
                     pgconn.consume_input()
                 else:
                     break
@@ -119,23 +119,6 @@ def copy_out(conn: psycopg.Connection, statement: str) -> bytearray:
         while pgconn.get_result() is not None:
             pass
     return data
-
-
-def _next_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-    while True:
-        if pgconn.flush() != 0:
-            _wait(pgconn, write=True)
-            continue
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            return pgconn.get_result()
-        _wait(pgconn)
-
-
-def _wait(pgconn: pq.abc.PGconn, *, write: bool = False) -> None:
-    poller = select.poll()
-    poller.register(pgconn.socket, select.POLLOUT if write else select.POLLIN)
-    poller.poll()
 
 
 def _drain_and_raise(conn: psycopg.Connection, res: pq.abc.PGresult | None) -> NoReturn:

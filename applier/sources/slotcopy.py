@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import select
 import struct
 import threading
 import time
@@ -61,6 +60,7 @@ from applier.errors import SourceError
 from applier.lsn import format_lsn
 from applier.protocol.replication import PrimaryKeepalive
 from applier.sources.failures import stream_error
+from applier.sources.pqwait import next_result, wait_socket
 from applier.sources.sql_slot import flat_options, pin_session
 
 log = logging.getLogger(__name__)
@@ -381,17 +381,11 @@ class SlotCopyReader:
     def _result(self, copy: _Copy) -> pq.abc.PGresult | None:
         """The next result of the query sent, waited for without holding the GIL (the server decodes
         the whole piece before it answers)."""
-        pgconn = copy.conn.pgconn
-        while True:
-            pgconn.flush()
-            pgconn.consume_input()
-            if not pgconn.is_busy():
-                return pgconn.get_result()
-            self._wait(copy)
+        return next_result(copy.conn.pgconn, lambda write: self._wait(copy, write=write))
 
-    def _wait(self, copy: _Copy) -> None:
+    def _wait(self, copy: _Copy, *, write: bool = False) -> None:
         pgconn = copy.conn.pgconn
-        while not select.select([pgconn.socket], [], [], 0.25)[0]:
+        while not wait_socket(pgconn, write=write, timeout=0.25):
             if self._closing.is_set():
                 raise SourceError(f"reading the copy of slot {self.slot!r}: stopped", slot=self.slot)
         try:
