@@ -114,11 +114,11 @@ class SnapshotLoader:
         self.shape = CopyShape.of(spec, source_columns, constants)
         self._on_done = on_done
         self._lock = threading.Lock()
-        self._pending: list[Any] = []
-        self._pending_bytes = 0
-        self._files: list[CopyFile] = []  # written by the copy's threads, not committed yet
-        self._files_bytes = 0
-        self._direct: bool | None = None  # pieces written as Parquet files (decided at the first piece)
+        self._pending: list[Any] = []  # pieces not written yet (``write_arrow`` writes them at a commit)
+        self._files: list[CopyFile] = []  # pieces written as Parquet files, not committed yet
+        self._pending_bytes = 0  # the Arrow size of either, since the last commit
+        self._decided = False  # whether pieces go as files, decided at the first piece
+        self._direct: DeltaRsStore | None = None  # where they go as files (None: gathered for write_arrow)
         self._file_bytes = DEFAULT_TARGET_FILE_SIZE  # the table's delta.targetFileSize
         self._first = True
         self._finished = False
@@ -137,20 +137,15 @@ class SnapshotLoader:
 
     def _add(self, piece: Any) -> None:
         files = self._files_store_for(piece)
-        if files is not None:
-            if not piece.num_rows:
-                return
-            # outside the lock: the copy's threads write at once
-            written = files.write_files(self.path, piece, max_bytes=self._file_bytes)
-            with self._lock:
-                self._files.extend(written)
-                self._files_bytes += piece.nbytes
-                self.rows += piece.num_rows
-                if self._files_bytes >= self.commit_bytes:
-                    self._write_pending(final=False)
+        if files is not None and not piece.num_rows:
             return
+        # outside the lock: the copy's threads write at once
+        written = None if files is None else files.write_files(self.path, piece, max_bytes=self._file_bytes)
         with self._lock:
-            self._pending.append(piece)
+            if written is None:
+                self._pending.append(piece)
+            else:
+                self._files.extend(written)
             self._pending_bytes += piece.nbytes
             self.rows += piece.num_rows
             if self._pending_bytes >= self.commit_bytes:
@@ -176,14 +171,15 @@ class SnapshotLoader:
         thread's file is written while the others read. Only into a table whose columns are the pieces'
         (a change feed that kept a dropped column takes ``write_arrow``'s schema merge)."""
         with self._lock:
-            if self._direct is None:
+            if not self._decided:
                 store = self.files_store()
                 table = store.open(self.path) if store is not None and store.exists(self.path) else None
-                self._direct = table is not None and [f.name for f in table.schema().fields] == piece.schema.names
+                same = table is not None and [f.name for f in table.schema().fields] == piece.schema.names
+                self._direct, self._decided = store if same else None, True
                 if table is not None:
                     size = table.metadata().configuration.get(TARGET_FILE_SIZE)
                     self._file_bytes = int(size) if size and size.isdigit() else DEFAULT_TARGET_FILE_SIZE
-            return self.files_store() if self._direct else None
+            return self._direct
 
     def files_store(self) -> DeltaRsStore | None:
         """The store a copy on Spark's executors writes this table's Parquet files into, committed by
@@ -237,16 +233,15 @@ class SnapshotLoader:
     def _write_pending(self, *, final: bool) -> None:
         import pyarrow as pa
 
-        files, self._files, self._files_bytes = self._files, [], 0
-        if files:  # (pieces written as files leave nothing pending)
-            store = self.files_store()
-            assert store is not None
+        files, self._files = self._files, []
+        pieces, self._pending, self._pending_bytes = self._pending, [], 0
+        store = self._direct
+        if files and store is not None:  # (pieces written as files leave nothing pending)
             mode, tag = self._mode(), self.tag if final else None
             retry_on_conflict(lambda: store.commit_files(self.path, files, schema=self.spec.schema, tag=tag,
                                                          mode=mode), table=self.spec.source_name)
             self._written(tagged=final)
             return
-        pieces, self._pending, self._pending_bytes = self._pending, [], 0
         if not pieces and not final:
             return
         table = pa.concat_tables(pieces) if pieces else pa.Table.from_batches([], schema=self.spec.schema)

@@ -287,17 +287,17 @@ class DeltaRsStore:
         while True:
             name = f"part-{uuid.uuid4()}-c000.snappy.parquet"
             end = start
-            with files.open_output_stream(name) as out, \
-                    pq.ParquetWriter(out, piece.schema, compression="snappy") as writer:
-                while True:
-                    part = piece.slice(end, step)
-                    writer.write_table(part)
-                    end += part.num_rows
-                    if end >= total or (max_bytes is not None and out.tell() >= max_bytes):
-                        break
+            with files.open_output_stream(name) as out:
+                with pq.ParquetWriter(out, piece.schema, compression="snappy") as writer:
+                    while True:
+                        part = piece.slice(end, step)
+                        writer.write_table(part)
+                        end += part.num_rows
+                        if end >= total or (max_bytes is not None and out.tell() >= max_bytes):
+                            break
+                size = out.tell()  # (the footer written: the file's size, without asking the store)
             rows = piece.slice(start, end - start)
-            size = files.get_file_info(name).size
-            written.append(CopyFile(name, int(size or 0), rows.num_rows, int(time.time() * 1000), file_stats(rows)))
+            written.append(CopyFile(name, size, rows.num_rows, int(time.time() * 1000), file_stats(rows)))
             start = end
             if start >= total:
                 return written
