@@ -476,12 +476,17 @@ class Mirror:
         return server
 
     def _status_json(self) -> str:
-        """The status page's data: ``applier status --json --config`` for this run's target and slot."""
+        """The status page's data: ``applier status --json`` for this run's target and slot, with the
+        tables it follows that a rule puts elsewhere (read on the server's thread: a binding made at that
+        moment can fail one answer, which the page shows until its next refresh)."""
         from applier.checks.status import gather_status
+        from applier.storage.paths import location
 
         src = self.config.source
+        ids = self.applier.identities
+        followed = [location(b.path) for b in ids.live()] if ids is not None else []
         return gather_status(str(self.config.target.path), self.state, dsn=self.dsn, slot=src.slot,
-                             warn_below=src.wal_warning_bytes).as_json()
+                             warn_below=src.wal_warning_bytes, paths=followed).as_json()
 
     def _run_with_retries(self, once: bool) -> None:
         """Snapshot (when needed) and follow the slot; after a dropped connection or a server restart,

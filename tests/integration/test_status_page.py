@@ -1,7 +1,8 @@
 """The status page on the metrics port, in a real headless browser (Debian's ``chromium``): it
-loads, shows every mirrored table with its applied LSN, a parked table and the slot, redraws itself
-from ``/status.json`` (each table once however often), and shows the new LSN after a commit. A
-screenshot is kept under ``test-artifacts/`` (or ``$APPLIER_TEST_ARTIFACTS``) for a person to see."""
+loads, shows every mirrored table (one a rule puts outside the target too) with its applied LSN, a
+parked table and the slot, redraws itself from ``/status.json`` (each table once however often), and
+shows the new LSN after a commit. A screenshot is kept under ``test-artifacts/`` (or
+``$APPLIER_TEST_ARTIFACTS``) for a person to see."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import unavailable
 
-from applier.config import MirrorConfig, SourceSettings, TargetSettings
+from applier.config import MirrorConfig, SourceSettings, TableRule, TablesSettings, TargetSettings
 from applier.drivers.mirror import Mirror
 from applier.infra.metrics import serve_metrics
 from applier.lsn import parse_lsn
@@ -51,11 +52,15 @@ def _applied(url: str, table: str) -> str:
 
 def test_the_status_page_shows_every_table_a_parked_one_and_a_new_lsn_after_a_commit(pg, spark, tmp_path):
     target = tmp_path / "delta"
+    # a rule puts one table outside the target, where only the mirror's own bindings find it
     cfg = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="sp", publication="sp_pub"),
-                       target=TargetSettings(path=str(target)))
+                       target=TargetSettings(path=str(target)),
+                       tables=TablesSettings(rules=[TableRule(match="public.elsewhere",
+                                                              target=str(tmp_path / "other" / "elsewhere"))]))
     with pg.connect() as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text); CREATE TABLE \"Odd <b>name</b>\" (id int "
-                     "PRIMARY KEY); CREATE PUBLICATION sp_pub FOR TABLE orders, \"Odd <b>name</b>\";"
+                     "PRIMARY KEY); CREATE TABLE elsewhere (id int PRIMARY KEY);"
+                     "CREATE PUBLICATION sp_pub FOR TABLE orders, \"Odd <b>name</b>\", elsewhere;"
                      "INSERT INTO orders SELECT i, 'n' || i FROM generate_series(1, 50) i")
         mirror = Mirror(spark, cfg)
         mirror.run(once=True)
@@ -67,6 +72,7 @@ def test_the_status_page_shows_every_table_a_parked_one_and_a_new_lsn_after_a_co
             first = _applied(url, "public.orders")
             dom = _page(url)
             assert 'data-table="public.orders"' in dom and first in dom, dom
+            assert 'data-table="public.elsewhere"' in dom, dom
             # a name is text, never markup: the table named like HTML shows as its name
             assert "public.Odd &lt;b&gt;name&lt;/b&gt;" in dom and "<b>name</b>" not in dom.split("<script>")[0], dom
             assert 'data-parked="public.orders"' in dom and "a test's park" in dom, dom
