@@ -53,7 +53,10 @@ def file_stats(piece: pa.Table) -> str:
                 or pa.types.is_large_string(kind) or pa.types.is_timestamp(kind)) or column.null_count == len(column):
             continue
         bounds = pc.min_max(column)
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        try:
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        except (OverflowError, ValueError):  # a date or time Python cannot hold (past year 9999): no bounds
+            continue
         if pa.types.is_date32(kind):
             low, high = low.isoformat(), high.isoformat()
         elif pa.types.is_timestamp(kind):

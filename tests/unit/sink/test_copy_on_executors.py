@@ -5,7 +5,7 @@ travel from a task to the driver whole, and where ``snapshot.on_executors`` send
 from __future__ import annotations
 
 import json
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pyarrow as pa
 import pytest
@@ -31,6 +31,22 @@ def test_file_stats_bound_every_value_and_count_nulls_of_columns_that_are_not_ne
     assert stats["minValues"] == {"id": -3, "s": -32768, "d": "0001-01-01", "t": ""}
     assert stats["maxValues"] == {"id": 9, "s": 32767, "d": "2020-05-06", "t": "é"}
     assert stats["nullCount"] == {"id": 0, "s": 1, "d": 1, "t": 1, "f": 1, "n": 3}
+
+
+def test_file_stats_bound_timestamps_to_the_millisecond_and_leave_out_what_python_cannot_hold():
+    utc = UTC
+    piece = pa.table({
+        "tz": pa.array([datetime(2021, 3, 4, 5, 6, 8, 999999, tzinfo=utc), datetime(999, 1, 2, tzinfo=utc)],
+                       pa.timestamp("us", tz="UTC")),
+        "ntz": pa.array([datetime(2021, 3, 4, 5, 6, 7, 123456), None], pa.timestamp("us")),
+        "far": pa.array([-(2 ** 62), 2 ** 62], pa.timestamp("us")),  # years Python's datetime cannot hold
+    })
+    stats = json.loads(file_stats(piece))
+    # as delta-rs writes them: cut (not rounded) to the millisecond, four-digit years
+    assert stats["minValues"]["tz"] == "0999-01-02T00:00:00.000Z"
+    assert stats["maxValues"]["tz"] == "2021-03-04T05:06:08.999Z"
+    assert stats["minValues"]["ntz"] == stats["maxValues"]["ntz"] == "2021-03-04 05:06:07.123"
+    assert "far" not in stats["minValues"] and "far" not in stats["maxValues"] and stats["nullCount"]["far"] == 0
 
 
 def test_file_stats_of_an_empty_piece_count_no_rows():
