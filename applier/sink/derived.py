@@ -39,7 +39,7 @@ from applier.sink.layouts import Layouts
 from applier.sink.naming import CHANGES_DIR, HISTORY_DIR, mirrored_table_dirs, table_location
 from applier.sink.rowkeys import keys_continued
 from applier.sink.schema import ensure_table
-from applier.sink.spec import TableSpec
+from applier.sink.spec import PROP_SOURCE, TableSpec
 from applier.sink.store.arrow import arrow_table
 from applier.sink.store.sparkmerge import write_rows
 from applier.spark.session import SparkLike, SparkProvider
@@ -166,7 +166,8 @@ class DerivedTables:
                 cache.pop(dst, None)
             self._exists.discard(src)
             if new_name is not None and (location(dst) / "_delta_log").is_dir():
-                carry_applied_version(self._spark, dst, kind.app_id(old_name), kind.app_id(new_name), {})
+                carry_applied_version(self._spark, dst, kind.app_id(old_name), kind.app_id(new_name),
+                                      {PROP_SOURCE: new_name})  # (status names it by this)
 
     def missing(self, namespace: str, name: str) -> bool:
         """A derived table the rules ask for does not exist (turned on after the copy, or deleted)."""
