@@ -27,6 +27,9 @@ class TableRule(SettingsModel):
     column_names: Literal["keep", "safe"] | None = Field(
         None, description="how this table's column names reach Delta (keep or safe, see tables.column_names); "
         "unset: tables.column_names")
+    path_names: Literal["keep", "safe"] | None = Field(
+        None, description="how this table's schema and table names become directory names (keep or safe, see "
+        "tables.path_names); unset: tables.path_names")
     metadata_columns: bool | None = Field(
         None, description="add the columns naming the change that last wrote each row (tables.metadata_names); "
         "unset: tables.metadata_columns")
@@ -119,6 +122,14 @@ class TablesSettings(SettingsModel):
         "needs no column mapping and every reader opens it; the table property applier.columnNames lists the "
         "mapped names. Applies to new tables: a table written under the other choice stops the run "
         "(docs/schema-changes.md, 'Column names Delta cannot hold')")
+    path_names: Literal["keep", "safe"] = Field(
+        "keep", description="keep: a table's directory is <schema>/<table>, the Postgres names exactly but for "
+        "'%u' escapes of '/', backslash, control characters, '%', '.', '..' and reserved names; Polars cannot "
+        "open a table whose path holds a space, '%' or non-ASCII, and on an object store a name that needs an "
+        "escape is refused. safe: only ASCII letters, digits, '_', '-' and '.' are kept; any other character is "
+        "written '~' and two hex digits per UTF-8 byte ('Mixed Case' -> 'Mixed~20Case'), so every reader opens "
+        "every table, on object stores too; the table property applier.source holds the Postgres name. A table "
+        "already written under keep stays where it is (docs/delta-tables.md, 'Directory names')")
 
     def selected(self, qualified_name: str) -> bool:
         return any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include) and not any(
@@ -137,6 +148,12 @@ class TablesSettings(SettingsModel):
         """Whether a table's columns take safe names (``column_names``: its rule's choice, else the global one)."""
         rule = self.rule_for(qualified_name)
         choice = rule.column_names if rule is not None and rule.column_names is not None else self.column_names
+        return choice == "safe"
+
+    def safe_path_names(self, qualified_name: str) -> bool:
+        """Whether a table's directory takes a safe name (``path_names``: its rule's choice, else the global one)."""
+        rule = self.rule_for(qualified_name)
+        choice = rule.path_names if rule is not None and rule.path_names is not None else self.path_names
         return choice == "safe"
 
     def extra_columns_for(self, qualified_name: str) -> tuple[bool, bool]:

@@ -121,7 +121,8 @@ class DerivedTables:
     def path(self, kind: _Kind, namespace: str, name: str) -> str:
         rule = self.tables.rule_for(f"{namespace}.{name}")
         custom = kind.custom_path(rule) if rule is not None else None
-        return custom or str(table_location(join(self.target_dir, kind.directory), namespace, name))
+        return custom or str(table_location(join(self.target_dir, kind.directory), namespace, name,
+                                            safe=self.tables.safe_path_names(f"{namespace}.{name}")))
 
     def follow(self, old_name: str, new_name: str | None, retired_to: str) -> None:
         """The source table ``old_name`` is now ``new_name`` (renamed: its mirror table moved) or, with
@@ -136,7 +137,8 @@ class DerivedTables:
             rule = self.tables.rule_for(old_name)
             if rule is not None and kind.custom_path(rule):
                 continue  # a path the user chose: the rules decide where the new name's table goes
-            src = str(table_location(join(self.target_dir, kind.directory), old_ns, old_table))
+            src = str(table_location(join(self.target_dir, kind.directory), old_ns, old_table,
+                                     safe=self.tables.safe_path_names(old_name)))
             if new_name is None:
                 dst = f"{retired_to}.{kind.name}"
             else:

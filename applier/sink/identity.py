@@ -394,8 +394,9 @@ class TableIdentities:
 
     def retired_path(self, holder: Bound) -> str:
         schema, _, table = holder.name.partition(".")
-        return join(self.targets.target_dir, RETIRED_DIR, _path_component(schema),
-                    _path_component(f"{table}@{holder.oid}"))
+        safe = self.targets.tables.safe_path_names(holder.name)
+        return join(self.targets.target_dir, RETIRED_DIR, _path_component(schema, safe=safe),
+                    _path_component(f"{table}@{holder.oid}", safe=safe))
 
     def _check_free(self, desired: str, old_name: str, new_name: str) -> None:
         if (location(desired) / "_delta_log").is_dir():

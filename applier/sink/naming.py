@@ -66,15 +66,18 @@ RESERVED_TABLE_DIRS = frozenset({"_delta_log"})
 
 #: What a directory name never holds as it is: '/' (a separator), a backslash (delta-rs reads a local
 #: path as a file: URL, where a backslash is a separator too), control characters (delta-rs refuses
-#: them in any path: "illegal character sequence") and '%', the escape itself.
-_ESCAPED_IN_PATHS = re.compile(r"[%/\\\x00-\x1f\x7f]")
+#: them in any path: "illegal character sequence"), '%', the escape itself, and a '~' before two
+#: upper-case hex digits (it would read as the escape of ``path_names: safe``).
+_ESCAPED_IN_PATHS = re.compile(r"[%/\\\x00-\x1f\x7f]|~(?=[0-9A-F]{2})")
+#: What a directory name holds as it is under ``path_names: safe``: nothing a URL escapes.
+_UNSAFE_IN_PATHS = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
-def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
+def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS, *, safe: bool = False) -> str:
     """A schema or table name as one path component: kept exactly, except '/', backslash, control
     characters and '%' (each written ``%u`` and its two hex digits: ``a/b`` -> ``a%u2Fb``, ``100%`` ->
     ``100%u25``, a newline -> ``%u0A``), '.' and '..' (``%u2E``, ``%u2E.``) and the reserved names above
-    (``%u5Fapplier``). :func:`decode_path_component` undoes it.
+    (``%u5Fapplier``). :func:`decode_path_component` undoes it. ``safe``: see :func:`_safe_path_component`.
 
     Why ``%u`` and not the URL escape ``%XX``: delta-rs (and Polars, which reads through it) percent-decodes
     a local path before it reads the table's log, so ``DeltaTable("T/%2E./%2E.")`` read the log of
@@ -82,10 +85,26 @@ def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -
     ``T/s/%2E.``: another table's version, schema and history, without an error. ``%u`` followed by hex
     digits is no percent escape: no reader decodes it, and the names this writes hold no other '%'
     (docs/delta-tables.md, "Directory names")."""
+    if safe:
+        return _safe_path_component(name, reserved)
     if name in (".", ".."):
         return "%u2E" + name[1:]
-    out = _ESCAPED_IN_PATHS.sub(lambda m: f"%u{ord(m.group()):02X}", name)
+    out = _ESCAPED_IN_PATHS.sub(lambda m: f"%u{ord(m.group()[0]):02X}", name)
     return "%u5F" + out[1:] if name in reserved else out
+
+
+def _safe_path_component(name: str, reserved: frozenset[str]) -> str:
+    """A name as a path component under ``path_names: safe``: ASCII letters, digits, '_', '-' and '.' kept,
+    any other character written ``~`` and two hex digits per UTF-8 byte (``Mixed Case`` -> ``Mixed~20Case``,
+    ``é`` -> ``~C3~A9``, ``~`` -> ``~7E``); '.', '..' and reserved names as under keep (``~2E.``, ``~5Fapplier``).
+
+    Why: delta-rs hands Polars a table's files as URLs (``Mixed%20Case``), which Polars then looks for on
+    disk; a directory name with nothing a URL escapes opens in every reader, on object stores too."""
+    if name in (".", ".."):
+        return "~2E" + name[1:]
+    out = _UNSAFE_IN_PATHS.sub(
+        lambda m: "".join(f"~{b:02X}" for b in m.group().encode("utf-8", "surrogateescape")), name)
+    return "~5F" + out[1:] if name in reserved else out
 
 
 def _legacy_path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS) -> str:
@@ -97,35 +116,61 @@ def _legacy_path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_
     return "%5F" + out[1:] if name in reserved else out
 
 
-def table_location(target_dir: str | Path, namespace: str, table: str) -> str:
+def table_location(target_dir: str | Path, namespace: str, table: str, *, safe: bool = False) -> str:
     """``DIR/<schema>/<table>``, names exactly as in Postgres (pg_catalog when the wire sends ''),
     except the escapes of :func:`_path_component`; a URI target (``s3://...``) joined as a URI.
 
     A local table an earlier release wrote under its URL-escaped name (``%2E.``, ``%5Fapplier``,
-    ``100%25``) is found there: the mirror, ``status`` and ``verify`` go on with it where it is.
+    ``100%25``) is found there: the mirror, ``status`` and ``verify`` go on with it where it is. So is a
+    table written under ``path_names: keep`` before the target chose ``safe``, and (locally) one written
+    under ``safe`` when a command is not given the config that chose it.
 
-    On an object store a name that needs an escape (``%``, ``/``, a backslash, a control character,
-    ``.``/``..``, a reserved name) is refused: delta-rs reads ``%XX`` in a URI as the character it
-    encodes and Hadoop's S3A does not, so the two engines would write the same table at two different
-    keys, and delta-rs cannot write a backslash or a control character there at all."""
+    On an object store a name that needs a ``%u`` escape (``%``, ``/``, a backslash, a control character,
+    ``.``/``..``, a reserved name) is refused under keep: delta-rs reads ``%XX`` in a URI as the character
+    it encodes and Hadoop's S3A does not, so the two engines would write the same table at two different
+    keys, and delta-rs cannot write a backslash or a control character there at all. ``safe`` names hold
+    no '%' and are written there too."""
     schema = namespace or "pg_catalog"
     schema_dir, table_dir = _path_component(schema, RESERVED_SCHEMA_DIRS), _path_component(table)
+    if safe:
+        path = join(target_dir, _safe_path_component(schema, RESERVED_SCHEMA_DIRS),
+                    _safe_path_component(table, RESERVED_TABLE_DIRS))
+        if "%" in schema_dir + table_dir and is_object_store(target_dir):
+            return path  # (refused under keep: nothing was ever written there)
+        kept = table_location(target_dir, namespace, table)
+        return kept if kept != path and _holds_table(kept) and not _holds_table(path) else path
     if "%" in schema_dir + table_dir and is_object_store(target_dir):
         from applier.errors import ConfigError
 
         raise ConfigError(
             f"{namespace}.{table}: its name needs an escape in a path (a '%', '/', backslash or control "
             "character, '.' or '..', or a reserved name such as _delta_log), which object-store paths do not "
-            "carry the same way in delta-rs and Spark; nothing was written for it. Give the table a plain path "
-            f"of its own (tables.rules: - match: \"{namespace}.{table}\", target: "
-            f"\"{join(target_dir, 'some_plain_name')}\") or leave it out (tables.exclude)",
-            table=f"{namespace}.{table}", target=str(target_dir))
+            "carry the same way in delta-rs and Spark; nothing was written for it. Set tables.path_names: safe "
+            "(names written with '~' escapes), give the table a plain path of its own (tables.rules: - match: "
+            f"\"{namespace}.{table}\", target: \"{join(target_dir, 'some_plain_name')}\") or leave it out "
+            "(tables.exclude)", table=f"{namespace}.{table}", target=str(target_dir))
     path = join(target_dir, schema_dir, table_dir)
-    if "%" in schema_dir + table_dir and not is_object_store(target_dir):  # (no escape on a store ever was)
+    if is_object_store(target_dir):
+        return path
+    safe_path = join(target_dir, _safe_path_component(schema, RESERVED_SCHEMA_DIRS),
+                     _safe_path_component(table, RESERVED_TABLE_DIRS))
+    if "%" in schema_dir + table_dir:  # (no escape on a store ever was)
         legacy = join(target_dir, _legacy_path_component(schema, RESERVED_SCHEMA_DIRS), _legacy_path_component(table))
-        if legacy != path and (Path(legacy) / "_delta_log").is_dir() and not (Path(path) / "_delta_log").is_dir():
+        if legacy != path and _holds_table(legacy) and not _holds_table(path):
             return legacy
+    if safe_path != path and _holds_table(safe_path) and not _holds_table(path):
+        return safe_path  # (written under path_names: safe: verify and status without the config find it)
     return path
+
+
+def _holds_table(path: str) -> bool:
+    """A Delta table is at ``path`` (a local directory with a log; on an object store, a key under its log)."""
+    if not is_object_store(path):
+        return (Path(path) / "_delta_log").is_dir()
+    from applier.storage.location import bucket_and_prefix, bucket_root
+    from applier.storage.objects import ObjectStore
+
+    return ObjectStore(bucket_root(path)).any_under(bucket_and_prefix(path)[1] + "/_delta_log/")
 
 
 def sql_string_literal(value: str) -> str:

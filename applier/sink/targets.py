@@ -46,8 +46,8 @@ class TableTargets:
         if qualified in self._paths:
             return self._paths[qualified]
         rule = self.tables.rule_for(qualified)
-        path = rule.target if rule is not None and rule.target else str(table_location(self.target_dir, namespace,
-                                                                                        name))
+        path = rule.target if rule is not None and rule.target else str(table_location(
+            self.target_dir, namespace, name, safe=self.tables.safe_path_names(qualified)))
         if rule is not None and rule.table:
             existing = self._catalog_location(rule.table, qualified)
             if existing is not None:
