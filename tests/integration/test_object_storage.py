@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 from applier.cli import main
 from applier.commands.exitcodes import ExitCode
 from applier.lsn import parse_lsn
-from applier.sink.naming import mirrored_table_dirs
+from applier.sink.naming import mirrored_table_dirs, source_name_of, table_location
 from applier.sources.rawlog_writer import write_raw_log
 from applier.storage.lease import LOCK_KEY, store_lease
 from applier.storage.objects import ObjectStore
@@ -472,6 +472,20 @@ def test_a_name_that_needs_an_escape_is_refused_on_s3_and_a_plain_one_with_space
     assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
     assert _contents(target)["Odd sch.weird name"][1] == sorted(
         str(r) for r in [{"id": 1, "_applier_op": "x"}, {"id": 2, "_applier_op": None}])
+    # a table written under keep is found there under safe (asked of the store), a new name is safe
+    assert table_location(target, "Odd sch", "weird name", safe=True) == f"{target}/Odd sch/weird name"
+    assert table_location(target, "Odd sch", "other name", safe=True) == f"{target}/Odd~20sch/other~20name"
+    # tables.path_names: safe: no name needs a '%', none is refused, and every name decodes back
+    target = f"s3://{s3.new_bucket()}/mirror"
+    settings = {**settings, "source": {**settings["source"], "slot": "odd_slot_3"}, "target": {"path": target},
+                "tables": {"path_names": "safe"}}
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["mirror", "--config", str(config), "--once"]) == ExitCode.OK
+    contents = _contents(target)
+    assert set(contents) == {"Odd~20sch.weird~20name", "public.50~25~20off"}
+    assert contents["public.50~25~20off"][1] == [str({"id": 1})]
+    assert sorted(source_name_of(t) for t in mirrored_table_dirs(target)) == [("Odd sch", "weird name"),
+                                                                          ("public", "50% off")]
 
 
 def test_target_storage_options_alone_reach_the_store_for_both_engines_the_log_and_the_lock(s3, spark, tmp_path):
