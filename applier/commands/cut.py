@@ -17,8 +17,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="A mirror (and a replay, and the streaming sink) records a consistent cut after every group "
         "it applies, in the Delta table TARGET/_applier/cuts: the group's end LSN, the source commit time of its "
         "last transaction and, for every mirrored table and its history and change feed tables, the Delta version "
-        "that holds exactly the source transactions up to that LSN. Reading each table at its version (Spark's "
-        "versionAsOf, delta-rs's DeltaTable(path, version=v)) shows every table as Postgres had it at that commit, "
+        "that holds exactly the source transactions up to that LSN, with its Delta table id (metaData.id: a table "
+        "written anew at the same path since has another). Each cut has an id of its own (a UUID). Reading each "
+        "table at its version (Spark's versionAsOf, delta-rs's DeltaTable(path, version=v)) shows every table as "
+        "Postgres had it at that commit, "
         "never half of a transaction that wrote several tables (docs/consistent-reads.md). Prints the newest cut, "
         "or with --at / --at-time the newest at or before that LSN or source commit time. Reads with delta-rs: no "
         "JVM. Exit 3 when the target has no such cut.",
@@ -61,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     age_seconds = cut_status(cut)["age_seconds"]
     age = f", {age_seconds:.1f}s ago" if age_seconds is not None else ""
     when = cut.commit_time.isoformat() if cut.commit_time is not None else "unknown"
-    print(f"cut at LSN {format_lsn(cut.lsn)}: source commit {when}{age} (recorded "
+    named = f"cut {cut.cut_id}" if cut.cut_id else "cut"
+    print(f"{named} at LSN {format_lsn(cut.lsn)}: source commit {when}{age} (recorded "
           f"{cut.recorded_at.isoformat(timespec='seconds')}), {len(cut.tables)} tables")
-    rows = [("table", "kind", "version", "path")] + [(t.name, t.kind, str(t.version), t.path) for t in cut.tables]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    rows = [("table", "kind", "version", "path", "table id")] + [
+        (t.name, t.kind, str(t.version), t.path, t.table_id or "-") for t in cut.tables]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for row in rows:
         print("  ".join(v.rjust(w) if i == 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths,
                                                                                              strict=True))).rstrip())

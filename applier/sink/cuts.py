@@ -27,6 +27,7 @@ out of that cut, never given a wrong version.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -78,6 +79,7 @@ class CutTable:
     path: str  # relative to the target (see ``relative_to``)
     kind: str  # mirror | history | changes
     version: int  # the Delta version holding exactly the cut's transactions
+    table_id: str | None = None  # its Delta table id (metaData.id); None: recorded before cuts held ids
 
     def location(self, target_dir: str) -> str:
         """The table's path: under ``target_dir`` unless recorded as an absolute path or URI."""
@@ -87,7 +89,7 @@ class CutTable:
 
     def as_dict(self) -> dict[str, Any]:
         return {"relation_oid": self.relation_oid, "table": self.name, "kind": self.kind, "path": self.path,
-                "version": self.version}
+                "version": self.version, "table_id": self.table_id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class Cut:
     commit_time: datetime | None  # its source commit time (None: not known, a catch-up folded on executors)
     recorded_at: datetime
     tables: tuple[CutTable, ...]
+    cut_id: str | None = None  # a UUID of its own; None: recorded before cuts had ids
 
     def table(self, name: str) -> CutTable | None:
         """The mirrored table called ``name`` (schema.table), or the table (of any kind) at path ``name``
@@ -105,7 +108,7 @@ class Cut:
         return next((t for t in self.tables if (t.kind == "mirror" and t.name == name) or t.path == name), None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"lsn": format_lsn(self.lsn),
+        return {"id": self.cut_id, "lsn": format_lsn(self.lsn),
                 "commit_time": self.commit_time.isoformat() if self.commit_time is not None else None,
                 "recorded_at": self.recorded_at.isoformat(), "tables": [t.as_dict() for t in self.tables]}
 
@@ -113,29 +116,32 @@ class Cut:
 def cut_schema() -> pa.Schema:
     import pyarrow as pa
 
+    # (the ids last, in the table and in its struct: where a cuts table written before them gets them)
     table = pa.struct([pa.field("relation_oid", pa.int64()), pa.field("table", pa.string()),
                        pa.field("kind", pa.string()), pa.field("path", pa.string()),
-                       pa.field("version", pa.int64())])
+                       pa.field("version", pa.int64()), pa.field("table_id", pa.string())])
     return pa.schema([pa.field("lsn", pa.string()), pa.field("lsn_value", pa.int64()),
                       pa.field("commit_time", pa.timestamp("us", tz="UTC")),
                       pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
-                      pa.field("tables", pa.list_(table))])
+                      pa.field("tables", pa.list_(table)), pa.field("cut_id", pa.string())])
 
 
 def cut_to_arrow(cut: Cut) -> pa.Table:
     import pyarrow as pa
 
     tables = [{"relation_oid": t.relation_oid, "table": t.name, "kind": t.kind, "path": t.path,
-               "version": t.version} for t in cut.tables]
+               "version": t.version, "table_id": t.table_id} for t in cut.tables]
     return pa.Table.from_pylist([{"lsn": format_lsn(cut.lsn), "lsn_value": cut.lsn, "commit_time": cut.commit_time,
-                                  "recorded_at": cut.recorded_at, "tables": tables}], schema=cut_schema())
+                                  "recorded_at": cut.recorded_at, "tables": tables, "cut_id": cut.cut_id}],
+                                schema=cut_schema())
 
 
 def cuts_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Cut]:
     """Cuts from the cuts table's rows (``pa.Table.to_pylist``), oldest first."""
     cuts = [Cut(int(r["lsn_value"]), _utc(r.get("commit_time")), _utc(r["recorded_at"]) or datetime.now(UTC),
                 tuple(CutTable(int(t["relation_oid"]), str(t["table"]), str(t["path"]), str(t["kind"]),
-                               int(t["version"])) for t in r.get("tables") or ()))
+                               int(t["version"]), t.get("table_id")) for t in r.get("tables") or ()),
+                r.get("cut_id"))
             for r in rows]
     return sorted(cuts, key=lambda c: c.lsn)
 
@@ -302,7 +308,7 @@ class CutRecorder:
         newest = self.log.newest_lsn()
         if newest is not None and end <= newest:
             return None
-        cut = Cut(end, commit_time, datetime.now(UTC), tuple(self._tables(end)))
+        cut = Cut(end, commit_time, datetime.now(UTC), tuple(self._tables(end)), str(uuid.uuid4()))
         self.log.append(cut)
         return cut
 
@@ -320,7 +326,8 @@ class CutRecorder:
             if applied is None or applied > end:
                 continue  # no table yet, or ahead of the cut (see the module's docstring)
             yield CutTable(bound.oid, bound.name, relative_to(target, bound.path), "mirror",
-                           applier.table_version(bound.path))
+                           applier.table_version(bound.path), applier.table_id(bound.path))
             for kind, path, done in applier.derived_tables(bound.name):
                 if done is not None and done <= end:
-                    yield CutTable(bound.oid, bound.name, relative_to(target, path), kind, applier.table_version(path))
+                    yield CutTable(bound.oid, bound.name, relative_to(target, path), kind, applier.table_version(path),
+                                   applier.table_id(path))

@@ -100,6 +100,9 @@ class DeltaApplier:
         #: table path -> its newest Delta version as last read (``table_version``); every commit this applier
         #: makes to a table drops its entry, so a consistent cut (applier.sink.cuts) reads it again once
         self.versions: dict[str, int] = {}
+        #: table path -> its Delta table id (``metaData.id``) as last read: dropped with its version, except
+        #: after this applier's own commit (a MERGE or append keeps a table's id)
+        self.table_ids: dict[str, str | None] = {}
         self._on_schema_change = on_schema_change
         self._dry_run = dry_run  # when set: describe each commit to it instead of writing anything
         self._sessions = SessionPool(self.spark, self.settings.parallel_tables)
@@ -168,6 +171,7 @@ class DeltaApplier:
             cache.pop(src, None)
             cache.pop(dst, None)
         self.versions.clear()  # derived tables move too
+        self.table_ids.clear()
         self.stores.forget(src, dst)
         self._written.discard(src)
         if old_name != new_name:  # (the same name: parked while two tables swap names)
@@ -296,6 +300,7 @@ class DeltaApplier:
                 self._ensure(path, spec, last_batch.schema)
             for kind in self.derived.kinds(spec.source_name):
                 self.versions.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
+                self.table_ids.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
             if history is not None:
                 histories.append(history)
@@ -482,6 +487,7 @@ class DeltaApplier:
             self.versions[path] = result.version
         else:
             self.versions.pop(path, None)
+            self.table_ids.pop(path, None)
         if tag is None:
             self._applied[path] = applied
         else:
@@ -513,6 +519,7 @@ class DeltaApplier:
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
         self.versions.clear()  # the table and its derived ones are written anew
+        self.table_ids.clear()
         path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
         creator = self.stores.creator(path, spec, options or TableOptions())
@@ -552,6 +559,7 @@ class DeltaApplier:
         for cache in (self._applied, self._schema_seen):
             cache.pop(path, None)
         self.versions.clear()
+        self.table_ids.clear()
         self.stores.forget(path)
         self._written.discard(path)
         if not self._exists(path):
@@ -673,6 +681,7 @@ class DeltaApplier:
             self._check_columns(path, spec.source_name, schema_version.relation.oid)
         self.targets.created(path)
         self.versions.pop(path, None)
+        self.table_ids.pop(path, None)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
@@ -752,6 +761,14 @@ class DeltaApplier:
         if version is None:
             version = self.versions[path] = self.stores.reader(path).version(path)
         return version
+
+    def table_id(self, path: str) -> str | None:
+        """The table's Delta table id (``metaData.id``): read once, then again only after the table may have
+        been made anew (a copy, a resync, a move); a cut records it beside the version, so that a reader
+        can tell the table from another later written at the same path."""
+        if path not in self.table_ids:
+            self.table_ids[path] = self.stores.reader(path).table_id(path)
+        return self.table_ids[path]
 
     def applied_lsn(self, path: str, source_name: str) -> int | None:
         """The end LSN the table at ``path`` has applied (None: no table, or none recorded yet)."""

@@ -331,7 +331,8 @@ class DeltaRsStore:
             write_deltalake(str(path), table, mode="append", commit_properties=_commit_properties(tag),
                             storage_options=deltalake_options(path))
             return self.open(path)
-        write_deltalake(handle, table, mode="append", commit_properties=_commit_properties(tag))
+        write_deltalake(handle, table, mode="append", commit_properties=_commit_properties(tag),
+                        schema_mode="merge")  # (a column the table lacks is added: cuts written before ids)
         return handle
 
     def evolve(self, path: str, spec: TableSpec, renames: Renames | None, *,
