@@ -196,6 +196,6 @@ def read_consistent(spark: SparkSession, target: str | Path, tables: Sequence[st
     chosen = find_cut(target, at)
     frames: dict[str, DataFrame] = {}
     for table in tables:
-        entry, path = table_at(chosen, target, table)
+        entry, path = table_at(chosen, target, table, spark)
         frames[table] = spark.read.format("delta").option("versionAsOf", entry.version).load(path)
     return frames

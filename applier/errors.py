@@ -226,6 +226,12 @@ class NoCutError(ApplierError):
     recorded yet (a mirror that has applied no group since cuts came), or all of them pruned or newer."""
 
 
+class CutTableReplacedError(ApplierError):
+    """A table a consistent cut lists is no longer the Delta table the cut recorded (its ``metaData.id``
+    differs): written anew at the same path since (a copy after its directory was deleted, a new table
+    that took the name of a retired one). Its version there is not the cut's rows."""
+
+
 class TargetLockedError(ApplierError):
     """Another applier run holds the target (or raw log) this run would write: its ``flock``
     (applier.infra.lock) or its lease object on an object store (applier.storage.lease)."""

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from applier.errors import ConfigError, NoCutError
+from applier.errors import ConfigError, CutTableReplacedError, NoCutError
 from applier.lsn import format_lsn, parse_lsn
 from applier.sink.cuts import Cut, CutLog, CutTable, cuts_path
+
+if TYPE_CHECKING:
+    from applier.spark.session import SparkLike
 
 #: what a cut is asked for by: None (the newest), an LSN (int, or PostgreSQL's 'X/Y' text) or a time
 At = int | str | datetime | None
@@ -68,15 +72,28 @@ def newest_cut(target: str | Path) -> Cut | None:
         return None
 
 
-def table_at(cut: Cut, target: str | Path, table: str) -> tuple[CutTable, str]:
+def table_at(cut: Cut, target: str | Path, table: str, spark: SparkLike | None = None) -> tuple[CutTable, str]:
     """The cut's entry for ``table`` (a mirrored table's schema.table, or any table's path relative to
-    the target, e.g. ``_history/public/orders``) and its location. ConfigError when the cut lacks it."""
+    the target, e.g. ``_history/public/orders``) and its location. ConfigError when the cut lacks it;
+    CutTableReplacedError when the table there now is not the one the cut recorded (its Delta table id)."""
     entry = cut.table(table)
     if entry is None:
         listed = ", ".join(sorted({t.name if t.kind == "mirror" else t.path for t in cut.tables})) or "none"
         raise ConfigError(f"{table} is not in the cut at LSN {format_lsn(cut.lsn)} (a table parked, ahead of the "
                           f"cut, or not mirrored; its tables: {listed})", table=table, target=str(target))
-    return entry, entry.location(str(target))
+    where = entry.location(str(target))
+    if entry.table_id is not None:
+        from applier.sink.store.picker import reader
+
+        now = reader(where, spark).table_id(where)  # (Spark only where delta-rs cannot open the path)
+        if now != entry.table_id:
+            raise CutTableReplacedError(
+                f"{table} at {where} is not the Delta table the cut at LSN {format_lsn(cut.lsn)} recorded (table id "
+                f"{entry.table_id}, now {now or 'no table'}): it was written anew since, and its version "
+                f"{entry.version} holds other rows. Read it at a cut recorded after it was written (applier cut), "
+                "or read the table the cut named where it went (a retired table: _retired/)", table=table,
+                target=str(target), cut_id=cut.cut_id, recorded_table_id=entry.table_id, table_id=now)
+    return entry, where
 
 
 def cut_status(cut: Cut, now: datetime | None = None) -> dict[str, object]:
@@ -85,5 +102,6 @@ def cut_status(cut: Cut, now: datetime | None = None) -> dict[str, object]:
     age = None
     if cut.commit_time is not None:
         age = round(max(((now or datetime.now(UTC)) - cut.commit_time).total_seconds(), 0.0), 3)
-    return {"lsn": format_lsn(cut.lsn), "commit_time": cut.commit_time.isoformat() if cut.commit_time else None,
+    return {"id": cut.cut_id, "lsn": format_lsn(cut.lsn),
+            "commit_time": cut.commit_time.isoformat() if cut.commit_time else None,
             "age_seconds": age, "recorded_at": cut.recorded_at.isoformat(), "tables": len(cut.tables)}

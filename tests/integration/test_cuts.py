@@ -256,12 +256,15 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
 
     assert main(["cut", "--target", str(target)]) == 0
     out = capsys.readouterr().out
-    assert f"cut at LSN {format_lsn(newest.lsn)}" in out and "public.order_lines" in out and "ago" in out
+    assert f"cut {newest.cut_id} at LSN {format_lsn(newest.lsn)}" in out and "public.order_lines" in out
+    assert "ago" in out and next(t.table_id for t in newest.tables) in out
     assert main(["cut", "--target", str(target), "--json", "--at", format_lsn(newest.lsn - 1)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert parse_lsn(shown["lsn"]) == cuts[1].lsn
     assert {t["table"] for t in shown["tables"]} == {"public.orders", "public.order_lines"}
     assert {t["path"] for t in shown["tables"]} == {"public/orders", "public/order_lines"}
+    assert shown["id"] == cuts[1].cut_id and {t["table_id"] for t in shown["tables"]} == {
+        str(deltalake.DeltaTable(str(target / "public" / name)).metadata().id) for name in ("orders", "order_lines")}
     assert main(["cut", "--target", str(target), "--json", "--at-time", first.commit_time.isoformat()]) == 0
     assert parse_lsn(json.loads(capsys.readouterr().out)["lsn"]) == first.lsn
     assert main(["cut", "--target", str(target), "--json", "--at", format_lsn(first.lsn - 1)]) == 0
@@ -315,3 +318,65 @@ def test_cli_api_status_maintain_and_replay(pg, spark, tmp_path, capsys):
     assert all(c.commit_time is not None for c in on_executors)
     assert {c.commit_time for c in on_executors} <= {c.commit_time for c in cuts}
     assert not any(_at_cut(folded, c) for c in on_executors)
+
+
+def _old_cut_rows(cut) -> Any:
+    """A cut as releases before cut ids wrote it: no ``cut_id``, no ``table_id`` in its tables."""
+    import pyarrow as pa
+
+    table = pa.struct([pa.field("relation_oid", pa.int64()), pa.field("table", pa.string()),
+                       pa.field("kind", pa.string()), pa.field("path", pa.string()),
+                       pa.field("version", pa.int64())])
+    schema = pa.schema([pa.field("lsn", pa.string()), pa.field("lsn_value", pa.int64()),
+                        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+                        pa.field("recorded_at", pa.timestamp("us", tz="UTC")), pa.field("tables", pa.list_(table))])
+    tables = [{"relation_oid": t.relation_oid, "table": t.name, "kind": t.kind, "path": t.path, "version": t.version}
+              for t in cut.tables]
+    return pa.Table.from_pylist([{"lsn": format_lsn(cut.lsn), "lsn_value": cut.lsn, "commit_time": cut.commit_time,
+                                  "recorded_at": cut.recorded_at, "tables": tables}], schema=schema)
+
+
+def test_cuts_have_ids_their_tables_delta_ids_and_a_table_written_anew_is_refused(pg, tmp_path, monkeypatch):
+    """Each cut has an id, and each table in it its Delta table id beside its version (issue 75, item 4). A
+    cuts table written before ids is evolved by the next append, its old cuts kept (ids None). A table
+    written anew at its path after a cut (another id) is refused at that cut: its version there holds
+    other rows, which a reader must not be handed as the cut's."""
+    import applier.sink.cuts as cuts_module
+    from applier.checks.cuts import table_at
+    from applier.errors import CutTableReplacedError
+
+    target = tmp_path / "delta"
+    config = _config(pg, target, "ids_pub", "ids")
+    with pg.connect() as conn:
+        _setup(conn, "ids_pub")
+        with monkeypatch.context() as patch:
+            patch.setattr(cuts_module, "cut_to_arrow", _old_cut_rows)
+            mirror(_no_spark(), config, once=True)  # the copy's cut, in the old form
+        (old,) = CutLog(str(target)).cuts()
+        assert old.cut_id is None and all(t.table_id is None for t in old.tables)
+        _workload(conn, 6, seed=11)
+        mirror(_no_spark(), config, once=True)
+    cuts = CutLog(str(target)).cuts()
+    assert len(cuts) == 4 and cuts[0].lsn == old.lsn and cuts[0].cut_id is None  # kept as it was
+    assert len({c.cut_id for c in cuts[1:]}) == 3 and all(c.cut_id for c in cuts[1:])
+    ids = {name: str(deltalake.DeltaTable(str(target / "public" / name)).metadata().id)
+           for name in ("orders", "order_lines")}
+    for cut in cuts[1:]:
+        assert {t.name: t.table_id for t in cut.tables} == {f"public.{n}": i for n, i in ids.items()}
+    fields = deltalake.DeltaTable(cuts_path(str(target))).schema().to_arrow()
+    assert "cut_id" in fields.names
+
+    # public.orders written anew at its path: another table id
+    import shutil
+
+    orders = target / "public" / "orders"
+    rows = deltalake.DeltaTable(str(orders)).to_pyarrow_table()
+    shutil.rmtree(orders)
+    deltalake.write_deltalake(str(orders), rows)
+    for cut in cuts[1:]:
+        with pytest.raises(CutTableReplacedError, match="written anew since") as info:
+            table_at(cut, target, "public.orders")
+        assert info.value.context["recorded_table_id"] == ids["orders"]
+        entry, _ = table_at(cut, target, "public.order_lines")  # the other table is still the one recorded
+        assert entry.table_id == ids["order_lines"]
+    table_at(cuts[0], target, "public.orders")  # a cut without ids: nothing to compare (as before)
