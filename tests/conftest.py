@@ -19,6 +19,7 @@ import pytest
 
 from applier.devtools.azurite import AzuriteServer, start_azurite
 from applier.devtools.gcsserver import GcsServer, start_gcs_server
+from applier.devtools.hivemetastore import HiveMetastore, start_hive_metastore
 from applier.devtools.pgcluster import PgCluster, find_installation, find_installations
 from applier.devtools.s3server import S3Server, start_s3_server
 from applier.errors import EnvironmentSetupError
@@ -52,7 +53,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 TIERS = ("unit", "integration", "scenario")
 SERVER_FIXTURES = {"pg", "pg_any", "pg_module", "pg_pool", "spark", "s3_server", "azurite_server", "gcs_server",
-                   "standby_pairs"}
+                   "standby_pairs", "hive_metastore"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -322,6 +323,18 @@ def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite
     skipped locally, a failure in CI."""
     try:
         server = start_azurite(tmp_path_factory.mktemp("azurite"))
+    except FileNotFoundError as e:
+        unavailable(str(e))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMetastore]:
+    """A Hive Metastore's Thrift service on loopback (applier/devtools/hivemetastore.py), from pyspark's own
+    jars, one per run; each test uses databases of its own."""
+    try:
+        server = start_hive_metastore(tmp_path_factory.mktemp("hms"))
     except FileNotFoundError as e:
         unavailable(str(e))
     yield server
