@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         cfg: MirrorConfig = load_config(args.config, MirrorConfig, overrides={
             "target.path": (args.target, "--target")})
-        target, settings, spark_config = cfg.target.path, cfg.maintenance, cfg.spark
+        target, settings, spark_config = cfg.target.path, cfg.maintenance, cfg.spark_config()
     if not target:
         raise ConfigError("no target: pass --target or --config")
     from applier.storage.paths import location

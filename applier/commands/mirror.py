@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             # Reconnecting with backoff is for outages after this first connection succeeded.
             check_connection(cfg.source.resolved_dsn())
             check_publication(cfg.source.resolved_dsn(), cfg.source.publication)  # a typo: exit 2
-            spark = SparkProvider.for_config(cfg.spark, (cfg.target.path,))
+            spark = SparkProvider.for_config(cfg.spark_config(), (cfg.target.path,))
             summary = mirror(spark, cfg, once=args.once, stop=stop, progress=progress("mirror"))
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         for warning in check_log_continues_target(cfg.target.path, cfg.source_log):
             logging.getLogger("applier.replay").warning("%s", warning)
         # started by the first operation that needs it
-        spark = SparkProvider.for_config(cfg.spark, (cfg.target.path, cfg.source_log))
+        spark = SparkProvider.for_config(cfg.spark_config(), (cfg.target.path, cfg.source_log))
         summary = replay_log(spark, cfg, progress=progress("replay"),
                              dry_run=(lambda line: print(f"would commit {line}")) if args.dry_run else None)
     for line in summary.lines():

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             choose_tables(conn, cfg, list(args.table), gone={})  # (a relation dropped since is set aside)
         require_mirror(cfg)
-        spark = build_spark_session_for(cfg.spark, (cfg.target.path,))
+        spark = build_spark_session_for(cfg.spark_config(), (cfg.target.path,))
         copied = resync(spark, cfg, list(args.table), progress=progress("resync"))
     for name, rows in copied.items():
         print(f"resync: {name}: {rows} rows copied; run `applier mirror` to follow it from the stream")

@@ -1,7 +1,7 @@
 """Job configuration: pydantic models, read from YAML by applier.config.files.
 
 One module per section (``source``, ``target``, ``tables``, ``apply``, ``snapshot``, ``spark``,
-``distributed``, ``metrics``, ``maintenance``) and one for the jobs made of them; this package
+``distributed``, ``metrics``, ``maintenance``, ``catalog``) and one for the jobs made of them; this package
 re-exports their public names, so ``from applier.config import MirrorConfig`` is the way in.
 
 Every model forbids unknown keys (a typo must not silently fall back to a default), every field says
@@ -13,6 +13,7 @@ file resolves from its own folder.
 from __future__ import annotations
 
 from applier.config.apply import ApplySettings, EngineSettings, FilterSettings, GroupingSettings, PolicySettings
+from applier.config.catalog import CatalogSettings
 from applier.config.distributed import DistributedSettings
 from applier.config.files import load_config
 from applier.config.jobs import CaptureConfig, MirrorConfig, ReplayConfig
@@ -24,7 +25,7 @@ from applier.config.spark import SparkConfig
 from applier.config.tables import MetadataNames, TableRule, TablesSettings
 from applier.config.target import TargetSettings
 
-__all__ = ["ApplySettings", "CaptureConfig", "DistributedSettings", "EngineSettings", "FilterSettings",
-           "GroupingSettings", "MaintenanceSettings", "MetadataNames", "MetricsSettings", "MirrorConfig",
-           "PolicySettings", "ReplayConfig", "SnapshotSettings", "SourceSettings", "SparkConfig", "TableRule",
-           "TablesSettings", "TargetSettings", "libpq_env_given", "load_config"]
+__all__ = ["ApplySettings", "CaptureConfig", "CatalogSettings", "DistributedSettings", "EngineSettings",
+           "FilterSettings", "GroupingSettings", "MaintenanceSettings", "MetadataNames", "MetricsSettings",
+           "MirrorConfig", "PolicySettings", "ReplayConfig", "SnapshotSettings", "SourceSettings", "SparkConfig",
+           "TableRule", "TablesSettings", "TargetSettings", "libpq_env_given", "load_config"]

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 from applier.config import (
     ApplySettings,
     CaptureConfig,
+    CatalogSettings,
     DistributedSettings,
     MaintenanceSettings,
     MetadataNames,
@@ -43,7 +44,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("source", SourceSettings), ("target", TargetSettings), ("tables", TablesSettings),
     ("tables.rules[]", TableRule), ("tables.metadata_names", MetadataNames), ("snapshot", SnapshotSettings),
     ("apply", ApplySettings), ("distributed", DistributedSettings), ("metrics", MetricsSettings),
-    ("maintenance", MaintenanceSettings),
+    ("maintenance", MaintenanceSettings), ("catalog", CatalogSettings),
     ("spark", SparkConfig))
 
 HEADER = """\

@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 
 from applier.config.apply import ApplySettings
 from applier.config.base import PATH, SettingsModel
+from applier.config.catalog import CatalogSettings
 from applier.config.distributed import DistributedSettings
 from applier.config.maintenance import MaintenanceSettings
 from applier.config.metrics import MetricsSettings
@@ -22,6 +23,13 @@ _TABLES = "which published tables are mirrored, and per-table rules"
 _APPLY = "how transactions are grouped and applied, and what stops the run"
 _SPARK = ("the SparkSession applier starts when it is not given one (mirror and replay: only when an "
           "operation needs Spark)")
+_CATALOG = "registering every mirrored table by name in a catalog other engines read (opt-in)"
+
+
+def _with_catalog_conf(spark: SparkConfig, catalog: CatalogSettings) -> SparkConfig:
+    """``spark`` with the settings ``catalog`` needs that ``spark.conf`` does not give itself."""
+    missing = {k: v for k, v in catalog.spark_conf().items() if k not in spark.conf}
+    return spark.model_copy(update={"conf": {**spark.conf, **missing}}) if missing else spark
 
 
 class MirrorConfig(SettingsModel):
@@ -40,6 +48,11 @@ class MirrorConfig(SettingsModel):
                                      description="Prometheus metrics and /healthz while the mirror runs")
     maintenance: MaintenanceSettings = Field(
         default_factory=MaintenanceSettings, description="compaction, VACUUM and checkpoints of the mirrored tables")
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings, description=_CATALOG)
+
+    def spark_config(self) -> SparkConfig:
+        """``spark`` with what ``catalog`` needs of a session applier starts."""
+        return _with_catalog_conf(self.spark, self.catalog)
 
 
 class ReplayConfig(SettingsModel):
@@ -54,6 +67,7 @@ class ReplayConfig(SettingsModel):
     spark: SparkConfig = Field(default_factory=SparkConfig, description=_SPARK)
     distributed: DistributedSettings = Field(
         default_factory=DistributedSettings, description="decoding and folding on Spark's executors")
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings, description=_CATALOG)
 
     @model_validator(mode="after")
     def _no_resync(self) -> ReplayConfig:
@@ -63,6 +77,10 @@ class ReplayConfig(SettingsModel):
             raise ValueError("apply.schema_changes: resync needs a live source to copy from (applier mirror); "
                              "a replay of a stored log cannot re-copy a table: use evolve or stop")
         return self
+
+    def spark_config(self) -> SparkConfig:
+        """``spark`` with what ``catalog`` needs of a session applier starts."""
+        return _with_catalog_conf(self.spark, self.catalog)
 
 
 class CaptureConfig(SettingsModel):
