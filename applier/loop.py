@@ -37,6 +37,7 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, pg_time_to_datetime
 from applier.sink.audit import record_skips
+from applier.sink.catalogs import CatalogRegistrations
 from applier.sink.cuts import Cut, CutRecorder
 from applier.sink.engine import CommitCounters, DeltaApplier
 from applier.sink.fold import FoldedTable, approximate_bytes
@@ -201,7 +202,7 @@ class ApplyLoop:
                  stores: StorePicker | None = None, lookup: CatalogLookup | None = None,
                  before_apply: Callable[[GroupedTransactions], None] | None = None,
                  parked: ParkedTables | None = None, when_idle: Callable[[], None] | None = None,
-                 metrics: MirrorMetrics | None = None) -> None:
+                 metrics: MirrorMetrics | None = None, registrations: CatalogRegistrations | None = None) -> None:
         self.spark = SparkProvider.of(spark)  # started by the first write that needs it (issue 31 item 2)
         self.settings = apply
         self.state = state
@@ -245,6 +246,8 @@ class ApplyLoop:
         self.cuts = (CutRecorder(self.applier, target_dir, parked)
                      if dry_run is None and (stores is None or stores.only is None) else None)
         self.last_cut: Cut | None = None  # the newest this loop recorded
+        #: the tables' names in a catalog (catalog: in the config), brought in step after each cut
+        self.registrations = registrations if dry_run is None else None
 
     # --- feeding --------------------------------------------------------------------------------
 
@@ -484,14 +487,15 @@ class ApplyLoop:
         """Once every table of the groups up to ``end`` has committed (or been copied as of ``end``: the
         mirror's initial copy), and before ``end`` is confirmed: the cut at ``end`` (a crash before it
         leaves the previous cut the newest; the run after it re-applies nothing and records this one)."""
-        if self.cuts is None:
-            return
-        crashpoint("before_cut")
-        cut = self.cuts.record(end, commit_time)
-        if cut is not None:
-            self.last_cut = cut
-            if self.metrics is not None:
-                self.metrics.cut_recorded(cut.lsn, cut.commit_time)
+        if self.cuts is not None:
+            crashpoint("before_cut")
+            cut = self.cuts.record(end, commit_time)
+            if cut is not None:
+                self.last_cut = cut
+                if self.metrics is not None:
+                    self.metrics.cut_recorded(cut.lsn, cut.commit_time)
+        if self.registrations is not None:
+            self.registrations.sync(self.applier)
 
     def save(self) -> None:
         if self.dry_run is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,8 @@ class TableStatus:
     #: "published", or "not published since ..." (taken out of the publication: no longer followed); None:
     #: never marked (followed)
     publication: str | None = None
+    #: its name in the catalog ``catalog:`` names (database.table; None: not registered there)
+    catalog_name: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.source_name, "kind": self.kind, "path": self.path, "rows": self.rows,
@@ -54,7 +56,8 @@ class TableStatus:
                 "widened_columns": list(self.widened), "reader_features": list(self.reader_features),
                 "option_mismatches": list(self.option_mismatches), "files": self.files,
                 "size_bytes": self.size_bytes, "source_commit_time": self.source_commit_time,
-                "lag_seconds": self.lag_seconds, "publication": self.publication}
+                "lag_seconds": self.lag_seconds, "publication": self.publication,
+                "catalog_name": self.catalog_name}
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ def gather_status(target: str, state: StateDir, *, dsn: str | None, slot: str, w
     ``options``), its history and change-feed tables and the retired ones; with a ``dsn`` the slot."""
     from applier.checks.cuts import cut_status, newest_cut
     from applier.infra.stops import last_stops
+    from applier.sink.catalogs import STATE_KEY as CATALOG_STATE_KEY
     from applier.sink.derived import derived_table_dirs
     from applier.sink.naming import mirrored_table_dirs, retired_table_dirs
     from applier.sink.parking import ParkedTables
@@ -217,6 +221,9 @@ def gather_status(target: str, state: StateDir, *, dsn: str | None, slot: str, w
     tables += [table_status(p, kind=kind.name) for kind, p in derived_table_dirs(target)]
     # dropped in Postgres while a new table took the name: kept apart, no longer followed
     tables += [table_status(p, kind="retired") for p in retired_table_dirs(target)]
+    registered = {path: name for name, path in (state.load(CATALOG_STATE_KEY) or {}).items()}
+    if registered:
+        tables = [replace(t, catalog_name=registered.get(str(t.path))) for t in tables]
     newest = newest_cut(str(target))
     return StatusReport(tables, slot_status(dsn, slot, warn_below=warn_below) if dsn is not None else None,
                         last_stops(state), ParkedTables(state).entries(),

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
         # A catalog name (a rule's `table:`) is resolved in Spark's catalog; everything else needs no JVM.
         needs_catalog = any(rule.table for rule in cfg.tables.rules)
-        spark = build_spark_session_for(cfg.spark, (target,)) if needs_catalog else None
+        spark = build_spark_session_for(cfg.spark_config(), (target,)) if needs_catalog else None
         targets = TableTargets(spark, str(target), cfg.tables)
         with psycopg.connect(dsn, autocommit=True) as conn:
             selected = published_selection(conn, cfg.source.publication, cfg.tables)
@@ -145,7 +145,9 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
     from applier.infra.progress import byte_size
     from applier.lsn import format_lsn
 
-    header = ("table", "applied", "last commit", "source commit", "lag", "rows", "files", "size")
+    catalog = any(t.catalog_name for t in tables)  # (a column only when `catalog:` registers tables)
+    header: tuple[str, ...] = ("table", "applied", "last commit", "source commit", "lag", "rows", "files", "size")
+    header += ("catalog name",) if catalog else ()
     lines = [header]
     for t in tables:
         name = t.source_name if t.kind == "mirror" else f"{t.source_name} ({t.kind})"
@@ -154,7 +156,8 @@ def print_status(tables: list[TableStatus], slot_info: SlotStatus | None, target
                       f"{t.lag_seconds:.1f}s" if t.lag_seconds is not None else "-",
                       str(t.rows) if t.rows is not None else "?",
                       str(t.files) if t.files is not None else "?",
-                      byte_size(t.size_bytes) if t.size_bytes is not None else "?"))
+                      byte_size(t.size_bytes) if t.size_bytes is not None else "?")
+                     + ((t.catalog_name or "-",) if catalog else ()))
     if tables:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for line in lines:

@@ -71,6 +71,7 @@ from applier.state import StateDir
 if TYPE_CHECKING:
     from applier.catalog.batches import GroupedTransactions
     from applier.infra.metrics import MetricsServer, MirrorMetrics
+    from applier.sink.catalogs import CatalogRegistrations
     from applier.sink.maintenance import MaintenanceSchedule
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Mirror:
                               state=self.state, progress=self.progress, save_catalog_each_group=True,
                               lookup=self.live_catalog,
                               before_apply=self._before_apply, parked=self.parked, when_idle=self._idle,
-                              metrics=self.metrics)
+                              metrics=self.metrics, registrations=self._registrations(config))
         self.feeder = self.loop.feeder
         self.applier = self.loop.applier
         self.summary = MirrorSummary()
@@ -427,6 +428,16 @@ class Mirror:
 
     # --- streaming ------------------------------------------------------------------------------
 
+    def _registrations(self, config: MirrorConfig) -> CatalogRegistrations | None:
+        """The tables' names in the catalog ``config.catalog`` names (None: none), for the tables this mirror
+        follows now (copied and still published: the table sync's, made after the loop)."""
+        if config.catalog.kind == "none":
+            return None
+        from applier.sink.catalogs import CatalogRegistrations
+
+        return CatalogRegistrations(self.spark, config.catalog, self.state,
+                                    followed=lambda name: self.tablesync.follows(name))
+
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()
         server = self._serve_metrics()
@@ -434,6 +445,8 @@ class Mirror:
             with self.loop.running():
                 try:
                     self._run_with_retries(once)
+                    if self.loop.registrations is not None:  # a table synced with no group after it
+                        self.loop.registrations.sync(self.applier)
                 finally:
                     self.tablesync.close()  # a copy still waiting for its slot is left to the next run
         except KeyboardInterrupt:

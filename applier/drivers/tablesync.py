@@ -129,6 +129,11 @@ class TableSync:
             self._known = dict(saved)
         return self._known
 
+    def follows(self, name: str) -> bool:
+        """Whether the mirror follows table ``name`` now (copied, still published); before the run has asked
+        the publication, every table it has a Delta table of."""
+        return self._known is None or name in self._known
+
     def record_snapshot(self, tables: list[str], lsn: int) -> None:
         """The initial copy took ``tables`` at ``lsn`` (the slot's consistent point)."""
         self._known = {name: format_lsn(lsn) for name in tables}
