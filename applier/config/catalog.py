@@ -15,13 +15,15 @@ class CatalogSettings(SettingsModel):
     a move to another schema, dropped from the catalog when the table is dropped or leaves the publication
     (docs/delta-tables.md, "Catalog registrations")."""
 
-    kind: Literal["none", "hive"] = Field(
+    kind: Literal["none", "hive", "glue"] = Field(
         "none", description="none: tables are found by path only (a rule's `table` still names one in Spark's "
         "catalog). hive: every table is registered in a Hive Metastore through Spark (the run starts Spark when "
-        "a registration changes)")
+        "a registration changes). glue: in AWS Glue's Data Catalog through boto3 (pip install 'applier[glue]'; "
+        "credentials and region as boto3 finds them), as Athena and Spark on AWS read Delta tables")
     uri: str | None = Field(
         None, description="hive: the metastore's Thrift URI (thrift://host:9083), given to Spark as "
-        "hive.metastore.uris; unset: the Spark session's own Hive settings (hive-site.xml, spark.conf)")
+        "hive.metastore.uris; unset: the Spark session's own Hive settings (hive-site.xml, spark.conf). glue: "
+        "an endpoint other than AWS's (unset: AWS's, or AWS_ENDPOINT_URL_GLUE)")
     database: str = Field(
         "{schema}", description="the database each table is registered in; {schema} is its Postgres schema. Names "
         "are lower-cased and every character other than a-z, 0-9 and _ becomes _ ('Sales Ü' -> sales__)")

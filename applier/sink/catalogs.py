@@ -15,9 +15,10 @@ the run stops and says so.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from applier.errors import ConfigError, SinkError
 from applier.sink.naming import quote_identifier, sql_string_literal
@@ -100,25 +101,30 @@ class CatalogRegistrations:
         return out
 
     def sync(self, applier: DeltaApplier) -> None:
-        """Make the catalog hold exactly the registrations wanted now (a no-op, without Spark, when it does).
-        A catalog that does not answer is an outage (SinkError: run again; what was made is kept)."""
+        """Make the catalog hold exactly the registrations wanted now (a no-op, without Spark or a request,
+        when it does). A catalog that does not answer is an outage (SinkError: run again; what was made is
+        kept)."""
         wanted = self.wanted(applier)
         if wanted == self.registered():
             return
-        spark = self.spark.get(f"registering tables in the catalog (catalog.kind: {self.settings.kind})")
         try:
-            self._sync(spark, wanted)
+            self._sync(self._client(), wanted)
         except ConfigError:
             raise
-        except Exception as e:  # noqa: BLE001 - Spark's (the metastore's) own error is the useful part
+        except Exception as e:  # noqa: BLE001 - the catalog's own error is the useful part
             raise SinkError(f"the catalog refused or did not answer a registration: {str(e).splitlines()[0]}; "
                             "the Delta tables are written, and the next run makes the registrations still "
-                            "missing", catalog=self.settings.uri or "the Spark session's") from e
+                            "missing", catalog=f"{self.settings.kind} {self.settings.uri or ''}".strip()) from e
 
-    def _sync(self, spark: Any, wanted: dict[str, str]) -> None:
+    def _client(self) -> CatalogClient:
+        if self.settings.kind == "glue":
+            return GlueCatalog(self.settings.uri)
+        return HiveCatalog(self.spark.get(f"registering tables in the catalog (catalog.kind: {self.settings.kind})"))
+
+    def _sync(self, catalog: CatalogClient, wanted: dict[str, str]) -> None:
         registered = self.registered()
         for name in sorted(set(registered) - set(wanted)):  # renamed, moved, dropped or no longer published
-            spark.sql(f"DROP TABLE IF EXISTS {self._quoted(name)}")  # (external: its files stay)
+            catalog.drop(name)  # (an external table: its files stay)
             log.info("catalog: %s dropped (no such table follows it now; its Delta table stays at %s)",
                      name, registered[name])
             del registered[name]
@@ -126,9 +132,8 @@ class CatalogRegistrations:
         for name, path in sorted(wanted.items()):
             if registered.get(name) == path:
                 continue
-            database = name.partition(".")[0]
-            spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
-            there = self._location(spark, name)
+            catalog.create_database(name.partition(".")[0])
+            there = catalog.location(name)
             if there is not None and not _same_location(there, path):
                 if name not in registered:
                     raise ConfigError(
@@ -136,24 +141,102 @@ class CatalogRegistrations:
                         f"register; nothing was changed. Drop or rename that table in the catalog, or give the "
                         f"table at {path} another name (catalog.database, or tables.rules: table:)",
                         catalog_name=name, path=path, catalog_location=there)
-                spark.sql(f"DROP TABLE IF EXISTS {self._quoted(name)}")
+                catalog.drop(name)
                 there = None
             if there is None:
-                spark.sql(f"CREATE TABLE IF NOT EXISTS {self._quoted(name)} USING DELTA LOCATION "
-                          f"{sql_string_literal(path)}")
+                catalog.register(name, path)
                 log.info("catalog: %s registered over %s", name, path)
             registered[name] = path
             self.state.save(STATE_KEY, registered)
+
+
+class CatalogClient(Protocol):
+    """What a registration asks of a catalog: names are ``database.table``, each part a plain lower-case name."""
+
+    def location(self, name: str) -> str | None:
+        """Where the catalog's table ``name`` is (None: no such table)."""
+        ...
+
+    def create_database(self, database: str) -> None:
+        """The database, made when missing."""
+        ...
+
+    def register(self, name: str, path: str) -> None:
+        """``name`` registered as an external Delta table over ``path``."""
+        ...
+
+    def drop(self, name: str) -> None:
+        """``name`` no longer registered (its files are not touched); none is fine."""
+        ...
+
+
+class HiveCatalog:
+    """A Hive Metastore, through the Spark session's catalog (``spark.sql.catalogImplementation=hive``)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
 
     @staticmethod
     def _quoted(name: str) -> str:
         database, _, table = name.partition(".")
         return f"{quote_identifier(database)}.{quote_identifier(table)}"
 
-    def _location(self, spark: Any, name: str) -> str | None:
-        """Where the catalog's table ``name`` is, or None when there is none."""
-        if not spark.catalog.tableExists(name):
+    def location(self, name: str) -> str | None:
+        if not self.spark.catalog.tableExists(name):
             return None
-        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {self._quoted(name)}").collect()
+        rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {self._quoted(name)}").collect()
         found = next((r["data_type"] for r in rows if r["col_name"] == "Location"), None)
         return str(found) if found is not None else ""
+
+    def create_database(self, database: str) -> None:
+        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
+
+    def register(self, name: str, path: str) -> None:
+        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._quoted(name)} USING DELTA LOCATION "
+                       f"{sql_string_literal(path)}")
+
+    def drop(self, name: str) -> None:
+        self.spark.sql(f"DROP TABLE IF EXISTS {self._quoted(name)}")
+
+
+class GlueCatalog:
+    """AWS Glue's Data Catalog through boto3 (credentials and region as boto3 finds them; ``endpoint``: another
+    endpoint than AWS's, e.g. a local one). A table is registered as Athena and Spark on AWS read Delta:
+    ``table_type`` DELTA, ``spark.sql.sources.provider`` delta, its location (the schema is in its log)."""
+
+    def __init__(self, endpoint: str | None) -> None:
+        try:
+            import boto3  # type: ignore[import-untyped]
+        except ImportError as e:
+            raise ConfigError("catalog.kind glue needs boto3: pip install 'applier[glue]'") from e
+        # AWS_REGION as delta-rs reads it, where boto3 would ask for AWS_DEFAULT_REGION
+        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or None
+        self.glue = boto3.client("glue", endpoint_url=endpoint or None, region_name=region)
+
+    def location(self, name: str) -> str | None:
+        database, _, table = name.partition(".")
+        try:
+            found = self.glue.get_table(DatabaseName=database, Name=table)["Table"]
+        except self.glue.exceptions.EntityNotFoundException:
+            return None
+        return str(found.get("StorageDescriptor", {}).get("Location") or "")
+
+    def create_database(self, database: str) -> None:
+        try:
+            self.glue.create_database(DatabaseInput={"Name": database})
+        except self.glue.exceptions.AlreadyExistsException:
+            pass
+
+    def register(self, name: str, path: str) -> None:
+        database, _, table = name.partition(".")
+        self.glue.create_table(DatabaseName=database, TableInput={
+            "Name": table, "TableType": "EXTERNAL_TABLE",
+            "Parameters": {"table_type": "DELTA", "spark.sql.sources.provider": "delta", "EXTERNAL": "TRUE"},
+            "StorageDescriptor": {"Location": path, "SerdeInfo": {"Parameters": {"path": path}}}})
+
+    def drop(self, name: str) -> None:
+        database, _, table = name.partition(".")
+        try:
+            self.glue.delete_table(DatabaseName=database, Name=table)
+        except self.glue.exceptions.EntityNotFoundException:
+            pass
