@@ -25,7 +25,6 @@ from typing import Any, Literal
 #: Row-change operations (single characters, as pgoutput names them).
 OP_INSERT, OP_UPDATE, OP_DELETE, OP_TRUNCATE = "I", "U", "D", "T"
 
-OldShape = Literal["key", "full"] | None
 NewShape = Literal["full", "partial"] | None
 
 Row = tuple[Any, ...]
@@ -48,12 +47,6 @@ class TableChange:
     new_partial: bool = False
     restart_identity: bool = False  # TRUNCATE ... RESTART IDENTITY (op 'T' only)
     cascade: bool = False  # TRUNCATE ... CASCADE (op 'T' only; the message already lists every cascaded table)
-
-    @property
-    def old_shape(self) -> OldShape:
-        if self.old_row is not None:
-            return "full"
-        return "key" if self.old_key is not None else None
 
     @property
     def new_shape(self) -> NewShape:

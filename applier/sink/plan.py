@@ -109,9 +109,6 @@ class TablePlan:
         """The rows the commit writes or deletes (row images, or distinct images of a multiset table)."""
         return self.keyed_count() + len(self.counts)
 
-    def needs_lookup(self) -> bool:
-        return self.columnar is None and any(k.unresolved for k in self._keyed.values() if k.row is not None)
-
 
 def _entries(columns: KeyedColumns) -> dict[object, KeyedRow]:
     """Columnar entries as the Python entries ``fold_changes`` makes of the same changes."""
