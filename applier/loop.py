@@ -132,17 +132,15 @@ class PendingGroup:
     def full(self) -> bool:
         if self.settings.grouping == "transaction":
             return True
-        return (len(self.transactions) >= self.settings.max_group_transactions
-                or self.rows >= self.settings.max_group_rows
-                or self.bytes >= self.settings.max_group_bytes_mb << 20)
+        return self.settings.reached(len(self.transactions), self.rows, self.bytes)
 
     def past(self, measured: tuple[int, int]) -> bool:
-        """Whether a transaction of ``measured`` (rows, bytes) would take the group past
-        ``max_group_rows`` or ``max_group_bytes_mb``: the group is then applied first, and a group holds
-        more only when one transaction alone does (it is then a group of its own)."""
+        """Whether a transaction of ``measured`` (rows, bytes) would take the group past a limit: the group
+        is then applied first, and a group holds more only when one transaction alone does (it is then a
+        group of its own)."""
         rows, size = measured
-        return bool(self.transactions) and (self.rows + rows > self.settings.max_group_rows
-                                            or self.bytes + size > self.settings.max_group_bytes_mb << 20)
+        return bool(self.transactions) and self.settings.passed(len(self.transactions) + 1, self.rows + rows,
+                                                                self.bytes + size)
 
     def due(self) -> bool:
         """Held for ``max_group_seconds`` already (a live source applies it even if more may come)."""

@@ -54,6 +54,17 @@ class GroupingSettings(SettingsModel):
         "(one group in flight; memory up to two groups). Positions are still confirmed only after the "
         "commits exist, so exactly-once and crash safety are unchanged")
 
+    def reached(self, transactions: int, rows: int, size: int) -> bool:
+        """A group of ``transactions``, ``rows`` row changes and ``size`` bytes has reached a count limit (it
+        is applied now). The one rule the driver path's groups and the executors' groups of folds keep."""
+        return (transactions >= self.max_group_transactions or rows >= self.max_group_rows
+                or size >= self.max_group_bytes_mb << 20)
+
+    def passed(self, transactions: int, rows: int, size: int) -> bool:
+        """A group that would hold this much is past a count limit (what would take it there joins the next)."""
+        return (transactions > self.max_group_transactions or rows > self.max_group_rows
+                or size > self.max_group_bytes_mb << 20)
+
 
 class EngineSettings(SettingsModel):
     """What writes a group to Delta and with how much memory: the MERGE engine, commits in parallel,

@@ -46,9 +46,7 @@ class GroupLimits:
     driver path). ``clear()`` with every new group."""
 
     def __init__(self, apply: GroupingSettings, *, timed: bool) -> None:
-        self.transactions = apply.max_group_transactions
-        self.rows = apply.max_group_rows
-        self.bytes_limit = apply.max_group_bytes_mb << 20
+        self.apply = apply  # the count limits' rule (GroupingSettings.reached, .passed)
         self.seconds = apply.max_group_seconds if timed else None
         self.bytes = 0  # of the ranges in the group
         self.since: float | None = None  # when the group's first fold joined it
@@ -61,8 +59,8 @@ class GroupLimits:
         """Whether ``fold`` (of ``cut``, ``rows`` row changes) would take ``group`` past a limit, or the
         group has been open for ``max_group_seconds`` (False for a group no fold joined yet)."""
         return self.since is not None and (
-            group.transactions + fold.transactions > self.transactions or group.size() + rows > self.rows
-            or self.bytes + cut.size > self.bytes_limit or self._aged())
+            self.apply.passed(group.transactions + fold.transactions, group.size() + rows, self.bytes + cut.size)
+            or self._aged())
 
     def joins(self, cut: LogRange) -> None:
         if self.since is None:
@@ -70,8 +68,7 @@ class GroupLimits:
         self.bytes += cut.size
 
     def reached(self, group: FoldGroup) -> bool:
-        return (group.transactions >= self.transactions or group.size() >= self.rows
-                or self.bytes >= self.bytes_limit or self._aged())
+        return self.apply.reached(group.transactions, group.size(), self.bytes) or self._aged()
 
     def _aged(self) -> bool:
         return self.seconds is not None and self.since is not None and time.monotonic() - self.since >= self.seconds
