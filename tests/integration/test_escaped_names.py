@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
-from psycopg import sql
+from named_tables import change_tables, create_tables
 
 from applier.checks.verify import verify_against_postgres
 from applier.cli import main as cli_main
@@ -29,24 +29,6 @@ FORGED = "x\n2026-12-07T00:00:00.000Z ERROR applier.fake: forged"
 TABLES = [("public", FORGED), ("..", ".."), ("public", "a\\b"), ("_applier", "cuts"), ("public", "tab\there\x7f")]
 
 
-def _create(conn, tables) -> None:
-    for schema, table in tables:
-        if schema != "public":
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        name = sql.Identifier(schema, table)
-        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text)").format(name))
-        conn.execute(sql.SQL("INSERT INTO {} SELECT i, {} || i FROM generate_series(1, 5) i").format(
-            name, sql.Literal(table)))
-
-
-def _change(conn, tables) -> None:
-    for schema, table in tables:
-        name = sql.Identifier(schema, table)
-        conn.execute(sql.SQL("UPDATE {} SET v = v || '!' WHERE id = 1").format(name))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE id = 2").format(name))
-        conn.execute(sql.SQL("INSERT INTO {} VALUES (6, 'six')").format(name))
-
-
 def _assert_equal(spark, conn, target, tables) -> None:
     results = verify_against_postgres(spark, conn, str(target), tables)
     assert all(r.equal for r in results), [(r.source_name, r.only_in_source[:2], r.only_in_target[:2])
@@ -58,11 +40,11 @@ def test_names_that_need_an_escape_are_mirrored_and_no_reader_is_sent_elsewhere(
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="esc", publication="esc_pub"),
                           target=TargetSettings(path=str(target)))
     with pg.connect() as conn:
-        _create(conn, TABLES)
+        create_tables(conn, TABLES)
         conn.execute("CREATE PUBLICATION esc_pub FOR ALL TABLES")
         first = mirror(spark, config, once=True)
         assert first.snapshot_rows == {f"{s}.{t}": 5 for s, t in TABLES}
-        _change(conn, TABLES)
+        change_tables(conn, TABLES)
         second = mirror(spark, config, once=True)
         assert second.transactions == 3 * len(TABLES)
         _assert_equal(spark, conn, target, TABLES)
@@ -97,14 +79,14 @@ def test_a_target_an_earlier_release_wrote_goes_on_where_its_tables_are(pg, spar
     config = MirrorConfig(source=SourceSettings(dsn=pg.dsn, slot="old", publication="old_pub"),
                           target=TargetSettings(path=str(target)))
     with pg.connect() as conn:
-        _create(conn, old)
+        create_tables(conn, old)
         conn.execute("CREATE PUBLICATION old_pub FOR ALL TABLES")
         with monkeypatch.context() as patch:
             patch.setattr(naming, "_path_component", naming._legacy_path_component)
             mirror(spark, config, once=True)
         written = sorted(f"{d.parent.name}/{d.name}" for d in mirrored_table_dirs(target))
         assert written == ["%2E./%2E.", "%5Fapplier/spill", "public/100%25", "public/a%2Fb"]
-        _change(conn, old)
+        change_tables(conn, old)
         again = mirror(spark, config, once=True)
         assert again.snapshot_rows == {} and again.transactions == 3 * len(old)
         assert sorted(f"{d.parent.name}/{d.name}" for d in mirrored_table_dirs(target)) == written
@@ -127,14 +109,14 @@ def test_a_mirror_an_earlier_release_stopped_on_a_newline_goes_on(pg, spark, tmp
                           target=TargetSettings(path=str(target)))
     tables = [("public", "a\nb"), ("public", "plain")]
     with pg.connect() as conn:
-        _create(conn, tables)
+        create_tables(conn, tables)
         conn.execute("CREATE PUBLICATION nl_pub FOR ALL TABLES")
         with monkeypatch.context() as patch:
             patch.setattr(naming, "_path_component", naming._legacy_path_component)
             patch.setattr(deltars, "_NOT_IN_LOCAL_PATHS", frozenset("%[]^|\\"))
             with pytest.raises(Exception, match="illegal character sequence"):
                 mirror(spark, config, once=True)
-        _change(conn, tables)
+        change_tables(conn, tables)
         mirror(spark, config, once=True)
         assert (target / "public" / "a\nb" / "_delta_log").is_dir()  # where the binding says
         _assert_equal(spark, conn, target, tables)

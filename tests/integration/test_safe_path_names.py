@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from named_tables import change_tables, create_tables
 from psycopg import sql
 from readers import Rows, assert_equals_postgres, readers
 
@@ -30,24 +31,6 @@ deltalake = pytest.importorskip("deltalake")
 TABLES = [("Sales Ü", "Mixed Case"), ("public", "100%"), ("..", ".."), ("public", "日本")]
 RENAMED = ("Sales Ü", "Mixed Case 2")
 SAFE_DIR = re.compile(r"[A-Za-z0-9_.~@-]+")
-
-
-def _create(conn, tables) -> None:
-    for schema, table in tables:
-        if schema != "public":
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        name = sql.Identifier(schema, table)
-        conn.execute(sql.SQL('CREATE TABLE {} (id int PRIMARY KEY, v text, "Weird col" int)').format(name))
-        conn.execute(sql.SQL("INSERT INTO {} SELECT i, {} || i, i * 10 FROM generate_series(1, 5) i").format(
-            name, sql.Literal(table)))
-
-
-def _change(conn, tables) -> None:
-    for schema, table in tables:
-        name = sql.Identifier(schema, table)
-        conn.execute(sql.SQL("UPDATE {} SET v = v || '!' WHERE id = 1").format(name))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE id = 2").format(name))
-        conn.execute(sql.SQL("INSERT INTO {} VALUES (6, 'six', 60)").format(name))
 
 
 def _config(pg, target: Path, slot: str, path_names: str) -> MirrorConfig:
@@ -73,11 +56,11 @@ def test_every_reader_opens_tables_whose_names_need_an_escape(pg, spark, tmp_pat
     config = _config(pg, target, "sp", "safe")
     now = [RENAMED, *TABLES[1:]]
     with pg.connect() as conn:
-        _create(conn, TABLES)
+        create_tables(conn, TABLES, weird_column=True)
         conn.execute("CREATE PUBLICATION sp_pub FOR ALL TABLES")
         first = mirror(spark, config, once=True)
         assert first.snapshot_rows == {f"{s}.{t}": 5 for s, t in TABLES}
-        _change(conn, TABLES)
+        change_tables(conn, TABLES)
         mirror(spark, config, once=True)
         conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(*TABLES[0]),
                                                                     sql.Identifier(RENAMED[1])))
@@ -129,16 +112,16 @@ def test_a_target_that_turns_safe_names_on_keeps_its_tables_where_they_are(pg, s
     target = tmp_path / "delta"
     first = [TABLES[0]]
     with pg.connect() as conn:
-        _create(conn, first)
+        create_tables(conn, first, weird_column=True)
         conn.execute(sql.SQL("CREATE PUBLICATION sw_pub FOR TABLE {}").format(sql.Identifier(*TABLES[0])))
         mirror(spark, _config(pg, target, "sw", "keep"), once=True)
         kept = {f"{d.parent.name}/{d.name}" for d in mirrored_table_dirs(target)}
         assert kept == {"Sales Ü/Mixed Case"}
 
         safe = _config(pg, target, "sw", "safe")
-        _change(conn, first)
+        change_tables(conn, first)
         later = ("public", "late comer")
-        _create(conn, [later])
+        create_tables(conn, [later], weird_column=True)
         conn.execute(sql.SQL("ALTER PUBLICATION sw_pub ADD TABLE {}").format(sql.Identifier(*later)))
         mirror(spark, safe, once=True)
         assert {f"{d.parent.name}/{d.name}" for d in mirrored_table_dirs(target)} == kept | {"public/late~20comer"}
