@@ -176,3 +176,39 @@ def test_tables_are_registered_in_a_catalog_and_follow_renames_moves_and_drops(p
     assert shown[("shop.orders2", "history")] == "m_shop.orders2__history"
     assert shown[("public.Mixed Case", "mirror")] == "m_public.mixed_case"
 
+
+
+def test_a_catalog_name_another_table_holds_is_never_replaced(pg, s3_server, tmp_path):
+    """A name the catalog already holds over another location, which this target did not register, stops
+    the run (exit 2, naming where that table is) and stays as it was; once it is gone the next run registers
+    the mirror's table there."""
+    import boto3
+
+    env = {k: v for k, v in s3_server.env.items() if k != "AWS_ENDPOINT_URL"}
+    glue = boto3.client("glue", endpoint_url=s3_server.endpoint, region_name="us-east-1",
+                        aws_access_key_id="applier-test", aws_secret_access_key="applier-test-secret")
+    glue.create_database(DatabaseInput={"Name": "theirs_public"})
+    glue.create_table(DatabaseName="theirs_public", TableInput={
+        "Name": "t", "TableType": "EXTERNAL_TABLE", "StorageDescriptor": {"Location": "s3://elsewhere/t"}})
+    target = tmp_path / "delta"
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({
+        "source": {"slot": "taken", "publication": "taken_pub"}, "target": {"path": str(target)},
+        "catalog": {"kind": "glue", "uri": s3_server.endpoint, "database": "theirs_{schema}"}}))
+    with pg.connect() as conn:
+        conn.execute("CREATE TABLE public.t (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO public.t VALUES (1)")
+        conn.execute("CREATE PUBLICATION taken_pub FOR TABLE public.t")
+    run = [sys.executable, "-m", "applier.cli", "mirror", "--config", str(config), "--once"]
+    run_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "APPLIER_DSN": pg.dsn}
+    done = subprocess.run(run, env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "theirs_public.t is taken by a table at s3://elsewhere/t" in done.stderr
+    found = glue.get_table(DatabaseName="theirs_public", Name="t")["Table"]
+    assert found["StorageDescriptor"]["Location"] == "s3://elsewhere/t"  # untouched
+
+    glue.delete_table(DatabaseName="theirs_public", Name="t")
+    done = subprocess.run(run, env=run_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = glue.get_table(DatabaseName="theirs_public", Name="t")["Table"]
+    assert found["StorageDescriptor"]["Location"] == str(target / "public" / "t")
