@@ -30,7 +30,8 @@ th { text-align: left; background: #f4f4f4; } td.n { text-align: right; font-var
 <div id="error" class="bad"></div>
 <h2>Tables</h2>
 <table id="tables"><thead><tr><th>table</th><th>kind</th><th>applied LSN</th><th>last commit</th>
-<th>source commit</th><th>lag</th><th>rows</th><th>files</th><th>size</th></tr></thead><tbody></tbody></table>
+<th>source commit</th><th>lag</th><th>rows</th><th>files</th><th>size</th><th>catalog name</th></tr></thead>
+<tbody></tbody></table>
 <h2>Consistent cut</h2><div id="cut"></div>
 <h2>Slot</h2><div id="slot"></div>
 <h2>Parked tables</h2><div id="parked"></div>
@@ -60,13 +61,14 @@ function draw(s) {
     cell(row, t.source_commit_time && t.source_commit_time.slice(0, 19));
     cell(row, t.lag_seconds == null ? null : t.lag_seconds.toFixed(1) + " s", "n");
     cell(row, t.rows == null ? "?" : t.rows, "n"); cell(row, t.files == null ? "?" : t.files, "n");
-    cell(row, size(t.size_bytes), "n"); body.appendChild(row);
+    cell(row, size(t.size_bytes), "n"); cell(row, t.catalog_name); body.appendChild(row);
   }
   if (!s.tables.length) {
     const row = document.createElement("tr"); cell(row, "no mirrored tables yet"); body.appendChild(row);
   }
   const c = s.cut;
-  text("cut", c ? "LSN " + c.lsn + ", source commit " + (c.commit_time || "unknown") +
+  text("cut", c ? (c.id ? "cut " + c.id + ": " : "") + "LSN " + c.lsn + ", source commit " +
+       (c.commit_time || "unknown") +
        (c.age_seconds == null ? "" : " (" + c.age_seconds.toFixed(1) + " s ago)") + ", " + c.tables + " tables"
        : "none recorded yet", c ? "" : "muted");
   const sl = s.slot;

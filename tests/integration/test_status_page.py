@@ -21,6 +21,7 @@ from applier.config import MirrorConfig, SourceSettings, TableRule, TablesSettin
 from applier.drivers.mirror import Mirror
 from applier.infra.metrics import serve_metrics
 from applier.lsn import parse_lsn
+from applier.sink.cuts import CutLog
 from applier.sink.parking import ParkedTables
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
@@ -77,6 +78,8 @@ def test_the_status_page_shows_every_table_a_parked_one_and_a_new_lsn_after_a_co
             assert "public.Odd &lt;b&gt;name&lt;/b&gt;" in dom and "<b>name</b>" not in dom.split("<script>")[0], dom
             assert 'data-parked="public.orders"' in dom and "a test's park" in dom, dom
             assert "slot sp: idle" in dom and "the last run ended well" in dom, dom
+            newest = CutLog(str(target)).cuts()[-1]
+            assert newest.cut_id and f"cut {newest.cut_id}: LSN " in dom, dom  # the cut, by its id
 
             conn.execute("INSERT INTO orders VALUES (51, 'new')")
             ParkedTables(mirror.state).release("public.orders", oid)
