@@ -25,6 +25,11 @@ def quote_identifier(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def quote_table_name(name: str) -> str:
+    """``a.b.c`` with each part backtick-quoted (catalog names are dotted; their parts hold no dots)."""
+    return ".".join(map(quote_identifier, name.split(".")))
+
+
 def delta_path_sql(path: str | Path) -> str:
     """``delta.`<path>``` with the path quoted as an identifier."""
     return "delta." + quote_identifier(str(path))
@@ -89,7 +94,7 @@ def _path_component(name: str, reserved: frozenset[str] = RESERVED_TABLE_DIRS, *
         return _safe_path_component(name, reserved)
     if name in (".", ".."):
         return "%u2E" + name[1:]
-    out = _ESCAPED_IN_PATHS.sub(lambda m: f"%u{ord(m.group()[0]):02X}", name)
+    out = _ESCAPED_IN_PATHS.sub(lambda m: f"%u{ord(m.group()):02X}", name)
     return "%u5F" + out[1:] if name in reserved else out
 
 
@@ -132,14 +137,12 @@ def table_location(target_dir: str | Path, namespace: str, table: str, *, safe: 
     no '%' and are written there too."""
     schema = namespace or "pg_catalog"
     schema_dir, table_dir = _path_component(schema, RESERVED_SCHEMA_DIRS), _path_component(table)
-    if safe:
-        path = join(target_dir, _safe_path_component(schema, RESERVED_SCHEMA_DIRS),
-                    _safe_path_component(table, RESERVED_TABLE_DIRS))
-        if "%" in schema_dir + table_dir and is_object_store(target_dir):
-            return path  # (refused under keep: nothing was ever written there)
-        kept = table_location(target_dir, namespace, table)
-        return kept if kept != path and _holds_table(kept) and not _holds_table(path) else path
-    if "%" in schema_dir + table_dir and is_object_store(target_dir):
+    escaped, on_store = "%" in schema_dir + table_dir, is_object_store(target_dir)
+    safe_path = join(target_dir, _safe_path_component(schema, RESERVED_SCHEMA_DIRS),
+                     _safe_path_component(table, RESERVED_TABLE_DIRS))
+    if escaped and on_store:
+        if safe:
+            return safe_path  # (refused under keep: nothing was ever written at a keep name there)
         from applier.errors import ConfigError
 
         raise ConfigError(
@@ -149,18 +152,17 @@ def table_location(target_dir: str | Path, namespace: str, table: str, *, safe: 
             "(names written with '~' escapes), give the table a plain path of its own (tables.rules: - match: "
             f"\"{namespace}.{table}\", target: \"{join(target_dir, 'some_plain_name')}\") or leave it out "
             "(tables.exclude)", table=f"{namespace}.{table}", target=str(target_dir))
-    path = join(target_dir, schema_dir, table_dir)
-    if is_object_store(target_dir):
-        return path
-    safe_path = join(target_dir, _safe_path_component(schema, RESERVED_SCHEMA_DIRS),
-                     _safe_path_component(table, RESERVED_TABLE_DIRS))
-    if "%" in schema_dir + table_dir:  # (no escape on a store ever was)
+    keep_path = join(target_dir, schema_dir, table_dir)
+    if escaped:  # (local: no escape on a store ever was)
         legacy = join(target_dir, _legacy_path_component(schema, RESERVED_SCHEMA_DIRS), _legacy_path_component(table))
-        if legacy != path and _holds_table(legacy) and not _holds_table(path):
-            return legacy
-    if safe_path != path and _holds_table(safe_path) and not _holds_table(path):
-        return safe_path  # (written under path_names: safe: verify and status without the config find it)
-    return path
+        if legacy != keep_path and _holds_table(legacy) and not _holds_table(keep_path):
+            keep_path = legacy
+    if on_store and not safe:
+        return keep_path
+    # the other choice's table where this choice's is not: a target that changed path_names, or (locally)
+    # verify and status not given the config that chose safe
+    chosen, other = (safe_path, keep_path) if safe else (keep_path, safe_path)
+    return other if other != chosen and _holds_table(other) and not _holds_table(chosen) else chosen
 
 
 def _holds_table(path: str) -> bool:
