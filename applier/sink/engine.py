@@ -170,8 +170,7 @@ class DeltaApplier:
         for cache in (self._applied, self._commits, self._schema_seen):
             cache.pop(src, None)
             cache.pop(dst, None)
-        self.versions.clear()  # derived tables move too
-        self.table_ids.clear()
+        self._forget_logs()  # derived tables move too
         self.stores.forget(src, dst)
         self._written.discard(src)
         if old_name != new_name:  # (the same name: parked while two tables swap names)
@@ -299,8 +298,7 @@ class DeltaApplier:
             if todo:  # the mirror table's evolution first: its column renames reach its derived tables
                 self._ensure(path, spec, last_batch.schema)
             for kind in self.derived.kinds(spec.source_name):
-                self.versions.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
-                self.table_ids.pop(self.derived.path(kind, last_batch.namespace, last_batch.name), None)
+                self._forget_logs(self.derived.path(kind, last_batch.namespace, last_batch.name))
             history = self.derived.before_mirror_commit(spec, last_batch, parts, group_end)
             if history is not None:
                 histories.append(history)
@@ -486,8 +484,7 @@ class DeltaApplier:
         if result.version is not None:
             self.versions[path] = result.version
         else:
-            self.versions.pop(path, None)
-            self.table_ids.pop(path, None)
+            self._forget_logs(path)
         if tag is None:
             self._applied[path] = applied
         else:
@@ -518,8 +515,7 @@ class DeltaApplier:
         rel = schema_version.relation
         batch = TableBatch(rel.oid, schema_version.namespace, rel.name, schema_version, lsn, lsn, ())
         spec = self._spec(batch)
-        self.versions.clear()  # the table and its derived ones are written anew
-        self.table_ids.clear()
+        self._forget_logs()  # the table and its derived ones are written anew
         path = self.path_of(rel.oid, batch.namespace, batch.name)
         options = table_options(self.tables.rule_for(spec.source_name))
         creator = self.stores.creator(path, spec, options or TableOptions())
@@ -558,8 +554,7 @@ class DeltaApplier:
         path = self.path_of(rel.oid, schema_version.namespace, rel.name)
         for cache in (self._applied, self._schema_seen):
             cache.pop(path, None)
-        self.versions.clear()
-        self.table_ids.clear()
+        self._forget_logs()
         self.stores.forget(path)
         self._written.discard(path)
         if not self._exists(path):
@@ -680,8 +675,7 @@ class DeltaApplier:
             # of ranges, a column fill): stop before any row is written
             self._check_columns(path, spec.source_name, schema_version.relation.oid)
         self.targets.created(path)
-        self.versions.pop(path, None)
-        self.table_ids.pop(path, None)
+        self._forget_logs(path)
         if path in self._schema_seen and self._on_schema_change is not None:
             self._on_schema_change(spec.source_name, evolution)
         self._schema_seen[path] = schema_version
@@ -761,6 +755,16 @@ class DeltaApplier:
         if version is None:
             version = self.versions[path] = self.stores.reader(path).version(path)
         return version
+
+    def _forget_logs(self, path: str | None = None) -> None:
+        """What was read of a table's log (its version, its table id) is read again when next asked: the table
+        was written by other means, moved or made anew (None: every table's)."""
+        if path is None:
+            self.versions.clear()
+            self.table_ids.clear()
+        else:
+            self.versions.pop(path, None)
+            self.table_ids.pop(path, None)
 
     def table_id(self, path: str) -> str | None:
         """The table's Delta table id (``metaData.id``): read once, then again only after the table may have
