@@ -37,7 +37,6 @@ from applier.lsn import format_lsn, parse_lsn
 from applier.protocol.decoder import MessageDecoder
 from applier.protocol.messages import LogicalMessage, pg_time_to_datetime
 from applier.sink.audit import record_skips
-from applier.sink.catalogs import CatalogRegistrations
 from applier.sink.cuts import Cut, CutRecorder
 from applier.sink.engine import CommitCounters, DeltaApplier
 from applier.sink.fold import FoldedTable, approximate_bytes
@@ -52,6 +51,7 @@ from applier.state import StateDir
 if TYPE_CHECKING:
     from applier.catalog import RelationCache
     from applier.infra.metrics import MirrorMetrics
+    from applier.sink.catalogs import CatalogRegistrations
 
 Confirm = Callable[[int], None]
 

@@ -38,6 +38,7 @@ from applier.infra.stateformat import upgrade as upgrade_state
 from applier.infra.stops import clear_stops, last_stops, record_mend, record_stop
 from applier.loop import ApplyLoop
 from applier.lsn import format_lsn, parse_lsn
+from applier.sink.catalogs import CatalogRegistrations
 from applier.sink.fold import FoldedTable
 from applier.sink.identity import IdentityError
 from applier.sink.parking import ParkedTables
@@ -71,7 +72,6 @@ from applier.state import StateDir
 if TYPE_CHECKING:
     from applier.catalog.batches import GroupedTransactions
     from applier.infra.metrics import MetricsServer, MirrorMetrics
-    from applier.sink.catalogs import CatalogRegistrations
     from applier.sink.maintenance import MaintenanceSchedule
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,10 @@ class Mirror:
                               state=self.state, progress=self.progress, save_catalog_each_group=True,
                               lookup=self.live_catalog,
                               before_apply=self._before_apply, parked=self.parked, when_idle=self._idle,
-                              metrics=self.metrics, registrations=self._registrations(config))
+                              metrics=self.metrics, registrations=CatalogRegistrations.for_settings(
+                                  # the tables this mirror follows now: the table sync's, made after the loop
+                                  self.spark, config.catalog, self.state,
+                                  followed=lambda name: self.tablesync.follows(name)))
         self.feeder = self.loop.feeder
         self.applier = self.loop.applier
         self.summary = MirrorSummary()
@@ -427,16 +430,6 @@ class Mirror:
         self.summary.snapshot_rows.update(rows)
 
     # --- streaming ------------------------------------------------------------------------------
-
-    def _registrations(self, config: MirrorConfig) -> CatalogRegistrations | None:
-        """The tables' names in the catalog ``config.catalog`` names (None: none), for the tables this mirror
-        follows now (copied and still published: the table sync's, made after the loop)."""
-        if config.catalog.kind == "none":
-            return None
-        from applier.sink.catalogs import CatalogRegistrations
-
-        return CatalogRegistrations(self.spark, config.catalog, self.state,
-                                    followed=lambda name: self.tablesync.follows(name))
 
     def run(self, *, once: bool) -> MirrorSummary:
         started = time.monotonic()

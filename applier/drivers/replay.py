@@ -30,6 +30,7 @@ from applier.drivers.executors.survey import BackgroundSurvey
 from applier.infra.progress import Progress, ProgressReport, count_fields, count_line
 from applier.loop import ApplyLoop, ApplyStats
 from applier.lsn import format_lsn
+from applier.sink.catalogs import CatalogRegistrations
 from applier.sources.catalog_lookup import CatalogNote, RecordedCatalog
 from applier.sources.rawlog import RawMessage, read_raw_log
 from applier.spark.session import SparkLike, SparkProvider, session_of
@@ -118,11 +119,7 @@ def _loop(spark: SparkLike, config: ReplayConfig, state: StateDir, *, progress: 
           lookup: RecordedCatalog | None = None) -> ApplyLoop:
     """The apply loop over the target; ``lookup``: the catalog the log's notes are recorded into as
     ``_drive`` reads them (None: a loop that reads no notes, or a dry run)."""
-    registrations = None
-    if config.catalog.kind != "none":
-        from applier.sink.catalogs import CatalogRegistrations
-
-        registrations = CatalogRegistrations(SparkProvider.of(spark), config.catalog, state)
+    registrations = CatalogRegistrations.for_settings(SparkProvider.of(spark), config.catalog, state)
     return ApplyLoop(spark, config.target.path, apply=config.apply, tables=config.tables, state=state,
                      progress=progress, dry_run=dry_run, catalog_json=catalog, lookup=lookup,
                      registrations=registrations)

@@ -15,13 +15,12 @@ the run stops and says so.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from applier.errors import ConfigError, SinkError
-from applier.sink.naming import quote_identifier, sql_string_literal
+from applier.sink.catalogclients import CatalogClient, GlueCatalog, SparkSessionCatalog
 
 if TYPE_CHECKING:
     from applier.config.catalog import CatalogSettings
@@ -66,6 +65,12 @@ class CatalogRegistrations:
         self.state = state
         self.followed = followed  # None: every live table (a replay); a mirror: the tables it follows now
         self._registered: dict[str, str] | None = None
+
+    @classmethod
+    def for_settings(cls, spark: SparkProvider, settings: CatalogSettings, state: StateDir, *,
+                     followed: Callable[[str], bool] | None = None) -> CatalogRegistrations | None:
+        """The registrations ``settings`` asks for (None: ``kind: none``, tables found by path only)."""
+        return None if settings.kind == "none" else cls(spark, settings, state, followed=followed)
 
     def registered(self) -> dict[str, str]:
         """catalog name -> path of each registration this target made (and has not dropped)."""
@@ -119,7 +124,8 @@ class CatalogRegistrations:
     def _client(self) -> CatalogClient:
         if self.settings.kind == "glue":
             return GlueCatalog(self.settings.uri)
-        return HiveCatalog(self.spark.get(f"registering tables in the catalog (catalog.kind: {self.settings.kind})"))
+        why = f"registering tables in the catalog (catalog.kind: {self.settings.kind})"
+        return SparkSessionCatalog(self.spark.get(why))
 
     def _sync(self, catalog: CatalogClient, wanted: dict[str, str]) -> None:
         registered = self.registered()
@@ -148,95 +154,3 @@ class CatalogRegistrations:
                 log.info("catalog: %s registered over %s", name, path)
             registered[name] = path
             self.state.save(STATE_KEY, registered)
-
-
-class CatalogClient(Protocol):
-    """What a registration asks of a catalog: names are ``database.table``, each part a plain lower-case name."""
-
-    def location(self, name: str) -> str | None:
-        """Where the catalog's table ``name`` is (None: no such table)."""
-        ...
-
-    def create_database(self, database: str) -> None:
-        """The database, made when missing."""
-        ...
-
-    def register(self, name: str, path: str) -> None:
-        """``name`` registered as an external Delta table over ``path``."""
-        ...
-
-    def drop(self, name: str) -> None:
-        """``name`` no longer registered (its files are not touched); none is fine."""
-        ...
-
-
-class HiveCatalog:
-    """A Hive Metastore, through the Spark session's catalog (``spark.sql.catalogImplementation=hive``)."""
-
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
-
-    @staticmethod
-    def _quoted(name: str) -> str:
-        database, _, table = name.partition(".")
-        return f"{quote_identifier(database)}.{quote_identifier(table)}"
-
-    def location(self, name: str) -> str | None:
-        if not self.spark.catalog.tableExists(name):
-            return None
-        rows = self.spark.sql(f"DESCRIBE TABLE EXTENDED {self._quoted(name)}").collect()
-        found = next((r["data_type"] for r in rows if r["col_name"] == "Location"), None)
-        return str(found) if found is not None else ""
-
-    def create_database(self, database: str) -> None:
-        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
-
-    def register(self, name: str, path: str) -> None:
-        self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._quoted(name)} USING DELTA LOCATION "
-                       f"{sql_string_literal(path)}")
-
-    def drop(self, name: str) -> None:
-        self.spark.sql(f"DROP TABLE IF EXISTS {self._quoted(name)}")
-
-
-class GlueCatalog:
-    """AWS Glue's Data Catalog through boto3 (credentials and region as boto3 finds them; ``endpoint``: another
-    endpoint than AWS's, e.g. a local one). A table is registered as Athena and Spark on AWS read Delta:
-    ``table_type`` DELTA, ``spark.sql.sources.provider`` delta, its location (the schema is in its log)."""
-
-    def __init__(self, endpoint: str | None) -> None:
-        try:
-            import boto3  # type: ignore[import-untyped]
-        except ImportError as e:
-            raise ConfigError("catalog.kind glue needs boto3: pip install 'applier[glue]'") from e
-        # AWS_REGION as delta-rs reads it, where boto3 would ask for AWS_DEFAULT_REGION
-        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or None
-        self.glue = boto3.client("glue", endpoint_url=endpoint or None, region_name=region)
-
-    def location(self, name: str) -> str | None:
-        database, _, table = name.partition(".")
-        try:
-            found = self.glue.get_table(DatabaseName=database, Name=table)["Table"]
-        except self.glue.exceptions.EntityNotFoundException:
-            return None
-        return str(found.get("StorageDescriptor", {}).get("Location") or "")
-
-    def create_database(self, database: str) -> None:
-        try:
-            self.glue.create_database(DatabaseInput={"Name": database})
-        except self.glue.exceptions.AlreadyExistsException:
-            pass
-
-    def register(self, name: str, path: str) -> None:
-        database, _, table = name.partition(".")
-        self.glue.create_table(DatabaseName=database, TableInput={
-            "Name": table, "TableType": "EXTERNAL_TABLE",
-            "Parameters": {"table_type": "DELTA", "spark.sql.sources.provider": "delta", "EXTERNAL": "TRUE"},
-            "StorageDescriptor": {"Location": path, "SerdeInfo": {"Parameters": {"path": path}}}})
-
-    def drop(self, name: str) -> None:
-        database, _, table = name.partition(".")
-        try:
-            self.glue.delete_table(DatabaseName=database, Name=table)
-        except self.glue.exceptions.EntityNotFoundException:
-            pass

@@ -11,16 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from applier.errors import SinkError
-from applier.sink.naming import table_location
+from applier.sink.catalogclients import SparkSessionCatalog
+from applier.sink.naming import quote_table_name, table_location
 from applier.spark.session import SparkLike, SparkProvider
 
 if TYPE_CHECKING:
     from applier.config import TablesSettings
-
-
-def _quoted_name(name: str) -> str:
-    """``a.b.c`` with each part backtick-quoted (catalog names are dotted; parts cannot hold dots)."""
-    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split("."))
 
 
 class TableTargets:
@@ -63,7 +59,7 @@ class TableTargets:
         spark = self.spark.get(f"the catalog table {table} (tables.rules)")
         if not spark.catalog.tableExists(table):
             return None
-        detail = spark.sql(f"DESCRIBE DETAIL {_quoted_name(table)}").collect()[0]
+        detail = spark.sql(f"DESCRIBE DETAIL {quote_table_name(table)}").collect()[0]
         if (detail["format"] or "").lower() != "delta":
             raise SinkError("the catalog table is not a Delta table; name another table or drop it",
                             table=qualified, catalog_table=table, format=detail["format"])
@@ -74,10 +70,8 @@ class TableTargets:
         name = self._unregistered.pop(path, None)
         if name is None or self.spark is None:
             return
-        location = path.replace("\\", "\\\\").replace("'", "\\'")
         try:
-            self.spark.get(f"registering the catalog table {name}").sql(
-                f"CREATE TABLE IF NOT EXISTS {_quoted_name(name)} USING DELTA LOCATION '{location}'")
+            SparkSessionCatalog(self.spark.get(f"registering the catalog table {name}")).register(name, path)
         except Exception as e:  # noqa: BLE001 - the catalog's own error is the useful part
             self._unregistered[path] = name
             raise SinkError(f"could not register the catalog table: {e}", catalog_table=name, path=path,
