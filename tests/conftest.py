@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import pytest
@@ -316,29 +316,39 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_Server = TypeVar("_Server", bound=_Stoppable)
+
+
+def _served(start: Callable[[Path], _Server], work: Path, *,
+            missing: Callable[[str], Any] = unavailable) -> Iterator[_Server]:
+    """A test server started in ``work`` for the run, stopped after it; not installed: ``missing`` (skipped
+    locally and a failure in CI, unless the server is opt-in)."""
+    try:
+        server = start(work)
+    except FileNotFoundError as e:
+        missing(str(e))
+        raise  # (missing raises: a skip or a failure)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
     """Azurite's Blob service on loopback (applier/devtools/azurite.py), one per run; each test makes its
     containers. Not installed (scripts/setup-test-servers, run by `make test`, installs it into the cache):
     skipped locally, a failure in CI."""
-    try:
-        server = start_azurite(tmp_path_factory.mktemp("azurite"))
-    except FileNotFoundError as e:
-        unavailable(str(e))
-    yield server
-    server.stop()
+    yield from _served(start_azurite, tmp_path_factory.mktemp("azurite"))
 
 
 @pytest.fixture(scope="session")
 def hive_metastore(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HiveMetastore]:
     """A Hive Metastore's Thrift service on loopback (applier/devtools/hivemetastore.py), from pyspark's own
     jars, one per run; each test uses databases of its own."""
-    try:
-        server = start_hive_metastore(tmp_path_factory.mktemp("hms"))
-    except FileNotFoundError as e:
-        unavailable(str(e))
-    yield server
-    server.stop()
+    yield from _served(start_hive_metastore, tmp_path_factory.mktemp("hms"))
 
 
 @pytest.fixture(scope="session")
@@ -347,12 +357,7 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
     Opt-in (``scripts/setup-test-servers --gcs``), so skipped when absent, in CI too: it cannot store an
     object the way delta-rs writes to GCS, so only gs://'s refusals run against it, and it takes a 4-10
     minute Go build that would buy CI little (docs/object-storage.md)."""
-    try:
-        server = start_gcs_server(tmp_path_factory.mktemp("gcs"))
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    yield server
-    server.stop()
+    yield from _served(start_gcs_server, tmp_path_factory.mktemp("gcs"), missing=pytest.skip)
 
 
 @pytest.fixture
